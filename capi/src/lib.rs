@@ -1,0 +1,5 @@
+//! # bypass-capi: `libhcom4db.so`
+//!
+//! This crate will export every function of `hcom4db.h` (the OckRpc* API that openGauss CBB,
+//! libcomm and the NDP plugin load) with identical names, types, layouts and status codes, on top
+//! of the `bypass` stack. No function is exported yet: it is built by a later issue.

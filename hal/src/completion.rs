@@ -1,0 +1,107 @@
+//! Completions and the completion queue.
+
+use crate::Result;
+use std::os::fd::RawFd;
+
+/// The outcome of a work request. Maps 1:1 from `ibv_wc_status` and `urma_cr_status_t`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Status {
+    /// It worked.
+    #[default]
+    Success,
+    /// A receive buffer was too small for the inbound message, or a message exceeds the limits.
+    LocalLength,
+    /// The local queue was in an invalid state or the request was malformed.
+    LocalQueueOperation,
+    /// A local key was wrong, deregistered, out of bounds, or lacks the needed right.
+    LocalProtection,
+    /// The peer reported an invalid request (e.g. an unsupported operation, or a message larger
+    /// than it accepts).
+    RemoteInvalidRequest,
+    /// The peer refused the access: wrong rkey, range out of bounds, or a missing access right.
+    RemoteAccess,
+    /// The peer failed to carry out the operation.
+    RemoteOperation,
+    /// The peer did not acknowledge within the retry budget (transport timeout).
+    RetryExceeded,
+    /// The peer kept answering "receiver not ready" past the RNR retry budget.
+    RnrRetryExceeded,
+    /// The queue went to ERROR before this request finished; it was not carried out (or not
+    /// confirmed).
+    Flushed,
+    /// The peer answered with something unexpected.
+    BadResponse,
+    /// Any other error.
+    General,
+}
+
+impl Status {
+    /// True for [`Status::Success`].
+    pub fn is_ok(self) -> bool {
+        self == Status::Success
+    }
+}
+
+/// What kind of work request completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CqOpcode {
+    /// A SEND or SEND_IMM finished on the sender.
+    #[default]
+    Send,
+    /// A WRITE or WRITE_IMM finished on the sender.
+    Write,
+    /// A READ finished on the requester.
+    Read,
+    /// A receive consumed by an inbound SEND or SEND_IMM.
+    Recv,
+    /// A receive consumed by an inbound WRITE_IMM (the data went to the written region).
+    RecvWriteImm,
+}
+
+/// One completion, copied out of the completion queue by [`CompletionQueue::poll`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The `wr_id` of the work request.
+    pub wr_id: u64,
+    /// Success or the specific error.
+    pub status: Status,
+    /// What completed. For flushed requests this is still the request's kind.
+    pub opcode: CqOpcode,
+    /// Bytes received (receives) or transferred (READ); undefined for failed requests.
+    pub byte_len: u32,
+    /// Immediate data of a SEND_IMM or WRITE_IMM, on the receiver.
+    pub imm: Option<u32>,
+    /// Queue number of the queue the request belonged to.
+    pub qpn: u32,
+}
+
+/// Which completions wake an armed completion queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ArmMode {
+    /// The next completion of any kind.
+    Any,
+    /// The next receive completion of a SOLICITED message, or any error completion.
+    Solicited,
+}
+
+/// A completion queue: a ring the device fills and the application polls.
+pub trait CompletionQueue: Send {
+    /// Number of entries the queue holds.
+    fn depth(&self) -> u32;
+
+    /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many. Never
+    /// blocks. Returns [`crate::Error::CqOverflow`] once the device had to drop a completion.
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+
+    /// Asks for one event on [`event_fd`](Self::event_fd) when a matching completion arrives.
+    /// Completions already in the queue do not raise an event, so poll after arming.
+    fn arm(&mut self, mode: ArmMode) -> Result<()>;
+
+    /// A file descriptor that becomes readable when an armed queue gets a completion; wait on it
+    /// with poll/epoll, then call [`ack_events`](Self::ack_events), poll, and re-arm.
+    fn event_fd(&self) -> RawFd;
+
+    /// Consumes pending events and returns how many there were (0 if none).
+    fn ack_events(&mut self) -> Result<u64>;
+}

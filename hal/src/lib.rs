@@ -1,0 +1,43 @@
+//! # bypass-hal: the contract every NIC meets
+//!
+//! The hardware abstraction layer under the bypass RPC stack. It names the objects of a
+//! kernel-bypass NIC — [`Device`], [`MemoryRegion`], [`CompletionQueue`], [`Queue`] — and the
+//! work requests and completions that flow through them, in terms that map directly onto RDMA
+//! verbs, URMA (UB) and the bypass simulator (`bypass-sim`).
+//!
+//! The data path is statically dispatched: the stack is generic over `D: Device`, so a post or a
+//! poll is a direct call into the backend. Posting takes a batch and rings one doorbell per batch;
+//! polling fills a caller-provided slice. Work-request errors come back as completions with a
+//! [`Status`]; call errors (full queue, wrong state, bad argument) come back as [`Error`].
+//!
+//! | hal | verbs | URMA | sim |
+//! |---|---|---|---|
+//! | [`Device`] | `ibv_context` + PD | `urma_context` | one simulated NIC |
+//! | [`MemoryRegion`] | `ibv_mr` | target segment + token | entry in the NIC's key table |
+//! | [`CompletionQueue`] | `ibv_cq` + channel | jfc + jfce | CQE ring with owner bit |
+//! | [`Queue`] | RC `ibv_qp` | jetty | QP context + SQ/RQ rings |
+//! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, token | NIC address, qpn |
+//!
+//! With the `conformance` feature, [`conformance`] holds the test scenarios every backend must
+//! pass; `bypass-sim` runs them in CI and `bypass-hw-tests` on real NICs.
+
+#![warn(missing_docs)]
+
+mod completion;
+mod device;
+pub mod doorbell;
+mod error;
+mod mr;
+mod queue;
+mod sync;
+mod wr;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use completion::{ArmMode, Completion, CompletionQueue, CqOpcode, Status};
+pub use device::{Device, DeviceCaps};
+pub use error::{Error, Result};
+pub use mr::{Access, MemoryRegion, RemoteAddr, RemoteRegion, Sge};
+pub use queue::{Queue, QueueConfig, QueueInfo, QueueState};
+pub use wr::{RecvWr, SendOp, SendWr, WrFlags};

@@ -1,0 +1,365 @@
+//! The device: the "hardware" half of a simulated NIC.
+//!
+//! It owns the key table, the per-queue transport contexts and the transmit queue for responses
+//! (ACKs, NAKs, READ responses). Its work comes in four kinds of [`Unit`]: handle one inbound
+//! packet, transmit one queued response, advance one queue's send side (fetch a WQE or send a
+//! segment, or flush while in ERROR), and fire one queue's timer. The engines decide who runs
+//! units and in which order: all of them on the caller's thread (Inline), on a device thread
+//! (Threaded), or one at a time in a seeded random order (Stepped).
+//!
+//! Everything here runs under the NIC's device lock.
+
+pub(crate) mod keys;
+pub(crate) mod qp;
+
+use crate::clock::{Nanos, NEVER};
+use crate::layout::MAX_WQE;
+use crate::packet::{PacketHeader, PacketKind, Syndrome};
+use crate::wire::{Inbox, Transmit};
+use bypass_hal::{Access, DeviceCaps, Sge};
+use keys::{KeyFault, KeyTable};
+use qp::QpCtx;
+use std::collections::VecDeque;
+
+/// Counters a NIC keeps (read them with `SimNic::stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NicStats {
+    /// Request packets put on the wire (first sends and retransmissions).
+    pub tx_packets: u64,
+    /// Packets the wire dropped.
+    pub tx_dropped: u64,
+    /// Response packets (ACK, NAK, READ response) put on the wire.
+    pub tx_responses: u64,
+    /// Packets received and handled.
+    pub rx_packets: u64,
+    /// Packets received for an unknown, unconnected or foreign queue (dropped).
+    pub rx_ignored: u64,
+    /// Request segments sent again.
+    pub retransmits: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
+    /// Duplicate requests received.
+    pub duplicates: u64,
+    /// RNR NAKs sent (a SEND found no receive posted).
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Sequence-error NAKs received.
+    pub seq_naks_received: u64,
+    /// Queues that entered ERROR.
+    pub queue_errors: u64,
+}
+
+/// A queued response packet. Its addresses are filled in from the queue when it is sent.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxDesc {
+    pub qpn: u32,
+    pub hdr: PacketHeader,
+    /// READ response: the (rkey, address) its payload comes from.
+    pub read_from: Option<(u32, u64)>,
+}
+
+/// One unit of device work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    /// Handle the oldest inbound packet.
+    Rx,
+    /// Transmit the oldest queued response.
+    Tx,
+    /// Send-side step of a queue.
+    Send(u32),
+    /// Retransmission timer of a queue.
+    Timer(u32),
+}
+
+/// What a queue method needs from the rest of the device.
+pub(crate) struct Ctx<'a> {
+    pub keys: &'a KeyTable,
+    pub outbox: &'a mut VecDeque<TxDesc>,
+    pub stats: &'a mut NicStats,
+    pub scratch: &'a mut [u8],
+    pub caps: &'a DeviceCaps,
+    pub nic: u32,
+    pub mtu: u32,
+    pub now: Nanos,
+}
+
+impl Ctx<'_> {
+    /// Queues an ACK or NAK, merging a plain ACK into a plain ACK of the same queue queued last.
+    pub(crate) fn push_ack(&mut self, qpn: u32, syndrome: Syndrome, psn: u32) {
+        if syndrome == Syndrome::Ack {
+            if let Some(last) = self.outbox.back_mut() {
+                if last.qpn == qpn && last.hdr.kind == PacketKind::Ack && last.hdr.syndrome == Syndrome::Ack {
+                    last.hdr.psn = psn;
+                    return;
+                }
+            }
+        }
+        self.outbox.push_back(TxDesc {
+            qpn,
+            hdr: PacketHeader { kind: PacketKind::Ack, syndrome, psn, ..Default::default() },
+            read_from: None,
+        });
+    }
+
+    /// Translates bytes `off..off+len` of the message described by `sges` into host ranges.
+    /// Returns how many entries of `out` were filled.
+    pub(crate) fn resolve_span(
+        &self,
+        sges: &[Sge],
+        mut off: u64,
+        len: u64,
+        need: Access,
+        out: &mut [(*mut u8, usize)],
+    ) -> Result<usize, KeyFault> {
+        let mut left = len;
+        let mut n = 0;
+        for s in sges {
+            if left == 0 {
+                break;
+            }
+            let slen = u64::from(s.len);
+            if off >= slen {
+                off -= slen;
+                continue;
+            }
+            let take = (slen - off).min(left);
+            let p = self.keys.resolve(s.lkey, s.addr + off, take, need)?;
+            out[n] = (p, take as usize);
+            n += 1;
+            left -= take;
+            off = 0;
+        }
+        if left > 0 {
+            return Err(KeyFault::OutOfBounds);
+        }
+        Ok(n)
+    }
+}
+
+/// The device state of one NIC.
+#[derive(Debug)]
+pub(crate) struct DeviceState {
+    pub keys: KeyTable,
+    pub qps: Vec<Option<Box<QpCtx>>>,
+    pub outbox: VecDeque<TxDesc>,
+    pub outbox_blocked: bool,
+    pub stats: NicStats,
+    scratch: Box<[u8]>,
+    pub caps: DeviceCaps,
+    pub addr: u32,
+    pub mtu: u32,
+}
+
+// SAFETY: the raw pointers in the key table point into registrations whose memory is freed only
+// after they are removed from the table under the device lock; the state is only used under that
+// lock, from whichever thread holds it.
+unsafe impl Send for DeviceState {}
+
+impl DeviceState {
+    pub(crate) fn new(addr: u32, mtu: u32, caps: DeviceCaps) -> Self {
+        DeviceState {
+            keys: KeyTable::default(),
+            qps: Vec::new(),
+            outbox: VecDeque::with_capacity(1024),
+            outbox_blocked: false,
+            stats: NicStats::default(),
+            scratch: vec![0u8; MAX_WQE].into(),
+            caps,
+            addr,
+            mtu,
+        }
+    }
+
+    fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
+        let DeviceState { keys, qps, outbox, stats, scratch, caps, addr, mtu, .. } = self;
+        (qps, Ctx { keys, outbox, stats, scratch, caps, nic: *addr, mtu: *mtu, now })
+    }
+
+    /// Runs `f` on queue `qpn` with a context, if the queue exists.
+    pub(crate) fn with_qp<R>(
+        &mut self,
+        qpn: u32,
+        now: Nanos,
+        f: impl FnOnce(&mut QpCtx, &mut Ctx<'_>) -> R,
+    ) -> Option<R> {
+        let (qps, mut ctx) = self.split(now);
+        let qp = qps.get_mut(qpn as usize)?.as_mut()?;
+        Some(f(qp, &mut ctx))
+    }
+
+    /// Called when a wire that was full has room again.
+    pub(crate) fn unblock(&mut self) {
+        self.outbox_blocked = false;
+        for qp in self.qps.iter_mut().flatten() {
+            qp.wire_blocked = false;
+        }
+    }
+
+    /// Appends every unit that is ready now to `out`, tagged with `tag`.
+    pub(crate) fn ready_units(&self, inbox_has: bool, now: Nanos, tag: usize, out: &mut Vec<(usize, Unit)>) {
+        if inbox_has {
+            out.push((tag, Unit::Rx));
+        }
+        if !self.outbox.is_empty() && !self.outbox_blocked {
+            out.push((tag, Unit::Tx));
+        }
+        for qp in self.qps.iter().flatten() {
+            if qp.has_send_work(now) {
+                out.push((tag, Unit::Send(qp.shared.qpn)));
+            }
+            if qp.timer_due(now) {
+                out.push((tag, Unit::Timer(qp.shared.qpn)));
+            }
+        }
+    }
+
+    /// The earliest timer deadline of any queue.
+    pub(crate) fn deadline(&self) -> Nanos {
+        self.qps.iter().flatten().map(|q| q.deadline()).min().unwrap_or(NEVER)
+    }
+
+    /// Runs one unit. Returns whether it did anything. `inbox` is this NIC's inbox; `kick_waiter`
+    /// is called (after the inbox lock is released) for each NIC that waited for inbox room.
+    pub(crate) fn run_unit(
+        &mut self,
+        unit: Unit,
+        now: Nanos,
+        inbox: &crate::sync::Mutex<Inbox>,
+        kick_waiter: &mut dyn FnMut(u32),
+    ) -> bool {
+        match unit {
+            Unit::Rx => self.rx_one(now, inbox, kick_waiter),
+            Unit::Tx => self.tx_one(),
+            Unit::Send(qpn) => self.with_qp(qpn, now, |qp, ctx| qp.send_step(ctx)).unwrap_or(false),
+            Unit::Timer(qpn) => self
+                .with_qp(qpn, now, |qp, ctx| {
+                    let due = qp.timer_due(ctx.now);
+                    if due {
+                        qp.on_timer(ctx);
+                    }
+                    due
+                })
+                .unwrap_or(false),
+        }
+    }
+
+    /// Runs every ready unit until none is left (the Inline and Threaded engines).
+    pub(crate) fn run_all(
+        &mut self,
+        now: Nanos,
+        inbox: &crate::sync::Mutex<Inbox>,
+        kick_waiter: &mut dyn FnMut(u32),
+    ) {
+        loop {
+            let mut progress = false;
+            while self.rx_one(now, inbox, kick_waiter) {
+                progress = true;
+            }
+            for i in 0..self.qps.len() {
+                // Bounded per round so one busy queue cannot starve the others' packets.
+                for _ in 0..64 {
+                    let stepped = self.with_qp(i as u32, now, |qp, ctx| {
+                        let mut did = false;
+                        if qp.timer_due(ctx.now) {
+                            qp.on_timer(ctx);
+                            did = true;
+                        }
+                        qp.send_step(ctx) || did
+                    });
+                    if stepped != Some(true) {
+                        break;
+                    }
+                    progress = true;
+                }
+            }
+            while self.tx_one() {
+                progress = true;
+            }
+            if !progress {
+                return;
+            }
+        }
+    }
+
+    fn rx_one(
+        &mut self,
+        now: Nanos,
+        inbox: &crate::sync::Mutex<Inbox>,
+        kick_waiter: &mut dyn FnMut(u32),
+    ) -> bool {
+        let mut ib = crate::sync::lock(inbox);
+        let Some((hdr, payload)) = ib.front() else { return false };
+        let hdr = *hdr;
+        self.stats.rx_packets += 1;
+        let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
+            let from_peer = qp.remote.as_ref().is_some_and(|r| r.nic == hdr.src_nic && r.qpn == hdr.src_qpn);
+            if !from_peer {
+                return false;
+            }
+            match hdr.kind {
+                PacketKind::Ack => qp.on_ack(ctx, &hdr),
+                PacketKind::ReadResponse => qp.on_read_response(ctx, &hdr, payload),
+                _ => qp.on_request(ctx, &hdr, payload),
+            }
+            true
+        });
+        if handled != Some(true) {
+            self.stats.rx_ignored += 1;
+        }
+        ib.pop();
+        let mut waiter = ib.take_waiter();
+        drop(ib);
+        while let Some(w) = waiter {
+            kick_waiter(w);
+            waiter = crate::sync::lock(inbox).take_waiter();
+        }
+        true
+    }
+
+    fn tx_one(&mut self) -> bool {
+        if self.outbox_blocked {
+            return false;
+        }
+        let Some(desc) = self.outbox.front().copied() else { return false };
+        let qp = self.qps.get(desc.qpn as usize).and_then(|q| q.as_deref());
+        let Some((qp, remote)) = qp.and_then(|qp| qp.remote.as_ref().map(|r| (qp, r))) else {
+            self.outbox.pop_front(); // the queue was reset or destroyed meanwhile
+            return true;
+        };
+        let mut hdr = desc.hdr;
+        hdr.src_nic = self.addr;
+        hdr.dst_nic = remote.nic;
+        hdr.src_qpn = qp.shared.qpn;
+        hdr.dst_qpn = remote.qpn;
+        let result = match desc.read_from {
+            None => remote.wire.transmit(&hdr, &mut |_| {}),
+            Some((rkey, addr)) => {
+                match self.keys.resolve(rkey, addr, u64::from(hdr.payload_len), Access::REMOTE_READ) {
+                    Ok(src) => remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| {
+                        // SAFETY: the key table vouched for `buf.len()` readable bytes at `src` in a
+                        // live registration (we hold the device lock); `buf` is wire memory.
+                        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+                    }),
+                    Err(_) => {
+                        // Deregistered between the request and this response.
+                        let nak = PacketHeader {
+                            kind: PacketKind::Ack,
+                            syndrome: Syndrome::NakRemoteAccess,
+                            payload_len: 0,
+                            ..hdr
+                        };
+                        remote.wire.transmit(&nak, &mut |_| {})
+                    }
+                }
+            }
+        };
+        if result == Transmit::Busy {
+            self.outbox_blocked = true;
+            return false;
+        }
+        self.stats.tx_responses += 1;
+        self.outbox.pop_front();
+        true
+    }
+}

@@ -1,0 +1,834 @@
+//! One queue pair inside the device: the reliable-connected transport.
+//!
+//! Requester: fetches WQEs from the send ring, gives each message a range of packet sequence
+//! numbers (one per MTU-sized segment; a READ reserves one per response segment), sends segments,
+//! and completes messages in order as acknowledgements and READ responses arrive. Lost or refused
+//! packets are resent go-back-N style: on a timeout (up to `retry_count` times), on a sequence
+//! NAK, and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
+//!
+//! Responder: accepts request packets strictly in PSN order; a duplicate is re-acknowledged (a
+//! duplicate READ is answered again), a gap is NAKed once. SENDs land in posted receives, WRITEs
+//! and READs are checked against the key table. A protection or length violation NAKs the
+//! requester and moves this queue to ERROR, as an RC responder does.
+//!
+//! Entering ERROR completes every outstanding work request exactly once with `Flushed` (after
+//! the one that failed, which carries its own error), and keeps flushing anything posted later.
+
+use super::keys::KeyFault;
+use super::{Ctx, TxDesc};
+use crate::clock::{Nanos, NEVER};
+use crate::layout::{self, cqe_flags, Cqe, Wqe, WqeOp, MAX_SGE, WQE_HEADER};
+use crate::packet::{PacketHeader, PacketKind, Syndrome};
+use crate::shared::{CqShared, QueueShared};
+use crate::wire::{Transmit, Wire};
+use bypass_hal::{Access, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+/// Where a connected queue's packets go.
+pub(crate) struct Remote {
+    pub wire: Arc<dyn Wire>,
+    pub nic: u32,
+    pub qpn: u32,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Remote(nic {}, qpn {})", self.nic, self.qpn)
+    }
+}
+
+/// A fetched send WQE in flight.
+#[derive(Debug, Clone, Copy)]
+struct Op {
+    wqe: Wqe,
+    len: u64,
+    first_psn: u32,
+    npkts: u32,
+    /// READ: response segments received so far.
+    resp_got: u32,
+}
+
+impl Op {
+    fn last_psn(&self) -> u32 {
+        self.first_psn.wrapping_add(self.npkts - 1)
+    }
+    fn contains(&self, psn: u32) -> bool {
+        psn.wrapping_sub(self.first_psn) < self.npkts
+    }
+}
+
+/// `a - b` in sequence space.
+fn psn_diff(a: u32, b: u32) -> i32 {
+    a.wrapping_sub(b) as i32
+}
+
+fn segments(len: u64, mtu: u32) -> u32 {
+    (len.div_ceil(u64::from(mtu))).max(1) as u32
+}
+
+fn send_opcode(op: WqeOp) -> CqOpcode {
+    match op {
+        WqeOp::Write | WqeOp::WriteImm => CqOpcode::Write,
+        WqeOp::Read => CqOpcode::Read,
+        WqeOp::Recv => CqOpcode::Recv,
+        WqeOp::Send | WqeOp::SendImm => CqOpcode::Send,
+    }
+}
+
+/// The device's context for one queue.
+#[derive(Debug)]
+pub(crate) struct QpCtx {
+    pub shared: Arc<QueueShared>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    pub state: QueueState,
+    pub remote: Option<Remote>,
+    timeout: Nanos,
+    min_rnr: Nanos,
+    // Requester.
+    sq_fetch: u32,
+    ops: VecDeque<Op>,
+    send_psn: u32,
+    next_psn: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    retx_deadline: Nanos,
+    /// While the peer said "receiver not ready": when to try again (0 = not waiting).
+    rnr_until: Nanos,
+    reads_outstanding: u32,
+    fence_blocked: bool,
+    pub wire_blocked: bool,
+    // Responder.
+    epsn: u32,
+    rq_fetch: u32,
+    cur_recv: Option<Wqe>,
+    nak_seq_sent: bool,
+}
+
+impl QpCtx {
+    pub(crate) fn new(shared: Arc<QueueShared>, send_cq: Arc<CqShared>, recv_cq: Arc<CqShared>) -> Self {
+        let cfg = shared.config;
+        QpCtx {
+            send_cq,
+            recv_cq,
+            state: QueueState::Reset,
+            remote: None,
+            timeout: cfg.timeout.as_nanos() as Nanos,
+            min_rnr: cfg.min_rnr_timer.as_nanos() as Nanos,
+            sq_fetch: 0,
+            ops: VecDeque::with_capacity(shared.sq.depth() as usize),
+            send_psn: 0,
+            next_psn: 0,
+            retry_left: cfg.retry_count,
+            rnr_left: cfg.rnr_retry,
+            retx_deadline: NEVER,
+            rnr_until: 0,
+            reads_outstanding: 0,
+            fence_blocked: false,
+            wire_blocked: false,
+            epsn: 0,
+            rq_fetch: 0,
+            cur_recv: None,
+            nak_seq_sent: false,
+            shared,
+        }
+    }
+
+    fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    /// RESET → READY with the peer's info.
+    pub(crate) fn connect(&mut self, peer: &QueueInfo, wire: Arc<dyn Wire>, peer_nic: u32) {
+        let cfg = self.shared.config;
+        let psn = self.shared.psn.load(crate::sync::Ordering::Relaxed);
+        self.remote = Some(Remote { wire, nic: peer_nic, qpn: peer.qpn });
+        self.send_psn = psn;
+        self.next_psn = psn;
+        self.epsn = peer.psn;
+        self.retry_left = cfg.retry_count;
+        self.rnr_left = cfg.rnr_retry;
+        self.nak_seq_sent = false;
+        self.set_state(QueueState::Ready);
+    }
+
+    fn set_state(&mut self, s: QueueState) {
+        self.state = s;
+        self.shared.set_state(s);
+    }
+
+    /// ERROR → RESET (the caller flushed first). Ring positions are kept, so flush completions
+    /// still in the CQ map to the right side-table slots.
+    pub(crate) fn reset(&mut self, next_psn: u32) {
+        self.remote = None;
+        self.shared.psn.store(next_psn, crate::sync::Ordering::Relaxed);
+        self.set_state(QueueState::Reset);
+    }
+
+    /// The earliest time this queue needs the device again (timer or RNR wait).
+    pub(crate) fn deadline(&self) -> Nanos {
+        if self.state != QueueState::Ready {
+            return NEVER;
+        }
+        let rnr = if self.rnr_until == 0 { NEVER } else { self.rnr_until };
+        self.retx_deadline.min(rnr)
+    }
+
+    /// True when a [`send_step`](Self::send_step) would make progress.
+    pub(crate) fn has_send_work(&self, now: Nanos) -> bool {
+        if self.state != QueueState::Ready {
+            return self.shared.sq.producer() != self.sq_fetch || self.shared.rq.producer() != self.rq_fetch;
+        }
+        if self.wire_blocked || now < self.rnr_until {
+            return false;
+        }
+        self.send_psn != self.next_psn
+            || (self.shared.sq.producer() != self.sq_fetch
+                && self.ops.len() < self.shared.sq.depth() as usize
+                && !self.fence_blocked)
+    }
+
+    /// True when the retransmission timer is due.
+    pub(crate) fn timer_due(&self, now: Nanos) -> bool {
+        self.state == QueueState::Ready && self.retx_deadline <= now
+    }
+
+    // ---------------------------------------------------------------- completions
+
+    fn send_cqe(&self, wqe: &Wqe, len: u64, status: Status) {
+        if status == Status::Success && !wqe.flags.contains(WrFlags::SIGNALED) {
+            return;
+        }
+        self.send_cq.push(&Cqe {
+            flags: 0,
+            status,
+            opcode: send_opcode(wqe.op),
+            qpn: self.qpn(),
+            wqe_index: wqe.index,
+            byte_len: len as u32,
+            imm: 0,
+        });
+    }
+
+    fn recv_cqe(
+        &self,
+        index: u32,
+        status: Status,
+        opcode: CqOpcode,
+        len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+    ) {
+        let mut flags = cqe_flags::RECV;
+        if imm.is_some() {
+            flags |= cqe_flags::HAS_IMM;
+        }
+        if solicited {
+            flags |= cqe_flags::SOLICITED;
+        }
+        self.recv_cq.push(&Cqe {
+            flags,
+            status,
+            opcode,
+            qpn: self.qpn(),
+            wqe_index: index,
+            byte_len: len,
+            imm: imm.unwrap_or(0),
+        });
+    }
+
+    /// Completes the oldest message with `status` (always reported) and enters ERROR.
+    fn fail_front(&mut self, ctx: &mut Ctx<'_>, status: Status) {
+        if let Some(op) = self.ops.pop_front() {
+            self.send_cqe(&op.wqe, op.len, status);
+        }
+        self.enter_error(ctx);
+    }
+
+    /// Moves to ERROR and flushes everything outstanding, exactly once each, in order.
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QueueState::Error {
+            return;
+        }
+        self.set_state(QueueState::Error);
+        ctx.stats.queue_errors += 1;
+        while let Some(op) = self.ops.pop_front() {
+            self.send_cqe(&op.wqe, op.len, Status::Flushed);
+        }
+        self.cur_recv = None;
+        self.flush_posted(ctx);
+        self.retx_deadline = NEVER;
+        self.rnr_until = 0;
+        self.send_psn = self.next_psn;
+        self.reads_outstanding = 0;
+        self.fence_blocked = false;
+        self.wire_blocked = false;
+        self.nak_seq_sent = false;
+    }
+
+    /// Flushes WQEs posted but not yet fetched (on both rings). Returns true if any.
+    fn flush_posted(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        let mut any = false;
+        let pi = self.shared.sq.producer();
+        while self.sq_fetch != pi {
+            let idx = self.sq_fetch;
+            let wqe = self.fetch_sq(ctx, idx).ok();
+            let op = wqe.map_or(WqeOp::Send, |w| w.op);
+            self.send_cq.push(&Cqe {
+                flags: 0,
+                status: Status::Flushed,
+                opcode: send_opcode(op),
+                qpn: self.qpn(),
+                wqe_index: idx,
+                byte_len: 0,
+                imm: 0,
+            });
+            self.sq_fetch = idx.wrapping_add(1);
+            any = true;
+        }
+        let pi = self.shared.rq.producer();
+        while self.rq_fetch != pi {
+            self.recv_cqe(self.rq_fetch, Status::Flushed, CqOpcode::Recv, 0, None, false);
+            self.rq_fetch = self.rq_fetch.wrapping_add(1);
+            any = true;
+        }
+        any
+    }
+
+    fn fetch_sq(&self, ctx: &mut Ctx<'_>, idx: u32) -> Result<Wqe, layout::WqeFault> {
+        let ring = &self.shared.sq;
+        let buf = &mut ctx.scratch[..ring.stride()];
+        // SAFETY: idx is below the producer index we acquired and not yet completed, so the
+        // driver is not writing this slot.
+        unsafe { ring.read(idx, buf) };
+        layout::decode_wqe(buf, ring.owner(idx), idx)
+    }
+
+    fn fetch_rq(&self, ctx: &mut Ctx<'_>) -> Option<Result<Wqe, layout::WqeFault>> {
+        let ring = &self.shared.rq;
+        if ring.producer() == self.rq_fetch {
+            return None;
+        }
+        let buf = &mut ctx.scratch[..ring.stride()];
+        // SAFETY: as in fetch_sq, for the receive ring.
+        unsafe { ring.read(self.rq_fetch, buf) };
+        Some(layout::decode_wqe(buf, ring.owner(self.rq_fetch), self.rq_fetch))
+    }
+
+    // ---------------------------------------------------------------- requester
+
+    /// One unit of send-side work: flush (when not READY), send one segment, or fetch a WQE and
+    /// send its first segment. Returns whether anything happened.
+    pub(crate) fn send_step(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if self.state != QueueState::Ready {
+            return self.flush_posted(ctx);
+        }
+        if self.wire_blocked || ctx.now < self.rnr_until {
+            return false;
+        }
+        self.rnr_until = 0;
+        if self.send_psn != self.next_psn {
+            return self.emit(ctx, self.send_psn);
+        }
+        if self.shared.sq.producer() == self.sq_fetch
+            || self.ops.len() >= self.shared.sq.depth() as usize
+            || self.fence_blocked
+        {
+            return false;
+        }
+        let idx = self.sq_fetch;
+        let wqe = match self.fetch_sq(ctx, idx) {
+            Ok(w) if w.op != WqeOp::Recv => w,
+            _ => {
+                // A corrupt or stale entry: the driver broke the ring protocol.
+                self.fail_unfetched(ctx, idx, WqeOp::Send, Status::LocalQueueOperation);
+                return true;
+            }
+        };
+        if wqe.flags.contains(WrFlags::FENCE) && self.reads_outstanding > 0 {
+            self.fence_blocked = true;
+            return false;
+        }
+        if let Err(status) = self.validate(ctx, &wqe) {
+            self.fail_unfetched(ctx, idx, wqe.op, status);
+            return true;
+        }
+        let len = wqe.payload_len();
+        let npkts = segments(len, ctx.mtu);
+        self.ops.push_back(Op { wqe, len, first_psn: self.next_psn, npkts, resp_got: 0 });
+        self.next_psn = self.next_psn.wrapping_add(npkts);
+        self.sq_fetch = idx.wrapping_add(1);
+        if wqe.op == WqeOp::Read {
+            self.reads_outstanding += 1;
+        }
+        self.emit(ctx, self.send_psn);
+        true
+    }
+
+    /// A WQE failed before it started: flush older outstanding ones, report it, flush the rest.
+    fn fail_unfetched(&mut self, ctx: &mut Ctx<'_>, idx: u32, op: WqeOp, status: Status) {
+        while let Some(o) = self.ops.pop_front() {
+            self.send_cqe(&o.wqe, o.len, Status::Flushed);
+        }
+        self.send_cq.push(&Cqe {
+            flags: 0,
+            status,
+            opcode: send_opcode(op),
+            qpn: self.qpn(),
+            wqe_index: idx,
+            byte_len: 0,
+            imm: 0,
+        });
+        self.sq_fetch = idx.wrapping_add(1);
+        self.enter_error(ctx);
+    }
+
+    fn validate(&self, ctx: &Ctx<'_>, wqe: &Wqe) -> Result<(), Status> {
+        let cfg = &self.shared.config;
+        if wqe.payload_len() > u64::from(ctx.caps.max_msg_size) {
+            return Err(Status::LocalLength);
+        }
+        if wqe.flags.contains(WrFlags::INLINE) {
+            if wqe.op == WqeOp::Read || wqe.inline_len > cfg.max_inline {
+                return Err(Status::LocalQueueOperation);
+            }
+            return Ok(());
+        }
+        if u32::from(wqe.nsge) > cfg.max_send_sge {
+            return Err(Status::LocalQueueOperation);
+        }
+        let need = if wqe.op == WqeOp::Read { Access::LOCAL_WRITE } else { Access::empty() };
+        for s in wqe.sges() {
+            ctx.keys.resolve(s.lkey, s.addr, u64::from(s.len), need).map_err(|_| Status::LocalProtection)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the segment with sequence number `psn` (or, for a READ, the request for the rest of
+    /// its response starting there).
+    fn emit(&mut self, ctx: &mut Ctx<'_>, psn: u32) -> bool {
+        let Some(op) = self.ops.iter().find(|o| o.contains(psn)).copied() else {
+            // Everything from here on was acknowledged meanwhile.
+            self.send_psn = self.next_psn;
+            return true;
+        };
+        let Some(remote) = self.remote.as_ref() else { return false };
+        let mtu = u64::from(ctx.mtu);
+        let k = u64::from(psn.wrapping_sub(op.first_psn));
+        let off = k * mtu;
+        let mut hdr = PacketHeader {
+            src_nic: ctx.nic,
+            dst_nic: remote.nic,
+            src_qpn: self.qpn(),
+            dst_qpn: remote.qpn,
+            psn,
+            first: k == 0,
+            last: k + 1 == u64::from(op.npkts),
+            offset: off as u32,
+            ..Default::default()
+        };
+        let w = &op.wqe;
+        let next = if w.op == WqeOp::Read {
+            hdr.kind = PacketKind::ReadRequest;
+            hdr.remote_addr = w.remote_addr.wrapping_add(off);
+            hdr.rkey = w.rkey;
+            hdr.dma_len = op.len.saturating_sub(off) as u32;
+            op.first_psn.wrapping_add(op.npkts)
+        } else {
+            let plen = (op.len - off.min(op.len)).min(mtu);
+            hdr.kind = if matches!(w.op, WqeOp::Send | WqeOp::SendImm) {
+                PacketKind::Send
+            } else {
+                PacketKind::Write
+            };
+            hdr.payload_len = plen as u32;
+            hdr.has_imm = w.op.has_imm();
+            hdr.imm = w.imm;
+            hdr.solicited = w.flags.contains(WrFlags::SOLICITED);
+            if hdr.kind == PacketKind::Write {
+                hdr.remote_addr = w.remote_addr.wrapping_add(off);
+                hdr.rkey = w.rkey;
+                hdr.dma_len = op.len as u32;
+            }
+            psn.wrapping_add(1)
+        };
+        let result = if hdr.payload_len == 0 {
+            remote.wire.transmit(&hdr, &mut |_| {})
+        } else if w.flags.contains(WrFlags::INLINE) {
+            let ring = &self.shared.sq;
+            let idx = w.index;
+            remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| {
+                // SAFETY: the WQE stays in its slot until we complete it, which has not happened.
+                unsafe { ring.read_at(idx, WQE_HEADER + off as usize, buf) }
+            })
+        } else {
+            let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+            let Ok(n) =
+                ctx.resolve_span(w.sges(), off, u64::from(hdr.payload_len), Access::empty(), &mut segs)
+            else {
+                // The region was deregistered after the WQE was fetched.
+                self.fail_front_at(ctx, psn, Status::LocalProtection);
+                return true;
+            };
+            remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf))
+        };
+        match result {
+            Transmit::Busy => {
+                self.wire_blocked = true;
+                return false;
+            }
+            Transmit::Sent => ctx.stats.tx_packets += 1,
+            Transmit::Dropped => ctx.stats.tx_dropped += 1,
+        }
+        if psn != self.send_psn {
+            ctx.stats.retransmits += 1;
+        }
+        self.send_psn = next;
+        if self.retx_deadline == NEVER {
+            self.retx_deadline = ctx.now.saturating_add(self.timeout);
+        }
+        true
+    }
+
+    /// Fails the message containing `psn` (after completing the ones before it) and enters ERROR.
+    fn fail_front_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, status: Status) {
+        self.ack_before(ctx, psn);
+        self.fail_front(ctx, status);
+    }
+
+    /// Completes, in order, every message whose last segment is at or before `psn`.
+    fn ack_through(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
+        let mut progress = false;
+        while let Some(front) = self.ops.front() {
+            if psn_diff(front.last_psn(), psn) > 0 {
+                break;
+            }
+            if front.wqe.op == WqeOp::Read {
+                // Acknowledged past a READ whose response is incomplete: the response was lost
+                // (an implied NAK). Ask again from the first missing segment.
+                self.send_psn = front.first_psn.wrapping_add(front.resp_got);
+                break;
+            }
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+            progress = true;
+        }
+        if progress {
+            self.on_progress(ctx);
+        }
+    }
+
+    fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
+        self.ack_through(ctx, psn.wrapping_sub(1));
+    }
+
+    /// Bookkeeping after the peer showed progress.
+    fn on_progress(&mut self, ctx: &Ctx<'_>) {
+        let cfg = &self.shared.config;
+        self.retry_left = cfg.retry_count;
+        self.rnr_left = cfg.rnr_retry;
+        self.retx_deadline = if self.ops.is_empty() { NEVER } else { ctx.now.saturating_add(self.timeout) };
+        if let Some(front) = self.ops.front() {
+            if psn_diff(self.send_psn, front.first_psn) < 0 {
+                self.send_psn = front.first_psn;
+            }
+        } else {
+            self.send_psn = self.next_psn;
+        }
+    }
+
+    /// Rewinds to resend from `psn` if it is outstanding.
+    fn rewind(&mut self, psn: u32) {
+        if self.ops.iter().any(|o| o.contains(psn)) {
+            self.send_psn = psn;
+            self.wire_blocked = false;
+        }
+    }
+
+    /// Handles an ACK or NAK.
+    pub(crate) fn on_ack(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
+        if self.state != QueueState::Ready {
+            return;
+        }
+        match hdr.syndrome {
+            Syndrome::Ack => self.ack_through(ctx, hdr.psn),
+            Syndrome::NakSequence => {
+                ctx.stats.seq_naks_received += 1;
+                self.ack_before(ctx, hdr.psn);
+                self.rewind(hdr.psn);
+            }
+            Syndrome::RnrNak(wait) => {
+                ctx.stats.rnr_naks_received += 1;
+                self.ack_before(ctx, hdr.psn);
+                if self.shared.config.rnr_retry != 7 {
+                    if self.rnr_left == 0 {
+                        self.fail_front(ctx, Status::RnrRetryExceeded);
+                        return;
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.rewind(hdr.psn);
+                self.rnr_until = ctx.now.saturating_add(wait);
+                self.retx_deadline = NEVER;
+            }
+            Syndrome::NakInvalidRequest => self.fail_front_at(ctx, hdr.psn, Status::RemoteInvalidRequest),
+            Syndrome::NakRemoteAccess => self.fail_front_at(ctx, hdr.psn, Status::RemoteAccess),
+            Syndrome::NakRemoteOperation => self.fail_front_at(ctx, hdr.psn, Status::RemoteOperation),
+        }
+    }
+
+    /// Handles a READ response segment.
+    pub(crate) fn on_read_response(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+        if self.state != QueueState::Ready {
+            return;
+        }
+        // Responses come in order, so every message before the READ is complete.
+        while let Some(front) = self.ops.front() {
+            if front.contains(hdr.psn) {
+                break;
+            }
+            if front.wqe.op == WqeOp::Read || psn_diff(front.last_psn(), hdr.psn) > 0 {
+                return; // stale response
+            }
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+        }
+        let Some(op) = self.ops.front().copied() else { return };
+        if op.wqe.op != WqeOp::Read || hdr.psn.wrapping_sub(op.first_psn) != op.resp_got {
+            return; // a duplicate or a gap: go-back-N recovers
+        }
+        let off = u64::from(op.resp_got) * u64::from(ctx.mtu);
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        match ctx.resolve_span(op.wqe.sges(), off, payload.len() as u64, Access::LOCAL_WRITE, &mut segs) {
+            Ok(n) => scatter(&segs[..n], payload),
+            Err(_) => {
+                self.fail_front(ctx, Status::LocalProtection);
+                return;
+            }
+        }
+        let front = self.ops.front_mut().expect("front exists");
+        front.resp_got += 1;
+        if front.resp_got == front.npkts {
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+            self.reads_outstanding -= 1;
+            self.fence_blocked = false;
+        }
+        self.on_progress(ctx);
+    }
+
+    /// The retransmission timer fired.
+    pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        if self.ops.is_empty() {
+            self.retx_deadline = NEVER;
+            return;
+        }
+        if self.retry_left == 0 {
+            self.fail_front(ctx, Status::RetryExceeded);
+            return;
+        }
+        self.retry_left -= 1;
+        let front = self.ops[0];
+        self.send_psn = front.first_psn.wrapping_add(front.resp_got);
+        self.wire_blocked = false;
+        self.retx_deadline = ctx.now.saturating_add(self.timeout);
+        ctx.stats.timeouts += 1;
+    }
+
+    // ---------------------------------------------------------------- responder
+
+    fn reply(&self, ctx: &mut Ctx<'_>, syndrome: Syndrome, psn: u32) {
+        ctx.push_ack(self.qpn(), syndrome, psn);
+    }
+
+    /// Handles a request packet (SEND, WRITE, READ request) in PSN order.
+    pub(crate) fn on_request(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+        if self.state != QueueState::Ready {
+            return;
+        }
+        let d = psn_diff(hdr.psn, self.epsn);
+        if d < 0 {
+            ctx.stats.duplicates += 1;
+            if hdr.kind == PacketKind::ReadRequest {
+                // A duplicate READ is answered again (the first answer may have been lost).
+                if self.execute_read(ctx, hdr).is_err() {
+                    self.reply(ctx, Syndrome::NakRemoteAccess, hdr.psn);
+                }
+            } else {
+                self.reply(ctx, Syndrome::Ack, self.epsn.wrapping_sub(1));
+            }
+            return;
+        }
+        if d > 0 {
+            if !self.nak_seq_sent {
+                self.nak_seq_sent = true;
+                self.reply(ctx, Syndrome::NakSequence, self.epsn);
+            }
+            return;
+        }
+        self.nak_seq_sent = false;
+        match hdr.kind {
+            PacketKind::Send => self.on_send(ctx, hdr, payload),
+            PacketKind::Write => self.on_write(ctx, hdr, payload),
+            PacketKind::ReadRequest => match self.execute_read(ctx, hdr) {
+                Ok(n) => self.epsn = self.epsn.wrapping_add(n),
+                Err(_) => self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn),
+            },
+            PacketKind::ReadResponse | PacketKind::Ack => {}
+        }
+    }
+
+    /// A class C responder error: NAK the requester and go to ERROR.
+    fn responder_error(&mut self, ctx: &mut Ctx<'_>, syndrome: Syndrome, psn: u32) {
+        self.reply(ctx, syndrome, psn);
+        self.enter_error(ctx);
+    }
+
+    fn on_send(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+        if hdr.first != self.cur_recv.is_none() {
+            // A middle segment without a first one, or a new message inside another.
+            self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
+        if hdr.first {
+            match self.fetch_rq(ctx) {
+                None => {
+                    ctx.stats.rnr_naks_sent += 1;
+                    self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
+                    return;
+                }
+                Some(Ok(w))
+                    if w.op == WqeOp::Recv && u32::from(w.nsge) <= self.shared.config.max_recv_sge =>
+                {
+                    self.cur_recv = Some(w)
+                }
+                Some(_) => {
+                    self.recv_cqe(self.rq_fetch, Status::LocalQueueOperation, CqOpcode::Recv, 0, None, false);
+                    self.rq_fetch = self.rq_fetch.wrapping_add(1);
+                    self.responder_error(ctx, Syndrome::NakRemoteOperation, hdr.psn);
+                    return;
+                }
+            }
+        }
+        let recv = self.cur_recv.expect("set above");
+        let capacity: u64 = recv.sges().iter().map(|s| u64::from(s.len)).sum();
+        let end = u64::from(hdr.offset) + payload.len() as u64;
+        if end > capacity {
+            self.fail_recv(ctx, Status::LocalLength, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        match ctx.resolve_span(
+            recv.sges(),
+            u64::from(hdr.offset),
+            payload.len() as u64,
+            Access::LOCAL_WRITE,
+            &mut segs,
+        ) {
+            Ok(n) => scatter(&segs[..n], payload),
+            Err(_) => {
+                self.fail_recv(ctx, Status::LocalProtection, Syndrome::NakRemoteOperation, hdr.psn);
+                return;
+            }
+        }
+        self.epsn = self.epsn.wrapping_add(1);
+        if hdr.last {
+            let imm = hdr.has_imm.then_some(hdr.imm);
+            self.recv_cqe(self.rq_fetch, Status::Success, CqOpcode::Recv, end as u32, imm, hdr.solicited);
+            self.rq_fetch = self.rq_fetch.wrapping_add(1);
+            self.cur_recv = None;
+            self.reply(ctx, Syndrome::Ack, hdr.psn);
+        }
+    }
+
+    /// The receive being filled failed: report it, NAK, go to ERROR.
+    fn fail_recv(&mut self, ctx: &mut Ctx<'_>, status: Status, syndrome: Syndrome, psn: u32) {
+        self.recv_cqe(self.rq_fetch, status, CqOpcode::Recv, 0, None, false);
+        self.rq_fetch = self.rq_fetch.wrapping_add(1);
+        self.cur_recv = None;
+        self.responder_error(ctx, syndrome, psn);
+    }
+
+    fn on_write(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+        let dst =
+            match ctx.keys.resolve(hdr.rkey, hdr.remote_addr, payload.len() as u64, Access::REMOTE_WRITE) {
+                Ok(p) => p,
+                Err(_) => {
+                    self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
+                    return;
+                }
+            };
+        let consumes_recv = hdr.last && hdr.has_imm;
+        if consumes_recv && self.shared.rq.producer() == self.rq_fetch {
+            ctx.stats.rnr_naks_sent += 1;
+            self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
+            return;
+        }
+        // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live
+        // registration with REMOTE_WRITE; `payload` is wire memory, so they do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
+        self.epsn = self.epsn.wrapping_add(1);
+        if hdr.last {
+            if consumes_recv {
+                self.recv_cqe(
+                    self.rq_fetch,
+                    Status::Success,
+                    CqOpcode::RecvWriteImm,
+                    hdr.dma_len,
+                    Some(hdr.imm),
+                    hdr.solicited,
+                );
+                self.rq_fetch = self.rq_fetch.wrapping_add(1);
+            }
+            self.reply(ctx, Syndrome::Ack, hdr.psn);
+        }
+    }
+
+    /// Checks a READ request and queues its response segments. Returns how many.
+    fn execute_read(&self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) -> Result<u32, KeyFault> {
+        let len = u64::from(hdr.dma_len);
+        ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_READ)?;
+        let mtu = u64::from(ctx.mtu);
+        let n = segments(len, ctx.mtu);
+        for k in 0..n {
+            let off = u64::from(k) * mtu;
+            let plen = (len - off.min(len)).min(mtu);
+            ctx.outbox.push_back(TxDesc {
+                qpn: self.qpn(),
+                hdr: PacketHeader {
+                    kind: PacketKind::ReadResponse,
+                    psn: hdr.psn.wrapping_add(k),
+                    first: k == 0,
+                    last: k + 1 == n,
+                    offset: off as u32,
+                    payload_len: plen as u32,
+                    ..Default::default()
+                },
+                read_from: Some((hdr.rkey, hdr.remote_addr.wrapping_add(off))),
+            });
+        }
+        Ok(n)
+    }
+}
+
+/// Copies scattered host ranges into one wire buffer.
+fn gather(segs: &[(*mut u8, usize)], buf: &mut [u8]) {
+    let mut pos = 0;
+    for &(p, n) in segs {
+        // SAFETY: `resolve_span` produced these ranges from live registrations (under the device
+        // lock, which the caller holds); `buf` is wire memory and does not overlap host memory.
+        unsafe { std::ptr::copy_nonoverlapping(p, buf[pos..pos + n].as_mut_ptr(), n) };
+        pos += n;
+    }
+}
+
+/// Copies one wire buffer into scattered host ranges.
+fn scatter(segs: &[(*mut u8, usize)], payload: &[u8]) {
+    let mut pos = 0;
+    for &(p, n) in segs {
+        // SAFETY: as in `gather`, in the other direction.
+        unsafe { std::ptr::copy_nonoverlapping(payload[pos..pos + n].as_ptr(), p, n) };
+        pos += n;
+    }
+}

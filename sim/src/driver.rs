@@ -1,0 +1,575 @@
+//! The driver: what an application links. It implements the hal traits by writing WQEs into the
+//! rings, ringing doorbells, and polling CQEs by owner bit; it keeps the side tables that map ring
+//! slots back to `wr_id`s. Control operations (register, create, connect, reset) talk to the
+//! device under its lock, like a verbs provider's command interface.
+
+use crate::device::keys::RegionDesc;
+use crate::device::qp::QpCtx;
+use crate::device::NicStats;
+use crate::eventfd::EventFd;
+use crate::fabric::FabricOwner;
+use crate::layout::{self, cqe_flags, WqeOp};
+use crate::nic::Nic;
+use crate::ring::{CqRing, WorkRing};
+use crate::shared::{armed, CqShared, QueueShared, SideTable};
+use crate::sync::{self, AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
+use bypass_hal::{
+    Access, ArmMode, Completion, CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, Queue,
+    QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags,
+};
+use std::alloc::Layout;
+use std::os::fd::RawFd;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Magic prefix of a sim NIC's GID in a [`QueueInfo`].
+const GID_MAGIC: [u8; 8] = *b"bypsim\0\x01";
+
+/// A simulated NIC, as an application sees it: a [`bypass_hal::Device`].
+#[derive(Debug, Clone)]
+pub struct SimNic {
+    nic: Arc<Nic>,
+    owner: Arc<FabricOwner>,
+}
+
+impl SimNic {
+    pub(crate) fn new(nic: Arc<Nic>, owner: Arc<FabricOwner>) -> Self {
+        SimNic { nic, owner }
+    }
+
+    /// The NIC's address on its fabric.
+    pub fn addr(&self) -> u32 {
+        self.nic.addr
+    }
+
+    /// The NIC's counters.
+    pub fn stats(&self) -> NicStats {
+        sync::lock(&self.nic.dev).stats
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+impl Device for SimNic {
+    type Region = SimRegion;
+    type Cq = SimCq;
+    type Queue = SimQueue;
+
+    fn caps(&self) -> DeviceCaps {
+        self.nic.caps
+    }
+
+    fn register(&self, len: usize, access: Access) -> Result<SimRegion> {
+        if len as u64 > self.nic.caps.max_region_size {
+            return Err(invalid(format!("region of {len} bytes exceeds the device limit")));
+        }
+        if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(invalid("REMOTE_WRITE access requires LOCAL_WRITE"));
+        }
+        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| Error::OutOfResources(format!("cannot allocate {len} bytes to register")))?;
+        let desc = RegionDesc { base: ptr.as_ptr(), addr: ptr.as_ptr() as u64, len: len as u64, access };
+        let key = sync::lock(&self.nic.dev).keys.insert(desc);
+        let Some(key) = key else {
+            // SAFETY: allocated just above with this layout and not shared.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+            return Err(Error::OutOfResources("the NIC's key table is full".into()));
+        };
+        Ok(SimRegion { nic: self.nic.clone(), _owner: self.owner.clone(), ptr, layout, len, key, access })
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<SimCq> {
+        if depth == 0 || depth > self.nic.caps.max_cq_depth {
+            return Err(invalid(format!("CQ depth {depth} is outside 1..={}", self.nic.caps.max_cq_depth)));
+        }
+        let shared = Arc::new(CqShared {
+            ring: CqRing::new(depth.next_power_of_two()),
+            pi: AtomicU32::new(0),
+            armed: AtomicU8::new(armed::NO),
+            event: EventFd::new()?,
+            overflow: AtomicBool::new(false),
+            attach: Mutex::new(Vec::new()),
+            attach_pending: AtomicBool::new(false),
+        });
+        Ok(SimCq {
+            nic: self.nic.clone(),
+            _owner: self.owner.clone(),
+            shared,
+            ci: 0,
+            queues: Vec::new(),
+            last: 0,
+        })
+    }
+
+    fn create_queue(&self, config: &QueueConfig, send_cq: &SimCq, recv_cq: &SimCq) -> Result<SimQueue> {
+        let caps = &self.nic.caps;
+        let c = config;
+        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
+        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
+            return Err(invalid(format!("queue depths must be in 1..={}", caps.max_queue_depth)));
+        }
+        if c.max_send_sge == 0
+            || c.max_send_sge > caps.max_send_sge
+            || c.max_recv_sge == 0
+            || c.max_recv_sge > caps.max_recv_sge
+        {
+            return Err(invalid(format!("SGE limits must be in 1..={}", caps.max_send_sge)));
+        }
+        if c.max_inline > caps.max_inline {
+            return Err(invalid(format!(
+                "max_inline {} exceeds the device's {}",
+                c.max_inline, caps.max_inline
+            )));
+        }
+        if c.retry_count > 7 || c.rnr_retry > 7 {
+            return Err(invalid("retry_count and rnr_retry are 0..=7"));
+        }
+        if !Arc::ptr_eq(&send_cq.nic, &self.nic) || !Arc::ptr_eq(&recv_cq.nic, &self.nic) {
+            return Err(invalid("the CQs belong to another NIC"));
+        }
+        let sq_depth = c.send_depth.next_power_of_two();
+        let rq_depth = c.recv_depth.next_power_of_two();
+        let sq_stride = layout::wqe_stride(c.max_send_sge, c.max_inline);
+        let rq_stride = layout::wqe_stride(c.max_recv_sge, 0);
+        let psn = self.nic.fabric.next_psn();
+        let mut dev = sync::lock(&self.nic.dev);
+        let qpn = dev.qps.len() as u32;
+        let shared = Arc::new(QueueShared {
+            nic: self.nic.addr,
+            qpn,
+            config: *c,
+            sq: WorkRing::new(sq_depth, sq_stride),
+            rq: WorkRing::new(rq_depth, rq_stride),
+            sq_ids: SideTable::new(sq_depth),
+            rq_ids: SideTable::new(rq_depth),
+            sq_ci: AtomicU32::new(0),
+            rq_ci: AtomicU32::new(0),
+            state: AtomicU8::new(0),
+            psn: AtomicU32::new(psn),
+        });
+        dev.qps.push(Some(Box::new(QpCtx::new(
+            shared.clone(),
+            send_cq.shared.clone(),
+            recv_cq.shared.clone(),
+        ))));
+        drop(dev);
+        for cq in [&send_cq.shared, &recv_cq.shared] {
+            let mut list = sync::lock(&cq.attach);
+            if !list.iter().any(|q| Arc::ptr_eq(q, &shared)) {
+                list.push(shared.clone());
+            }
+            cq.attach_pending.store(true, Ordering::Release);
+        }
+        Ok(SimQueue {
+            nic: self.nic.clone(),
+            _owner: self.owner.clone(),
+            wqe: vec![0u8; sq_stride.max(rq_stride)].into(),
+            shared,
+            sq_pi: 0,
+            rq_pi: 0,
+        })
+    }
+}
+
+/// Registered memory on a simulated NIC.
+#[derive(Debug)]
+pub struct SimRegion {
+    nic: Arc<Nic>,
+    _owner: Arc<FabricOwner>,
+    ptr: NonNull<u8>,
+    layout: Layout,
+    len: usize,
+    key: u32,
+    access: Access,
+}
+
+// SAFETY: the region owns its allocation; shared access to the bytes follows the DMA contract in
+// bypass_hal's `mr` module docs, and the key lives in the device under its lock.
+unsafe impl Send for SimRegion {}
+// SAFETY: as above; all methods take `&self` and either copy through raw pointers or lock.
+unsafe impl Sync for SimRegion {}
+
+impl MemoryRegion for SimRegion {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+    fn lkey(&self) -> u32 {
+        self.key
+    }
+    fn rkey(&self) -> u32 {
+        self.key
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for SimRegion {
+    fn drop(&mut self) {
+        // Deregister first: once the key is gone (under the device lock) the device can no longer
+        // reach this memory, so freeing it is safe.
+        sync::lock(&self.nic.dev).keys.remove(self.key);
+        // SAFETY: allocated in `register` with this layout; no key refers to it any more.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// A completion queue on a simulated NIC.
+#[derive(Debug)]
+pub struct SimCq {
+    nic: Arc<Nic>,
+    _owner: Arc<FabricOwner>,
+    shared: Arc<CqShared>,
+    ci: u32,
+    queues: Vec<Arc<QueueShared>>,
+    last: usize,
+}
+
+impl SimCq {
+    fn queue(&mut self, qpn: u32) -> Option<&QueueShared> {
+        if self.queues.get(self.last).is_some_and(|q| q.qpn == qpn) {
+            return Some(&self.queues[self.last]);
+        }
+        let i = self.queues.iter().position(|q| q.qpn == qpn)?;
+        self.last = i;
+        Some(&self.queues[i])
+    }
+}
+
+impl CompletionQueue for SimCq {
+    fn depth(&self) -> u32 {
+        self.shared.ring.depth()
+    }
+
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        self.nic.on_poll();
+        if self.shared.attach_pending.load(Ordering::Acquire) {
+            self.shared.attach_pending.store(false, Ordering::Relaxed);
+            let list = sync::lock(&self.shared.attach);
+            for q in list.iter() {
+                if !self.queues.iter().any(|x| Arc::ptr_eq(x, q)) {
+                    self.queues.push(q.clone());
+                }
+            }
+        }
+        let mut n = 0;
+        while n < out.len() {
+            // SAFETY: `&mut self` makes this handle the ring's only consumer.
+            let Some(cqe) = (unsafe { self.shared.ring.read(self.ci) }) else { break };
+            let recv = cqe.flags & cqe_flags::RECV != 0;
+            let wr_id = match self.queue(cqe.qpn) {
+                Some(q) => {
+                    let (ids, ci) = if recv { (&q.rq_ids, &q.rq_ci) } else { (&q.sq_ids, &q.sq_ci) };
+                    // SAFETY: we are the poller and have just read this slot's completion.
+                    let id = unsafe { ids.get(cqe.wqe_index) };
+                    ci.store(cqe.wqe_index.wrapping_add(1), Ordering::Release);
+                    id
+                }
+                None => 0,
+            };
+            out[n] = Completion {
+                wr_id,
+                status: cqe.status,
+                opcode: cqe.opcode,
+                byte_len: cqe.byte_len,
+                imm: (cqe.flags & cqe_flags::HAS_IMM != 0).then_some(cqe.imm),
+                qpn: cqe.qpn,
+            };
+            n += 1;
+            self.ci = self.ci.wrapping_add(1);
+        }
+        if n > 0 {
+            self.shared.ring.release(self.ci);
+        } else if self.shared.overflow.load(Ordering::Acquire) {
+            return Err(Error::CqOverflow { depth: self.depth() });
+        }
+        Ok(n)
+    }
+
+    fn arm(&mut self, mode: ArmMode) -> Result<()> {
+        let v = match mode {
+            ArmMode::Any => armed::ANY,
+            ArmMode::Solicited => armed::SOLICITED,
+        };
+        self.shared.armed.store(v, Ordering::Release);
+        Ok(())
+    }
+
+    fn event_fd(&self) -> RawFd {
+        self.shared.event.raw()
+    }
+
+    fn ack_events(&mut self) -> Result<u64> {
+        Ok(self.shared.event.drain()?)
+    }
+}
+
+/// A reliable-connected queue on a simulated NIC.
+#[derive(Debug)]
+pub struct SimQueue {
+    nic: Arc<Nic>,
+    _owner: Arc<FabricOwner>,
+    shared: Arc<QueueShared>,
+    sq_pi: u32,
+    rq_pi: u32,
+    /// Where WQEs are assembled before they are copied into the ring.
+    wqe: Box<[u8]>,
+}
+
+impl SimQueue {
+    fn need_ready(&self, op: &'static str) -> Result<()> {
+        match self.shared.state() {
+            QueueState::Ready => Ok(()),
+            state => Err(Error::BadState { state, op, needs: "READY" }),
+        }
+    }
+
+    fn control<R>(&self, f: impl FnOnce(&mut QpCtx, &mut crate::device::Ctx<'_>) -> R) -> R {
+        let now = self.nic.now();
+        let mut dev = sync::lock(&self.nic.dev);
+        dev.with_qp(self.shared.qpn, now, f).expect("a live queue handle has a device context")
+    }
+}
+
+impl Queue for SimQueue {
+    fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn info(&self) -> QueueInfo {
+        let mut gid = [0u8; 16];
+        gid[..8].copy_from_slice(&GID_MAGIC);
+        gid[12..].copy_from_slice(&self.shared.nic.to_le_bytes());
+        QueueInfo {
+            gid,
+            qpn: self.shared.qpn,
+            psn: self.shared.psn.load(Ordering::Relaxed),
+            lid: 0,
+            token: 0,
+        }
+    }
+
+    fn state(&self) -> QueueState {
+        self.shared.state()
+    }
+
+    fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
+        if peer.gid[..8] != GID_MAGIC {
+            return Err(invalid("the peer's QueueInfo is not from a simulated NIC"));
+        }
+        let addr = u32::from_le_bytes([peer.gid[12], peer.gid[13], peer.gid[14], peer.gid[15]]);
+        let wire = self
+            .nic
+            .fabric
+            .route(addr)
+            .ok_or_else(|| invalid(format!("no NIC with address {addr} on this fabric")))?;
+        self.control(|qp, _| match qp.state {
+            QueueState::Reset => {
+                qp.connect(peer, wire, addr);
+                Ok(())
+            }
+            state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
+        })
+    }
+
+    fn set_error(&mut self) -> Result<()> {
+        self.control(|qp, ctx| qp.enter_error(ctx));
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        let psn = self.nic.fabric.next_psn();
+        self.control(|qp, ctx| {
+            if qp.state != QueueState::Reset {
+                qp.enter_error(ctx);
+                qp.reset(psn);
+            }
+        });
+        Ok(())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.need_ready("post_send")?;
+        let cfg = &self.shared.config;
+        let mut inline = false;
+        for wr in wrs {
+            if wr.flags.contains(WrFlags::INLINE) {
+                inline = true;
+                if matches!(wr.op, SendOp::Read(_)) {
+                    return Err(invalid("a READ cannot be INLINE"));
+                }
+                if wr.total_len() > u64::from(cfg.max_inline) {
+                    return Err(invalid(format!(
+                        "INLINE payload of {} bytes exceeds max_inline {}",
+                        wr.total_len(),
+                        cfg.max_inline
+                    )));
+                }
+            } else if wr.sges.len() > cfg.max_send_sge as usize {
+                return Err(invalid(format!(
+                    "{} SGEs exceed the queue's max_send_sge {}",
+                    wr.sges.len(),
+                    cfg.max_send_sge
+                )));
+            }
+        }
+        let sq = &self.shared.sq;
+        let free = sq.depth() - self.sq_pi.wrapping_sub(self.shared.sq_ci.load(Ordering::Acquire));
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "send", free, wanted: wrs.len() });
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        // INLINE payloads are copied by the CPU at post time; the sim resolves their SGEs through
+        // the key table so a bad address is an error, not a wild read.
+        let dev = if inline { Some(sync::lock(&self.nic.dev)) } else { None };
+        let stride = sq.stride();
+        for wr in wrs {
+            let (op, imm, raddr) = match wr.op {
+                SendOp::Send => (WqeOp::Send, 0, Default::default()),
+                SendOp::SendImm(i) => (WqeOp::SendImm, i, Default::default()),
+                SendOp::Write(r) => (WqeOp::Write, 0, r),
+                SendOp::WriteImm(r, i) => (WqeOp::WriteImm, i, r),
+                SendOp::Read(r) => (WqeOp::Read, 0, r),
+            };
+            let idx = self.sq_pi;
+            let buf = &mut self.wqe[..stride];
+            if wr.flags.contains(WrFlags::INLINE) {
+                let keys = &dev.as_ref().expect("locked for INLINE").keys;
+                let mut bad = false;
+                let mut fill = |dst: &mut [u8]| -> u32 {
+                    let mut pos = 0usize;
+                    for s in wr.sges {
+                        match keys.resolve(s.lkey, s.addr, u64::from(s.len), Access::empty()) {
+                            Ok(p) => {
+                                // SAFETY: the key table vouches for `s.len` bytes at `p` in a live
+                                // registration; `dst` is our private WQE buffer.
+                                unsafe {
+                                    std::ptr::copy_nonoverlapping(p, dst[pos..].as_mut_ptr(), s.len as usize)
+                                };
+                                pos += s.len as usize;
+                            }
+                            Err(_) => bad = true,
+                        }
+                    }
+                    pos as u32
+                };
+                layout::encode_wqe(
+                    buf,
+                    op,
+                    wr.flags,
+                    sq.owner(idx),
+                    imm,
+                    raddr.addr,
+                    raddr.rkey,
+                    idx,
+                    &[],
+                    Some(&mut fill),
+                );
+                if bad {
+                    // Nothing of this batch reached the device yet: the doorbell was not rung.
+                    return Err(invalid("an INLINE SGE does not lie in a registered region"));
+                }
+            } else {
+                layout::encode_wqe(
+                    buf,
+                    op,
+                    wr.flags,
+                    sq.owner(idx),
+                    imm,
+                    raddr.addr,
+                    raddr.rkey,
+                    idx,
+                    wr.sges,
+                    None,
+                );
+            }
+            // SAFETY: we are the only poster (`&mut self`) and slot `idx` is free (checked above
+            // against the consumer index the poller publishes).
+            unsafe {
+                self.shared.sq_ids.set(idx, wr.wr_id);
+                sq.write(idx, &self.wqe[..stride]);
+            }
+            self.sq_pi = idx.wrapping_add(1);
+        }
+        drop(dev);
+        sq.ring_doorbell(self.sq_pi);
+        self.nic.kick();
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.need_ready("post_recv")?;
+        let cfg = &self.shared.config;
+        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > cfg.max_recv_sge as usize) {
+            return Err(invalid(format!(
+                "{} SGEs exceed the queue's max_recv_sge {}",
+                wr.sges.len(),
+                cfg.max_recv_sge
+            )));
+        }
+        let rq = &self.shared.rq;
+        let free = rq.depth() - self.rq_pi.wrapping_sub(self.shared.rq_ci.load(Ordering::Acquire));
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
+        }
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let stride = rq.stride();
+        for wr in wrs {
+            let idx = self.rq_pi;
+            let buf = &mut self.wqe[..stride];
+            layout::encode_wqe(
+                buf,
+                WqeOp::Recv,
+                WrFlags::SIGNALED,
+                rq.owner(idx),
+                0,
+                0,
+                0,
+                idx,
+                wr.sges,
+                None,
+            );
+            // SAFETY: as in post_send, for the receive ring.
+            unsafe {
+                self.shared.rq_ids.set(idx, wr.wr_id);
+                rq.write(idx, &self.wqe[..stride]);
+            }
+            self.rq_pi = idx.wrapping_add(1);
+        }
+        rq.ring_doorbell(self.rq_pi);
+        // The device reads the receive ring when a message arrives; it only needs a kick if the
+        // queue is being flushed, which the Inline engine handles on the next poll.
+        if self.nic.fabric.config.engine != crate::fabric::Engine::Inline {
+            self.nic.kick();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for SimQueue {
+    fn drop(&mut self) {
+        let mut dev = sync::lock(&self.nic.dev);
+        if let Some(slot) = dev.qps.get_mut(self.shared.qpn as usize) {
+            *slot = None;
+        }
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_sge_is_plain(s: Sge) -> Sge {
+    s
+}

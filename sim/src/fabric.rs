@@ -1,0 +1,300 @@
+//! The fabric: the set of simulated NICs that can reach each other, the engine that runs them and
+//! the clock they share. This is where a test or benchmark starts:
+//!
+//! ```
+//! use bypass_sim::{Engine, Fabric};
+//! let fabric = Fabric::new(Engine::Inline);
+//! let (a, b) = (fabric.add_nic(), fabric.add_nic());
+//! assert_ne!(a.addr(), b.addr());
+//! ```
+
+use crate::clock::Clock;
+use crate::device::Unit;
+use crate::driver::SimNic;
+use crate::layout;
+use crate::nic::{device_thread, Nic};
+use crate::sync;
+use crate::wire::Wire;
+use bypass_hal::DeviceCaps;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How device work gets run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// Ringing a doorbell runs the device (and any NIC it sends to) on the caller's thread; a CQ
+    /// poll runs due timers. Fastest; the default for benchmarks.
+    Inline,
+    /// One device thread per NIC: it spins briefly after work, then parks until the next doorbell
+    /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device.
+    Threaded,
+    /// Nothing moves until [`Fabric::step`] is called. Time is virtual ([`Fabric::advance`]), and
+    /// each step runs one ready unit of device work chosen by a generator seeded with `seed`, so
+    /// a failing interleaving replays exactly from its seed.
+    Stepped {
+        /// Seed of the scheduler (and of initial sequence numbers).
+        seed: u64,
+    },
+}
+
+/// Fabric-wide settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricConfig {
+    /// How device work is run.
+    pub engine: Engine,
+    /// Largest packet payload; messages are cut into segments of this size.
+    pub mtu: u32,
+    /// Packets each NIC's inbox holds before senders must wait.
+    pub inbox_depth: u32,
+    /// Limits every NIC reports.
+    pub caps: DeviceCaps,
+}
+
+impl FabricConfig {
+    /// Default settings for `engine`.
+    pub fn new(engine: Engine) -> Self {
+        FabricConfig {
+            engine,
+            mtu: 4096,
+            inbox_depth: 256,
+            caps: DeviceCaps {
+                max_queue_depth: 1 << 15,
+                max_cq_depth: 1 << 16,
+                max_send_sge: layout::MAX_SGE as u32,
+                max_recv_sge: layout::MAX_SGE as u32,
+                max_inline: layout::MAX_INLINE as u32,
+                max_msg_size: 16 << 20,
+                max_region_size: 1 << 40,
+            },
+        }
+    }
+}
+
+/// A tiny seeded generator (SplitMix64): deterministic, good enough to pick among ready units.
+#[derive(Debug)]
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[derive(Debug, Default)]
+struct StepState {
+    nics: Vec<Arc<Nic>>,
+    units: Vec<(usize, Unit)>,
+    idle_runs: u32,
+}
+
+/// State shared by every NIC of a fabric.
+#[derive(Debug)]
+pub(crate) struct FabricShared {
+    pub config: FabricConfig,
+    pub clock: Clock,
+    nics: RwLock<Vec<Arc<Nic>>>,
+    /// A lower bound of every NIC's next timer deadline (Inline engine: polls check it).
+    pub next_deadline: std::sync::atomic::AtomicU64,
+    rng: Mutex<SplitMix>,
+    step: Mutex<StepState>,
+    shutdown: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl FabricShared {
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// The wire to the NIC at `addr`, if it exists.
+    pub(crate) fn route(&self, addr: u32) -> Option<Arc<dyn Wire>> {
+        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
+        nics.get(addr as usize).map(|n| n.clone() as Arc<dyn Wire>)
+    }
+
+    /// A NIC that waited for inbox room at another NIC may go on.
+    pub(crate) fn kick_waiter(&self, addr: u32) {
+        let nic = self.nics.read().unwrap_or_else(|e| e.into_inner()).get(addr as usize).cloned();
+        if let Some(nic) = nic {
+            nic.unblocked.store(true, Ordering::Release);
+            nic.kick();
+        }
+    }
+
+    /// Inline engine: runs every NIC whose timer is due and recomputes the fabric-wide minimum.
+    pub(crate) fn run_due_timers(&self, now: crate::clock::Nanos) {
+        self.next_deadline.store(crate::clock::NEVER, Ordering::Release);
+        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for n in &nics {
+            n.run_if_due(now);
+            let d = n.deadline.load(Ordering::Acquire);
+            if d != crate::clock::NEVER {
+                self.next_deadline.fetch_min(d, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// A fresh initial packet sequence number.
+    pub(crate) fn next_psn(&self) -> u32 {
+        (self.rng.lock().unwrap_or_else(|e| e.into_inner()).next() & 0x00ff_ffff) as u32
+    }
+
+    /// Stops device threads and breaks the reference cycles between connected queues.
+    fn shut_down(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        let nics = std::mem::take(&mut *self.nics.write().unwrap_or_else(|e| e.into_inner()));
+        for n in &nics {
+            if let Some(t) = n.thread.get() {
+                t.unpark();
+            }
+        }
+        for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = t.join();
+        }
+        for n in &nics {
+            let mut dev = sync::lock(&n.dev);
+            dev.outbox.clear();
+            for qp in dev.qps.iter_mut().flatten() {
+                qp.remote = None;
+            }
+        }
+        self.step.lock().unwrap_or_else(|e| e.into_inner()).nics.clear();
+    }
+}
+
+/// Shuts the fabric down when the last handle (fabric, NIC, region, CQ or queue) is gone.
+#[derive(Debug)]
+pub(crate) struct FabricOwner {
+    pub shared: Arc<FabricShared>,
+}
+
+impl Drop for FabricOwner {
+    fn drop(&mut self) {
+        self.shared.shut_down();
+    }
+}
+
+/// A set of simulated NICs that can reach each other over in-process wires.
+#[derive(Debug, Clone)]
+pub struct Fabric {
+    owner: Arc<FabricOwner>,
+}
+
+impl Fabric {
+    /// A fabric with default settings for `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self::with_config(FabricConfig::new(engine))
+    }
+
+    /// A fabric with explicit settings.
+    pub fn with_config(config: FabricConfig) -> Self {
+        let (clock, seed) = match config.engine {
+            Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
+            _ => (Clock::Real(std::time::Instant::now()), 0x5EED),
+        };
+        let shared = Arc::new(FabricShared {
+            config,
+            clock,
+            nics: RwLock::new(Vec::new()),
+            next_deadline: std::sync::atomic::AtomicU64::new(crate::clock::NEVER),
+            rng: Mutex::new(SplitMix(seed)),
+            step: Mutex::new(StepState::default()),
+            shutdown: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+        });
+        Fabric { owner: Arc::new(FabricOwner { shared }) }
+    }
+
+    fn shared(&self) -> &Arc<FabricShared> {
+        &self.owner.shared
+    }
+
+    /// The settings.
+    pub fn config(&self) -> FabricConfig {
+        self.shared().config
+    }
+
+    /// Adds a NIC. With the Threaded engine this starts its device thread.
+    pub fn add_nic(&self) -> SimNic {
+        let shared = self.shared();
+        let mut nics = shared.nics.write().unwrap_or_else(|e| e.into_inner());
+        let addr = nics.len() as u32;
+        let nic = Arc::new(Nic::new(addr, shared.clone(), shared.config.caps));
+        nics.push(nic.clone());
+        drop(nics);
+        if shared.config.engine == Engine::Threaded {
+            let weak = Arc::downgrade(&nic);
+            let handle = std::thread::Builder::new()
+                .name(format!("bypass-sim-nic{addr}"))
+                .spawn(move || device_thread(weak))
+                .expect("spawn a NIC device thread");
+            let _ = nic.thread.set(handle.thread().clone());
+            shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        }
+        SimNic::new(nic, self.owner.clone())
+    }
+
+    /// Stepped engine: runs one ready unit of device work, chosen by the seeded scheduler.
+    /// Returns false when nothing is ready (timers may still be pending: see
+    /// [`advance`](Self::advance)). On other engines this runs nothing and returns false.
+    ///
+    /// # Panics
+    /// If units keep being offered as ready without making progress (a simulator bug).
+    pub fn step(&self) -> bool {
+        let shared = self.shared();
+        if !matches!(shared.config.engine, Engine::Stepped { .. }) {
+            return false;
+        }
+        let mut st = shared.step.lock().unwrap_or_else(|e| e.into_inner());
+        let StepState { nics, units, idle_runs } = &mut *st;
+        nics.clear();
+        nics.extend(shared.nics.read().unwrap_or_else(|e| e.into_inner()).iter().cloned());
+        units.clear();
+        for (i, nic) in nics.iter().enumerate() {
+            let mut dev = sync::lock(&nic.dev);
+            nic.ready_units(&mut dev, i, units);
+        }
+        if units.is_empty() {
+            return false;
+        }
+        let pick = shared.rng.lock().unwrap_or_else(|e| e.into_inner()).below(units.len());
+        let (i, unit) = units[pick];
+        let nic = &nics[i];
+        let did = nic.run_unit(&mut sync::lock(&nic.dev), unit);
+        *idle_runs = if did { 0 } else { *idle_runs + 1 };
+        assert!(
+            *idle_runs < 10_000,
+            "stepped engine livelock: {unit:?} on NIC {i} is ready but makes no progress"
+        );
+        true
+    }
+
+    /// Stepped engine: steps until nothing is ready; returns the number of steps.
+    pub fn run_until_idle(&self) -> u64 {
+        let mut n = 0;
+        while self.step() {
+            n += 1;
+        }
+        n
+    }
+
+    /// Stepped engine: moves the virtual clock forward by `by` (timers that fall due become
+    /// ready units). Real-time engines ignore it.
+    pub fn advance(&self, by: Duration) {
+        self.shared().clock.advance(by.as_nanos() as u64);
+    }
+
+    /// Time since the fabric was created (virtual for the Stepped engine).
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.shared().clock.now())
+    }
+}

@@ -1,0 +1,131 @@
+//! Objects shared between the driver and the device: a queue's rings, side tables and state, and
+//! a completion queue's ring and event machinery.
+
+use crate::eventfd::EventFd;
+use crate::layout::Cqe;
+use crate::ring::{CqRing, WorkRing};
+use crate::sync::{AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering, UnsafeCell};
+use bypass_hal::{QueueConfig, QueueState, Status};
+use std::sync::Arc;
+
+/// Queue state as a byte, for the atomic the driver reads.
+pub(crate) fn state_to_u8(s: QueueState) -> u8 {
+    match s {
+        QueueState::Reset => 0,
+        QueueState::Ready => 1,
+        QueueState::Error => 2,
+    }
+}
+
+pub(crate) fn state_from_u8(v: u8) -> QueueState {
+    match v {
+        1 => QueueState::Ready,
+        2 => QueueState::Error,
+        _ => QueueState::Reset,
+    }
+}
+
+/// A slot-indexed table of `wr_id`s, written by the poster, read by the poller. The ring
+/// protocol orders the two: a slot is written before its doorbell and read after its CQE.
+#[derive(Debug)]
+pub(crate) struct SideTable(Box<[UnsafeCell<u64>]>);
+
+impl SideTable {
+    pub(crate) fn new(depth: u32) -> Self {
+        SideTable((0..depth).map(|_| UnsafeCell::new(0)).collect())
+    }
+    /// # Safety
+    /// Only the poster calls this, for a slot the device has not yet seen (before the doorbell).
+    pub(crate) unsafe fn set(&self, index: u32, wr_id: u64) {
+        let i = index as usize & (self.0.len() - 1);
+        // SAFETY: by the contract nobody else reads or writes this slot now.
+        self.0[i].with_mut(|p| unsafe { *p = wr_id });
+    }
+    /// # Safety
+    /// Only the poller calls this, for a slot whose completion it has just read.
+    pub(crate) unsafe fn get(&self, index: u32) -> u64 {
+        let i = index as usize & (self.0.len() - 1);
+        // SAFETY: the completion (acquired) happens after the poster's write; the poster does not
+        // rewrite the slot until the poller releases it.
+        self.0[i].with(|p| unsafe { *p })
+    }
+}
+
+// SAFETY: access is ordered by the ring protocol described on the type.
+unsafe impl Sync for SideTable {}
+// SAFETY: plain owned data.
+unsafe impl Send for SideTable {}
+
+/// The driver-visible half of a queue.
+#[derive(Debug)]
+pub(crate) struct QueueShared {
+    pub nic: u32,
+    pub qpn: u32,
+    pub config: QueueConfig,
+    pub sq: WorkRing,
+    pub rq: WorkRing,
+    pub sq_ids: SideTable,
+    pub rq_ids: SideTable,
+    /// Send slots below this index are free again (advanced by the poller).
+    pub sq_ci: AtomicU32,
+    /// Receive slots below this index are free again (advanced by the poller).
+    pub rq_ci: AtomicU32,
+    /// The queue state, written by the device.
+    pub state: AtomicU8,
+    /// The first PSN this queue sends after its next connect.
+    pub psn: AtomicU32,
+}
+
+impl QueueShared {
+    pub(crate) fn state(&self) -> QueueState {
+        state_from_u8(self.state.load(Ordering::Acquire))
+    }
+    pub(crate) fn set_state(&self, s: QueueState) {
+        self.state.store(state_to_u8(s), Ordering::Release);
+    }
+}
+
+/// Arm states of a CQ.
+pub(crate) mod armed {
+    pub const NO: u8 = 0;
+    pub const ANY: u8 = 1;
+    pub const SOLICITED: u8 = 2;
+}
+
+/// A completion queue as both sides see it.
+#[derive(Debug)]
+pub(crate) struct CqShared {
+    pub ring: CqRing,
+    /// Producer index; only the device (under its lock) touches it.
+    pub pi: AtomicU32,
+    pub armed: AtomicU8,
+    pub event: EventFd,
+    /// Set once the device had to drop a completion.
+    pub overflow: AtomicBool,
+    /// Queues created on this CQ since the poller last looked (it maps CQEs to side tables).
+    pub attach: Mutex<Vec<Arc<QueueShared>>>,
+    pub attach_pending: AtomicBool,
+}
+
+impl CqShared {
+    /// Device side: appends a CQE (or records an overflow) and raises the event if armed for it.
+    pub(crate) fn push(&self, cqe: &Cqe) {
+        let pi = self.pi.load(Ordering::Relaxed);
+        // SAFETY: the device lock makes the device the ring's only producer.
+        if unsafe { self.ring.write(pi, cqe) } {
+            self.pi.store(pi.wrapping_add(1), Ordering::Relaxed);
+        } else {
+            self.overflow.store(true, Ordering::Release);
+            return;
+        }
+        let mode = self.armed.load(Ordering::Acquire);
+        if mode != armed::NO {
+            let wake = mode == armed::ANY
+                || cqe.flags & crate::layout::cqe_flags::SOLICITED != 0
+                || cqe.status != Status::Success;
+            if wake && self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
+                self.event.signal();
+            }
+        }
+    }
+}

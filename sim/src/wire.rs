@@ -1,0 +1,120 @@
+//! Wires: how packets get from one NIC to another.
+//!
+//! A NIC sends through a [`Wire`], a one-call trait, so other wires (shared memory between
+//! processes, TCP between hosts) and middleware (fault injection, tracing) can wrap or replace the
+//! in-process one without touching the device model. The in-process wire delivers straight into
+//! the destination NIC's [`Inbox`]: a fixed ring of MTU-sized packet slots, so the payload is
+//! copied exactly twice (sender's memory → wire slot → receiver's memory) and nothing allocates.
+
+use crate::packet::PacketHeader;
+
+/// The outcome of offering a packet to a wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transmit {
+    /// The wire took the packet.
+    Sent,
+    /// The wire is full; nothing was taken. The sender keeps the packet and is kicked once the
+    /// receiver has made room (the fabric is lossless, like UB or a PFC-enabled RoCE network).
+    Busy,
+    /// The wire dropped the packet (unknown destination, or a fault); retransmission recovers.
+    Dropped,
+}
+
+/// Carries packets from a NIC towards the NIC named in each header.
+pub trait Wire: Send + Sync {
+    /// Offers one packet. `fill` writes its `hdr.payload_len` payload bytes into the wire's buffer
+    /// and is called at most once, only if the packet is taken.
+    fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit;
+}
+
+/// One packet slot of an inbox.
+#[derive(Debug)]
+struct Slot {
+    hdr: PacketHeader,
+    buf: Box<[u8]>,
+}
+
+/// A NIC's receive port: a fixed ring of packet slots, filled by senders and drained by the
+/// NIC's device.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    slots: Box<[Slot]>,
+    head: usize,
+    len: usize,
+    /// NICs that found the inbox full and wait to be kicked.
+    waiters: Vec<u32>,
+}
+
+impl Inbox {
+    pub(crate) fn new(depth: usize, mtu: usize) -> Self {
+        let slots =
+            (0..depth).map(|_| Slot { hdr: PacketHeader::default(), buf: vec![0u8; mtu].into() }).collect();
+        Inbox { slots, head: 0, len: 0, waiters: Vec::with_capacity(8) }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a packet, or records `hdr.src_nic` as a waiter and returns false when full.
+    pub(crate) fn push(&mut self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> bool {
+        if self.len == self.slots.len() {
+            if !self.waiters.contains(&hdr.src_nic) {
+                self.waiters.push(hdr.src_nic);
+            }
+            return false;
+        }
+        let n = self.slots.len();
+        let slot = &mut self.slots[(self.head + self.len) % n];
+        let len = hdr.payload_len as usize;
+        debug_assert!(len <= slot.buf.len(), "packet larger than the MTU");
+        slot.hdr = *hdr;
+        fill(&mut slot.buf[..len]);
+        self.len += 1;
+        true
+    }
+
+    /// The oldest packet, if any.
+    pub(crate) fn front(&self) -> Option<(&PacketHeader, &[u8])> {
+        (self.len > 0).then(|| {
+            let s = &self.slots[self.head];
+            (&s.hdr, &s.buf[..s.hdr.payload_len as usize])
+        })
+    }
+
+    /// Removes the oldest packet.
+    pub(crate) fn pop(&mut self) {
+        if self.len > 0 {
+            self.head = (self.head + 1) % self.slots.len();
+            self.len -= 1;
+        }
+    }
+
+    /// Takes the list of NICs waiting for room (called after a pop made room).
+    pub(crate) fn take_waiter(&mut self) -> Option<u32> {
+        self.waiters.pop()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inbox_is_fifo_and_reports_full() {
+        let mut ib = Inbox::new(2, 16);
+        let mut h = PacketHeader { src_nic: 5, payload_len: 3, ..Default::default() };
+        for psn in 0..2 {
+            h.psn = psn;
+            assert!(ib.push(&h, &mut |b: &mut [u8]| b.copy_from_slice(&[psn as u8; 3])));
+        }
+        assert!(!ib.push(&h, &mut |_: &mut [u8]| unreachable!("a full inbox never calls fill")));
+        assert_eq!(ib.take_waiter(), Some(5));
+        let (hdr, p) = ib.front().unwrap();
+        assert_eq!((hdr.psn, p), (0, &[0u8; 3][..]));
+        ib.pop();
+        assert_eq!(ib.front().unwrap().0.psn, 1);
+        ib.pop();
+        assert!(ib.is_empty());
+    }
+}
