@@ -22,6 +22,9 @@ use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+/// Inline engine: after this many empty polls in a row a poller runs other NICs' pending work.
+const HELP_AFTER_IDLE_POLLS: u32 = 64;
+
 /// Magic prefix of a sim NIC's GID in a [`QueueInfo`].
 const GID_MAGIC: [u8; 8] = *b"bypsim\0\x01";
 
@@ -94,6 +97,7 @@ impl Device for SimNic {
             overflow: AtomicBool::new(false),
             attach: Mutex::new(Vec::new()),
             attach_pending: AtomicBool::new(false),
+            nic_armed: self.nic.armed_cqs.clone(),
         });
         Ok(SimCq {
             nic: self.nic.clone(),
@@ -102,6 +106,7 @@ impl Device for SimNic {
             ci: 0,
             queues: Vec::new(),
             last: 0,
+            idle: 0,
         })
     }
 
@@ -233,6 +238,8 @@ pub struct SimCq {
     ci: u32,
     queues: Vec<Arc<QueueShared>>,
     last: usize,
+    /// Consecutive empty polls (Inline engine: after a few, help other NICs along).
+    idle: u32,
 }
 
 impl SimCq {
@@ -252,7 +259,7 @@ impl CompletionQueue for SimCq {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        self.nic.on_poll();
+        self.nic.on_poll(self.idle % 16 == 0);
         if self.shared.attach_pending.load(Ordering::Acquire) {
             self.shared.attach_pending.store(false, Ordering::Relaxed);
             let list = sync::lock(&self.shared.attach);
@@ -289,9 +296,18 @@ impl CompletionQueue for SimCq {
             self.ci = self.ci.wrapping_add(1);
         }
         if n > 0 {
+            self.idle = 0;
             self.shared.ring.release(self.ci);
-        } else if self.shared.overflow.load(Ordering::Acquire) {
-            return Err(Error::CqOverflow { depth: self.depth() });
+        } else {
+            if self.shared.overflow.load(Ordering::Acquire) {
+                return Err(Error::CqOverflow { depth: self.depth() });
+            }
+            self.idle = self.idle.wrapping_add(1);
+            if self.idle % HELP_AFTER_IDLE_POLLS == 0
+                && self.nic.fabric.config.engine == crate::fabric::Engine::Inline
+            {
+                self.nic.fabric.help();
+            }
         }
         Ok(n)
     }
@@ -301,7 +317,7 @@ impl CompletionQueue for SimCq {
             ArmMode::Any => armed::ANY,
             ArmMode::Solicited => armed::SOLICITED,
         };
-        self.shared.armed.store(v, Ordering::Release);
+        self.shared.arm(v);
         Ok(())
     }
 

@@ -104,6 +104,8 @@ pub(crate) struct FabricShared {
     nics: RwLock<Vec<Arc<Nic>>>,
     /// A lower bound of every NIC's next timer deadline (Inline engine: polls check it).
     pub next_deadline: std::sync::atomic::AtomicU64,
+    /// How many NICs have a timer armed (Inline engine: polls read the clock only if any).
+    pub armed_nics: std::sync::atomic::AtomicU32,
     rng: Mutex<SplitMix>,
     step: Mutex<StepState>,
     shutdown: AtomicBool,
@@ -140,6 +142,21 @@ impl FabricShared {
             if d != crate::clock::NEVER {
                 self.next_deadline.fetch_min(d, Ordering::AcqRel);
             }
+        }
+    }
+
+    /// Inline engine: a poller that keeps finding nothing runs every NIC with work flagged, so a
+    /// NIC whose own user is not polling still makes progress.
+    pub(crate) fn help(&self) {
+        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
+        let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
+        let pending = nics.iter().filter(|x| x.work.load(Ordering::Relaxed));
+        for (slot, nic) in flagged.iter_mut().zip(pending) {
+            *slot = Some(nic.clone());
+        }
+        drop(nics);
+        for nic in flagged.iter().flatten() {
+            nic.run_if_flagged();
         }
     }
 
@@ -206,6 +223,7 @@ impl Fabric {
             clock,
             nics: RwLock::new(Vec::new()),
             next_deadline: std::sync::atomic::AtomicU64::new(crate::clock::NEVER),
+            armed_nics: std::sync::atomic::AtomicU32::new(0),
             rng: Mutex::new(SplitMix(seed)),
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),

@@ -83,34 +83,29 @@ impl WqeOp {
     }
 }
 
-/// The decoded form of a WQE (what the device works from after fetching it).
+/// The decoded fixed part of a WQE (what the device keeps after fetching it). The SGE list stays
+/// in the ring, where the device reads it again whenever it moves data (as hardware re-reads a
+/// gather list), so a fetched WQE is small to keep and to copy.
 #[derive(Debug, Clone, Copy)]
 pub struct Wqe {
+    /// Operation.
     pub op: WqeOp,
+    /// Work-request flags.
     pub flags: WrFlags,
+    /// Immediate data.
     pub imm: u32,
+    /// Remote address (WRITE, READ).
     pub remote_addr: u64,
+    /// Remote key (WRITE, READ).
     pub rkey: u32,
+    /// Ring index the WQE was fetched from.
     pub index: u32,
-    /// SGEs; `nsge` of them are valid. For INLINE WQEs `nsge` is 0 and `inline_len` is set.
-    pub sges: [Sge; MAX_SGE],
+    /// Number of SGEs (0 for INLINE).
     pub nsge: u8,
+    /// Inline payload bytes.
     pub inline_len: u32,
-}
-
-impl Wqe {
-    /// The valid SGEs.
-    pub fn sges(&self) -> &[Sge] {
-        &self.sges[..usize::from(self.nsge)]
-    }
-    /// Total payload length (inline bytes, or the SGEs' sum).
-    pub fn payload_len(&self) -> u64 {
-        if self.flags.contains(WrFlags::INLINE) {
-            u64::from(self.inline_len)
-        } else {
-            self.sges().iter().map(|s| u64::from(s.len)).sum()
-        }
-    }
+    /// Payload length: the inline length, or the sum of the SGE lengths.
+    pub len: u64,
 }
 
 /// The WQE stride (bytes) for a queue allowing `max_sge` SGEs and `max_inline` inline bytes.
@@ -178,8 +173,10 @@ pub enum WqeFault {
     StaleOwner,
 }
 
-/// Decodes a WQE fetched from ring index `index`.
-pub fn decode_wqe(buf: &[u8], expect_owner: u8, index: u32) -> Result<Wqe, WqeFault> {
+/// Decodes the fixed part of a WQE fetched from ring index `index`. `buf` holds at least the
+/// first block; `stride` is the queue's WQE size. The returned `len` is the inline length; for SGE
+/// WQEs the caller adds up the SGEs (see [`decode_sge`]).
+pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Result<Wqe, WqeFault> {
     let u32_at = |o: usize| u32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
     let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
     if buf[3] != expect_owner || u32_at(24) != index {
@@ -190,15 +187,10 @@ pub fn decode_wqe(buf: &[u8], expect_owner: u8, index: u32) -> Result<Wqe, WqeFa
     let nsge = buf[2];
     let inline_len = u32_at(20);
     if usize::from(nsge) > MAX_SGE
-        || WQE_HEADER + usize::from(nsge) * WQE_SGE > buf.len()
-        || WQE_HEADER + inline_len as usize > buf.len()
+        || WQE_HEADER + usize::from(nsge) * WQE_SGE > stride
+        || WQE_HEADER + inline_len as usize > stride
     {
         return Err(WqeFault::Malformed);
-    }
-    let mut sges = [Sge::default(); MAX_SGE];
-    for (i, s) in sges.iter_mut().take(usize::from(nsge)).enumerate() {
-        let o = WQE_HEADER + i * WQE_SGE;
-        *s = Sge { addr: u64_at(o), len: u32_at(o + 8), lkey: u32_at(o + 12) };
     }
     Ok(Wqe {
         op,
@@ -207,10 +199,16 @@ pub fn decode_wqe(buf: &[u8], expect_owner: u8, index: u32) -> Result<Wqe, WqeFa
         remote_addr: u64_at(8),
         rkey: u32_at(16),
         index,
-        sges,
         nsge,
         inline_len,
+        len: u64::from(inline_len),
     })
+}
+
+/// Decodes one 16-byte SGE.
+pub fn decode_sge(b: &[u8; WQE_SGE]) -> Sge {
+    let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    Sge { addr: u64::from(u32_at(0)) | (u64::from(u32_at(4)) << 32), len: u32_at(8), lkey: u32_at(12) }
 }
 
 /// CQE head-word bits.
@@ -344,14 +342,19 @@ mod tests {
             &sges,
             None,
         );
-        let w = decode_wqe(&buf, 1, 5).unwrap();
+        let w = decode_wqe(&buf, 128, 1, 5).unwrap();
         assert_eq!(w.op, WqeOp::WriteImm);
-        assert_eq!(w.sges(), &sges);
-        assert_eq!((w.imm, w.remote_addr, w.rkey, w.payload_len()), (0xabcd, 0xdead_beef_0000, 42, 65));
-        assert_eq!(decode_wqe(&buf, 0, 5).unwrap_err(), WqeFault::StaleOwner);
-        assert_eq!(decode_wqe(&buf, 1, 6).unwrap_err(), WqeFault::StaleOwner);
+        assert_eq!(w.nsge, 2);
+        for (i, s) in sges.iter().enumerate() {
+            let o = WQE_HEADER + i * WQE_SGE;
+            assert_eq!(decode_sge(buf[o..o + WQE_SGE].try_into().unwrap()), *s);
+        }
+        assert_eq!((w.imm, w.remote_addr, w.rkey), (0xabcd, 0xdead_beef_0000, 42));
+        assert_eq!(decode_wqe(&buf, 128, 0, 5).unwrap_err(), WqeFault::StaleOwner);
+        assert_eq!(decode_wqe(&buf, 128, 1, 6).unwrap_err(), WqeFault::StaleOwner);
+        assert_eq!(decode_wqe(&buf, 32, 1, 5).unwrap_err(), WqeFault::Malformed, "SGEs past the stride");
         buf[0] = 0x77;
-        assert_eq!(decode_wqe(&buf, 1, 5).unwrap_err(), WqeFault::Malformed);
+        assert_eq!(decode_wqe(&buf, 128, 1, 5).unwrap_err(), WqeFault::Malformed);
     }
 
     #[test]

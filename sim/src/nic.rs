@@ -5,7 +5,7 @@ use crate::clock::{Nanos, NEVER};
 use crate::device::{DeviceState, Unit};
 use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
-use crate::sync::{self, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::wire::{Inbox, Transmit, Wire};
 use bypass_hal::DeviceCaps;
 use std::sync::{Arc, OnceLock};
@@ -26,6 +26,8 @@ pub(crate) struct Nic {
     /// Threaded engine: the device thread is (about to be) parked.
     pub sleeping: AtomicBool,
     pub thread: OnceLock<std::thread::Thread>,
+    /// How many of this NIC's CQs are armed (their user is about to sleep on an event fd).
+    pub armed_cqs: Arc<AtomicU32>,
     pub caps: DeviceCaps,
 }
 
@@ -41,6 +43,7 @@ impl Nic {
             deadline: AtomicU64::new(NEVER),
             sleeping: AtomicBool::new(false),
             thread: OnceLock::new(),
+            armed_cqs: Arc::new(AtomicU32::new(0)),
             caps,
             fabric,
         }
@@ -71,7 +74,7 @@ impl Nic {
     /// timers: any NIC of the fabric whose timer is due runs here (a sender waiting out an RNR
     /// NAK must retry even if only the receiver's CQ is being polled).
     #[inline]
-    pub(crate) fn on_poll(&self) {
+    pub(crate) fn on_poll(&self, check_timers: bool) {
         if self.fabric.config.engine != Engine::Inline {
             return;
         }
@@ -79,9 +82,20 @@ impl Nic {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
-        let d = self.fabric.next_deadline.load(Ordering::Relaxed);
-        if d != NEVER && d <= self.now() {
-            self.fabric.run_due_timers(self.now());
+        // Reading the clock costs more than the rest of an idle poll: only do it while some NIC
+        // of the fabric has a timer armed, and not on every poll.
+        if check_timers && self.fabric.armed_nics.load(Ordering::Relaxed) > 0 {
+            let now = self.now();
+            if self.fabric.next_deadline.load(Ordering::Relaxed) <= now {
+                self.fabric.run_due_timers(now);
+            }
+        }
+    }
+
+    /// Runs the device if work is flagged (Inline engine: a poller with nothing to do helps).
+    pub(crate) fn run_if_flagged(&self) {
+        if self.work.load(Ordering::SeqCst) {
+            self.run_inline();
         }
     }
 
@@ -95,9 +109,18 @@ impl Nic {
 
     /// Publishes this NIC's earliest deadline, here and in the fabric-wide minimum.
     fn publish_deadline(&self, d: Nanos) {
-        self.deadline.store(d, Ordering::Release);
+        let was = self.deadline.swap(d, Ordering::AcqRel);
         if d != NEVER {
             self.fabric.next_deadline.fetch_min(d, Ordering::AcqRel);
+        }
+        match (was == NEVER, d == NEVER) {
+            (true, false) => {
+                self.fabric.armed_nics.fetch_add(1, Ordering::AcqRel);
+            }
+            (false, true) => {
+                self.fabric.armed_nics.fetch_sub(1, Ordering::AcqRel);
+            }
+            _ => {}
         }
     }
 
@@ -124,6 +147,7 @@ impl Nic {
         let now = self.now();
         dev.run_all(now, &self.inbox, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
+        dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
     }
 
     /// Runs one unit (the Stepped engine). The caller holds the device lock.
@@ -131,6 +155,7 @@ impl Nic {
         let now = self.now();
         let did = dev.run_unit(unit, now, &self.inbox, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
+        dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         did
     }
 
@@ -154,8 +179,25 @@ impl Wire for Nic {
         if !taken {
             return Transmit::Busy;
         }
-        self.kick();
         Transmit::Sent
+    }
+
+    /// The sender finished a burst to this NIC. With the Inline engine the receiving device
+    /// normally runs on its own user's thread, at that user's next poll or doorbell, so each
+    /// thread mostly touches only its own NIC. The sender runs it right here instead when the
+    /// receiver cannot be counted on: one of its CQs is armed (its user is going to sleep on the
+    /// event fd), or the work flagged by the previous burst is still unclaimed (its user is not
+    /// polling), or the sender's own user is about to sleep (`eager`).
+    fn flush(&self, eager: bool) {
+        match self.fabric.config.engine {
+            Engine::Inline => {
+                let unclaimed = self.work.swap(true, Ordering::SeqCst);
+                if eager || unclaimed || self.armed_cqs.load(Ordering::SeqCst) > 0 {
+                    self.run_inline();
+                }
+            }
+            _ => self.kick(),
+        }
     }
 }
 

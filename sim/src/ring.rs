@@ -82,31 +82,31 @@ impl WorkRing {
         self.doorbell.load_acquire()
     }
 
-    /// Device side: copies entry `index` into `out` (one stride) — the device's WQE fetch.
+    /// Device side: SGE `i` of entry `index` (the device re-reads gather lists from the ring).
+    ///
+    /// # Safety
+    /// As for [`read_at`](Self::read_at).
+    pub(crate) unsafe fn sge(&self, index: u32, i: usize) -> bypass_hal::Sge {
+        let mut b = [0u8; layout::WQE_SGE];
+        // SAFETY: forwarded contract.
+        unsafe { self.read_at(index, layout::WQE_HEADER + i * layout::WQE_SGE, &mut b) };
+        layout::decode_sge(&b)
+    }
+
+    /// Device side: reads bytes `off..off+out.len()` of entry `index` — the device's DMA read of a
+    /// WQE (or of an inline payload).
     ///
     /// # Safety
     /// `index` is below a producer index read with [`producer`](Self::producer) and the device has
     /// not yet reported it complete, so the driver does not write the slot concurrently.
-    pub(crate) unsafe fn read(&self, index: u32, out: &mut [u8]) {
-        let first = self.first_block(index);
-        for (i, chunk) in out[..self.stride()].chunks_exact_mut(BLOCK).enumerate() {
-            // SAFETY: by the contract, the driver wrote this slot before the doorbell we acquired
-            // and will not touch it until we complete it.
-            self.blocks[first + i].with(|b| chunk.copy_from_slice(unsafe { &*b }));
-        }
-    }
-
-    /// Device side: reads bytes `off..off+out.len()` of entry `index` (inline payloads).
-    ///
-    /// # Safety
-    /// As for [`read`](Self::read).
     pub(crate) unsafe fn read_at(&self, index: u32, off: usize, out: &mut [u8]) {
         let mut pos = 0;
         let first = self.first_block(index);
         while pos < out.len() {
             let (blk, within) = ((off + pos) / BLOCK, (off + pos) % BLOCK);
             let n = (BLOCK - within).min(out.len() - pos);
-            // SAFETY: as in `read`.
+            // SAFETY: by the contract, the driver wrote this slot before the doorbell we acquired and will
+            // not touch it until we complete it.
             self.blocks[first + blk]
                 .with(|b| out[pos..pos + n].copy_from_slice(unsafe { &(&*b)[within..within + n] }));
             pos += n;
@@ -250,7 +250,7 @@ mod tests {
         assert_eq!(ring.producer(), 14);
         let mut out = [0u8; 128];
         // SAFETY: index 13 is below the producer index and not completed.
-        unsafe { ring.read(13, &mut out) };
+        unsafe { ring.read_at(13, 0, &mut out) };
         assert_eq!(&out[..], &wqe[..]);
         let mut part = [0u8; 70];
         // SAFETY: as above.

@@ -105,9 +105,18 @@ pub(crate) struct CqShared {
     /// Queues created on this CQ since the poller last looked (it maps CQEs to side tables).
     pub attach: Mutex<Vec<Arc<QueueShared>>>,
     pub attach_pending: AtomicBool,
+    /// The owning NIC's count of armed CQs.
+    pub nic_armed: Arc<AtomicU32>,
 }
 
 impl CqShared {
+    /// Driver side: arms for one event.
+    pub(crate) fn arm(&self, mode: u8) {
+        if self.armed.swap(mode, Ordering::AcqRel) == armed::NO {
+            self.nic_armed.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
     /// Device side: appends a CQE (or records an overflow) and raises the event if armed for it.
     pub(crate) fn push(&self, cqe: &Cqe) {
         let pi = self.pi.load(Ordering::Relaxed);
@@ -124,6 +133,7 @@ impl CqShared {
                 || cqe.flags & crate::layout::cqe_flags::SOLICITED != 0
                 || cqe.status != Status::Success;
             if wake && self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
+                self.nic_armed.fetch_sub(1, Ordering::AcqRel);
                 self.event.signal();
             }
         }

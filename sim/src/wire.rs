@@ -25,6 +25,12 @@ pub trait Wire: Send + Sync {
     /// Offers one packet. `fill` writes its `hdr.payload_len` payload bytes into the wire's buffer
     /// and is called at most once, only if the packet is taken.
     fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit;
+
+    /// Tells the far end that the packets offered so far are complete: the sender calls it once
+    /// after a burst rather than per packet, so the receiver can take the burst in one go.
+    /// `eager` asks for the burst to be taken now rather than when convenient (the sender's user
+    /// is about to sleep and cannot help the receiver along later).
+    fn flush(&self, eager: bool);
 }
 
 /// One packet slot of an inbox.

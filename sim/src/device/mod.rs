@@ -13,10 +13,11 @@ pub(crate) mod keys;
 pub(crate) mod qp;
 
 use crate::clock::{Nanos, NEVER};
-use crate::layout::MAX_WQE;
+use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
+use crate::ring::WorkRing;
 use crate::wire::{Inbox, Transmit};
-use bypass_hal::{Access, DeviceCaps, Sge};
+use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
 use qp::QpCtx;
 use std::collections::VecDeque;
@@ -77,8 +78,9 @@ pub(crate) struct Ctx<'a> {
     pub keys: &'a KeyTable,
     pub outbox: &'a mut VecDeque<TxDesc>,
     pub stats: &'a mut NicStats,
-    pub scratch: &'a mut [u8],
     pub caps: &'a DeviceCaps,
+    /// Queues that transmitted since the wires were last flushed.
+    pub to_flush: &'a mut Vec<u32>,
     pub nic: u32,
     pub mtu: u32,
     pub now: Nanos,
@@ -102,11 +104,12 @@ impl Ctx<'_> {
         });
     }
 
-    /// Translates bytes `off..off+len` of the message described by `sges` into host ranges.
-    /// Returns how many entries of `out` were filled.
+    /// Translates bytes `off..off+len` of the message of `wqe` (whose SGEs are in `ring`) into
+    /// host ranges. Returns how many entries of `out` were filled.
     pub(crate) fn resolve_span(
         &self,
-        sges: &[Sge],
+        ring: &WorkRing,
+        wqe: &Wqe,
         mut off: u64,
         len: u64,
         need: Access,
@@ -114,10 +117,12 @@ impl Ctx<'_> {
     ) -> Result<usize, KeyFault> {
         let mut left = len;
         let mut n = 0;
-        for s in sges {
+        for i in 0..usize::from(wqe.nsge) {
             if left == 0 {
                 break;
             }
+            // SAFETY: the WQE is fetched and not complete, so the driver leaves its slot alone.
+            let s = unsafe { ring.sge(wqe.index, i) };
             let slen = u64::from(s.len);
             if off >= slen {
                 off -= slen;
@@ -145,7 +150,7 @@ pub(crate) struct DeviceState {
     pub outbox: VecDeque<TxDesc>,
     pub outbox_blocked: bool,
     pub stats: NicStats,
-    scratch: Box<[u8]>,
+    to_flush: Vec<u32>,
     pub caps: DeviceCaps,
     pub addr: u32,
     pub mtu: u32,
@@ -164,7 +169,7 @@ impl DeviceState {
             outbox: VecDeque::with_capacity(1024),
             outbox_blocked: false,
             stats: NicStats::default(),
-            scratch: vec![0u8; MAX_WQE].into(),
+            to_flush: Vec::with_capacity(64),
             caps,
             addr,
             mtu,
@@ -172,8 +177,8 @@ impl DeviceState {
     }
 
     fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
-        let DeviceState { keys, qps, outbox, stats, scratch, caps, addr, mtu, .. } = self;
-        (qps, Ctx { keys, outbox, stats, scratch, caps, nic: *addr, mtu: *mtu, now })
+        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, .. } = self;
+        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now })
     }
 
     /// Runs `f` on queue `qpn` with a context, if the queue exists.
@@ -186,6 +191,19 @@ impl DeviceState {
         let (qps, mut ctx) = self.split(now);
         let qp = qps.get_mut(qpn as usize)?.as_mut()?;
         Some(f(qp, &mut ctx))
+    }
+
+    /// Flushes the wire of every queue that transmitted since the last call (one notification
+    /// per burst). `eager`: this NIC's user is about to sleep, so receivers must not wait for it.
+    pub(crate) fn flush_wires(&mut self, eager: bool) {
+        while let Some(qpn) = self.to_flush.pop() {
+            if let Some(qp) = self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+                qp.pending_flush = false;
+                if let Some(r) = &qp.remote {
+                    r.wire.flush(eager);
+                }
+            }
+        }
     }
 
     /// Called when a wire that was full has room again.
@@ -308,11 +326,12 @@ impl DeviceState {
             self.stats.rx_ignored += 1;
         }
         ib.pop();
-        let mut waiter = ib.take_waiter();
+        // One freed slot wakes one waiter; the next pop wakes the next. (Waking every waiter in a
+        // loop would spin: a woken sender that fills the slot at once registers again.)
+        let waiter = ib.take_waiter();
         drop(ib);
-        while let Some(w) = waiter {
+        if let Some(w) = waiter {
             kick_waiter(w);
-            waiter = crate::sync::lock(inbox).take_waiter();
         }
         true
     }
@@ -360,6 +379,12 @@ impl DeviceState {
         }
         self.stats.tx_responses += 1;
         self.outbox.pop_front();
+        if let Some(qp) = self.qps.get_mut(desc.qpn as usize).and_then(|q| q.as_mut()) {
+            if !qp.pending_flush {
+                qp.pending_flush = true;
+                self.to_flush.push(desc.qpn);
+            }
+        }
         true
     }
 }

@@ -17,8 +17,9 @@
 use super::keys::KeyFault;
 use super::{Ctx, TxDesc};
 use crate::clock::{Nanos, NEVER};
-use crate::layout::{self, cqe_flags, Cqe, Wqe, WqeOp, MAX_SGE, WQE_HEADER};
+use crate::layout::{self, cqe_flags, Cqe, Wqe, WqeOp, BLOCK, MAX_SGE, WQE_HEADER};
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
+use crate::ring::WorkRing;
 use crate::shared::{CqShared, QueueShared};
 use crate::wire::{Transmit, Wire};
 use bypass_hal::{Access, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
@@ -99,6 +100,8 @@ pub(crate) struct QpCtx {
     reads_outstanding: u32,
     fence_blocked: bool,
     pub wire_blocked: bool,
+    /// Listed in the device's to-flush list.
+    pub pending_flush: bool,
     // Responder.
     epsn: u32,
     rq_fetch: u32,
@@ -127,6 +130,7 @@ impl QpCtx {
             reads_outstanding: 0,
             fence_blocked: false,
             wire_blocked: false,
+            pending_flush: false,
             epsn: 0,
             rq_fetch: 0,
             cur_recv: None,
@@ -257,7 +261,7 @@ impl QpCtx {
             self.send_cqe(&op.wqe, op.len, Status::Flushed);
         }
         self.cur_recv = None;
-        self.flush_posted(ctx);
+        self.flush_posted();
         self.retx_deadline = NEVER;
         self.rnr_until = 0;
         self.send_psn = self.next_psn;
@@ -268,12 +272,12 @@ impl QpCtx {
     }
 
     /// Flushes WQEs posted but not yet fetched (on both rings). Returns true if any.
-    fn flush_posted(&mut self, ctx: &mut Ctx<'_>) -> bool {
+    fn flush_posted(&mut self) -> bool {
         let mut any = false;
         let pi = self.shared.sq.producer();
         while self.sq_fetch != pi {
             let idx = self.sq_fetch;
-            let wqe = self.fetch_sq(ctx, idx).ok();
+            let wqe = self.fetch_sq(idx).ok();
             let op = wqe.map_or(WqeOp::Send, |w| w.op);
             self.send_cq.push(&Cqe {
                 flags: 0,
@@ -296,24 +300,13 @@ impl QpCtx {
         any
     }
 
-    fn fetch_sq(&self, ctx: &mut Ctx<'_>, idx: u32) -> Result<Wqe, layout::WqeFault> {
-        let ring = &self.shared.sq;
-        let buf = &mut ctx.scratch[..ring.stride()];
-        // SAFETY: idx is below the producer index we acquired and not yet completed, so the
-        // driver is not writing this slot.
-        unsafe { ring.read(idx, buf) };
-        layout::decode_wqe(buf, ring.owner(idx), idx)
+    fn fetch_sq(&self, idx: u32) -> Result<Wqe, layout::WqeFault> {
+        fetch(&self.shared.sq, idx)
     }
 
-    fn fetch_rq(&self, ctx: &mut Ctx<'_>) -> Option<Result<Wqe, layout::WqeFault>> {
+    fn fetch_rq(&self) -> Option<Result<Wqe, layout::WqeFault>> {
         let ring = &self.shared.rq;
-        if ring.producer() == self.rq_fetch {
-            return None;
-        }
-        let buf = &mut ctx.scratch[..ring.stride()];
-        // SAFETY: as in fetch_sq, for the receive ring.
-        unsafe { ring.read(self.rq_fetch, buf) };
-        Some(layout::decode_wqe(buf, ring.owner(self.rq_fetch), self.rq_fetch))
+        (ring.producer() != self.rq_fetch).then(|| fetch(ring, self.rq_fetch))
     }
 
     // ---------------------------------------------------------------- requester
@@ -322,7 +315,7 @@ impl QpCtx {
     /// send its first segment. Returns whether anything happened.
     pub(crate) fn send_step(&mut self, ctx: &mut Ctx<'_>) -> bool {
         if self.state != QueueState::Ready {
-            return self.flush_posted(ctx);
+            return self.flush_posted();
         }
         if self.wire_blocked || ctx.now < self.rnr_until {
             return false;
@@ -338,7 +331,7 @@ impl QpCtx {
             return false;
         }
         let idx = self.sq_fetch;
-        let wqe = match self.fetch_sq(ctx, idx) {
+        let wqe = match self.fetch_sq(idx) {
             Ok(w) if w.op != WqeOp::Recv => w,
             _ => {
                 // A corrupt or stale entry: the driver broke the ring protocol.
@@ -354,7 +347,7 @@ impl QpCtx {
             self.fail_unfetched(ctx, idx, wqe.op, status);
             return true;
         }
-        let len = wqe.payload_len();
+        let len = wqe.len;
         let npkts = segments(len, ctx.mtu);
         self.ops.push_back(Op { wqe, len, first_psn: self.next_psn, npkts, resp_got: 0 });
         self.next_psn = self.next_psn.wrapping_add(npkts);
@@ -386,7 +379,7 @@ impl QpCtx {
 
     fn validate(&self, ctx: &Ctx<'_>, wqe: &Wqe) -> Result<(), Status> {
         let cfg = &self.shared.config;
-        if wqe.payload_len() > u64::from(ctx.caps.max_msg_size) {
+        if wqe.len > u64::from(ctx.caps.max_msg_size) {
             return Err(Status::LocalLength);
         }
         if wqe.flags.contains(WrFlags::INLINE) {
@@ -399,7 +392,9 @@ impl QpCtx {
             return Err(Status::LocalQueueOperation);
         }
         let need = if wqe.op == WqeOp::Read { Access::LOCAL_WRITE } else { Access::empty() };
-        for s in wqe.sges() {
+        for i in 0..usize::from(wqe.nsge) {
+            // SAFETY: the WQE was fetched and is not complete, so its slot is stable.
+            let s = unsafe { self.shared.sq.sge(wqe.index, i) };
             ctx.keys.resolve(s.lkey, s.addr, u64::from(s.len), need).map_err(|_| Status::LocalProtection)?;
         }
         Ok(())
@@ -464,9 +459,14 @@ impl QpCtx {
             })
         } else {
             let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
-            let Ok(n) =
-                ctx.resolve_span(w.sges(), off, u64::from(hdr.payload_len), Access::empty(), &mut segs)
-            else {
+            let Ok(n) = ctx.resolve_span(
+                &self.shared.sq,
+                w,
+                off,
+                u64::from(hdr.payload_len),
+                Access::empty(),
+                &mut segs,
+            ) else {
                 // The region was deregistered after the WQE was fetched.
                 self.fail_front_at(ctx, psn, Status::LocalProtection);
                 return true;
@@ -480,6 +480,10 @@ impl QpCtx {
             }
             Transmit::Sent => ctx.stats.tx_packets += 1,
             Transmit::Dropped => ctx.stats.tx_dropped += 1,
+        }
+        if !self.pending_flush {
+            self.pending_flush = true;
+            ctx.to_flush.push(self.qpn());
         }
         if psn != self.send_psn {
             ctx.stats.retransmits += 1;
@@ -600,7 +604,14 @@ impl QpCtx {
         }
         let off = u64::from(op.resp_got) * u64::from(ctx.mtu);
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
-        match ctx.resolve_span(op.wqe.sges(), off, payload.len() as u64, Access::LOCAL_WRITE, &mut segs) {
+        match ctx.resolve_span(
+            &self.shared.sq,
+            &op.wqe,
+            off,
+            payload.len() as u64,
+            Access::LOCAL_WRITE,
+            &mut segs,
+        ) {
             Ok(n) => scatter(&segs[..n], payload),
             Err(_) => {
                 self.fail_front(ctx, Status::LocalProtection);
@@ -692,7 +703,7 @@ impl QpCtx {
             return;
         }
         if hdr.first {
-            match self.fetch_rq(ctx) {
+            match self.fetch_rq() {
                 None => {
                     ctx.stats.rnr_naks_sent += 1;
                     self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
@@ -712,7 +723,7 @@ impl QpCtx {
             }
         }
         let recv = self.cur_recv.expect("set above");
-        let capacity: u64 = recv.sges().iter().map(|s| u64::from(s.len)).sum();
+        let capacity = recv.len;
         let end = u64::from(hdr.offset) + payload.len() as u64;
         if end > capacity {
             self.fail_recv(ctx, Status::LocalLength, Syndrome::NakInvalidRequest, hdr.psn);
@@ -720,7 +731,8 @@ impl QpCtx {
         }
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
         match ctx.resolve_span(
-            recv.sges(),
+            &self.shared.rq,
+            &recv,
             u64::from(hdr.offset),
             payload.len() as u64,
             Access::LOCAL_WRITE,
@@ -810,6 +822,20 @@ impl QpCtx {
         }
         Ok(n)
     }
+}
+
+/// Fetches the WQE at `idx`: its first block, then (for SGE WQEs) the SGE lengths to size it.
+fn fetch(ring: &WorkRing, idx: u32) -> Result<Wqe, layout::WqeFault> {
+    let mut blk = [0u8; BLOCK];
+    // SAFETY: idx is below the producer index we acquired and not yet completed, so the driver is
+    // not writing this slot.
+    unsafe { ring.read_at(idx, 0, &mut blk) };
+    let mut w = layout::decode_wqe(&blk, ring.stride(), ring.owner(idx), idx)?;
+    if !w.flags.contains(WrFlags::INLINE) {
+        // SAFETY: as above.
+        w.len = (0..usize::from(w.nsge)).map(|i| u64::from(unsafe { ring.sge(idx, i) }.len)).sum();
+    }
+    Ok(w)
 }
 
 /// Copies scattered host ranges into one wire buffer.

@@ -1,0 +1,234 @@
+//! HAL-level benchmark on the simulator's Inline engine: 64-byte send/recv ping-pong between two
+//! threads (round-trip time) and one-thread message rate with batches of WQEs.
+//!
+//! ```text
+//! cargo run --release -p bypass-sim --example hal_bench -- [--iters N] [--runs R] [--batch B] [--size S]
+//! ```
+//!
+//! Each figure is the median over R runs (each run's mean), with the min and max run beside it.
+//! Threads are not pinned: on a 2-core VM the scheduler spreads the two spinning threads best
+//! (pinning both to fixed vCPUs made runs collapse whenever a vCPU was descheduled).
+
+use bypass_hal::*;
+use bypass_sim::{Engine, Fabric, SimCq, SimNic, SimQueue, SimRegion};
+use std::time::Instant;
+
+struct Opts {
+    iters: u64,
+    runs: usize,
+    batch: usize,
+    size: usize,
+    test: String,
+}
+
+fn parse() -> Result<Opts, String> {
+    let mut o = Opts { iters: 200_000, runs: 7, batch: 32, size: 64, test: "all".into() };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = |name: &str| -> Result<u64, String> {
+            args.next().and_then(|v| v.parse().ok()).ok_or(format!("{name} needs a positive number"))
+        };
+        match a.as_str() {
+            "--iters" => o.iters = val("--iters")?.max(1),
+            "--runs" => o.runs = val("--runs")?.max(1) as usize,
+            "--batch" => o.batch = val("--batch")?.clamp(1, 256) as usize,
+            "--size" => o.size = val("--size")?.min(4096) as usize,
+            "--test" => {
+                o.test = args.next().filter(|t| ["all", "pingpong", "rate"].contains(&t.as_str())).ok_or("--test takes all, pingpong or rate")?
+            }
+            "-h" | "--help" => {
+                return Err("usage: hal_bench [--test all|pingpong|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
+            }
+            other => return Err(format!("unknown argument {other:?}; try --help")),
+        }
+    }
+    Ok(o)
+}
+
+/// One endpoint: a queue with its CQs and one registered buffer holding send and receive slots.
+struct End {
+    q: SimQueue,
+    scq: SimCq,
+    rcq: SimCq,
+    mr: SimRegion,
+    size: usize,
+    recv_slots: usize,
+}
+
+const DEPTH: u32 = 512;
+
+impl End {
+    fn new(nic: &SimNic, size: usize) -> End {
+        let cfg = QueueConfig { send_depth: DEPTH, recv_depth: DEPTH, max_inline: 256, ..Default::default() };
+        let scq = nic.create_cq(DEPTH * 2).unwrap();
+        let rcq = nic.create_cq(DEPTH * 2).unwrap();
+        let q = nic.create_queue(&cfg, &scq, &rcq).unwrap();
+        let slot = size.max(1);
+        let mr = nic.register(slot * (DEPTH as usize + 1), Access::LOCAL_WRITE).unwrap();
+        End { q, scq, rcq, mr, size, recv_slots: DEPTH as usize }
+    }
+
+    fn recv_wr(&self, i: usize) -> Sge {
+        self.mr.sge((i % self.recv_slots + 1) * self.size.max(1), self.size).unwrap()
+    }
+
+    fn post_recvs(&mut self, from: usize, n: usize) {
+        let sges: Vec<Sge> = (from..from + n).map(|i| self.recv_wr(i)).collect();
+        let wrs: Vec<RecvWr<'_>> =
+            sges.iter().map(|s| RecvWr { wr_id: 0, sges: std::slice::from_ref(s) }).collect();
+        self.q.post_recv(&wrs).unwrap();
+    }
+}
+
+fn connect(a: &mut End, b: &mut End) {
+    let (ia, ib) = (a.q.info(), b.q.info());
+    a.q.connect(&ib).unwrap();
+    b.q.connect(&ia).unwrap();
+    a.post_recvs(0, DEPTH as usize);
+    b.post_recvs(0, DEPTH as usize);
+}
+
+/// Ping-pong: returns the mean round-trip time in nanoseconds of `iters` exchanges.
+fn pingpong(iters: u64, size: usize, flags: WrFlags) -> f64 {
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
+    connect(&mut a, &mut b);
+    let server = std::thread::spawn(move || {
+        echo(&mut b, iters, flags);
+    });
+    let start = Instant::now();
+    echo_client(&mut a, iters, flags);
+    let elapsed = start.elapsed();
+    server.join().unwrap();
+    elapsed.as_nanos() as f64 / iters as f64
+}
+
+/// Sends one message; every 64th is signaled and the send CQ drained then, so the send queue
+/// never fills and completions cost little.
+fn send_one(e: &mut End, i: u64, flags: WrFlags) {
+    let sge = e.mr.sge(0, e.size).unwrap();
+    let signaled = i % 64 == 63;
+    let f = if signaled { flags | WrFlags::SIGNALED } else { flags };
+    e.q.post_send(&[SendWr { wr_id: i, op: SendOp::Send, sges: &[sge], flags: f }]).unwrap();
+    if signaled {
+        let mut wc = [Completion::default(); 8];
+        // The completion of the previous signaled send is certainly there by now.
+        while e.scq.poll(&mut wc).unwrap() == 0 {}
+    }
+}
+
+fn wait_recv(e: &mut End, received: &mut usize) {
+    let mut wc = [Completion::default(); 1];
+    loop {
+        if e.rcq.poll(&mut wc).unwrap() == 1 {
+            debug_assert!(wc[0].status.is_ok());
+            *received += 1;
+            if *received % 64 == 0 {
+                e.post_recvs(*received - 64, 64);
+            }
+            return;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+fn echo_client(e: &mut End, iters: u64, flags: WrFlags) {
+    let mut received = 0usize;
+    for i in 0..iters {
+        send_one(e, i, flags);
+        wait_recv(e, &mut received);
+    }
+}
+
+fn echo(e: &mut End, iters: u64, flags: WrFlags) {
+    let mut received = 0usize;
+    for i in 0..iters {
+        wait_recv(e, &mut received);
+        send_one(e, i, flags);
+    }
+}
+
+/// One thread, batches of `batch` sends from A to B: returns messages per second.
+fn rate(iters: u64, size: usize, batch: usize) -> f64 {
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
+    connect(&mut a, &mut b);
+    let sge = a.mr.sge(0, size).unwrap();
+    let sges = [sge];
+    let mut wrs: Vec<SendWr<'_>> = (0..batch)
+        .map(|i| SendWr { wr_id: i as u64, op: SendOp::Send, sges: &sges, flags: WrFlags::empty() })
+        .collect();
+    wrs[batch - 1].flags = WrFlags::SIGNALED;
+    let mut wc = vec![Completion::default(); batch];
+    let rounds = iters / batch as u64;
+    let mut received = 0usize;
+    let start = Instant::now();
+    for _ in 0..rounds {
+        a.q.post_send(&wrs).unwrap();
+        let mut got = 0;
+        while got < batch {
+            got += b.rcq.poll(&mut wc[got..]).unwrap();
+        }
+        b.post_recvs(received, batch);
+        received += batch;
+        while a.scq.poll(&mut wc[..1]).unwrap() == 0 {}
+    }
+    let elapsed = start.elapsed();
+    (rounds * batch as u64) as f64 / elapsed.as_secs_f64()
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn summarize(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("hal_bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    println!(
+        "bypass-sim HAL benchmark: Inline engine, {} B messages, {} runs, {} CPUs",
+        o.size,
+        o.runs,
+        num_cpus()
+    );
+    let pp = o.test != "rate";
+    if pp {
+        let _ = pingpong(o.iters / 10, o.size, WrFlags::empty()); // warm-up
+    }
+    for (name, flags) in [("send/recv", WrFlags::empty()), ("send/recv INLINE", WrFlags::INLINE)] {
+        if !pp || (flags.contains(WrFlags::INLINE) && o.size > 256) {
+            continue;
+        }
+        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong(o.iters, o.size, flags)).collect();
+        let (med, lo, hi) = summarize(runs);
+        println!(
+            "ping-pong {name:<17} round trip  median {:>7.3} us   (runs {:.3} .. {:.3} us)",
+            med / 1e3,
+            lo / 1e3,
+            hi / 1e3
+        );
+    }
+    if o.test == "pingpong" {
+        return;
+    }
+    let runs: Vec<f64> = (0..o.runs).map(|_| rate(o.iters * 5, o.size, o.batch)).collect();
+    let (med, lo, hi) = summarize(runs);
+    println!(
+        "rate      one thread, batch {:<3}       median {:>7.2} M msg/s (runs {:.2} .. {:.2})",
+        o.batch,
+        med / 1e6,
+        lo / 1e6,
+        hi / 1e6
+    );
+}
