@@ -66,7 +66,7 @@ pub struct Completion {
     pub wr_id: u64,
     /// Success or the specific error.
     pub status: Status,
-    /// What completed. For flushed requests this is still the request's kind.
+    /// What completed: valid on every completion, including errors and flushes.
     pub opcode: CqOpcode,
     /// Bytes received (receives) or transferred (READ); undefined for failed requests.
     pub byte_len: u32,

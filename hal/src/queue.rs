@@ -5,7 +5,8 @@ use crate::{RecvWr, Result, SendWr};
 use std::time::Duration;
 
 /// The state of a queue. RESET → READY (on [`Queue::connect`]) → ERROR (on a transport or
-/// protection error, or [`Queue::set_error`]) → RESET (on [`Queue::reset`]).
+/// protection error, or [`Queue::set_error`]) → RESET (on [`Queue::reset`], which from READY
+/// passes through ERROR so that nothing outstanding is lost without a completion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueState {
     /// Not connected; posting is refused.
@@ -125,6 +126,12 @@ pub trait Queue: Send {
     /// [`set_error`](Self::set_error)); flush completions already queued stay pollable.
     fn reset(&mut self) -> Result<()>;
     /// Posts send-side work requests and rings the doorbell once.
+    ///
+    /// Refused at post time, with nothing posted: a queue not READY ([`crate::Error::BadState`]),
+    /// no room for the whole batch ([`crate::Error::WouldBlock`]; slots come back as completions
+    /// are polled), more SGEs than `max_send_sge` or an INLINE payload above `max_inline`
+    /// ([`crate::Error::InvalidArgument`]). Everything checked by the device — keys, bounds,
+    /// rights, a message above `max_msg_size` — comes back as an error completion instead.
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
     /// Posts receives and rings the receive doorbell once.
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;

@@ -7,11 +7,14 @@ bitflags::bitflags! {
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct WrFlags: u32 {
         /// Produce a completion when the request finishes. Unsignaled requests still execute in
-        /// order; their slots are reclaimed when a later signaled request completes.
+        /// order; their slots are reclaimed when the completion of a later signaled request is
+        /// polled (so post a signaled one at least every `send_depth` requests). Failed and
+        /// flushed requests always produce a completion.
         const SIGNALED = 1 << 0;
-        /// Copy the payload into the work queue entry at post time (at most
-        /// [`crate::DeviceCaps::max_inline`] bytes); the SGEs' memory is free again on return and
-        /// their keys are not checked.
+        /// Copy the payload into the work queue entry at post time (at most the queue's
+        /// `max_inline` bytes); the SGEs' memory may be reused as soon as the post returns. The
+        /// SGEs must still lie in a region registered on this device (backends check this; a
+        /// payload outside any region is refused at post time).
         const INLINE = 1 << 1;
         /// Do not start this request until every earlier READ on the queue has completed.
         const FENCE = 1 << 2;
@@ -27,7 +30,9 @@ pub enum SendOp {
     Send,
     /// Send with 32-bit immediate data delivered in the peer's receive completion.
     SendImm(u32),
-    /// One-sided write of the SGEs' bytes to the remote address.
+    /// One-sided write of the SGEs' bytes to the remote address. The requester's completion
+    /// means the responder's NIC placed the bytes; the responder's CPU may rely on them once a
+    /// later SEND or WRITE_IMM on the same connection has completed there.
     Write(RemoteAddr),
     /// Write plus immediate data; consumes one receive at the peer, whose completion carries the
     /// immediate and the byte count.
@@ -43,7 +48,8 @@ pub struct SendWr<'a> {
     pub wr_id: u64,
     /// What to do.
     pub op: SendOp,
-    /// Local memory to gather from (or scatter into, for READ).
+    /// Local memory to gather from (or scatter into, for READ). A zero-byte message has an
+    /// empty list.
     pub sges: &'a [Sge],
     /// Flags.
     pub flags: WrFlags,

@@ -31,7 +31,7 @@ const GID_MAGIC: [u8; 8] = *b"bypsim\0\x01";
 /// A simulated NIC, as an application sees it: a [`bypass_hal::Device`].
 #[derive(Debug, Clone)]
 pub struct SimNic {
-    nic: Arc<Nic>,
+    pub(crate) nic: Arc<Nic>,
     owner: Arc<FabricOwner>,
 }
 
@@ -253,6 +253,15 @@ impl SimCq {
     }
 }
 
+impl Drop for SimCq {
+    fn drop(&mut self) {
+        // An armed CQ counts towards its NIC's "user asleep" state; a dropped one no longer can.
+        if self.shared.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
+            self.shared.nic_armed.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 impl CompletionQueue for SimCq {
     fn depth(&self) -> u32 {
         self.shared.ring.depth()
@@ -448,8 +457,19 @@ impl Queue for SimQueue {
             return Ok(());
         }
         // INLINE payloads are copied by the CPU at post time; the sim resolves their SGEs through
-        // the key table so a bad address is an error, not a wild read.
+        // the key table so a bad address is an error, not a wild read. All are checked before
+        // any WQE is written, so a refused batch leaves nothing behind.
         let dev = if inline { Some(sync::lock(&self.nic.dev)) } else { None };
+        if let Some(dev) = &dev {
+            let bad = wrs
+                .iter()
+                .filter(|w| w.flags.contains(WrFlags::INLINE))
+                .flat_map(|w| w.sges)
+                .any(|s| dev.keys.resolve(s.lkey, s.addr, u64::from(s.len), Access::empty()).is_err());
+            if bad {
+                return Err(invalid("an INLINE SGE does not lie in a registered region of this NIC"));
+            }
+        }
         let stride = sq.stride();
         for wr in wrs {
             let (op, imm, raddr) = match wr.op {
@@ -493,10 +513,6 @@ impl Queue for SimQueue {
                     &[],
                     Some(&mut fill),
                 );
-                if bad {
-                    // Nothing of this batch reached the device yet: the doorbell was not rung.
-                    return Err(invalid("an INLINE SGE does not lie in a registered region"));
-                }
             } else {
                 layout::encode_wqe(
                     buf,

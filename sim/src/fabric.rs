@@ -24,8 +24,12 @@ use std::time::Duration;
 /// How device work gets run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
-    /// Ringing a doorbell runs the device (and any NIC it sends to) on the caller's thread; a CQ
-    /// poll runs due timers. Fastest; the default for benchmarks.
+    /// No device threads: device work runs on the application's threads. A doorbell runs the
+    /// ringing NIC's device; a NIC that receives packets runs on its own user's thread at that
+    /// user's next poll or doorbell — or on the sender's thread when the receiver is not polling
+    /// (its previous burst is still unclaimed), is about to sleep (an armed CQ), or the sender is.
+    /// Pollers that keep finding nothing help any NIC with pending work, and polls run due
+    /// timers. Fastest; the default for benchmarks.
     Inline,
     /// One device thread per NIC: it spins briefly after work, then parks until the next doorbell
     /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device.
@@ -314,5 +318,46 @@ impl Fabric {
     /// Time since the fabric was created (virtual for the Stepped engine).
     pub fn now(&self) -> Duration {
         Duration::from_nanos(self.shared().clock.now())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn parked(nic: &SimNic) -> bool {
+        nic.nic.sleeping.load(Ordering::SeqCst)
+    }
+
+    /// An idle NIC's device thread parks (so it burns no CPU) and a doorbell wakes it.
+    #[test]
+    fn threaded_device_thread_parks_when_idle_and_wakes_on_doorbell() {
+        use bypass_hal::*;
+        let fabric = Fabric::new(Engine::Threaded);
+        let (a, b) = (fabric.add_nic(), fabric.add_nic());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !(parked(&a) && parked(&b)) {
+            assert!(Instant::now() < deadline, "device threads never parked");
+            std::thread::yield_now();
+        }
+        let cfg = QueueConfig::default();
+        let (mut ca, mut cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut qa = a.create_queue(&cfg, &ca, &ca).unwrap();
+        let mut qb = b.create_queue(&cfg, &cb, &cb).unwrap();
+        let (ia, ib) = (qa.info(), qb.info());
+        qa.connect(&ib).unwrap();
+        qb.connect(&ia).unwrap();
+        let mr = b.register(8, Access::LOCAL_WRITE).unwrap();
+        qb.post_recv(&[RecvWr { wr_id: 1, sges: &[mr.sge(0, 8).unwrap()] }]).unwrap();
+        qa.post_send(&[SendWr::send(2, &[])]).unwrap();
+        let mut wc = [Completion::default(); 2];
+        let mut got = (0, 0);
+        while got != (1, 1) {
+            assert!(Instant::now() < deadline, "a parked device thread did not wake: {got:?}");
+            got.0 += ca.poll(&mut wc).unwrap();
+            got.1 += cb.poll(&mut wc).unwrap();
+            std::thread::yield_now();
+        }
     }
 }

@@ -9,7 +9,7 @@
 //! | 0 | opcode ([`WqeOp`]) |
 //! | 1 | flags (`WrFlags` bits: SIGNALED 1, INLINE 2, FENCE 4, SOLICITED 8) |
 //! | 2 | SGE count |
-//! | 3 | owner: `(index >> log2(depth)) & 1`, flips every wrap |
+//! | 3 | owner: `((index >> log2(depth)) & 1) ^ 1` — 1 on the first pass, flips every wrap |
 //! | 4..8 | immediate data |
 //! | 8..16 | remote address |
 //! | 16..20 | remote key |

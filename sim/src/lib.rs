@@ -11,9 +11,9 @@
 //! - a **wire** ([`wire::Wire`]) carries packets between NICs; the in-process wire is the only
 //!   one so far.
 //!
-//! The [`Engine`] decides who runs the device: the caller's thread on each doorbell (`Inline`),
-//! a device thread per NIC (`Threaded`), or a test, one seeded-random unit at a time under a
-//! virtual clock (`Stepped`). `docs/sim.md` describes the device model for hardware engineers.
+//! The [`Engine`] decides who runs the device: the application's own threads on doorbells and
+//! polls (`Inline`), a device thread per NIC (`Threaded`), or a test, one seeded-random unit at a
+//! time under a virtual clock (`Stepped`). `docs/sim.md` describes the device model for hardware engineers.
 //!
 //! ```
 //! use bypass_hal::*;

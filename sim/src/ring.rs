@@ -49,9 +49,10 @@ impl WorkRing {
         self.blocks_per_wqe * BLOCK
     }
 
-    /// The owner bit entries at `index` carry.
+    /// The owner bit entries at `index` carry: 1 on the first pass, flipping every wrap, so a
+    /// never-written (zeroed) slot can never pass for a valid entry.
     pub(crate) fn owner(&self, index: u32) -> u8 {
-        layout::owner_bit(index, self.log2_depth)
+        layout::owner_bit(index, self.log2_depth) ^ 1
     }
 
     fn first_block(&self, index: u32) -> usize {

@@ -70,6 +70,7 @@ where
 }
 
 /// Creates one side: CQs sized for every outstanding request, and a queue in RESET.
+#[track_caller]
 pub fn side<D: Device>(dev: &D, cfg: &QueueConfig) -> Side<D> {
     let send_cq = dev.create_cq(cfg.send_depth + 1).expect("create send CQ");
     let recv_cq = dev.create_cq(cfg.recv_depth + 1).expect("create recv CQ");
@@ -79,6 +80,7 @@ pub fn side<D: Device>(dev: &D, cfg: &QueueConfig) -> Side<D> {
 }
 
 /// Creates and connects a pair of queues with the same configuration on both ends.
+#[track_caller]
 pub fn pair<E: Env>(env: &E, cfg: &QueueConfig) -> Pair<E::Dev> {
     let mut a = side(env.a(), cfg);
     let mut b = side(env.b(), cfg);
@@ -87,6 +89,7 @@ pub fn pair<E: Env>(env: &E, cfg: &QueueConfig) -> Pair<E::Dev> {
 }
 
 /// Connects two RESET queues to each other.
+#[track_caller]
 pub fn connect<D: Device>(a: &mut Side<D>, b: &mut Side<D>) {
     let (ia, ib) = (a.queue.info(), b.queue.info());
     a.queue.connect(&ib).expect("connect A to B");
@@ -97,6 +100,7 @@ pub fn connect<D: Device>(a: &mut Side<D>, b: &mut Side<D>) {
 
 /// Polls `cq` until `n` completions arrived, letting time pass between polls, and returns them.
 /// Panics (naming `what`) if fewer arrive within [`WAIT_BUDGET`].
+#[track_caller]
 pub fn wait_for<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, n: usize, what: &str) -> Vec<Completion> {
     let got = collect(env, cq, n, WAIT_BUDGET);
     assert_eq!(got.len(), n, "{what}: expected {n} completion(s) within {WAIT_BUDGET:?}, got {got:?}");
@@ -104,6 +108,7 @@ pub fn wait_for<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, n: usize, what:
 }
 
 /// Waits for exactly one completion on `cq`.
+#[track_caller]
 pub fn wait_one<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, what: &str) -> Completion {
     wait_for(env, cq, 1, what)[0]
 }
@@ -137,12 +142,14 @@ pub fn collect<E: Env, C: CompletionQueue>(
 }
 
 /// Asserts that nothing more arrives on `cq` while `quiet` passes.
+#[track_caller]
 pub fn expect_none<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, quiet: Duration, what: &str) {
     let extra = collect(env, cq, 1, quiet);
     assert!(extra.is_empty(), "{what}: expected no completion, got {extra:?}");
 }
 
 /// Asserts a completion's status, naming it on failure.
+#[track_caller]
 pub fn assert_status(c: &Completion, status: Status, what: &str) {
     assert_eq!(c.status, status, "{what}: {c:?}");
 }
@@ -153,6 +160,7 @@ pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
 }
 
 /// Reads a region's bytes `offset..offset+len`.
+#[track_caller]
 pub fn read_region<R: MemoryRegion>(mr: &R, offset: usize, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     mr.read(offset, &mut v).expect("read region");

@@ -41,8 +41,14 @@ pub(crate) enum KeyFault {
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     entries: Vec<Entry>,
-    free: Vec<u32>,
+    /// Freed slots, reused oldest first and only once [`REUSE_AFTER`] are waiting, so a slot is
+    /// reused at most once per that many deregistrations and a stale key (8-bit generation) can
+    /// only match again after 256 reuses of its slot.
+    free: std::collections::VecDeque<u32>,
 }
+
+/// Freed slots kept out of use before the oldest is reused.
+const REUSE_AFTER: usize = 256;
 
 /// Most registrations per NIC (keys carry a 24-bit index).
 pub(crate) const MAX_KEYS: usize = 1 << 24;
@@ -50,13 +56,11 @@ pub(crate) const MAX_KEYS: usize = 1 << 24;
 impl KeyTable {
     /// Installs a registration and returns its key, or `None` when the table is full.
     pub(crate) fn insert(&mut self, region: RegionDesc) -> Option<u32> {
-        let index = match self.free.pop() {
-            Some(i) => i,
-            None if self.entries.len() < MAX_KEYS => {
-                self.entries.push(Entry::default());
-                (self.entries.len() - 1) as u32
-            }
-            None => return None,
+        let index = if self.free.len() >= REUSE_AFTER || self.entries.len() >= MAX_KEYS {
+            self.free.pop_front()?
+        } else {
+            self.entries.push(Entry::default());
+            (self.entries.len() - 1) as u32
         };
         let e = &mut self.entries[index as usize];
         e.region = Some(region);
@@ -70,7 +74,7 @@ impl KeyTable {
             if e.region.is_some() && u32::from(e.generation) == key & 0xff {
                 e.region = None;
                 e.generation = e.generation.wrapping_add(1);
-                self.free.push(index);
+                self.free.push_back(index);
             }
         }
     }
@@ -114,9 +118,24 @@ mod tests {
         t.remove(k);
         assert_eq!(t.resolve(k, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
         let k2 = t.insert(desc).unwrap();
-        assert_ne!(k, k2, "a reused slot gets a new key");
+        assert_ne!(k, k2, "a new registration gets a new key");
         assert_eq!(t.resolve(k, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
         t.remove(k); // a stale remove does not take the new registration down
         assert!(t.resolve(k2, 0x1000, 1, Access::empty()).is_ok());
+    }
+
+    #[test]
+    fn a_stale_key_stays_dead_through_many_reuses() {
+        let mut buf = [0u8; 8];
+        let desc = RegionDesc { base: buf.as_mut_ptr(), addr: 0x1000, len: 8, access: Access::empty() };
+        let mut t = KeyTable::default();
+        let stale = t.insert(desc).unwrap();
+        t.remove(stale);
+        for _ in 0..20_000 {
+            let k = t.insert(desc).unwrap();
+            assert_ne!(k, stale, "a deregistered key came back");
+            assert_eq!(t.resolve(stale, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
+            t.remove(k);
+        }
     }
 }

@@ -92,6 +92,8 @@ pub(crate) struct QpCtx {
     ops: VecDeque<Op>,
     send_psn: u32,
     next_psn: u32,
+    /// The first PSN never sent yet (anything below it that is sent again is a retransmission).
+    sent_high: u32,
     retry_left: u8,
     rnr_left: u8,
     retx_deadline: Nanos,
@@ -123,6 +125,7 @@ impl QpCtx {
             ops: VecDeque::with_capacity(shared.sq.depth() as usize),
             send_psn: 0,
             next_psn: 0,
+            sent_high: 0,
             retry_left: cfg.retry_count,
             rnr_left: cfg.rnr_retry,
             retx_deadline: NEVER,
@@ -150,6 +153,7 @@ impl QpCtx {
         self.remote = Some(Remote { wire, nic: peer_nic, qpn: peer.qpn });
         self.send_psn = psn;
         self.next_psn = psn;
+        self.sent_high = psn;
         self.epsn = peer.psn;
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
@@ -468,7 +472,7 @@ impl QpCtx {
                 &mut segs,
             ) else {
                 // The region was deregistered after the WQE was fetched.
-                self.fail_front_at(ctx, psn, Status::LocalProtection);
+                self.fail_local(ctx, psn, Status::LocalProtection);
                 return true;
             };
             remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf))
@@ -485,8 +489,10 @@ impl QpCtx {
             self.pending_flush = true;
             ctx.to_flush.push(self.qpn());
         }
-        if psn != self.send_psn {
+        if psn_diff(psn, self.sent_high) < 0 {
             ctx.stats.retransmits += 1;
+        } else {
+            self.sent_high = next;
         }
         self.send_psn = next;
         if self.retx_deadline == NEVER {
@@ -495,7 +501,20 @@ impl QpCtx {
         true
     }
 
-    /// Fails the message containing `psn` (after completing the ones before it) and enters ERROR.
+    /// A local error in the message containing `psn`: the older messages were not acknowledged,
+    /// so they are flushed (in order) before it fails and the queue enters ERROR.
+    fn fail_local(&mut self, ctx: &mut Ctx<'_>, psn: u32, status: Status) {
+        while let Some(front) = self.ops.front() {
+            if front.contains(psn) {
+                break;
+            }
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Flushed);
+        }
+        self.fail_front(ctx, status);
+    }
+
+    /// A NAK for `psn`: it acknowledges the messages before it, and fails the one containing it.
     fn fail_front_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, status: Status) {
         self.ack_before(ctx, psn);
         self.fail_front(ctx, status);
