@@ -34,10 +34,10 @@ fn parse() -> Result<Opts, String> {
             "--batch" => o.batch = val("--batch")?.clamp(1, 256) as usize,
             "--size" => o.size = val("--size")?.min(4096) as usize,
             "--test" => {
-                o.test = args.next().filter(|t| ["all", "pingpong", "rate"].contains(&t.as_str())).ok_or("--test takes all, pingpong or rate")?
+                o.test = args.next().filter(|t| ["all", "pingpong", "pingpong1", "rate"].contains(&t.as_str())).ok_or("--test takes all, pingpong, pingpong1 or rate")?
             }
             "-h" | "--help" => {
-                return Err("usage: hal_bench [--test all|pingpong|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
+                return Err("usage: hal_bench [--test all|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -149,6 +149,24 @@ fn echo(e: &mut End, iters: u64, flags: WrFlags) {
     }
 }
 
+/// Ping-pong with both ends driven by one thread: the software cost of a round trip with no
+/// cache line crossing cores. Returns nanoseconds per round trip.
+fn pingpong_one_thread(iters: u64, size: usize) -> f64 {
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
+    connect(&mut a, &mut b);
+    let (mut ra, mut rb) = (0usize, 0usize);
+    let start = Instant::now();
+    for i in 0..iters {
+        send_one(&mut a, i, WrFlags::empty());
+        wait_recv(&mut b, &mut rb);
+        send_one(&mut b, i, WrFlags::empty());
+        wait_recv(&mut a, &mut ra);
+    }
+    start.elapsed().as_nanos() as f64 / iters as f64
+}
+
 /// One thread, batches of `batch` sends from A to B: returns messages per second.
 fn rate(iters: u64, size: usize, batch: usize) -> f64 {
     let fabric = Fabric::new(Engine::Inline);
@@ -202,7 +220,7 @@ fn main() {
         o.runs,
         num_cpus()
     );
-    let pp = o.test != "rate";
+    let pp = o.test != "rate" && o.test != "pingpong1";
     if pp {
         let _ = pingpong(o.iters / 10, o.size, WrFlags::empty()); // warm-up
     }
@@ -219,7 +237,17 @@ fn main() {
             hi / 1e3
         );
     }
-    if o.test == "pingpong" {
+    if pp || o.test == "pingpong1" {
+        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong_one_thread(o.iters, o.size)).collect();
+        let (med, lo, hi) = summarize(runs);
+        println!(
+            "ping-pong one thread (no core crossing) median {:>7.3} us   (runs {:.3} .. {:.3} us)",
+            med / 1e3,
+            lo / 1e3,
+            hi / 1e3
+        );
+    }
+    if o.test.starts_with("pingpong") {
         return;
     }
     let runs: Vec<f64> = (0..o.runs).map(|_| rate(o.iters * 5, o.size, o.batch)).collect();

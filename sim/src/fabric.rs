@@ -106,10 +106,6 @@ pub(crate) struct FabricShared {
     pub config: FabricConfig,
     pub clock: Clock,
     nics: RwLock<Vec<Arc<Nic>>>,
-    /// A lower bound of every NIC's next timer deadline (Inline engine: polls check it).
-    pub next_deadline: std::sync::atomic::AtomicU64,
-    /// How many NICs have a timer armed (Inline engine: polls read the clock only if any).
-    pub armed_nics: std::sync::atomic::AtomicU32,
     rng: Mutex<SplitMix>,
     step: Mutex<StepState>,
     shutdown: AtomicBool,
@@ -136,25 +132,16 @@ impl FabricShared {
         }
     }
 
-    /// Inline engine: runs every NIC whose timer is due and recomputes the fabric-wide minimum.
-    pub(crate) fn run_due_timers(&self, now: crate::clock::Nanos) {
-        self.next_deadline.store(crate::clock::NEVER, Ordering::Release);
-        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner()).clone();
-        for n in &nics {
-            n.run_if_due(now);
-            let d = n.deadline.load(Ordering::Acquire);
-            if d != crate::clock::NEVER {
-                self.next_deadline.fetch_min(d, Ordering::AcqRel);
-            }
-        }
-    }
-
-    /// Inline engine: a poller that keeps finding nothing runs every NIC with work flagged, so a
-    /// NIC whose own user is not polling still makes progress.
+    /// Inline engine: a poller that keeps finding nothing runs every NIC with work flagged or a
+    /// timer due, so a NIC whose own user is not polling still makes progress (a sender waiting
+    /// out an RNR NAK retries even if only the receiver's CQ is being polled).
     pub(crate) fn help(&self) {
+        let now = self.clock.now();
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
-        let pending = nics.iter().filter(|x| x.work.load(Ordering::Relaxed));
+        let pending = nics
+            .iter()
+            .filter(|x| x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now);
         for (slot, nic) in flagged.iter_mut().zip(pending) {
             *slot = Some(nic.clone());
         }
@@ -220,14 +207,12 @@ impl Fabric {
     pub fn with_config(config: FabricConfig) -> Self {
         let (clock, seed) = match config.engine {
             Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
-            _ => (Clock::Real(std::time::Instant::now()), 0x5EED),
+            _ => (Clock::real(), 0x5EED),
         };
         let shared = Arc::new(FabricShared {
             config,
             clock,
             nics: RwLock::new(Vec::new()),
-            next_deadline: std::sync::atomic::AtomicU64::new(crate::clock::NEVER),
-            armed_nics: std::sync::atomic::AtomicU32::new(0),
             rng: Mutex::new(SplitMix(seed)),
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),

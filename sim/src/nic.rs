@@ -6,7 +6,7 @@ use crate::device::{DeviceState, Unit};
 use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
-use crate::wire::{Inbox, Transmit, Wire};
+use crate::wire::{Port, Transmit, Wire};
 use bypass_hal::DeviceCaps;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -16,7 +16,7 @@ pub(crate) struct Nic {
     pub addr: u32,
     pub fabric: Arc<FabricShared>,
     pub dev: Mutex<DeviceState>,
-    pub inbox: Mutex<Inbox>,
+    pub port: Port,
     /// Something may be ready (a doorbell rang or a packet arrived).
     pub work: AtomicBool,
     /// A wire this NIC waited on has room again.
@@ -37,7 +37,7 @@ impl Nic {
         Nic {
             addr,
             dev: Mutex::new(DeviceState::new(addr, mtu, caps)),
-            inbox: Mutex::new(Inbox::new(depth as usize, mtu as usize)),
+            port: Port::new(depth as usize, mtu as usize),
             work: AtomicBool::new(false),
             unblocked: AtomicBool::new(false),
             deadline: AtomicU64::new(NEVER),
@@ -70,57 +70,37 @@ impl Nic {
         }
     }
 
-    /// Called on every CQ poll. The Inline engine has no thread of its own, so polls drive its
-    /// timers: any NIC of the fabric whose timer is due runs here (a sender waiting out an RNR
-    /// NAK must retry even if only the receiver's CQ is being polled).
+    /// Called on every CQ poll of this NIC. The Inline engine has no thread of its own: polls run
+    /// work flagged for this NIC and, every few polls, its due timers (other NICs' timers are run
+    /// by idle pollers through [`FabricShared::help`](crate::fabric::FabricShared::help)).
     #[inline]
     pub(crate) fn on_poll(&self, check_timers: bool) {
         if self.fabric.config.engine != Engine::Inline {
             return;
         }
-        if self.work.load(Ordering::Relaxed) {
+        let due = check_timers && {
+            let d = self.deadline.load(Ordering::Relaxed);
+            d != NEVER && d <= self.now()
+        };
+        if due || self.work.load(Ordering::Relaxed) {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
-        // Reading the clock costs more than the rest of an idle poll: only do it while some NIC
-        // of the fabric has a timer armed, and not on every poll.
-        if check_timers && self.fabric.armed_nics.load(Ordering::Relaxed) > 0 {
-            let now = self.now();
-            if self.fabric.next_deadline.load(Ordering::Relaxed) <= now {
-                self.fabric.run_due_timers(now);
-            }
-        }
     }
 
-    /// Runs the device if work is flagged (Inline engine: a poller with nothing to do helps).
+    /// Runs the device if work is flagged or a timer is due (Inline engine: an idle poller helps).
     pub(crate) fn run_if_flagged(&self) {
-        if self.work.load(Ordering::SeqCst) {
-            self.run_inline();
-        }
-    }
-
-    /// Runs the device now if its timer is due (Inline engine).
-    pub(crate) fn run_if_due(&self, now: Nanos) {
-        if self.deadline.load(Ordering::Acquire) <= now {
+        let d = self.deadline.load(Ordering::Relaxed);
+        if self.work.load(Ordering::SeqCst) || (d != NEVER && d <= self.now()) {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
     }
 
-    /// Publishes this NIC's earliest deadline, here and in the fabric-wide minimum.
+    /// Publishes this NIC's earliest deadline (only a change is written: the line stays shared).
     fn publish_deadline(&self, d: Nanos) {
-        let was = self.deadline.swap(d, Ordering::AcqRel);
-        if d != NEVER {
-            self.fabric.next_deadline.fetch_min(d, Ordering::AcqRel);
-        }
-        match (was == NEVER, d == NEVER) {
-            (true, false) => {
-                self.fabric.armed_nics.fetch_add(1, Ordering::AcqRel);
-            }
-            (false, true) => {
-                self.fabric.armed_nics.fetch_sub(1, Ordering::AcqRel);
-            }
-            _ => {}
+        if self.deadline.load(Ordering::Relaxed) != d {
+            self.deadline.store(d, Ordering::Release);
         }
     }
 
@@ -145,7 +125,7 @@ impl Nic {
             dev.unblock();
         }
         let now = self.now();
-        dev.run_all(now, &self.inbox, &mut |w| self.fabric.kick_waiter(w));
+        dev.run_all(now, &self.port, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
     }
@@ -153,7 +133,7 @@ impl Nic {
     /// Runs one unit (the Stepped engine). The caller holds the device lock.
     pub(crate) fn run_unit(&self, dev: &mut DeviceState, unit: Unit) -> bool {
         let now = self.now();
-        let did = dev.run_unit(unit, now, &self.inbox, &mut |w| self.fabric.kick_waiter(w));
+        let did = dev.run_unit(unit, now, &self.port, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         did
@@ -164,7 +144,7 @@ impl Nic {
         if self.unblocked.swap(false, Ordering::AcqRel) {
             dev.unblock();
         }
-        let inbox_has = !sync::lock(&self.inbox).is_empty();
+        let inbox_has = self.port.maybe_nonempty();
         dev.ready_units(inbox_has, self.now(), tag, out);
     }
 }
@@ -175,7 +155,7 @@ impl Wire for Nic {
         if hdr.payload_len > self.fabric.config.mtu {
             return Transmit::Dropped;
         }
-        let taken = sync::lock(&self.inbox).push(hdr, fill);
+        let taken = self.port.push(hdr, fill);
         if !taken {
             return Transmit::Busy;
         }

@@ -16,7 +16,7 @@ use crate::clock::{Nanos, NEVER};
 use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
-use crate::wire::{Inbox, Transmit};
+use crate::wire::{Port, Transmit};
 use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
 use qp::QpCtx;
@@ -237,17 +237,17 @@ impl DeviceState {
         self.qps.iter().flatten().map(|q| q.deadline()).min().unwrap_or(NEVER)
     }
 
-    /// Runs one unit. Returns whether it did anything. `inbox` is this NIC's inbox; `kick_waiter`
-    /// is called (after the inbox lock is released) for each NIC that waited for inbox room.
+    /// Runs one unit. Returns whether it did anything. `port` is this NIC's receive port;
+    /// `kick_waiter` is called (after the inbox lock is released) for a NIC that waited for room.
     pub(crate) fn run_unit(
         &mut self,
         unit: Unit,
         now: Nanos,
-        inbox: &crate::sync::Mutex<Inbox>,
+        port: &Port,
         kick_waiter: &mut dyn FnMut(u32),
     ) -> bool {
         match unit {
-            Unit::Rx => self.rx_one(now, inbox, kick_waiter),
+            Unit::Rx => self.rx_one(now, port, kick_waiter),
             Unit::Tx => self.tx_one(),
             Unit::Send(qpn) => self.with_qp(qpn, now, |qp, ctx| qp.send_step(ctx)).unwrap_or(false),
             Unit::Timer(qpn) => self
@@ -263,15 +263,10 @@ impl DeviceState {
     }
 
     /// Runs every ready unit until none is left (the Inline and Threaded engines).
-    pub(crate) fn run_all(
-        &mut self,
-        now: Nanos,
-        inbox: &crate::sync::Mutex<Inbox>,
-        kick_waiter: &mut dyn FnMut(u32),
-    ) {
+    pub(crate) fn run_all(&mut self, now: Nanos, port: &Port, kick_waiter: &mut dyn FnMut(u32)) {
         loop {
             let mut progress = false;
-            while self.rx_one(now, inbox, kick_waiter) {
+            while self.rx_one(now, port, kick_waiter) {
                 progress = true;
             }
             for i in 0..self.qps.len() {
@@ -300,13 +295,11 @@ impl DeviceState {
         }
     }
 
-    fn rx_one(
-        &mut self,
-        now: Nanos,
-        inbox: &crate::sync::Mutex<Inbox>,
-        kick_waiter: &mut dyn FnMut(u32),
-    ) -> bool {
-        let mut ib = crate::sync::lock(inbox);
+    fn rx_one(&mut self, now: Nanos, port: &Port, kick_waiter: &mut dyn FnMut(u32)) -> bool {
+        if !port.maybe_nonempty() {
+            return false;
+        }
+        let mut ib = crate::sync::lock(&port.inbox);
         let Some((hdr, payload)) = ib.front() else { return false };
         let hdr = *hdr;
         self.stats.rx_packets += 1;
@@ -326,6 +319,7 @@ impl DeviceState {
             self.stats.rx_ignored += 1;
         }
         ib.pop();
+        port.queued.fetch_sub(1, crate::sync::Ordering::AcqRel);
         // One freed slot wakes one waiter; the next pop wakes the next. (Waking every waiter in a
         // loop would spin: a woken sender that fills the slot at once registers again.)
         let waiter = ib.take_waiter();
