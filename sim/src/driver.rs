@@ -22,6 +22,16 @@ use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+/// Bytes of a WQE the driver must write: its header and SGEs (or inline payload), in blocks.
+fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
+    let data = if flags.contains(WrFlags::INLINE) {
+        sges.iter().map(|s| s.len as usize).sum()
+    } else {
+        sges.len() * layout::WQE_SGE
+    };
+    (layout::WQE_HEADER + data).div_ceil(layout::BLOCK) * layout::BLOCK
+}
+
 /// Inline engine: after this many empty polls in a row a poller runs other NICs' pending work.
 const HELP_AFTER_IDLE_POLLS: u32 = 64;
 
@@ -531,7 +541,7 @@ impl Queue for SimQueue {
             // against the consumer index the poller publishes).
             unsafe {
                 self.shared.sq_ids.set(idx, wr.wr_id);
-                sq.write(idx, &self.wqe[..stride]);
+                sq.write(idx, &self.wqe[..used_blocks(wr.flags, wr.sges)]);
             }
             self.sq_pi = idx.wrapping_add(1);
         }
@@ -578,7 +588,7 @@ impl Queue for SimQueue {
             // SAFETY: as in post_send, for the receive ring.
             unsafe {
                 self.shared.rq_ids.set(idx, wr.wr_id);
-                rq.write(idx, &self.wqe[..stride]);
+                rq.write(idx, &self.wqe[..used_blocks(WrFlags::empty(), wr.sges)]);
             }
             self.rq_pi = idx.wrapping_add(1);
         }
@@ -599,9 +609,4 @@ impl Drop for SimQueue {
             *slot = None;
         }
     }
-}
-
-#[allow(dead_code)]
-fn _assert_sge_is_plain(s: Sge) -> Sge {
-    s
 }

@@ -59,13 +59,14 @@ impl WorkRing {
         (index & (self.depth() - 1)) as usize * self.blocks_per_wqe
     }
 
-    /// Driver side: copies the entry in `wqe` (exactly one stride) into slot `index`.
+    /// Driver side: copies the entry in `wqe` (the used part of one stride, a whole number of
+    /// blocks) into slot `index`. Blocks past it keep stale bytes the device never reads.
     ///
     /// # Safety
     /// The caller is the ring's only producer, and the device is done with the entry that last
     /// used this slot (`index - depth` was reported complete, or the slot was never used).
     pub(crate) unsafe fn write(&self, index: u32, wqe: &[u8]) {
-        debug_assert_eq!(wqe.len(), self.stride());
+        debug_assert!(wqe.len() <= self.stride() && wqe.len() % BLOCK == 0);
         let first = self.first_block(index);
         for (i, chunk) in wqe.chunks_exact(BLOCK).enumerate() {
             // SAFETY: by the contract, no one else accesses this slot's blocks now.
