@@ -106,6 +106,21 @@ pub struct Wqe {
     pub inline_len: u32,
     /// Payload length: the inline length, or the sum of the SGE lengths.
     pub len: u64,
+    /// The first SGE (when `nsge > 0`), kept from the fetch like a NIC's WQE cache: most
+    /// messages have one, and the device then never re-reads the ring for it.
+    pub sge0: Sge,
+}
+
+impl Wqe {
+    /// SGE `i`: the cached first one, or a re-read of the ring through `read`.
+    #[inline]
+    pub fn sge(&self, i: usize, read: impl FnOnce(usize) -> Sge) -> Sge {
+        if i == 0 {
+            self.sge0
+        } else {
+            read(i)
+        }
+    }
 }
 
 /// The WQE stride (bytes) for a queue allowing `max_sge` SGEs and `max_inline` inline bytes.
@@ -202,6 +217,11 @@ pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Re
         nsge,
         inline_len,
         len: u64::from(inline_len),
+        sge0: if nsge > 0 {
+            decode_sge(buf[WQE_HEADER..WQE_HEADER + WQE_SGE].try_into().expect("16 bytes"))
+        } else {
+            Sge::default()
+        },
     })
 }
 

@@ -122,7 +122,7 @@ impl Ctx<'_> {
                 break;
             }
             // SAFETY: the WQE is fetched and not complete, so the driver leaves its slot alone.
-            let s = unsafe { ring.sge(wqe.index, i) };
+            let s = wqe.sge(i, |i| unsafe { ring.sge(wqe.index, i) });
             let slen = u64::from(s.len);
             if off >= slen {
                 off -= slen;

@@ -398,7 +398,7 @@ impl QpCtx {
         let need = if wqe.op == WqeOp::Read { Access::LOCAL_WRITE } else { Access::empty() };
         for i in 0..usize::from(wqe.nsge) {
             // SAFETY: the WQE was fetched and is not complete, so its slot is stable.
-            let s = unsafe { self.shared.sq.sge(wqe.index, i) };
+            let s = wqe.sge(i, |i| unsafe { self.shared.sq.sge(wqe.index, i) });
             ctx.keys.resolve(s.lkey, s.addr, u64::from(s.len), need).map_err(|_| Status::LocalProtection)?;
         }
         Ok(())
@@ -851,8 +851,20 @@ fn fetch(ring: &WorkRing, idx: u32) -> Result<Wqe, layout::WqeFault> {
     unsafe { ring.read_at(idx, 0, &mut blk) };
     let mut w = layout::decode_wqe(&blk, ring.stride(), ring.owner(idx), idx)?;
     if !w.flags.contains(WrFlags::INLINE) {
-        // SAFETY: as above.
-        w.len = (0..usize::from(w.nsge)).map(|i| u64::from(unsafe { ring.sge(idx, i) }.len)).sum();
+        // The SGEs that fit in the first block are already here; the rest come from the ring.
+        let in_first = (BLOCK - WQE_HEADER) / layout::WQE_SGE;
+        w.len = (0..usize::from(w.nsge))
+            .map(|i| {
+                let sge = if i < in_first {
+                    let o = WQE_HEADER + i * layout::WQE_SGE;
+                    layout::decode_sge(blk[o..o + layout::WQE_SGE].try_into().expect("16 bytes"))
+                } else {
+                    // SAFETY: as above.
+                    unsafe { ring.sge(idx, i) }
+                };
+                u64::from(sge.len)
+            })
+            .sum();
     }
     Ok(w)
 }
