@@ -22,6 +22,16 @@ use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+/// Checks that a ring with producer index `pi` and poller-published consumer index `ci` has room
+/// for `wanted` WQEs: `Err(WouldBlock)` if not, `Ok(false)` for an empty batch, `Ok(true)` to post.
+fn has_room(ring: &WorkRing, pi: u32, ci: &AtomicU32, wanted: usize, side: &'static str) -> Result<bool> {
+    let free = ring.depth() - pi.wrapping_sub(ci.load(Ordering::Acquire));
+    if wanted > free as usize {
+        return Err(Error::WouldBlock { side, free, wanted });
+    }
+    Ok(wanted > 0)
+}
+
 /// Bytes of a WQE the driver must write: its header and SGEs (or inline payload), in blocks.
 fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
     let data = if flags.contains(WrFlags::INLINE) {
@@ -459,11 +469,7 @@ impl Queue for SimQueue {
             }
         }
         let sq = &self.shared.sq;
-        let free = sq.depth() - self.sq_pi.wrapping_sub(self.shared.sq_ci.load(Ordering::Acquire));
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "send", free, wanted: wrs.len() });
-        }
-        if wrs.is_empty() {
+        if !has_room(sq, self.sq_pi, &self.shared.sq_ci, wrs.len(), "send")? {
             return Ok(());
         }
         // INLINE payloads are copied by the CPU at post time; the sim resolves their SGEs through
@@ -562,11 +568,7 @@ impl Queue for SimQueue {
             )));
         }
         let rq = &self.shared.rq;
-        let free = rq.depth() - self.rq_pi.wrapping_sub(self.shared.rq_ci.load(Ordering::Acquire));
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
-        }
-        if wrs.is_empty() {
+        if !has_room(rq, self.rq_pi, &self.shared.rq_ci, wrs.len(), "receive")? {
             return Ok(());
         }
         let stride = rq.stride();

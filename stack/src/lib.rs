@@ -20,3 +20,5 @@ pub mod tx_ctx;
 pub mod wire;
 
 mod sync;
+#[cfg(test)]
+mod test_rng;

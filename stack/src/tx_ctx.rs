@@ -720,30 +720,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool as StdBool, AtomicU32 as StdU32, AtomicU64 as StdU64};
     use std::sync::{Arc, Barrier, Mutex, RwLock};
 
-    /// SplitMix64: a tiny seeded generator so failures reproduce.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        fn percent(&mut self, p: u64) -> bool {
-            self.next() % 100 < p
-        }
-        fn shuffle<T>(&mut self, v: &mut [T]) {
-            for i in (1..v.len()).rev() {
-                let j = self.below(i + 1);
-                v.swap(i, j);
-            }
-        }
-    }
+    use crate::test_rng::Rng;
 
     fn permutations<T: Copy>(items: &[T]) -> Vec<Vec<T>> {
         if items.len() <= 1 {

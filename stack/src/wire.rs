@@ -1445,23 +1445,7 @@ mod tests {
 
     // ---- fuzz-style: seeded, no extra dependency ----
 
-    /// xorshift64*: small, seeded, reproducible.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
-        fn fill(&mut self, buf: &mut [u8]) {
-            buf.iter_mut().for_each(|b| *b = self.next() as u8);
-        }
-    }
+    use crate::test_rng::Rng;
 
     fn decode_everything(bytes: &[u8]) {
         let _ = peek_type(bytes);
@@ -1492,13 +1476,13 @@ mod tests {
         let mut rng = Rng(0x5EED_0001_D15C_0A11);
         let mut buf = [0u8; 600];
         for _ in 0..100_000 {
-            let len = rng.below(buf.len() as u64 + 1) as usize;
+            let len = rng.below_u64(buf.len() as u64 + 1) as usize;
             rng.fill(&mut buf[..len]);
             // Bias towards valid first bytes so the deeper checks are reached too.
-            if len > 0 && rng.below(4) != 0 {
-                buf[0] = 0x10 | rng.below(4) as u8;
+            if len > 0 && rng.below_u64(4) != 0 {
+                buf[0] = 0x10 | rng.below_u64(4) as u8;
             }
-            if len >= 12 && rng.below(2) == 0 {
+            if len >= 12 && rng.below_u64(2) == 0 {
                 // Make the declared total size agree with the length half of the time.
                 match buf[0] & 0x0F {
                     0 if len >= 20 => buf[8..12].copy_from_slice(&(len as u32).to_le_bytes()),
@@ -1549,13 +1533,13 @@ mod tests {
     }
 
     fn random_request(rng: &mut Rng) -> RequestHeader {
-        let arg_dma_count = rng.below(32) as u8;
+        let arg_dma_count = rng.below_u64(32) as u8;
         let min = 20 + u64::from(arg_dma_count) * 16;
         RequestHeader {
             arg_dma_count,
-            ack_requested: rng.below(2) == 1,
+            ack_requested: rng.below_u64(2) == 1,
             function: FunctionId::from_raw(rng.next() & FunctionId::MAX_RAW).unwrap(),
-            total_size: (min + rng.below(u64::from(u32::MAX) - min + 1)) as u32,
+            total_size: (min + rng.below_u64(u64::from(u32::MAX) - min + 1)) as u32,
             req_id: rng.next() as u32,
             channel: rng.next() as u32 & MAX_CHANNEL_ID,
             function_defined: rng.next() as u8,
@@ -1564,13 +1548,13 @@ mod tests {
 
     fn random_response(rng: &mut Rng) -> ResponseHeader {
         ResponseHeader {
-            ack: rng.below(2) == 1,
-            status: Status::ALL[rng.below(7) as usize],
+            ack: rng.below_u64(2) == 1,
+            status: Status::ALL[rng.below_u64(7) as usize],
             req_id_range: rng.next() as u16,
             req_id: rng.next() as u32,
             channel: rng.next() as u32 & MAX_CHANNEL_ID,
             function_defined: rng.next() as u8,
-            total_size: (16 + rng.below(u64::from(u32::MAX) - 15)) as u32,
+            total_size: (16 + rng.below_u64(u64::from(u32::MAX) - 15)) as u32,
         }
     }
 
@@ -1602,10 +1586,10 @@ mod tests {
             assert_eq!(DmaDescriptor::decode(&out), Ok(d));
 
             let (dc, sc, p, m) = (
-                rng.below(0x1000) as u16,
-                rng.below(0x1000) as u16,
-                rng.below(2) == 1,
-                rng.below(1 << 23) as u32,
+                rng.below_u64(0x1000) as u16,
+                rng.below_u64(0x1000) as u16,
+                rng.below_u64(2) == 1,
+                rng.below_u64(1 << 23) as u32,
             );
             let f = FunctionId::new(dc, sc, p, m).unwrap();
             assert_eq!((f.device_class(), f.sub_class(), f.is_user_defined(), f.method()), (dc, sc, p, m));
@@ -1621,11 +1605,11 @@ mod tests {
         let mut payload = [0u8; 256];
         for _ in 0..5_000 {
             let header = random_request(&mut rng);
-            let n = rng.below(32) as usize;
+            let n = rng.below_u64(32) as usize;
             for d in &mut descs[..n] {
                 *d = DmaDescriptor { size: rng.next() as u32, address: rng.next(), token: rng.next() as u32 };
             }
-            let args_len = rng.below(257) as usize;
+            let args_len = rng.below_u64(257) as usize;
             rng.fill(&mut payload[..args_len]);
             let len = encode_request(&mut buf, &header, &descs[..n], &payload[..args_len]).unwrap();
             let Parsed::Request(v) = parse(&buf[..len]).unwrap() else { panic!("not a request") };

@@ -246,6 +246,21 @@ impl QpCtx {
         });
     }
 
+    /// Completes the send WQE at `idx` (never turned into a message) with `status`, always
+    /// reported, and moves the fetch index past it.
+    fn unfetched_cqe(&mut self, idx: u32, op: WqeOp, status: Status) {
+        self.send_cq.push(&Cqe {
+            flags: 0,
+            status,
+            opcode: send_opcode(op),
+            qpn: self.qpn(),
+            wqe_index: idx,
+            byte_len: 0,
+            imm: 0,
+        });
+        self.sq_fetch = idx.wrapping_add(1);
+    }
+
     /// Completes the oldest message with `status` (always reported) and enters ERROR.
     fn fail_front(&mut self, ctx: &mut Ctx<'_>, status: Status) {
         if let Some(op) = self.ops.pop_front() {
@@ -282,17 +297,7 @@ impl QpCtx {
         while self.sq_fetch != pi {
             let idx = self.sq_fetch;
             let wqe = self.fetch_sq(idx).ok();
-            let op = wqe.map_or(WqeOp::Send, |w| w.op);
-            self.send_cq.push(&Cqe {
-                flags: 0,
-                status: Status::Flushed,
-                opcode: send_opcode(op),
-                qpn: self.qpn(),
-                wqe_index: idx,
-                byte_len: 0,
-                imm: 0,
-            });
-            self.sq_fetch = idx.wrapping_add(1);
+            self.unfetched_cqe(idx, wqe.map_or(WqeOp::Send, |w| w.op), Status::Flushed);
             any = true;
         }
         let pi = self.shared.rq.producer();
@@ -368,16 +373,7 @@ impl QpCtx {
         while let Some(o) = self.ops.pop_front() {
             self.send_cqe(&o.wqe, o.len, Status::Flushed);
         }
-        self.send_cq.push(&Cqe {
-            flags: 0,
-            status,
-            opcode: send_opcode(op),
-            qpn: self.qpn(),
-            wqe_index: idx,
-            byte_len: 0,
-            imm: 0,
-        });
-        self.sq_fetch = idx.wrapping_add(1);
+        self.unfetched_cqe(idx, op, status);
         self.enter_error(ctx);
     }
 
