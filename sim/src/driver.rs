@@ -45,7 +45,8 @@ fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
 /// Inline engine: after this many empty polls in a row a poller runs other NICs' pending work.
 const HELP_AFTER_IDLE_POLLS: u32 = 64;
 
-/// Magic prefix of a sim NIC's GID in a [`QueueInfo`].
+/// Magic prefix of a sim NIC's GID in a [`QueueInfo`]. The GID is this prefix, the fabric's id
+/// (bytes 8..12) and the NIC's address on it (bytes 12..16), little-endian.
 const GID_MAGIC: [u8; 8] = *b"bypsim\0\x01";
 
 /// A simulated NIC, as an application sees it: a [`bypass_hal::Device`].
@@ -394,6 +395,7 @@ impl Queue for SimQueue {
     fn info(&self) -> QueueInfo {
         let mut gid = [0u8; 16];
         gid[..8].copy_from_slice(&GID_MAGIC);
+        gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
         gid[12..].copy_from_slice(&self.shared.nic.to_le_bytes());
         QueueInfo {
             gid,
@@ -411,6 +413,13 @@ impl Queue for SimQueue {
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
         if peer.gid[..8] != GID_MAGIC {
             return Err(invalid("the peer's QueueInfo is not from a simulated NIC"));
+        }
+        let fabric = u32::from_le_bytes([peer.gid[8], peer.gid[9], peer.gid[10], peer.gid[11]]);
+        if fabric != self.nic.fabric.id {
+            return Err(invalid(format!(
+                "the peer's queue is on fabric {fabric}, this one on fabric {}: NICs of different fabrics cannot reach each other",
+                self.nic.fabric.id
+            )));
         }
         let addr = u32::from_le_bytes([peer.gid[12], peer.gid[13], peer.gid[14], peer.gid[15]]);
         let wire = self

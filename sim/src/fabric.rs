@@ -16,7 +16,7 @@ use crate::nic::{device_thread, Nic};
 use crate::sync;
 use crate::wire::Wire;
 use bypass_hal::DeviceCaps;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -103,6 +103,8 @@ struct StepState {
 /// State shared by every NIC of a fabric.
 #[derive(Debug)]
 pub(crate) struct FabricShared {
+    /// Distinguishes fabrics of one process, so a QueueInfo from another fabric is refused.
+    pub id: u32,
     pub config: FabricConfig,
     pub clock: Clock,
     nics: RwLock<Vec<Arc<Nic>>>,
@@ -209,7 +211,9 @@ impl Fabric {
             Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
             _ => (Clock::real(), 0x5EED),
         };
+        static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         let shared = Arc::new(FabricShared {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config,
             clock,
             nics: RwLock::new(Vec::new()),

@@ -159,3 +159,18 @@ fn a_refused_inline_batch_leaves_nothing_behind() {
     let n = a.cq.poll(&mut wc).unwrap();
     assert_eq!(wc[..n].iter().map(|c| c.wr_id).collect::<Vec<_>>(), [3]);
 }
+
+/// A QueueInfo from a NIC of another fabric is refused with a clear error, not routed to the NIC
+/// that happens to have the same address here.
+#[test]
+fn connecting_across_fabrics_is_refused() {
+    let (f1, f2) = (Fabric::new(Engine::Inline), Fabric::new(Engine::Inline));
+    let (n1, n2) = (f1.add_nic(), f2.add_nic());
+    let cfg = QueueConfig::default();
+    let (mut a, b) = (side(&n1, &cfg, 8), side(&n2, &cfg, 8));
+    match a.q.connect(&b.q.info()) {
+        Err(Error::InvalidArgument(msg)) => assert!(msg.contains("fabric"), "{msg}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!(a.q.state(), QueueState::Reset);
+}
