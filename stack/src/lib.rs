@@ -8,17 +8,22 @@
 //!
 //! - [`wire`]: URPC's request, ACK and response headers byte for byte, with the golden vectors;
 //! - [`tx_ctx`]: the send-context slab and its double (or triple) release, exactly once;
-//! - [`req_table`]: the per-channel request table with wrapping ids and stale-response dropping.
+//! - [`req_table`]: the per-channel request table with wrapping ids and stale-response dropping;
+//! - [`credits`]: sender-side flow control, so a sender never outruns the peer's receive buffers;
+//! - [`buf_pool`]: fixed-size buffers carved from one registered region, lock-free, returned on drop.
 //!
-//! Channels, call modes, the server, credits and the control plane come next.
+//! Channels, the call modes on top of these, the server and the control plane come next.
 
 pub use bypass_hal as hal;
 pub use bypass_sim as sim;
 
+pub mod buf_pool;
+pub mod credits;
 pub mod req_table;
 pub mod tx_ctx;
 pub mod wire;
 
+mod free_list;
 mod sync;
 #[cfg(test)]
 mod test_rng;

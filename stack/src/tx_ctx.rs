@@ -111,17 +111,18 @@
 //!
 //! ## Slab
 //!
-//! Free slots form a Treiber stack of indices whose head packs a 32-bit tag with the index, so a
-//! pop cannot succeed against a head that was popped and pushed again in between (ABA). The slab
-//! allocates once, in [`TxSlab::new`]; `get` and the releasing report take no lock and allocate
-//! nothing.
+//! Free slots form the crate's lock-free free list (`free_list`): a Treiber stack of indices whose
+//! head packs a 32-bit tag with the index, so a pop cannot succeed against a head that was popped
+//! and pushed again in between (ABA). The slab allocates once, in [`TxSlab::new`]; `get` and the
+//! releasing report take no lock and allocate nothing.
 //!
 //! Generations are 32 bits: a handle held across 2^32 reuses of the same slot would be taken for
 //! current. Nothing holds a handle that long.
 
 use std::fmt;
 
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::free_list::FreeList;
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Largest capacity [`TxSlab::new`] accepts (16 Mi contexts).
 pub const MAX_CAPACITY: usize = 1 << 24;
@@ -137,9 +138,6 @@ const MODE_SHIFT: u32 = 8;
 const MODE_MASK: u64 = 0b11 << MODE_SHIFT;
 const FLAGS: u64 = 0xFFFF_FFFF;
 const GEN_SHIFT: u32 = 32;
-
-/// Free-list terminator in the head word and in `Slot::next`.
-const NIL: u32 = u32::MAX;
 
 /// The four URPC call modes, as far as the send context is concerned: which peer messages the
 /// context waits for before it goes back to the slab.
@@ -388,8 +386,6 @@ pub struct TxStats {
 struct Slot {
     /// `generation << 32 | flags`; see the module documentation.
     state: AtomicU64,
-    /// Next free slot while this one is on the free list.
-    next: AtomicU32,
     /// Caller's token, written by `get`, read by the releaser.
     token: AtomicU64,
 }
@@ -418,8 +414,8 @@ enum Reject {
 #[derive(Debug)]
 pub struct TxSlab {
     slots: Box<[Slot]>,
-    /// Free-list head: `tag << 32 | index` (`index == NIL`: empty).
-    free_head: AtomicU64,
+    /// Indices of the free slots.
+    free: FreeList,
     in_use: AtomicUsize,
     counters: Counters,
 }
@@ -430,11 +426,6 @@ const fn pack(generation: u32, flags: u64) -> u64 {
 
 const fn generation_of(word: u64) -> u32 {
     (word >> GEN_SHIFT) as u32
-}
-
-/// The ABA tag of a free-list head word (same layout as a state word: tag high, index low).
-const fn tag_of(head: u64) -> u32 {
-    (head >> GEN_SHIFT) as u32
 }
 
 /// The release condition: send completion seen, and the peer events done or waived.
@@ -448,15 +439,13 @@ impl TxSlab {
         if capacity == 0 || capacity > MAX_CAPACITY {
             return Err(TxError::InvalidCapacity { capacity, max: MAX_CAPACITY });
         }
-        let slots: Box<[Slot]> = (0..capacity)
-            .map(|i| {
-                let next = if i + 1 < capacity { (i + 1) as u32 } else { NIL };
-                Slot { state: AtomicU64::new(0), next: AtomicU32::new(next), token: AtomicU64::new(0) }
-            })
-            .collect();
+        let slots: Box<[Slot]> =
+            (0..capacity).map(|_| Slot { state: AtomicU64::new(0), token: AtomicU64::new(0) }).collect();
+        // MAX_CAPACITY is far below the free list's limit, so this never fails.
+        let free = FreeList::new(capacity).ok_or(TxError::InvalidCapacity { capacity, max: MAX_CAPACITY })?;
         Ok(TxSlab {
             slots,
-            free_head: AtomicU64::new(0), // tag 0, index 0
+            free,
             in_use: AtomicUsize::new(0),
             counters: Counters {
                 allocated: AtomicU64::new(0),
@@ -500,7 +489,7 @@ impl TxSlab {
     /// releases it). Returns `None` when every context is in use: the caller fails the call with
     /// an EAGAIN/`WouldBlock`-style error. Lock-free; allocates nothing.
     pub fn get(&self, mode: CallMode, token: u64) -> Option<TxHandle> {
-        let Some(index) = self.pop() else {
+        let Some(index) = self.free.pop() else {
             self.counters.exhausted.fetch_add(1, Ordering::Relaxed);
             return None;
         };
@@ -676,41 +665,9 @@ impl TxSlab {
         let token = slot.token.load(Ordering::Relaxed);
         self.in_use.fetch_sub(1, Ordering::Relaxed);
         self.counters.released.fetch_add(1, Ordering::Relaxed);
-        self.push(index, slot);
+        // Release (inside `push`): publishes the new generation and the token read to the popper.
+        self.free.push(index);
         Outcome::Released { token }
-    }
-
-    /// Pops a free index (tagged Treiber stack).
-    fn pop(&self) -> Option<u32> {
-        let mut head = self.free_head.load(Ordering::Acquire);
-        loop {
-            let index = head as u32;
-            if index == NIL {
-                return None;
-            }
-            // May read a `next` written after `head` was loaded (the slot was popped and pushed
-            // again meanwhile); the tag then differs and the compare-exchange fails.
-            let next = self.slots.get(index as usize)?.next.load(Ordering::Relaxed);
-            let new = pack(tag_of(head).wrapping_add(1), u64::from(next));
-            match self.free_head.compare_exchange(head, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(index),
-                Err(actual) => head = actual,
-            }
-        }
-    }
-
-    /// Pushes a released slot on the free list.
-    fn push(&self, index: u32, slot: &Slot) {
-        let mut head = self.free_head.load(Ordering::Relaxed);
-        loop {
-            slot.next.store(head as u32, Ordering::Relaxed);
-            let new = pack(tag_of(head).wrapping_add(1), u64::from(index));
-            // Release: publishes `next`, the new generation and the token read to the popper.
-            match self.free_head.compare_exchange(head, new, Ordering::Release, Ordering::Relaxed) {
-                Ok(_) => return,
-                Err(actual) => head = actual,
-            }
-        }
     }
 }
 
