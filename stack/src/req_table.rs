@@ -47,7 +47,7 @@
 //! No locks and no allocation after [`ReqTable::new`]; everything goes through
 //! the crate-internal `sync` shim, so the loom models in `loom-tests` check this code.
 
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// URPC's default table size.
 pub const DEFAULT_CAPACITY: usize = 1024;
@@ -249,6 +249,9 @@ impl ReqTable {
             {
                 continue; // another allocator got it (an id `capacity` apart); probe on
             }
+            // Release fence: a `peek` that reads the value stored below also sees this slot's
+            // state as no longer BUSY with the previous id (the seqlock pairing in `peek`).
+            fence(Ordering::Release);
             slot.value.store(value, Ordering::Relaxed);
             // Count before publishing, so a (bogus) early take can never underflow the count.
             self.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -281,6 +284,25 @@ impl ReqTable {
                 None
             }
         }
+    }
+
+    /// The value of outstanding request `req_id`, without ending it: for a message that does not
+    /// finish the call (the ACK of an ACK-mode call, whose RSP is still to come). `None` if the
+    /// slot does not hold that outstanding request. Not counted: the caller decides whether a
+    /// miss is stale.
+    pub fn peek(&self, req_id: u32) -> Option<u64> {
+        let slot = self.slots.get((req_id & self.mask) as usize)?;
+        // Acquire: see the value stored before BUSY(req_id) was published.
+        let cur = slot.state.load(Ordering::Acquire);
+        if cur != pack(req_id, BUSY) {
+            return None;
+        }
+        let value = slot.value.load(Ordering::Relaxed);
+        // Seqlock check: if the slot was taken and reallocated meanwhile, the value may be the
+        // next request's; the acquire fence pairs with `allocate`'s release fence, so seeing the
+        // new value implies seeing the state change below.
+        fence(Ordering::Acquire);
+        (slot.state.load(Ordering::Relaxed) == cur).then_some(value)
     }
 
     /// Cancels `req_id` (its timer fired, or the caller gave up): returns the request's value if
@@ -448,6 +470,57 @@ mod tests {
         assert_eq!(t.cancel(b), Some(2));
         assert_eq!(t.complete(b), None);
         assert_eq!(t.outstanding(), 0);
+    }
+
+    #[test]
+    fn peek_reads_an_outstanding_request_without_ending_it() {
+        let t = ReqTable::new(8).unwrap();
+        let id = t.allocate(77).unwrap();
+        assert_eq!(t.peek(id), Some(77));
+        assert_eq!(t.peek(id), Some(77), "peeking twice is fine");
+        assert_eq!(t.peek(id.wrapping_add(8)), None, "same slot, other id");
+        assert_eq!(t.outstanding(), 1);
+        assert_eq!(t.complete(id), Some(77), "the RSP still completes the request");
+        assert_eq!(t.peek(id), None, "nothing to peek after completion");
+        assert_eq!(t.stats().stale_responses, 0, "peek misses are not counted");
+    }
+
+    /// A peeker racing allocate/complete cycles on one slot only ever sees the value of the id it
+    /// asked for (values encode their id).
+    #[test]
+    fn peek_never_returns_another_requests_value() {
+        let t = Arc::new(ReqTable::new(1).unwrap());
+        let stop = Arc::new(StdBool::new(false));
+        let current = Arc::new(StdU32::new(u32::MAX));
+        let peeker = {
+            let (t, stop, current) = (t.clone(), stop.clone(), current.clone());
+            std::thread::spawn(move || {
+                while !stop.load(O::Relaxed) {
+                    // Ask for the current id and its neighbours: the slot cycles through them.
+                    let id = current.load(O::Relaxed);
+                    for probe in [id, id.wrapping_add(1)] {
+                        if let Some(v) = t.peek(probe) {
+                            assert_eq!(
+                                v,
+                                u64::from(probe) << 8 | 0xAB,
+                                "peek({probe}) returned another request's value"
+                            );
+                        }
+                    }
+                }
+            })
+        };
+        for _ in 0..200_000 {
+            // One allocator and one slot: the next id is known before allocating, so the value
+            // can encode it.
+            let expect = t.next_id.load(Ordering::Relaxed);
+            let id = t.allocate(u64::from(expect) << 8 | 0xAB).unwrap();
+            assert_eq!(id, expect);
+            current.store(id, O::Relaxed);
+            assert!(t.complete(id).is_some());
+        }
+        stop.store(true, O::Relaxed);
+        peeker.join().unwrap();
     }
 
     #[test]
