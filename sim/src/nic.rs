@@ -121,7 +121,7 @@ impl Nic {
 
     /// Runs every ready unit and publishes the next deadline. The caller holds the device lock.
     pub(crate) fn run_all(&self, dev: &mut DeviceState) {
-        if self.unblocked.swap(false, Ordering::AcqRel) {
+        if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
             dev.unblock();
         }
         let now = self.now();
@@ -141,7 +141,7 @@ impl Nic {
 
     /// The units ready now (the Stepped engine). The caller holds the device lock.
     pub(crate) fn ready_units(&self, dev: &mut DeviceState, tag: usize, out: &mut Vec<(usize, Unit)>) {
-        if self.unblocked.swap(false, Ordering::AcqRel) {
+        if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
             dev.unblock();
         }
         let inbox_has = self.port.maybe_nonempty();

@@ -265,13 +265,14 @@ impl DeviceState {
     /// Runs every ready unit until none is left (the Inline and Threaded engines).
     pub(crate) fn run_all(&mut self, now: Nanos, port: &Port, kick_waiter: &mut dyn FnMut(u32)) {
         loop {
-            let mut progress = false;
-            while self.rx_one(now, port, kick_waiter) {
-                progress = true;
-            }
+            while self.rx_one(now, port, kick_waiter) {}
+            // Send work only grows from received packets (ACKs open the window, NAKs rewind), so
+            // after this sweep a queue has more only if it hit the per-round bound.
+            let mut bounded = false;
             for i in 0..self.qps.len() {
                 // Bounded per round so one busy queue cannot starve the others' packets.
-                for _ in 0..64 {
+                let mut steps = 0;
+                while steps < 64 {
                     let stepped = self.with_qp(i as u32, now, |qp, ctx| {
                         let mut did = false;
                         if qp.timer_due(ctx.now) {
@@ -283,13 +284,14 @@ impl DeviceState {
                     if stepped != Some(true) {
                         break;
                     }
-                    progress = true;
+                    steps += 1;
                 }
+                bounded |= steps == 64;
             }
-            while self.tx_one() {
-                progress = true;
-            }
-            if !progress {
+            while self.tx_one() {}
+            // Go round again only if packets arrived meanwhile (from a NIC run nested in our
+            // flushes, or another thread) or a queue was cut short.
+            if !bounded && !port.maybe_nonempty() {
                 return;
             }
         }
