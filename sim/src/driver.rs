@@ -425,7 +425,7 @@ impl Queue for SimQueue {
         let wire = self
             .nic
             .fabric
-            .route(addr)
+            .route(self.shared.nic, self.shared.qpn, addr)
             .ok_or_else(|| invalid(format!("no NIC with address {addr} on this fabric")))?;
         self.control(|qp, _| match qp.state {
             QueueState::Reset => {

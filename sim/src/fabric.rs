@@ -11,6 +11,7 @@
 use crate::clock::Clock;
 use crate::device::Unit;
 use crate::driver::SimNic;
+use crate::fault::{FaultCounters, FaultPlan, FaultStats, FaultWire};
 use crate::layout;
 use crate::nic::{device_thread, Nic};
 use crate::sync;
@@ -54,6 +55,8 @@ pub struct FabricConfig {
     pub inbox_depth: u32,
     /// Limits every NIC reports.
     pub caps: DeviceCaps,
+    /// Faults injected on every connection's link ([`FaultPlan::NONE`]: none, links unwrapped).
+    pub faults: FaultPlan,
 }
 
 impl FabricConfig {
@@ -72,6 +75,7 @@ impl FabricConfig {
                 max_msg_size: 16 << 20,
                 max_region_size: 1 << 40,
             },
+            faults: FaultPlan::NONE,
         }
     }
 }
@@ -109,6 +113,7 @@ pub(crate) struct FabricShared {
     pub clock: Clock,
     nics: RwLock<Vec<Arc<Nic>>>,
     rng: Mutex<SplitMix>,
+    fault_counters: Arc<FaultCounters>,
     step: Mutex<StepState>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -119,10 +124,16 @@ impl FabricShared {
         self.shutdown.load(Ordering::Acquire)
     }
 
-    /// The wire to the NIC at `addr`, if it exists.
-    pub(crate) fn route(&self, addr: u32) -> Option<Arc<dyn Wire>> {
-        let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
-        nics.get(addr as usize).map(|n| n.clone() as Arc<dyn Wire>)
+    /// The wire from queue `src_qpn` of NIC `src` to the NIC at `dst`, if it exists: the NIC
+    /// itself, behind a fault wire when the fabric has a fault plan.
+    pub(crate) fn route(&self, src: u32, src_qpn: u32, dst: u32) -> Option<Arc<dyn Wire>> {
+        let nic = self.nics.read().unwrap_or_else(|e| e.into_inner()).get(dst as usize)?.clone();
+        let plan = self.config.faults;
+        if plan.is_none() {
+            return Some(nic);
+        }
+        let link_seed = u64::from(src) << 40 ^ u64::from(src_qpn) << 16 ^ u64::from(dst);
+        Some(Arc::new(FaultWire::new(nic, plan, link_seed, self.fault_counters.clone())))
     }
 
     /// A NIC that waited for inbox room at another NIC may go on.
@@ -218,6 +229,7 @@ impl Fabric {
             clock,
             nics: RwLock::new(Vec::new()),
             rng: Mutex::new(SplitMix(seed)),
+            fault_counters: Arc::default(),
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -302,6 +314,13 @@ impl Fabric {
     /// ready units). Real-time engines ignore it.
     pub fn advance(&self, by: Duration) {
         self.shared().clock.advance(by.as_nanos() as u64);
+    }
+
+    /// What the fault wires did so far (all zero without a fault plan).
+    pub fn fault_stats(&self) -> FaultStats {
+        let mut s = FaultStats::default();
+        self.shared().fault_counters.add_to(&mut s);
+        s
     }
 
     /// Time since the fabric was created (virtual for the Stepped engine).
