@@ -8,8 +8,8 @@
 //! - the **device** fetches WQEs, checks keys, bounds and access rights, moves data, runs a
 //!   reliable-connected transport (PSNs, ACK/NAK, go-back-N retransmission on a timer, RNR NAK and
 //!   retry with 7 = forever, retry exhaustion → error completion and queue ERROR) and writes CQEs;
-//! - a **wire** ([`wire::Wire`]) carries packets between NICs; the in-process wire is the only
-//!   one so far.
+//! - a **wire** ([`wire::Wire`]) carries packets between NICs: the in-process wire, optionally
+//!   behind a seeded fault wire that drops, duplicates and reorders ([`FaultPlan`]).
 //!
 //! The [`Engine`] decides who runs the device: the application's own threads on doorbells and
 //! polls (`Inline`), a device thread per NIC (`Threaded`), or a test, one seeded-random unit at a
