@@ -3,7 +3,7 @@
 //! A NIC sends through a [`Wire`], a one-call trait, so other wires (shared memory between
 //! processes, TCP between hosts) and middleware (fault injection, tracing) can wrap or replace the
 //! in-process one without touching the device model. The in-process wire delivers straight into
-//! the destination NIC's [`Inbox`]: a fixed ring of MTU-sized packet slots, so the payload is
+//! the destination NIC's inbox: a fixed ring of MTU-sized packet slots, so the payload is
 //! copied exactly twice (sender's memory → wire slot → receiver's memory) and nothing allocates.
 
 use crate::packet::PacketHeader;
