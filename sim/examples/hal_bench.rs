@@ -1,4 +1,4 @@
-//! HAL-level benchmark on the simulator's Inline engine: 64-byte send/recv ping-pong between two
+//! HAL-level benchmark on the simulator (Inline engine unless `--engine threaded`): 64-byte send/recv ping-pong between two
 //! threads (round-trip time) and one-thread message rate with batches of WQEs.
 //!
 //! ```text
@@ -19,10 +19,12 @@ struct Opts {
     batch: usize,
     size: usize,
     test: String,
+    engine: Engine,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o = Opts { iters: 200_000, runs: 7, batch: 32, size: 64, test: "all".into() };
+    let mut o =
+        Opts { iters: 200_000, runs: 7, batch: 32, size: 64, test: "all".into(), engine: Engine::Inline };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = |name: &str| -> Result<u64, String> {
@@ -36,8 +38,15 @@ fn parse() -> Result<Opts, String> {
             "--test" => {
                 o.test = args.next().filter(|t| ["all", "pingpong", "pingpong1", "rate"].contains(&t.as_str())).ok_or("--test takes all, pingpong, pingpong1 or rate")?
             }
+            "--engine" => {
+                o.engine = match args.next().as_deref() {
+                    Some("inline") => Engine::Inline,
+                    Some("threaded") => Engine::Threaded,
+                    _ => return Err("--engine takes inline or threaded".into()),
+                }
+            }
             "-h" | "--help" => {
-                return Err("usage: hal_bench [--test all|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
+                return Err("usage: hal_bench [--engine inline|threaded] [--test all|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -95,8 +104,8 @@ fn connect(a: &mut End, b: &mut End) {
 }
 
 /// Ping-pong: returns the mean round-trip time in nanoseconds of `iters` exchanges.
-fn pingpong(iters: u64, size: usize, flags: WrFlags) -> f64 {
-    let fabric = Fabric::new(Engine::Inline);
+fn pingpong(engine: Engine, iters: u64, size: usize, flags: WrFlags) -> f64 {
+    let fabric = Fabric::new(engine);
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
     let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
     connect(&mut a, &mut b);
@@ -112,14 +121,16 @@ fn pingpong(iters: u64, size: usize, flags: WrFlags) -> f64 {
 
 /// Sends one message; every 64th is signaled and the send CQ drained then, so the send queue
 /// never fills and completions cost little.
-fn send_one(e: &mut End, i: u64, flags: WrFlags) {
+/// `last`: signal it and wait, so the sender may then drop its queue (destroying a queue discards
+/// work the device has not carried out yet, as on a real NIC).
+fn send_one(e: &mut End, i: u64, flags: WrFlags, last: bool) {
     let sge = e.mr.sge(0, e.size).unwrap();
-    let signaled = i % 64 == 63;
+    let signaled = i % 64 == 63 || last;
     let f = if signaled { flags | WrFlags::SIGNALED } else { flags };
     e.q.post_send(&[SendWr { wr_id: i, op: SendOp::Send, sges: &[sge], flags: f }]).unwrap();
     if signaled {
         let mut wc = [Completion::default(); 8];
-        // The completion of the previous signaled send is certainly there by now.
+        // Earlier signaled sends were drained when they were posted, so this waits for this one.
         while e.scq.poll(&mut wc).unwrap() == 0 {}
     }
 }
@@ -142,7 +153,7 @@ fn wait_recv(e: &mut End, received: &mut usize) {
 fn echo_client(e: &mut End, iters: u64, flags: WrFlags) {
     let mut received = 0usize;
     for i in 0..iters {
-        send_one(e, i, flags);
+        send_one(e, i, flags, i + 1 == iters);
         wait_recv(e, &mut received);
     }
 }
@@ -151,31 +162,31 @@ fn echo(e: &mut End, iters: u64, flags: WrFlags) {
     let mut received = 0usize;
     for i in 0..iters {
         wait_recv(e, &mut received);
-        send_one(e, i, flags);
+        send_one(e, i, flags, i + 1 == iters);
     }
 }
 
 /// Ping-pong with both ends driven by one thread: the software cost of a round trip with no
 /// cache line crossing cores. Returns nanoseconds per round trip.
-fn pingpong_one_thread(iters: u64, size: usize) -> f64 {
-    let fabric = Fabric::new(Engine::Inline);
+fn pingpong_one_thread(engine: Engine, iters: u64, size: usize) -> f64 {
+    let fabric = Fabric::new(engine);
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
     let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
     connect(&mut a, &mut b);
     let (mut ra, mut rb) = (0usize, 0usize);
     let start = Instant::now();
     for i in 0..iters {
-        send_one(&mut a, i, WrFlags::empty());
+        send_one(&mut a, i, WrFlags::empty(), false);
         wait_recv(&mut b, &mut rb);
-        send_one(&mut b, i, WrFlags::empty());
+        send_one(&mut b, i, WrFlags::empty(), false);
         wait_recv(&mut a, &mut ra);
     }
     start.elapsed().as_nanos() as f64 / iters as f64
 }
 
 /// One thread, batches of `batch` sends from A to B: returns messages per second.
-fn rate(iters: u64, size: usize, batch: usize) -> f64 {
-    let fabric = Fabric::new(Engine::Inline);
+fn rate(engine: Engine, iters: u64, size: usize, batch: usize) -> f64 {
+    let fabric = Fabric::new(engine);
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
     let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
     connect(&mut a, &mut b);
@@ -221,20 +232,21 @@ fn main() {
         }
     };
     println!(
-        "bypass-sim HAL benchmark: Inline engine, {} B messages, {} runs, {} CPUs",
+        "bypass-sim HAL benchmark: {:?} engine, {} B messages, {} runs, {} CPUs",
+        o.engine,
         o.size,
         o.runs,
         num_cpus()
     );
     let pp = o.test != "rate" && o.test != "pingpong1";
     if pp {
-        let _ = pingpong(o.iters / 10, o.size, WrFlags::empty()); // warm-up
+        let _ = pingpong(o.engine, o.iters / 10, o.size, WrFlags::empty()); // warm-up
     }
     for (name, flags) in [("send/recv", WrFlags::empty()), ("send/recv INLINE", WrFlags::INLINE)] {
         if !pp || (flags.contains(WrFlags::INLINE) && o.size > 256) {
             continue;
         }
-        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong(o.iters, o.size, flags)).collect();
+        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong(o.engine, o.iters, o.size, flags)).collect();
         let (med, lo, hi) = summarize(runs);
         println!(
             "ping-pong {name:<17} round trip  median {:>7.3} us   (runs {:.3} .. {:.3} us)",
@@ -244,7 +256,7 @@ fn main() {
         );
     }
     if pp || o.test == "pingpong1" {
-        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong_one_thread(o.iters, o.size)).collect();
+        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong_one_thread(o.engine, o.iters, o.size)).collect();
         let (med, lo, hi) = summarize(runs);
         println!(
             "ping-pong one thread (no core crossing) median {:>7.3} us   (runs {:.3} .. {:.3} us)",
@@ -256,7 +268,7 @@ fn main() {
     if o.test.starts_with("pingpong") {
         return;
     }
-    let runs: Vec<f64> = (0..o.runs).map(|_| rate(o.iters * 5, o.size, o.batch)).collect();
+    let runs: Vec<f64> = (0..o.runs).map(|_| rate(o.engine, o.iters * 5, o.size, o.batch)).collect();
     let (med, lo, hi) = summarize(runs);
     println!(
         "rate      one thread, batch {:<3}       median {:>7.2} M msg/s (runs {:.2} .. {:.2})",

@@ -316,6 +316,16 @@ impl Fabric {
         self.shared().clock.advance(by.as_nanos() as u64);
     }
 
+    /// Inline engine: runs, on the calling thread, every NIC with work pending or a timer due.
+    /// A thread that drives several NICs but waits on only one of them calls this instead of
+    /// relying on the idle-poll safety net (which steps in only after many empty polls).
+    /// Other engines: nothing to do (Threaded runs by itself; Stepped moves only on `step`).
+    pub fn progress(&self) {
+        if self.shared().config.engine == Engine::Inline {
+            self.shared().help();
+        }
+    }
+
     /// What the fault wires did so far (all zero without a fault plan).
     pub fn fault_stats(&self) -> FaultStats {
         let mut s = FaultStats::default();

@@ -201,7 +201,13 @@ pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
         }
         if idle < SPINS {
             idle += 1;
-            std::hint::spin_loop();
+            if idle % 64 == 0 {
+                // On a machine with more spinning threads than cores (two cores, an application
+                // thread and two device threads), let whoever has work run.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
             continue;
         }
         n.sleeping.store(true, Ordering::SeqCst);

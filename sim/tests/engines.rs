@@ -174,3 +174,33 @@ fn connecting_across_fabrics_is_refused() {
     }
     assert_eq!(a.q.state(), QueueState::Reset);
 }
+
+/// Inline engine, one thread, only the sender's CQ polled, nobody calling `Fabric::progress`: the
+/// idle-poll safety net still runs the receiving NIC, so a 4 MiB SEND (1024 segments through a
+/// 256-slot inbox, so the sender also waits for room) completes on both sides.
+#[test]
+fn inline_idle_pollers_help_a_nic_nobody_polls() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let cfg = QueueConfig::default();
+    let (mut a, mut b) = (side(&na, &cfg, 16), side(&nb, &cfg, 16));
+    connect(&mut a, &mut b);
+    let len = 4 << 20;
+    let src = na.register(len, Access::empty()).unwrap();
+    let dst = nb.register(len, Access::LOCAL_WRITE).unwrap();
+    src.write(len - 3, b"end").unwrap();
+    b.q.post_recv(&[RecvWr { wr_id: 7, sges: &[dst.sge(0, len).unwrap()] }]).unwrap();
+    a.q.post_send(&[SendWr::send(1, &[src.sge(0, len).unwrap()])]).unwrap();
+    let mut wc = [Completion::default(); 4];
+    let mut polls = 0u64;
+    while a.cq.poll(&mut wc).unwrap() == 0 {
+        polls += 1;
+        assert!(polls < 50_000_000, "the sender's completion never came");
+    }
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, Status::Success));
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+    assert_eq!((wc[0].wr_id, wc[0].byte_len), (7, len as u32));
+    let mut tail = [0u8; 3];
+    dst.read(len - 3, &mut tail).unwrap();
+    assert_eq!(&tail, b"end");
+}
