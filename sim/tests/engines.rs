@@ -204,3 +204,52 @@ fn inline_idle_pollers_help_a_nic_nobody_polls() {
     dst.read(len - 3, &mut tail).unwrap();
     assert_eq!(&tail, b"end");
 }
+
+/// Bad arguments to the control path are refused with `InvalidArgument` naming the problem, and
+/// nothing is created.
+#[test]
+fn bad_control_arguments_are_clear_errors() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (nic, other) = (fabric.add_nic(), fabric.add_nic());
+    let invalid = |r: Result<(), Error>, what: &str| match r {
+        Err(Error::InvalidArgument(msg)) => assert!(!msg.is_empty(), "{what}"),
+        other => panic!("{what}: expected InvalidArgument, got {other:?}"),
+    };
+    invalid(nic.create_cq(0).map(drop), "CQ depth 0");
+    invalid(nic.create_cq(nic.caps().max_cq_depth + 1).map(drop), "CQ deeper than the device allows");
+    invalid(nic.register(64, Access::REMOTE_WRITE).map(drop), "REMOTE_WRITE without LOCAL_WRITE");
+    let cq = nic.create_cq(8).unwrap();
+    let foreign = other.create_cq(8).unwrap();
+    let ok = QueueConfig::default();
+    let caps = nic.caps();
+    for (what, cfg) in [
+        ("send depth 0", QueueConfig { send_depth: 0, ..ok }),
+        ("recv depth above the device's", QueueConfig { recv_depth: caps.max_queue_depth + 1, ..ok }),
+        ("no send SGE", QueueConfig { max_send_sge: 0, ..ok }),
+        ("more receive SGEs than the device's", QueueConfig { max_recv_sge: caps.max_recv_sge + 1, ..ok }),
+        ("inline above the device's", QueueConfig { max_inline: caps.max_inline + 1, ..ok }),
+        ("retry_count above 7", QueueConfig { retry_count: 8, ..ok }),
+        ("rnr_retry above 7", QueueConfig { rnr_retry: 8, ..ok }),
+    ] {
+        invalid(nic.create_queue(&cfg, &cq, &cq).map(drop), what);
+    }
+    invalid(nic.create_queue(&ok, &cq, &foreign).map(drop), "a CQ of another NIC");
+
+    // Post-time limits: too many SGEs, an oversized INLINE payload, an INLINE READ.
+    let (mut a, mut b) = (side(&nic, &ok, 16), side(&other, &ok, 16));
+    connect(&mut a, &mut b);
+    let mr = nic.register(4096, Access::LOCAL_WRITE).unwrap();
+    let sges: Vec<Sge> = (0..ok.max_send_sge as usize + 1).map(|i| mr.sge(i * 8, 8).unwrap()).collect();
+    invalid(a.q.post_send(&[SendWr::send(1, &sges)]), "more SGEs than max_send_sge");
+    let big = [mr.sge(0, ok.max_inline as usize + 1).unwrap()];
+    invalid(a.q.post_send(&[SendWr::send(2, &big).with_flags(WrFlags::INLINE)]), "INLINE above max_inline");
+    let one = [mr.sge(0, 8).unwrap()];
+    let read = SendWr::send(3, &one).with_op(SendOp::Read(mr.remote().at(0))).with_flags(WrFlags::INLINE);
+    invalid(a.q.post_send(&[read]), "an INLINE READ");
+    invalid(a.q.post_recv(&[RecvWr { wr_id: 4, sges: &sges }]), "more SGEs than max_recv_sge");
+    // None of the refused requests reached the device.
+    fabric.progress();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 0);
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+}
