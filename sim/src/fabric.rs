@@ -247,6 +247,9 @@ impl Fabric {
     }
 
     /// Adds a NIC. With the Threaded engine this starts its device thread.
+    ///
+    /// # Panics
+    /// If the operating system refuses to start that thread (out of threads or memory).
     pub fn add_nic(&self) -> SimNic {
         let shared = self.shared();
         let mut nics = shared.nics.write().unwrap_or_else(|e| e.into_inner());

@@ -188,10 +188,13 @@ pub enum WqeFault {
     StaleOwner,
 }
 
-/// Decodes the fixed part of a WQE fetched from ring index `index`. `buf` holds at least the
-/// first block; `stride` is the queue's WQE size. The returned `len` is the inline length; for SGE
+/// Decodes the fixed part of a WQE fetched from ring index `index`. `buf` holds the first block
+/// (a shorter buffer is `Malformed`); `stride` is the queue's WQE size. The returned `len` is the inline length; for SGE
 /// WQEs the caller adds up the SGEs (see [`decode_sge`]).
 pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Result<Wqe, WqeFault> {
+    if buf.len() < BLOCK {
+        return Err(WqeFault::Malformed);
+    }
     let u32_at = |o: usize| u32::from_le_bytes([buf[o], buf[o + 1], buf[o + 2], buf[o + 3]]);
     let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
     if buf[3] != expect_owner || u32_at(24) != index {
@@ -375,6 +378,13 @@ mod tests {
         assert_eq!(decode_wqe(&buf, 32, 1, 5).unwrap_err(), WqeFault::Malformed, "SGEs past the stride");
         buf[0] = 0x77;
         assert_eq!(decode_wqe(&buf, 128, 1, 5).unwrap_err(), WqeFault::Malformed);
+    }
+
+    #[test]
+    fn a_short_buffer_is_malformed_not_a_panic() {
+        for len in [0, 1, 31, 63] {
+            assert_eq!(decode_wqe(&vec![0u8; len], 64, 1, 0).unwrap_err(), WqeFault::Malformed);
+        }
     }
 
     #[test]
