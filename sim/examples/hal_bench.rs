@@ -36,7 +36,7 @@ fn parse() -> Result<Opts, String> {
             "--batch" => o.batch = val("--batch")?.clamp(1, 256) as usize,
             "--size" => o.size = val("--size")?.min(4096) as usize,
             "--test" => {
-                o.test = args.next().filter(|t| ["all", "pingpong", "pingpong1", "rate"].contains(&t.as_str())).ok_or("--test takes all, pingpong, pingpong1 or rate")?
+                o.test = args.next().filter(|t| ["all", "bounce", "pingpong", "pingpong1", "rate"].contains(&t.as_str())).ok_or("--test takes all, bounce, pingpong, pingpong1 or rate")?
             }
             "--engine" => {
                 o.engine = match args.next().as_deref() {
@@ -46,7 +46,7 @@ fn parse() -> Result<Opts, String> {
                 }
             }
             "-h" | "--help" => {
-                return Err("usage: hal_bench [--engine inline|threaded] [--test all|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
+                return Err("usage: hal_bench [--engine inline|threaded] [--test all|bounce|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -166,6 +166,32 @@ fn echo(e: &mut End, iters: u64, flags: WrFlags) {
     }
 }
 
+/// The machine's floor: one cache line bounced between two threads (an `AtomicU64` each side
+/// waits on). Two-thread figures on a shared VM move with it. Returns ns per round trip.
+fn bounce(iters: u64) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let line = std::sync::Arc::new(AtomicU64::new(0));
+    let peer = line.clone();
+    let t = std::thread::spawn(move || {
+        for i in 0..iters {
+            while peer.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            peer.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let start = Instant::now();
+    for i in 0..iters {
+        line.store(2 * i + 1, Ordering::Release);
+        while line.load(Ordering::Acquire) != 2 * i + 2 {
+            std::hint::spin_loop();
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / iters as f64;
+    t.join().expect("bounce thread");
+    ns
+}
+
 /// Ping-pong with both ends driven by one thread: the software cost of a round trip with no
 /// cache line crossing cores. Returns nanoseconds per round trip.
 fn pingpong_one_thread(engine: Engine, iters: u64, size: usize) -> f64 {
@@ -238,6 +264,19 @@ fn main() {
         o.runs,
         num_cpus()
     );
+    if o.test == "all" || o.test == "bounce" {
+        let runs: Vec<f64> = (0..o.runs).map(|_| bounce(o.iters * 5)).collect();
+        let (med, lo, hi) = summarize(runs);
+        println!(
+            "bare cache-line bounce (machine floor)     median {:>7.3} us   (runs {:.3} .. {:.3} us)",
+            med / 1e3,
+            lo / 1e3,
+            hi / 1e3
+        );
+        if o.test == "bounce" {
+            return;
+        }
+    }
     let pp = o.test != "rate" && o.test != "pingpong1";
     if pp {
         let _ = pingpong(o.engine, o.iters / 10, o.size, WrFlags::empty()); // warm-up
