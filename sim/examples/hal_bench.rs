@@ -20,11 +20,19 @@ struct Opts {
     size: usize,
     test: String,
     engine: Engine,
+    idle_queues: usize,
 }
 
 fn parse() -> Result<Opts, String> {
-    let mut o =
-        Opts { iters: 200_000, runs: 7, batch: 32, size: 64, test: "all".into(), engine: Engine::Inline };
+    let mut o = Opts {
+        iters: 200_000,
+        runs: 7,
+        batch: 32,
+        size: 64,
+        test: "all".into(),
+        engine: Engine::Inline,
+        idle_queues: 0,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = |name: &str| -> Result<u64, String> {
@@ -38,6 +46,7 @@ fn parse() -> Result<Opts, String> {
             "--test" => {
                 o.test = args.next().filter(|t| ["all", "bounce", "pingpong", "pingpong1", "rate"].contains(&t.as_str())).ok_or("--test takes all, bounce, pingpong, pingpong1 or rate")?
             }
+            "--idle-queues" => o.idle_queues = val("--idle-queues")?.min(4096) as usize,
             "--engine" => {
                 o.engine = match args.next().as_deref() {
                     Some("inline") => Engine::Inline,
@@ -46,7 +55,7 @@ fn parse() -> Result<Opts, String> {
                 }
             }
             "-h" | "--help" => {
-                return Err("usage: hal_bench [--engine inline|threaded] [--test all|bounce|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
+                return Err("usage: hal_bench [--engine inline|threaded] [--idle-queues N] [--test all|bounce|pingpong|pingpong1|rate] [--iters N] [--runs R] [--batch B (1..=256)] [--size BYTES (<=4096)]".into())
             }
             other => return Err(format!("unknown argument {other:?}; try --help")),
         }
@@ -194,9 +203,17 @@ fn bounce(iters: u64) -> f64 {
 
 /// Ping-pong with both ends driven by one thread: the software cost of a round trip with no
 /// cache line crossing cores. Returns nanoseconds per round trip.
-fn pingpong_one_thread(engine: Engine, iters: u64, size: usize) -> f64 {
+fn pingpong_one_thread(engine: Engine, iters: u64, size: usize, idle_queues: usize) -> f64 {
     let fabric = Fabric::new(engine);
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    // Connected queue pairs that carry nothing: the device should not pay for them.
+    let _idle: Vec<(End, End)> = (0..idle_queues)
+        .map(|_| {
+            let (mut x, mut y) = (End::new(&na, size), End::new(&nb, size));
+            connect(&mut x, &mut y);
+            (x, y)
+        })
+        .collect();
     let (mut a, mut b) = (End::new(&na, size), End::new(&nb, size));
     connect(&mut a, &mut b);
     let (mut ra, mut rb) = (0usize, 0usize);
@@ -295,7 +312,8 @@ fn main() {
         );
     }
     if pp || o.test == "pingpong1" {
-        let runs: Vec<f64> = (0..o.runs).map(|_| pingpong_one_thread(o.engine, o.iters, o.size)).collect();
+        let runs: Vec<f64> =
+            (0..o.runs).map(|_| pingpong_one_thread(o.engine, o.iters, o.size, o.idle_queues)).collect();
         let (med, lo, hi) = summarize(runs);
         println!(
             "ping-pong one thread (no core crossing) median {:>7.3} us   (runs {:.3} .. {:.3} us)",

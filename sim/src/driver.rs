@@ -166,6 +166,12 @@ impl Device for SimNic {
         let rq_stride = layout::wqe_stride(c.max_recv_sge, 0);
         let psn = self.nic.fabric.next_psn();
         let mut dev = sync::lock(&self.nic.dev);
+        if dev.qps.len() >= crate::device::MAX_QUEUES {
+            return Err(Error::OutOfResources(format!(
+                "the NIC has all {} queue numbers in use",
+                crate::device::MAX_QUEUES
+            )));
+        }
         let qpn = dev.qps.len() as u32;
         let shared = Arc::new(QueueShared {
             nic: self.nic.addr,
@@ -390,7 +396,10 @@ impl SimQueue {
     fn control<R>(&self, f: impl FnOnce(&mut QpCtx, &mut crate::device::Ctx<'_>) -> R) -> R {
         let now = self.nic.now();
         let mut dev = sync::lock(&self.nic.dev);
-        dev.with_qp(self.shared.qpn, now, f).expect("a live queue handle has a device context")
+        let r = dev.with_qp(self.shared.qpn, now, f).expect("a live queue handle has a device context");
+        // A state change may leave work (flushes, a first send after connect): look at it.
+        dev.list(self.shared.qpn);
+        r
     }
 }
 
@@ -569,6 +578,7 @@ impl Queue for SimQueue {
         }
         drop(dev);
         sq.ring_doorbell(self.sq_pi);
+        self.nic.bells.ring(self.shared.qpn);
         self.nic.kick();
         Ok(())
     }
@@ -611,6 +621,7 @@ impl Queue for SimQueue {
             self.rq_pi = idx.wrapping_add(1);
         }
         rq.ring_doorbell(self.rq_pi);
+        self.nic.bells.ring(self.shared.qpn);
         // The device reads the receive ring when a message arrives; it only needs a kick if the
         // queue is being flushed, which the Inline engine handles on the next poll.
         if self.nic.fabric.config.engine != crate::fabric::Engine::Inline {

@@ -2,7 +2,7 @@
 //! glue that lets the engine run it.
 
 use crate::clock::{Nanos, NEVER};
-use crate::device::{DeviceState, Unit};
+use crate::device::{Bells, DeviceState, Unit};
 use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -17,6 +17,8 @@ pub(crate) struct Nic {
     pub fabric: Arc<FabricShared>,
     pub dev: Mutex<DeviceState>,
     pub port: Port,
+    /// The doorbell list (which queues rang since the device last looked).
+    pub bells: Bells,
     /// Something may be ready (a doorbell rang or a packet arrived).
     pub work: AtomicBool,
     /// A wire this NIC waited on has room again.
@@ -38,6 +40,7 @@ impl Nic {
             addr,
             dev: Mutex::new(DeviceState::new(addr, mtu, caps)),
             port: Port::new(depth as usize, mtu as usize),
+            bells: Bells::new(),
             work: AtomicBool::new(false),
             unblocked: AtomicBool::new(false),
             deadline: AtomicU64::new(NEVER),
@@ -125,7 +128,7 @@ impl Nic {
             dev.unblock();
         }
         let now = self.now();
-        dev.run_all(now, &self.port, &mut |w| self.fabric.kick_waiter(w));
+        dev.run_all(now, &self.port, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
     }
@@ -145,7 +148,7 @@ impl Nic {
             dev.unblock();
         }
         let inbox_has = self.port.maybe_nonempty();
-        dev.ready_units(inbox_has, self.now(), tag, out);
+        dev.ready_units(&self.bells, inbox_has, self.now(), tag, out);
     }
 }
 

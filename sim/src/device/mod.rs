@@ -142,11 +142,52 @@ impl Ctx<'_> {
     }
 }
 
+/// Most queues per NIC (queue numbers index the doorbell bitmap).
+pub(crate) const MAX_QUEUES: usize = 1 << 16;
+
+/// The doorbell list: one bit per queue, set by the driver after it rings a queue's doorbell and
+/// taken by the device, so a device pass visits the queues that have something to do rather than
+/// every queue of the NIC (real NICs keep a doorbell FIFO for the same reason).
+#[derive(Debug)]
+pub(crate) struct Bells {
+    words: Box<[crate::sync::AtomicU64]>,
+}
+
+impl Bells {
+    pub(crate) fn new() -> Self {
+        Bells { words: (0..MAX_QUEUES / 64).map(|_| crate::sync::AtomicU64::new(0)).collect() }
+    }
+
+    /// Driver side: queue `qpn` has new work queue entries (after its doorbell was rung).
+    #[inline]
+    pub(crate) fn ring(&self, qpn: u32) {
+        let (w, b) = (qpn as usize / 64, qpn % 64);
+        self.words[w].fetch_or(1 << b, crate::sync::Ordering::Release);
+    }
+
+    /// Device side: calls `f` for every queue below `queues` whose bell rang, clearing them.
+    fn drain(&self, queues: usize, mut f: impl FnMut(u32)) {
+        for (w, word) in self.words.iter().take(queues.div_ceil(64)).enumerate() {
+            if word.load(crate::sync::Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = word.swap(0, crate::sync::Ordering::Acquire);
+            while bits != 0 {
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                f((w * 64) as u32 + b);
+            }
+        }
+    }
+}
+
 /// The device state of one NIC.
 #[derive(Debug)]
 pub(crate) struct DeviceState {
     pub keys: KeyTable,
     pub qps: Vec<Option<Box<QpCtx>>>,
+    /// Queues that may have send work or a timer: the only ones a device pass visits.
+    active: Vec<u32>,
     pub outbox: VecDeque<TxDesc>,
     pub outbox_blocked: bool,
     pub stats: NicStats,
@@ -166,6 +207,7 @@ impl DeviceState {
         DeviceState {
             keys: KeyTable::default(),
             qps: Vec::new(),
+            active: Vec::with_capacity(64),
             outbox: VecDeque::with_capacity(1024),
             outbox_blocked: false,
             stats: NicStats::default(),
@@ -206,23 +248,79 @@ impl DeviceState {
         }
     }
 
-    /// Called when a wire that was full has room again.
+    /// Puts queue `qpn` on the active list (if it exists and is not on it already).
+    pub(crate) fn list(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+            if !qp.listed {
+                qp.listed = true;
+                self.active.push(qpn);
+            }
+        }
+    }
+
+    /// Lists every queue whose doorbell rang since the last call.
+    pub(crate) fn take_bells(&mut self, bells: &Bells) {
+        let DeviceState { qps, active, .. } = self;
+        bells.drain(qps.len(), |qpn| {
+            if let Some(qp) = qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+                if !qp.listed {
+                    qp.listed = true;
+                    active.push(qpn);
+                }
+            }
+        });
+    }
+
+    /// Drops from the active list the queues with nothing left to do and no timer running.
+    fn prune(&mut self, now: Nanos) {
+        let mut i = 0;
+        while i < self.active.len() {
+            let qpn = self.active[i];
+            let keep = match self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+                Some(qp) if qp.has_send_work(now) || qp.deadline() != NEVER => true,
+                Some(qp) => {
+                    qp.listed = false;
+                    false
+                }
+                None => false,
+            };
+            if keep {
+                i += 1;
+            } else {
+                self.active.swap_remove(i);
+            }
+        }
+    }
+
+    /// Called when a wire that was full has room again (rare: visits every queue).
     pub(crate) fn unblock(&mut self) {
         self.outbox_blocked = false;
-        for qp in self.qps.iter_mut().flatten() {
-            qp.wire_blocked = false;
+        for i in 0..self.qps.len() {
+            let blocked = self.qps[i].as_mut().is_some_and(|qp| std::mem::take(&mut qp.wire_blocked));
+            if blocked {
+                self.list(i as u32);
+            }
         }
     }
 
     /// Appends every unit that is ready now to `out`, tagged with `tag`.
-    pub(crate) fn ready_units(&self, inbox_has: bool, now: Nanos, tag: usize, out: &mut Vec<(usize, Unit)>) {
+    pub(crate) fn ready_units(
+        &mut self,
+        bells: &Bells,
+        inbox_has: bool,
+        now: Nanos,
+        tag: usize,
+        out: &mut Vec<(usize, Unit)>,
+    ) {
+        self.take_bells(bells);
+        self.prune(now);
         if inbox_has {
             out.push((tag, Unit::Rx));
         }
         if !self.outbox.is_empty() && !self.outbox_blocked {
             out.push((tag, Unit::Tx));
         }
-        for qp in self.qps.iter().flatten() {
+        for qp in self.active.iter().filter_map(|&q| self.qps[q as usize].as_deref()) {
             if qp.has_send_work(now) {
                 out.push((tag, Unit::Send(qp.shared.qpn)));
             }
@@ -232,9 +330,14 @@ impl DeviceState {
         }
     }
 
-    /// The earliest timer deadline of any queue.
+    /// The earliest timer deadline of any queue (a queue with a timer stays on the active list).
     pub(crate) fn deadline(&self) -> Nanos {
-        self.qps.iter().flatten().map(|q| q.deadline()).min().unwrap_or(NEVER)
+        self.active
+            .iter()
+            .filter_map(|&q| self.qps[q as usize].as_deref())
+            .map(|q| q.deadline())
+            .min()
+            .unwrap_or(NEVER)
     }
 
     /// Runs one unit. Returns whether it did anything. `port` is this NIC's receive port;
@@ -263,17 +366,27 @@ impl DeviceState {
     }
 
     /// Runs every ready unit until none is left (the Inline and Threaded engines).
-    pub(crate) fn run_all(&mut self, now: Nanos, port: &Port, kick_waiter: &mut dyn FnMut(u32)) {
+    pub(crate) fn run_all(
+        &mut self,
+        now: Nanos,
+        port: &Port,
+        bells: &Bells,
+        kick_waiter: &mut dyn FnMut(u32),
+    ) {
         loop {
+            self.take_bells(bells);
             while self.rx_one(now, port, kick_waiter) {}
-            // Send work only grows from received packets (ACKs open the window, NAKs rewind), so
-            // after this sweep a queue has more only if it hit the per-round bound.
+            // Send work only grows from doorbells and received packets (ACKs open the window,
+            // NAKs rewind), so after this sweep a queue has more only if it hit the per-round bound.
             let mut bounded = false;
-            for i in 0..self.qps.len() {
+            let mut k = 0;
+            while k < self.active.len() {
+                let i = self.active[k];
+                k += 1;
                 // Bounded per round so one busy queue cannot starve the others' packets.
                 let mut steps = 0;
                 while steps < 64 {
-                    let stepped = self.with_qp(i as u32, now, |qp, ctx| {
+                    let stepped = self.with_qp(i, now, |qp, ctx| {
                         let mut did = false;
                         if qp.timer_due(ctx.now) {
                             qp.on_timer(ctx);
@@ -289,6 +402,7 @@ impl DeviceState {
                 bounded |= steps == 64;
             }
             while self.tx_one() {}
+            self.prune(now);
             // Go round again only if packets arrived meanwhile (from a NIC run nested in our
             // flushes, or another thread) or a queue was cut short.
             if !bounded && !port.maybe_nonempty() {
@@ -317,7 +431,9 @@ impl DeviceState {
             }
             true
         });
-        if handled != Some(true) {
+        if handled == Some(true) {
+            self.list(hdr.dst_qpn); // what arrived may have opened its window or rewound it
+        } else {
             self.stats.rx_ignored += 1;
         }
         ib.pop();

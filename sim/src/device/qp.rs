@@ -104,6 +104,8 @@ pub(crate) struct QpCtx {
     pub wire_blocked: bool,
     /// Listed in the device's to-flush list.
     pub pending_flush: bool,
+    /// On the device's active list.
+    pub listed: bool,
     // Responder.
     epsn: u32,
     rq_fetch: u32,
@@ -134,6 +136,7 @@ impl QpCtx {
             fence_blocked: false,
             wire_blocked: false,
             pending_flush: false,
+            listed: false,
             epsn: 0,
             rq_fetch: 0,
             cur_recv: None,
