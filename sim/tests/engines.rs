@@ -296,7 +296,11 @@ fn many_queues_each_get_their_traffic() {
                 let n = cqb.poll(&mut wc).unwrap();
                 for c in &wc[..n] {
                     assert_eq!(c.status, Status::Success, "{engine:?}: {c:?}");
-                    assert_eq!(expected.remove(&c.wr_id), Some(c.qpn), "{engine:?}: {c:?} on the wrong queue or twice");
+                    assert_eq!(
+                        expected.remove(&c.wr_id),
+                        Some(c.qpn),
+                        "{engine:?}: {c:?} on the wrong queue or twice"
+                    );
                     got += 1;
                 }
                 sends += cqa.poll(&mut wc).unwrap();
