@@ -62,10 +62,10 @@ use std::time::Duration;
 pub enum Engine {
     /// No device threads: device work runs on the application's threads. A doorbell runs the
     /// ringing NIC's device; a NIC that receives packets runs on its own user's thread at that
-    /// user's next poll or doorbell — or on the sender's thread when the receiver is not polling
-    /// (its previous burst is still unclaimed), is about to sleep (an armed CQ), or the sender is.
-    /// Pollers that keep finding nothing help any NIC with pending work, and polls run due
-    /// timers. Fastest; the default for benchmarks.
+    /// user's next poll or doorbell — or on the sender's thread when the receiver's or the
+    /// sender's user is about to sleep (an armed CQ). A thread driving several NICs calls
+    /// [`Fabric::progress`]; pollers that keep finding nothing (1,024 empty polls) do the same,
+    /// and polls run due timers. Fastest; the default for benchmarks.
     Inline,
     /// One device thread per NIC: it spins briefly after work, then parks until the next doorbell
     /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device.
