@@ -134,36 +134,7 @@ pub struct BufToken {
     pub generation: u32,
 }
 
-impl BufToken {
-    /// Packs the token into a `u64` (generation high, index low), for a `wr_id`.
-    pub const fn to_u64(self) -> u64 {
-        ((self.generation as u64) << 32) | self.index as u64
-    }
-
-    /// Inverse of [`BufToken::to_u64`]. Any `u64` gives a token; a bogus one is refused by
-    /// [`BufPool::from_token`].
-    pub const fn from_u64(v: u64) -> BufToken {
-        BufToken { index: v as u32, generation: (v >> 32) as u32 }
-    }
-}
-
-impl From<BufToken> for u64 {
-    fn from(t: BufToken) -> u64 {
-        t.to_u64()
-    }
-}
-
-impl From<u64> for BufToken {
-    fn from(v: u64) -> BufToken {
-        BufToken::from_u64(v)
-    }
-}
-
-impl fmt::Display for BufToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "buffer #{} gen {}", self.index, self.generation)
-    }
-}
+crate::handle::generational_handle!(BufToken, "buffer");
 
 /// A pool of `capacity()` buffers of `buf_size()` bytes carved from one registered region. See
 /// the [module documentation](self).

@@ -24,6 +24,7 @@ pub mod tx_ctx;
 pub mod wire;
 
 mod free_list;
+mod handle;
 mod sync;
 #[cfg(test)]
 mod test_rng;

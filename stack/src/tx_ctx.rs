@@ -119,8 +119,6 @@
 //! Generations are 32 bits: a handle held across 2^32 reuses of the same slot would be taken for
 //! current. Nothing holds a handle that long.
 
-use std::fmt;
-
 use crate::free_list::FreeList;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
@@ -251,37 +249,7 @@ pub struct TxHandle {
     pub generation: u32,
 }
 
-impl TxHandle {
-    /// Packs the handle into a `u64` (generation high, index low), e.g. for a `wr_id` or a
-    /// request-table value.
-    pub const fn to_u64(self) -> u64 {
-        ((self.generation as u64) << 32) | self.index as u64
-    }
-
-    /// Inverse of [`TxHandle::to_u64`]. Any `u64` gives a handle; a bogus one is rejected by the
-    /// slab when used.
-    pub const fn from_u64(v: u64) -> TxHandle {
-        TxHandle { index: v as u32, generation: (v >> 32) as u32 }
-    }
-}
-
-impl From<TxHandle> for u64 {
-    fn from(h: TxHandle) -> u64 {
-        h.to_u64()
-    }
-}
-
-impl From<u64> for TxHandle {
-    fn from(v: u64) -> TxHandle {
-        TxHandle::from_u64(v)
-    }
-}
-
-impl fmt::Display for TxHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "tx_ctx #{} gen {}", self.index, self.generation)
-    }
-}
+crate::handle::generational_handle!(TxHandle, "tx_ctx");
 
 /// What a successful report did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
