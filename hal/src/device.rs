@@ -50,4 +50,18 @@ pub trait Device: Send + Sync + 'static {
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
     ) -> Result<Self::Queue>;
+
+    /// Gives a software device a chance to run on the calling thread. A thread that waits for
+    /// completions without polling the CQ that will receive them (a caller waiting for a worker,
+    /// a worker serving many devices) calls this in its wait loop. Hardware moves by itself: the
+    /// default does nothing.
+    fn progress(&self) {}
+
+    /// The device's clock: time since an arbitrary fixed point, monotonic. Timeouts above the
+    /// HAL (per-call deadlines) are measured with it, so a simulated device with a virtual clock
+    /// makes them deterministic. The default is the process's monotonic clock.
+    fn now(&self) -> std::time::Duration {
+        static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        BASE.get_or_init(std::time::Instant::now).elapsed()
+    }
 }

@@ -208,6 +208,20 @@ impl Device for SimNic {
             rq_pi: 0,
         })
     }
+
+    /// Inline engine: runs the fabric's NICs that have work on this thread (see
+    /// [`Fabric::progress`](crate::Fabric::progress)). Threaded: nothing to do. Stepped: nothing
+    /// moves until the test calls [`Fabric::step`](crate::Fabric::step).
+    fn progress(&self) {
+        if self.nic.fabric.config.engine == crate::Engine::Inline {
+            self.nic.fabric.help();
+        }
+    }
+
+    /// The fabric's clock: real time, or the virtual clock of the Stepped engine.
+    fn now(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.nic.fabric.clock.now())
+    }
 }
 
 /// Registered memory on a simulated NIC.

@@ -17,7 +17,36 @@
 pub use bypass_hal as hal;
 pub use bypass_sim as sim;
 
+#[cfg(not(loom))]
+mod call;
+#[cfg(not(loom))]
+mod client;
+#[cfg(not(loom))]
+mod endpoint;
+#[cfg(not(loom))]
+mod error;
+#[cfg(not(loom))]
+mod server;
+#[cfg(not(loom))]
+mod worker;
+
+#[cfg(not(loom))]
+pub use call::{CallFuture, Callback};
+#[cfg(not(loom))]
+pub use client::{CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats};
+#[cfg(not(loom))]
+pub use error::{Result, RpcError};
+#[cfg(not(loom))]
+pub use server::{Functions, Handler, Request, Server, ServerConfig, ServerStats};
+#[cfg(not(loom))]
+pub use tx_ctx::CallMode;
+#[cfg(not(loom))]
+pub use wire::{FunctionId, Status};
+#[cfg(not(loom))]
+pub use worker::{pin_current_thread, PollMode, Pollable, WorkerConfig, WorkerGroup};
+
 pub mod buf_pool;
+pub mod control;
 pub mod credits;
 pub mod req_table;
 pub mod tx_ctx;

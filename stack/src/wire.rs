@@ -15,7 +15,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0 | bits 0-3 type (0 = REQ), bits 4-7 version |
-//! | 1 | bits 0-4 `arg_dma_count`, bits 5-6 reserved, bit 7 ack requested |
+//! | 1 | bits 0-4 `arg_dma_count`, bit 5 no response expected (bypass; reserved in URPC), bit 6 reserved, bit 7 ack requested |
 //! | 2-7 | function id, 48 bits ([`FunctionId`]) |
 //! | 8-11 | `req_total_size`: every byte of the message, header and descriptors included |
 //! | 12-15 | `req_id` |
@@ -481,6 +481,10 @@ pub struct RequestHeader {
     pub arg_dma_count: u8,
     /// Bit 7 of byte 1: the client asks for an ACK.
     pub ack_requested: bool,
+    /// Bit 5 of byte 1 (reserved in URPC, a bypass extension): the client expects no response
+    /// (`EARLY_RSP` and `ACK | EARLY_RSP` calls). URPC peers write 0 here and ignore it on read,
+    /// so a URPC client's requests all read as "response expected".
+    pub no_response: bool,
     /// The function to call.
     pub function: FunctionId,
     /// `req_total_size`: every byte of the message, header and descriptors included. At least
@@ -500,6 +504,7 @@ impl RequestHeader {
 
     const DMA_COUNT_MASK: u8 = 0x1F;
     const ACK_BIT: u8 = 0x80;
+    const NO_RSP_BIT: u8 = 0x20;
 
     /// Header plus descriptors: the smallest `total_size` consistent with `arg_dma_count`.
     pub const fn min_total_size(&self) -> usize {
@@ -519,7 +524,9 @@ impl RequestHeader {
         let channel = channel_bytes(self.channel)?;
         let b = write_chunk::<{ Self::LEN }>(out)?;
         b[0] = type_byte(MsgType::Req);
-        b[1] = self.arg_dma_count | if self.ack_requested { Self::ACK_BIT } else { 0 };
+        b[1] = self.arg_dma_count
+            | if self.ack_requested { Self::ACK_BIT } else { 0 }
+            | if self.no_response { Self::NO_RSP_BIT } else { 0 };
         b[2..8].copy_from_slice(&self.function.to_le_bytes());
         b[8..12].copy_from_slice(&self.total_size.to_le_bytes());
         b[12..16].copy_from_slice(&self.req_id.to_le_bytes());
@@ -541,6 +548,7 @@ impl RequestHeader {
         let header = Self {
             arg_dma_count: b[1] & Self::DMA_COUNT_MASK,
             ack_requested: b[1] & Self::ACK_BIT != 0,
+            no_response: b[1] & Self::NO_RSP_BIT != 0,
             function: FunctionId::from_le_bytes([b[2], b[3], b[4], b[5], b[6], b[7]]),
             total_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
             req_id: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
@@ -578,6 +586,18 @@ impl AckHeader {
     /// An ACK for one request (`req_id_range` = 1).
     pub const fn new(req_id: u32, channel: u32) -> Self {
         Self { req_id_range: REQ_ID_RANGE_SINGLE, req_id, channel }
+    }
+
+    /// A credit grant (a bypass extension): `req_id_range` = 0 acknowledges no request, and
+    /// `req_id` carries the number of receive buffers the server re-posted for requests that get
+    /// no response (`EARLY_RSP`, `ACK | EARLY_RSP`, or a handler that dropped its request).
+    pub const fn credit_grant(credits: u32, channel: u32) -> Self {
+        Self { req_id_range: 0, req_id: credits, channel }
+    }
+
+    /// Whether this is a credit grant ([`Self::credit_grant`]) rather than an ACK of a request.
+    pub const fn is_credit_grant(&self) -> bool {
+        self.req_id_range == 0
     }
 
     /// Writes the header to the front of `out`; returns [`Self::LEN`]. Nothing is written on
@@ -919,6 +939,7 @@ mod tests {
         RequestHeader {
             arg_dma_count: 0,
             ack_requested: true,
+            no_response: false,
             function: FunctionId::from_raw(0x0028_0100_0004).unwrap(),
             total_size: 100,
             req_id: 0xAABB_CCDD,
@@ -1206,10 +1227,31 @@ mod tests {
     }
 
     #[test]
-    fn request_reserved_bits_are_ignored_on_decode() {
+    fn request_reserved_bit_is_ignored_on_decode() {
         let mut bytes = GOLDEN_REQ;
-        bytes[1] |= 0x60;
+        bytes[1] |= 0x40;
         assert_eq!(RequestHeader::decode(&bytes), Ok(golden_req()));
+    }
+
+    #[test]
+    fn request_no_response_bit_is_bit_5_of_byte_1() {
+        let mut out = [0u8; 20];
+        RequestHeader { no_response: true, ..golden_req() }.encode(&mut out).unwrap();
+        let mut expect = GOLDEN_REQ;
+        expect[1] |= 0x20;
+        assert_eq!(out, expect);
+        assert!(RequestHeader::decode(&out).unwrap().no_response);
+        assert!(!RequestHeader::decode(&GOLDEN_REQ).unwrap().no_response);
+    }
+
+    #[test]
+    fn credit_grant_is_an_ack_with_range_zero() {
+        let mut out = [0u8; 12];
+        AckHeader::credit_grant(5, 0x12_3456).encode(&mut out).unwrap();
+        assert_eq!(out, [0x11, 0, 0, 0, 5, 0, 0, 0, 0x56, 0x34, 0x12, 0]);
+        let h = AckHeader::decode(&out).unwrap();
+        assert!(h.is_credit_grant());
+        assert!(!AckHeader::new(5, 1).is_credit_grant());
     }
 
     #[test]
@@ -1538,6 +1580,7 @@ mod tests {
         RequestHeader {
             arg_dma_count,
             ack_requested: rng.below_u64(2) == 1,
+            no_response: rng.below_u64(2) == 1,
             function: FunctionId::from_raw(rng.next() & FunctionId::MAX_RAW).unwrap(),
             total_size: (min + rng.below_u64(u64::from(u32::MAX) - min + 1)) as u32,
             req_id: rng.next() as u32,

@@ -1,0 +1,198 @@
+//! Delivering a call's outcome to its caller: blocking, callback or `Future`.
+//!
+//! Exactly one path completes a call (the tx_ctx `claim_completion` decides which, see
+//! [`crate::tx_ctx`]); that path takes the call's [`Sink`] and delivers into it once. A blocking
+//! caller and a [`CallFuture`] share a [`Oneshot`] with the delivering thread; a callback is run
+//! on the delivering thread.
+//!
+//! A blocking caller reuses one `Oneshot` per thread (and the response `Vec` it swaps with the
+//! caller's), so a steady loop of blocking calls allocates nothing.
+
+use crate::endpoint::lock;
+use crate::RpcError;
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::thread::Thread;
+
+/// The callback type of [`Channel::call_callback`](crate::Channel::call_callback): it gets the
+/// response bytes (borrowed from the receive buffer, valid during the call) or the error.
+pub type Callback = Box<dyn FnOnce(Result<&[u8], RpcError>) + Send + 'static>;
+
+/// Where a call's outcome goes.
+pub(crate) enum Sink {
+    Shot(Arc<Oneshot>),
+    Callback(Callback),
+}
+
+impl Sink {
+    pub(crate) fn deliver(self, result: Result<&[u8], RpcError>) {
+        match self {
+            Sink::Shot(shot) => shot.deliver(result),
+            Sink::Callback(cb) => cb(result),
+        }
+    }
+
+    /// The server acknowledged the request (ACK mode): observable before the response.
+    pub(crate) fn acked(&self) {
+        if let Sink::Shot(shot) = self {
+            shot.acked.store(true, Ordering::Release);
+            if let Some(w) = lock(&shot.inner).waker.as_ref() {
+                w.wake_by_ref();
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    result: Option<Result<(), RpcError>>,
+    data: Vec<u8>,
+    waker: Option<Waker>,
+    thread: Option<Thread>,
+}
+
+/// A one-time slot shared by the caller and the delivering thread.
+#[derive(Default)]
+pub(crate) struct Oneshot {
+    done: AtomicBool,
+    acked: AtomicBool,
+    inner: Mutex<Inner>,
+}
+
+impl Oneshot {
+    fn deliver(&self, result: Result<&[u8], RpcError>) {
+        let (waker, thread) = {
+            let mut inner = lock(&self.inner);
+            inner.data.clear();
+            inner.result = Some(match result {
+                Ok(bytes) => {
+                    inner.data.extend_from_slice(bytes);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            });
+            self.done.store(true, Ordering::Release);
+            (inner.waker.take(), inner.thread.take())
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        if let Some(t) = thread {
+            t.unpark();
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn is_acked(&self) -> bool {
+        self.acked.load(Ordering::Acquire)
+    }
+
+    /// Registers the current thread to be unparked on delivery; false if already delivered.
+    pub(crate) fn register_thread(&self) -> bool {
+        let mut inner = lock(&self.inner);
+        if inner.result.is_some() {
+            return false;
+        }
+        if inner.thread.is_none() {
+            inner.thread = Some(std::thread::current());
+        }
+        true
+    }
+
+    /// Takes the outcome, swapping the response bytes into `out` (no copy, no allocation).
+    pub(crate) fn take_into(&self, out: &mut Vec<u8>) -> Option<Result<(), RpcError>> {
+        let mut inner = lock(&self.inner);
+        let result = inner.result.take()?;
+        if result.is_ok() {
+            std::mem::swap(out, &mut inner.data);
+        }
+        inner.data.clear();
+        Some(result)
+    }
+
+    fn reset(&self) {
+        self.done.store(false, Ordering::Relaxed);
+        self.acked.store(false, Ordering::Relaxed);
+        let mut inner = lock(&self.inner);
+        inner.result = None;
+        inner.waker = None;
+        inner.thread = None;
+    }
+}
+
+thread_local! {
+    static SHOT: RefCell<Option<Arc<Oneshot>>> = const { RefCell::new(None) };
+}
+
+/// A cleared `Oneshot` for a blocking call on this thread, reused from the previous call when
+/// no other thread still holds it.
+pub(crate) fn blocking_shot() -> Arc<Oneshot> {
+    let cached = SHOT.with(|s| s.borrow_mut().take());
+    match cached {
+        Some(shot) if Arc::strong_count(&shot) == 1 => {
+            shot.reset();
+            shot
+        }
+        _ => Arc::new(Oneshot::default()),
+    }
+}
+
+/// Gives a blocking call's `Oneshot` back for the next call on this thread.
+pub(crate) fn recycle_shot(shot: Arc<Oneshot>) {
+    SHOT.with(|s| *s.borrow_mut() = Some(shot));
+}
+
+/// The pending result of [`Channel::call_future`](crate::Channel::call_future): a
+/// runtime-agnostic `Future` resolving to the response bytes or the error.
+///
+/// Something must poll the channel for it to resolve: a [`WorkerGroup`](crate::WorkerGroup) the
+/// channel was added to, or a thread calling [`Channel::poll`](crate::Channel::poll). Dropping
+/// the future does not cancel the call; its outcome is discarded when it arrives (or at its
+/// deadline).
+#[must_use = "a call future does nothing useful unless awaited or polled"]
+pub struct CallFuture {
+    pub(crate) shot: Arc<Oneshot>,
+}
+
+impl CallFuture {
+    /// Whether the server has acknowledged the request (ACK modes): may turn true before the
+    /// response arrives.
+    pub fn is_acked(&self) -> bool {
+        self.shot.is_acked()
+    }
+
+    /// Whether the outcome has arrived (polling the future will return `Ready`).
+    pub fn is_done(&self) -> bool {
+        self.shot.is_done()
+    }
+}
+
+impl std::fmt::Debug for CallFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallFuture").field("acked", &self.is_acked()).field("done", &self.is_done()).finish()
+    }
+}
+
+impl Future for CallFuture {
+    type Output = Result<Vec<u8>, RpcError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut inner = lock(&self.shot.inner);
+        if let Some(result) = inner.result.take() {
+            let data = std::mem::take(&mut inner.data);
+            return Poll::Ready(result.map(|()| data));
+        }
+        match &inner.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => inner.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,903 @@
+//! The client: a [`Channel`] to one server, and the call path.
+//!
+//! A call (see `docs/protocol.md` for the diagrams):
+//!
+//! 1. picks a READY queue round-robin (or the one the caller names);
+//! 2. takes a credit on it — one of the server's receive buffers — or fails with
+//!    [`RpcError::WouldBlock`] / waits, as the caller chose;
+//! 3. takes a send context (`tx_ctx`) and, unless the call is `EARLY_RSP`, a request-table slot
+//!    that maps the `req_id` back to the context;
+//! 4. writes the 20-byte URPC header and the arguments straight into the context's registered
+//!    send buffer and posts one signaled SEND.
+//!
+//! Completions (send CQ and receive CQ) are processed by whoever polls: the calling thread
+//! itself (self-polling, the default), a [`WorkerGroup`](crate::WorkerGroup), or the
+//! application calling [`Channel::poll`]. Every path that may finish a call — the response, the
+//! ACK, the send completion, a timeout, a queue failure, the connection closing — first claims
+//! the call's context ([`crate::tx_ctx::TxSlab::claim_completion`]); only the winner delivers.
+
+use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
+use crate::control::{self, ClientHello, CONTROL_VERSION};
+use crate::credits::Credits;
+use crate::endpoint::{lock, Endpoint, Sizes};
+use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::req_table::ReqTable;
+use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
+use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
+use crate::worker::Pollable;
+use crate::RpcError;
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+const NO_DEADLINE: u64 = u64::MAX;
+const POLL_BATCH: usize = 16;
+
+/// How a [`Channel`] is set up.
+#[derive(Debug, Clone)]
+pub struct ChannelConfig {
+    /// The name the server must have (checked during the handshake).
+    pub server_name: String,
+    /// Free-form text given to the server (the server's handlers can read it).
+    pub client_info: String,
+    /// Queue pairs in the channel (1..=256). Calls are spread over them round-robin.
+    pub queues: usize,
+    /// Calls outstanding per queue at most (the credit window the client asks for; the server
+    /// may grant fewer).
+    pub window: u32,
+    /// Largest message in bytes, header included (both directions; the smaller of the client's
+    /// and the server's applies to requests).
+    pub msg_size: usize,
+    /// Request-table slots (a power of two).
+    pub table_size: usize,
+    /// Deadline of a call that does not set its own (`None`: no deadline).
+    pub timeout: Option<Duration>,
+    /// Limit for the whole TCP handshake.
+    pub connect_timeout: Duration,
+    /// Whether a blocking call polls the channel itself (true), or sleeps until a worker group
+    /// the channel was added to delivers (false).
+    pub self_poll: bool,
+    /// Transport settings of the queues (depths are set from `window`).
+    pub queue_config: QueueConfig,
+}
+
+impl Default for ChannelConfig {
+    fn default() -> Self {
+        ChannelConfig {
+            server_name: String::new(),
+            client_info: String::new(),
+            queues: 1,
+            window: 32,
+            msg_size: 4096,
+            table_size: crate::req_table::DEFAULT_CAPACITY,
+            timeout: Some(Duration::from_secs(10)),
+            connect_timeout: Duration::from_secs(5),
+            self_poll: true,
+            queue_config: QueueConfig::default(),
+        }
+    }
+}
+
+impl ChannelConfig {
+    /// Defaults, for a server with this name.
+    pub fn new(server_name: impl Into<String>) -> Self {
+        ChannelConfig { server_name: server_name.into(), ..Default::default() }
+    }
+}
+
+/// Per-call choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallOptions {
+    /// The call mode: what the server sends back and when the call completes.
+    pub mode: CallMode,
+    /// Deadline for this call; `None` uses the channel's [`ChannelConfig::timeout`].
+    pub timeout: Option<Duration>,
+    /// Send on this queue instead of picking one round-robin.
+    pub queue: Option<usize>,
+    /// When the chosen queue has no credit: wait (polling) for one instead of failing with
+    /// [`RpcError::WouldBlock`]. The wait ends at the call's deadline.
+    pub wait_for_credit: bool,
+}
+
+impl Default for CallOptions {
+    fn default() -> Self {
+        CallOptions { mode: CallMode::WaitRsp, timeout: None, queue: None, wait_for_credit: true }
+    }
+}
+
+impl CallOptions {
+    /// Defaults with this call mode.
+    pub fn mode(mode: CallMode) -> Self {
+        CallOptions { mode, ..Default::default() }
+    }
+}
+
+/// What a completed blocking call saw besides its response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallInfo {
+    /// The server acknowledged the request before responding (ACK modes).
+    pub acked: bool,
+}
+
+/// Counters of a channel.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChannelStats {
+    /// Calls started (posted).
+    pub calls: u64,
+    /// Calls that ended with a timeout.
+    pub timeouts: u64,
+    /// Responses or ACKs that matched no outstanding call (stale, duplicate or late), dropped.
+    pub stale: u64,
+    /// Messages from the server that did not parse or made no sense, dropped.
+    pub protocol_errors: u64,
+    /// Send contexts in use right now (0 when nothing is outstanding: nothing leaked).
+    pub tx_in_use: usize,
+    /// Request-table slots in use right now.
+    pub table_in_use: usize,
+    /// Credits available on each queue right now, summed.
+    pub credits: u64,
+    /// Queues still READY.
+    pub ready_queues: usize,
+}
+
+struct Pending {
+    sink: Sink,
+    req_id: u32,
+    queue: usize,
+    function: FunctionId,
+    mode: CallMode,
+    deadline: u64,
+}
+
+struct CallSlot {
+    pending: Mutex<Option<Pending>>,
+    /// The handle of the call that last used this slot (`TxHandle::to_u64`).
+    handle: AtomicU64,
+    /// Its deadline in device nanoseconds (`NO_DEADLINE`: none, or finished).
+    deadline: AtomicU64,
+}
+
+#[derive(Default)]
+struct Counters {
+    calls: AtomicU64,
+    timeouts: AtomicU64,
+    stale: AtomicU64,
+    protocol_errors: AtomicU64,
+}
+
+pub(crate) struct ChannelInner<D: Device + Clone> {
+    ep: Endpoint<D>,
+    table: ReqTable,
+    credits: Box<[Credits]>,
+    slots: Box<[CallSlot]>,
+    channel_id: u32,
+    max_request: usize,
+    rr: AtomicUsize,
+    closed: AtomicBool,
+    next_scan: AtomicU64,
+    config: ChannelConfig,
+    counters: Counters,
+    server_name: String,
+    control: Mutex<Option<TcpStream>>,
+}
+
+/// A client's connection to one server: several queue pairs, one request table, and the calls.
+/// Cheap to clone (a handle); usable from many threads at once. The connection closes when the
+/// last handle is dropped, when [`Channel::close`] is called, or when the server goes away.
+pub struct Channel<D: Device + Clone> {
+    inner: Arc<ChannelInner<D>>,
+}
+
+impl<D: Device + Clone> Clone for Channel<D> {
+    fn clone(&self) -> Self {
+        Channel { inner: self.inner.clone() }
+    }
+}
+
+impl<D: Device + Clone> std::fmt::Debug for Channel<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("channel_id", &self.inner.channel_id)
+            .field("server", &self.inner.server_name)
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+fn protocol_error(counters: &Counters, what: &dyn std::fmt::Display) {
+    let n = counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    if n < 16 || n.is_power_of_two() {
+        eprintln!("bypass: dropped a malformed message from the server ({what}); {} so far", n + 1);
+    }
+}
+
+impl<D: Device + Clone> Channel<D> {
+    /// Connects to the server listening at `addr` over TCP, sets up `config.queues` queue pairs
+    /// on `device`, and returns when calls can be made.
+    ///
+    /// Errors: [`RpcError::Control`] (nothing listens there, version mismatch, wrong server name,
+    /// refused), [`RpcError::InvalidArgument`] for a bad configuration, [`RpcError::Device`].
+    pub fn connect(
+        device: &D,
+        addr: impl ToSocketAddrs + std::fmt::Display,
+        config: ChannelConfig,
+    ) -> Result<Self, RpcError> {
+        if config.window == 0 || config.window > 4096 {
+            return Err(RpcError::InvalidArgument(format!("window {}: use 1..=4096", config.window)));
+        }
+        if !config.table_size.is_power_of_two() {
+            return Err(RpcError::InvalidArgument(format!(
+                "table size {} is not a power of two",
+                config.table_size
+            )));
+        }
+        // Send contexts: a request's context lives until its send completion, which may come
+        // after its response has returned the credit, so allow two windows in flight. Receive
+        // buffers: per outstanding request at most an ACK and a response, plus credit grants.
+        let sizes = Sizes {
+            queues: config.queues,
+            send_depth: 2 * config.window,
+            recv_depth: 4 * config.window,
+            msg_size: config.msg_size,
+            queue_config: config.queue_config,
+        };
+        let ep = Endpoint::new(device, sizes)?;
+        let hello = ClientHello {
+            version: CONTROL_VERSION,
+            server_name: config.server_name.clone(),
+            client_info: config.client_info.clone(),
+            window: config.window,
+            max_msg: config.msg_size as u32,
+            queues: ep.infos(),
+        };
+        let (stream, server) = control::connect(addr, &hello, config.connect_timeout)?;
+        ep.connect(&server.queues)?;
+        let credits = server.credits.min(config.window).max(1);
+        let table = ReqTable::new(config.table_size)
+            .map_err(|e| RpcError::InvalidArgument(format!("request table: {e}")))?;
+        let slots = (0..ep.tx.capacity())
+            .map(|_| CallSlot {
+                pending: Mutex::new(None),
+                handle: AtomicU64::new(u64::MAX),
+                deadline: AtomicU64::new(NO_DEADLINE),
+            })
+            .collect();
+        let monitor = stream.try_clone().map_err(control::ControlError::from)?;
+        let inner = Arc::new(ChannelInner {
+            table,
+            credits: (0..config.queues).map(|_| Credits::new(credits)).collect(),
+            slots,
+            channel_id: server.channel_id,
+            max_request: config.msg_size.min(server.max_msg as usize),
+            rr: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            next_scan: AtomicU64::new(NO_DEADLINE),
+            counters: Counters::default(),
+            server_name: server.server_name,
+            control: Mutex::new(Some(stream)),
+            config,
+            ep,
+        });
+        let weak = Arc::downgrade(&inner);
+        std::thread::Builder::new()
+            .name(format!("bypass-ch{}-ctl", inner.channel_id))
+            .spawn(move || watch_control(monitor, weak))
+            .map_err(control::ControlError::from)?;
+        Ok(Channel { inner })
+    }
+
+    /// The 24-bit id the server gave this channel.
+    pub fn channel_id(&self) -> u32 {
+        self.inner.channel_id
+    }
+
+    /// The server's name.
+    pub fn server_name(&self) -> &str {
+        &self.inner.server_name
+    }
+
+    /// Number of queues (READY or not).
+    pub fn queues(&self) -> usize {
+        self.inner.ep.queues.len()
+    }
+
+    /// Largest request arguments in bytes (the message size less the 20-byte header).
+    pub fn max_request_args(&self) -> usize {
+        self.inner.max_request - RequestHeader::LEN
+    }
+
+    /// Whether the channel is closed (every call fails with [`RpcError::Closed`]).
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Counters, and how many contexts, table slots and credits are in use.
+    pub fn stats(&self) -> ChannelStats {
+        let i = &self.inner;
+        let t = i.table.stats();
+        ChannelStats {
+            calls: i.counters.calls.load(Ordering::Relaxed),
+            timeouts: i.counters.timeouts.load(Ordering::Relaxed),
+            stale: i.counters.stale.load(Ordering::Relaxed)
+                + t.stale_responses
+                + t.duplicates
+                + t.late_responses,
+            protocol_errors: i.counters.protocol_errors.load(Ordering::Relaxed),
+            tx_in_use: i.ep.tx.in_use(),
+            table_in_use: t.outstanding,
+            credits: i.credits.iter().map(|c| u64::from(c.available())).sum(),
+            ready_queues: i.ep.ready_queues(),
+        }
+    }
+
+    /// A blocking `WAIT_RSP` call with the channel's defaults: sends `args` to `function` and
+    /// waits for the response, which replaces the contents of `response`.
+    pub fn call(&self, function: FunctionId, args: &[u8], response: &mut Vec<u8>) -> Result<(), RpcError> {
+        self.call_with(&CallOptions::default(), function, args, response).map(|_| ())
+    }
+
+    /// A blocking call with explicit options. `response` receives the response bytes (empty for
+    /// the modes without a response). With `self_poll` the calling thread polls the channel
+    /// while it waits; otherwise it sleeps until a worker delivers.
+    pub fn call_with(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: &[u8],
+        response: &mut Vec<u8>,
+    ) -> Result<CallInfo, RpcError> {
+        let shot = call::blocking_shot();
+        let start = self.inner.start(opts, function, args, Sink::Shot(shot.clone()));
+        let result = start.and_then(|()| {
+            self.wait(&shot);
+            shot.take_into(response).unwrap_or(Err(RpcError::Closed))
+        });
+        let acked = shot.is_acked();
+        call::recycle_shot(shot);
+        result.map(|()| CallInfo { acked })
+    }
+
+    /// Starts a call whose outcome is passed to `callback`, run once on the thread that
+    /// completes the call (a poller; or this thread, if the call fails before it is sent — then
+    /// this returns the error instead and `callback` is not run).
+    pub fn call_callback(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: &[u8],
+        callback: impl FnOnce(Result<&[u8], RpcError>) + Send + 'static,
+    ) -> Result<(), RpcError> {
+        let cb: Callback = Box::new(callback);
+        self.inner.start(opts, function, args, Sink::Callback(cb))
+    }
+
+    /// Starts a call and returns a `Future` of its outcome (see [`CallFuture`]).
+    pub fn call_future(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: &[u8],
+    ) -> Result<CallFuture, RpcError> {
+        let shot = Arc::new(Oneshot::default());
+        self.inner.start(opts, function, args, Sink::Shot(shot.clone()))?;
+        Ok(CallFuture { shot })
+    }
+
+    fn wait(&self, shot: &Oneshot) {
+        let inner = &self.inner;
+        let mut spins = 0u32;
+        while !shot.is_done() {
+            if inner.config.self_poll {
+                if inner.poll() == 0 {
+                    inner.ep.device.progress();
+                    spins += 1;
+                    if spins % 64 == 0 {
+                        inner.check_timeouts();
+                        std::thread::yield_now();
+                    }
+                }
+            } else if shot.register_thread() {
+                std::thread::park_timeout(Duration::from_millis(1));
+                inner.check_timeouts();
+            }
+        }
+    }
+
+    /// Processes completions (responses, ACKs, credit grants, send completions) and fires due
+    /// timeouts. Returns the number of completions handled. Needed when nothing else polls: no
+    /// self-polling blocking call in progress and no worker group.
+    pub fn poll(&self) -> usize {
+        self.inner.poll()
+    }
+
+    /// Only the receive side of [`Channel::poll`]: responses, ACKs and credit grants.
+    /// Together with [`Channel::poll_send_completions`] and [`Channel::check_timeouts`] it lets a
+    /// test choose the order in which a call's events are seen.
+    pub fn poll_responses(&self) -> usize {
+        self.inner.poll_recv()
+    }
+
+    /// Only the send side of [`Channel::poll`]: send completions.
+    pub fn poll_send_completions(&self) -> usize {
+        self.inner.poll_send()
+    }
+
+    /// Fails the calls whose deadline has passed (by the device's clock) with
+    /// [`RpcError::Timeout`]; returns how many.
+    pub fn check_timeouts(&self) -> usize {
+        self.inner.check_timeouts()
+    }
+
+    /// Moves queue `queue` to ERROR as if the NIC had failed it: its outstanding calls fail with
+    /// [`RpcError::Queue`], later calls use the other queues, and the channel closes once no
+    /// queue is left. For tests and operators.
+    pub fn fail_queue(&self, queue: usize) -> Result<(), RpcError> {
+        if queue >= self.queues() {
+            return Err(RpcError::InvalidArgument(format!("queue {queue} of {}", self.queues())));
+        }
+        self.inner.queue_failed(queue, hal::Status::Flushed);
+        Ok(())
+    }
+
+    /// Closes the channel: outstanding calls fail with [`RpcError::Closed`], the server sees
+    /// the connection close.
+    pub fn close(&self) {
+        self.inner.close();
+    }
+
+    /// The channel as something a [`WorkerGroup`](crate::WorkerGroup) can poll.
+    pub fn pollable(&self) -> Arc<dyn Pollable> {
+        self.inner.clone()
+    }
+}
+
+fn watch_control<D: Device + Clone>(mut stream: TcpStream, channel: Weak<ChannelInner<D>>) {
+    control::wait_closed(&mut stream);
+    if let Some(inner) = channel.upgrade() {
+        inner.close();
+    }
+}
+
+impl<D: Device + Clone> ChannelInner<D> {
+    fn pick_queue(&self, named: Option<usize>) -> Result<usize, RpcError> {
+        let n = self.ep.queues.len();
+        if let Some(q) = named {
+            if q >= n {
+                return Err(RpcError::InvalidArgument(format!("queue {q} of {n}")));
+            }
+            if !self.ep.queues[q].ready.load(Ordering::Acquire) {
+                return Err(RpcError::Queue(hal::Status::Flushed));
+            }
+            return Ok(q);
+        }
+        let start = if n == 1 { 0 } else { self.rr.fetch_add(1, Ordering::Relaxed) };
+        (0..n)
+            .map(|k| (start + k) % n)
+            .find(|&q| self.ep.queues[q].ready.load(Ordering::Acquire))
+            .ok_or(RpcError::Closed)
+    }
+
+    fn deadline_of(&self, opts: &CallOptions) -> u64 {
+        match opts.timeout.or(self.config.timeout) {
+            Some(t) => (self.ep.device.now() + t).as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64,
+            None => NO_DEADLINE,
+        }
+    }
+
+    fn take_credit(&self, q: usize, opts: &CallOptions, deadline: u64) -> Result<(), RpcError> {
+        let mut spins = 0u32;
+        loop {
+            if self.credits[q].try_take(1).is_ok() {
+                return Ok(());
+            }
+            if !opts.wait_for_credit {
+                return Err(RpcError::WouldBlock(
+                    "no credit: every receive buffer the server posted for this queue is in use",
+                ));
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(RpcError::Closed);
+            }
+            if !self.ep.queues[q].ready.load(Ordering::Acquire) {
+                return Err(RpcError::Queue(hal::Status::Flushed));
+            }
+            if self.config.self_poll && self.poll() > 0 {
+                continue;
+            }
+            self.ep.device.progress();
+            spins += 1;
+            if spins % 64 == 0 {
+                if deadline != NO_DEADLINE && self.ep.device.now().as_nanos() as u64 >= deadline {
+                    return Err(RpcError::Timeout);
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn start(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: &[u8],
+        sink: Sink,
+    ) -> Result<(), RpcError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RpcError::Closed);
+        }
+        let len = RequestHeader::LEN + args.len();
+        if len > self.max_request {
+            return Err(RpcError::TooLarge { len, max: self.max_request });
+        }
+        let deadline = self.deadline_of(opts);
+        let q = self.pick_queue(opts.queue)?;
+        self.take_credit(q, opts, deadline)?;
+        let Some(h) = self.ep.tx.get(opts.mode, 0) else {
+            let _ = self.credits[q].give(1);
+            return Err(RpcError::WouldBlock("every send context is in use"));
+        };
+        let req_id = if opts.mode == CallMode::EarlyRsp {
+            self.table.take_id()
+        } else {
+            match self.table.allocate(h.to_u64()) {
+                Ok(id) => id,
+                Err(_) => {
+                    self.abandon(h, q);
+                    return Err(RpcError::WouldBlock("the request table is full"));
+                }
+            }
+        };
+        let header = RequestHeader {
+            arg_dma_count: 0,
+            ack_requested: matches!(opts.mode, CallMode::Ack | CallMode::AckEarlyRsp),
+            no_response: matches!(opts.mode, CallMode::EarlyRsp | CallMode::AckEarlyRsp),
+            function,
+            total_size: 0,
+            req_id,
+            channel: self.channel_id,
+            function_defined: 0,
+        };
+        // SAFETY: `h` is live and ours and not posted yet; nothing else references its buffer.
+        let buf = unsafe { self.ep.send_buf(h) };
+        let len = match wire::encode_request(buf, &header, &[], args) {
+            Ok(len) => len,
+            Err(e) => {
+                if opts.mode != CallMode::EarlyRsp {
+                    self.table.cancel(req_id);
+                }
+                self.abandon(h, q);
+                return Err(RpcError::InvalidArgument(format!("cannot encode the request: {e}")));
+            }
+        };
+        let slot = &self.slots[h.index as usize];
+        *lock(&slot.pending) = Some(Pending { sink, req_id, queue: q, function, mode: opts.mode, deadline });
+        slot.handle.store(h.to_u64(), Ordering::Release);
+        if let Err(e) = self.ep.post_send(q, h, len) {
+            // Nothing was posted. If no other path (close, queue failure) claimed the call in
+            // the meantime, undo it and report the error here; else that path delivered.
+            let claimed = self.ep.tx.claim_completion(h) == Ok(true);
+            let pending = lock(&slot.pending).take();
+            if opts.mode != CallMode::EarlyRsp {
+                self.table.cancel(req_id);
+            }
+            let _ = self.ep.tx.fail(h, FailReason::SendError);
+            let _ = self.credits[q].give(1);
+            drop(pending);
+            return if claimed { Err(e) } else { Ok(()) };
+        }
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        if deadline != NO_DEADLINE {
+            slot.deadline.store(deadline, Ordering::SeqCst);
+            self.next_scan.fetch_min(deadline, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Releases a context that was never posted, and its credit.
+    fn abandon(&self, h: TxHandle, q: usize) {
+        let _ = self.ep.tx.claim_completion(h);
+        let _ = self.ep.tx.fail(h, FailReason::SendError);
+        let _ = self.credits[q].give(1);
+    }
+
+    /// Takes the call of context `h` after a successful claim.
+    fn take_pending(&self, h: TxHandle) -> Option<Pending> {
+        let slot = &self.slots[h.index as usize];
+        slot.deadline.store(NO_DEADLINE, Ordering::Relaxed);
+        lock(&slot.pending).take()
+    }
+
+    pub(crate) fn poll(&self) -> usize {
+        let n = self.poll_recv() + self.poll_send();
+        self.check_timeouts();
+        n
+    }
+
+    fn poll_recv(&self) -> usize {
+        let mut wc = [Completion::default(); POLL_BATCH];
+        let n = self.ep.poll_recv(&mut wc);
+        for c in &wc[..n] {
+            self.on_recv(c);
+        }
+        n
+    }
+
+    fn poll_send(&self) -> usize {
+        let mut wc = [Completion::default(); POLL_BATCH];
+        let n = self.ep.poll_send(&mut wc);
+        for c in &wc[..n] {
+            self.on_send(c);
+        }
+        n
+    }
+
+    fn on_recv(&self, c: &Completion) {
+        if !self.ep.is_buf(c.wr_id) {
+            protocol_error(
+                &self.counters,
+                &format_args!("a receive completion with unknown wr_id {}", c.wr_id),
+            );
+            return;
+        }
+        let buf = c.wr_id as u32;
+        let q = self.ep.queue_of_buf(buf);
+        if !c.status.is_ok() {
+            self.queue_failed(q, c.status);
+            return;
+        }
+        // SAFETY: the completion hands `buf` to us; we re-post it only after the last use of
+        // `bytes` below.
+        let bytes = unsafe { self.ep.recv_bytes(buf, c.byte_len as usize) };
+        match wire::parse(bytes) {
+            Ok(Parsed::Response(r)) if r.header.channel == self.channel_id => self.on_response(q, &r),
+            Ok(Parsed::Ack(a)) if a.channel == self.channel_id => {
+                if a.is_credit_grant() {
+                    if self.credits[q].give(a.req_id).is_err() {
+                        protocol_error(&self.counters, &"a credit grant beyond the window");
+                    }
+                } else {
+                    self.on_ack(a.req_id);
+                }
+            }
+            Ok(Parsed::Request(_)) => protocol_error(&self.counters, &"a request sent to a client"),
+            Ok(other) => {
+                protocol_error(&self.counters, &format_args!("a {:?} for another channel", other.msg_type()))
+            }
+            Err(e) => protocol_error(&self.counters, &e),
+        }
+        self.ep.repost(buf);
+    }
+
+    fn on_response(&self, q: usize, r: &ResponseView<'_>) {
+        // Every response ends the server's use of one request buffer: one credit back.
+        if self.credits[q].give(1).is_err() {
+            protocol_error(&self.counters, &"a response beyond the credit window");
+        }
+        let Some(v) = self.table.complete(r.header.req_id) else { return };
+        let h = TxHandle::from_u64(v);
+        let Ok(mode) = self.ep.tx.mode(h) else {
+            self.counters.stale.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if self.ep.tx.claim_completion(h) == Ok(true) {
+            if let Some(p) = self.take_pending(h) {
+                let result = match r.header.status {
+                    wire::Status::Success => Ok(r.data),
+                    wire::Status::FunctionErr => Err(RpcError::FunctionNotFound(p.function)),
+                    s => Err(RpcError::Status(s)),
+                };
+                p.sink.deliver(result);
+            }
+        }
+        // A response implies the ACK (in ACK mode the ACK may be processed after the response by
+        // another poller); a duplicate ACK report is refused by the slab and harmless.
+        if mode.requires(Event::Ack) {
+            let _ = self.ep.tx.complete(h, Event::Ack);
+        }
+        if mode.requires(Event::Rsp) {
+            let _ = self.ep.tx.complete(h, Event::Rsp);
+        }
+    }
+
+    fn on_ack(&self, req_id: u32) {
+        let Some(v) = self.table.peek(req_id) else { return self.count_stale() };
+        let h = TxHandle::from_u64(v);
+        match self.ep.tx.mode(h) {
+            Ok(CallMode::Ack) => {
+                if let Some(p) = lock(&self.slots[h.index as usize].pending).as_ref() {
+                    if p.req_id == req_id {
+                        p.sink.acked();
+                    }
+                }
+                let _ = self.ep.tx.complete(h, Event::Ack);
+            }
+            Ok(CallMode::AckEarlyRsp) => {
+                if self.table.complete(req_id) != Some(v) {
+                    return self.count_stale();
+                }
+                if self.ep.tx.claim_completion(h) == Ok(true) {
+                    if let Some(p) = self.take_pending(h) {
+                        p.sink.acked();
+                        p.sink.deliver(Ok(&[]));
+                    }
+                }
+                let _ = self.ep.tx.complete(h, Event::Ack);
+            }
+            Ok(_) => protocol_error(&self.counters, &"an ACK for a call that did not ask for one"),
+            Err(_) => self.count_stale(),
+        }
+    }
+
+    fn count_stale(&self) {
+        self.counters.stale.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn on_send(&self, c: &Completion) {
+        let h = TxHandle::from_u64(c.wr_id);
+        if c.status.is_ok() {
+            if self.ep.tx.mode(h) == Ok(CallMode::EarlyRsp) && self.ep.tx.claim_completion(h) == Ok(true) {
+                if let Some(p) = self.take_pending(h) {
+                    p.sink.deliver(Ok(&[]));
+                }
+            }
+            let _ = self.ep.tx.complete(h, Event::SendCqe);
+            return;
+        }
+        let err =
+            if self.closed.load(Ordering::Acquire) { RpcError::Closed } else { RpcError::Queue(c.status) };
+        self.finish_claimed(h, err, None);
+        let reason =
+            if c.status == hal::Status::Flushed { FailReason::Flushed } else { FailReason::SendError };
+        let _ = self.ep.tx.fail(h, reason);
+        if let Some(q) = self.ep.queue_index(c.qpn) {
+            self.queue_failed(q, c.status);
+        }
+    }
+
+    /// If `h`'s call can be claimed (and `pred` accepts it), delivers `err` to it and frees its
+    /// table slot. Returns whether it did.
+    fn finish_claimed(&self, h: TxHandle, err: RpcError, pred: Option<&dyn Fn(&Pending) -> bool>) -> bool {
+        let slot = &self.slots[h.index as usize];
+        if let Some(pred) = pred {
+            match lock(&slot.pending).as_ref() {
+                Some(p) if pred(p) => {}
+                _ => return false,
+            }
+        }
+        if self.ep.tx.claim_completion(h) != Ok(true) {
+            return false;
+        }
+        let Some(p) = self.take_pending(h) else { return false };
+        if p.mode != CallMode::EarlyRsp {
+            self.table.cancel(p.req_id);
+        }
+        p.sink.deliver(Err(err));
+        true
+    }
+
+    /// Fails every outstanding call `pred` accepts with the error `make` builds; returns how many.
+    fn fail_calls(
+        &self,
+        pred: &dyn Fn(&Pending) -> bool,
+        make: &dyn Fn() -> RpcError,
+        reason: FailReason,
+    ) -> usize {
+        let mut n = 0;
+        for slot in self.slots.iter() {
+            let h = TxHandle::from_u64(slot.handle.load(Ordering::Acquire));
+            if h.to_u64() == u64::MAX {
+                continue;
+            }
+            if self.finish_claimed(h, make(), Some(pred)) {
+                let _ = self.ep.tx.fail(h, reason);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub(crate) fn check_timeouts(&self) -> usize {
+        let now = self.ep.device.now().as_nanos() as u64;
+        if now < self.next_scan.load(Ordering::SeqCst) {
+            return 0;
+        }
+        self.next_scan.store(NO_DEADLINE, Ordering::SeqCst);
+        let mut n = 0;
+        for slot in self.slots.iter() {
+            let d = slot.deadline.load(Ordering::SeqCst);
+            if d == NO_DEADLINE {
+                continue;
+            }
+            if d > now {
+                self.next_scan.fetch_min(d, Ordering::SeqCst);
+                continue;
+            }
+            let h = TxHandle::from_u64(slot.handle.load(Ordering::Acquire));
+            if self.finish_claimed(h, RpcError::Timeout, Some(&|p: &Pending| p.deadline <= now)) {
+                let _ = self.ep.tx.fail(h, FailReason::Timeout);
+                self.counters.timeouts.fetch_add(1, Ordering::Relaxed);
+                n += 1;
+            } else if slot.deadline.load(Ordering::SeqCst) == d {
+                // Finished meanwhile by another path that has not cleared the deadline yet, or
+                // reused: look again at the next scan.
+                self.next_scan.fetch_min(d.max(now + 1), Ordering::SeqCst);
+            }
+        }
+        n
+    }
+
+    fn queue_failed(&self, q: usize, status: hal::Status) {
+        let was_ready = self.ep.queues[q].ready.swap(false, Ordering::AcqRel);
+        self.ep.fail_queue(q);
+        if !was_ready {
+            return;
+        }
+        let closed = self.closed.load(Ordering::Acquire);
+        let make = || if closed { RpcError::Closed } else { RpcError::Queue(status) };
+        self.fail_calls(&|p: &Pending| p.queue == q, &make, FailReason::Cancelled);
+        if self.ep.ready_queues() == 0 {
+            self.close();
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
+        for q in 0..self.ep.queues.len() {
+            self.ep.fail_queue(q);
+        }
+        if let Some(s) = lock(&self.control).take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        // Collect the flushed send completions so every context goes back to the slab.
+        for _ in 0..10_000 {
+            if self.ep.tx.in_use() == 0 {
+                break;
+            }
+            if self.poll() == 0 {
+                self.ep.device.progress();
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+impl<D: Device + Clone> Drop for ChannelInner<D> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl<D: Device + Clone> Pollable for ChannelInner<D> {
+    fn poll(&self) -> usize {
+        ChannelInner::poll(self)
+    }
+
+    fn progress(&self) {
+        self.ep.device.progress();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire) && self.ep.tx.in_use() == 0
+    }
+
+    fn arm(&self) -> bool {
+        let send = lock(&self.ep.send_cq).arm(hal::ArmMode::Any).is_ok();
+        let recv = lock(&self.ep.recv_cq).arm(hal::ArmMode::Any).is_ok();
+        send && recv
+    }
+
+    fn event_fds(&self, out: &mut Vec<RawFd>) {
+        out.push(lock(&self.ep.send_cq).event_fd());
+        out.push(lock(&self.ep.recv_cq).event_fd());
+    }
+
+    fn ack_events(&self) {
+        let _ = lock(&self.ep.send_cq).ack_events();
+        let _ = lock(&self.ep.recv_cq).ack_events();
+    }
+}

@@ -1,0 +1,61 @@
+//! The one error type of the RPC API.
+
+use crate::hal;
+use crate::wire::{self, FunctionId};
+
+/// Why a call (or setting up a channel or server) failed. Every call completes exactly once:
+/// with its response, or with one of these.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RpcError {
+    /// The call's deadline passed before its response (or ACK) arrived. The request may or may
+    /// not have run on the server.
+    #[error("the call timed out (no response within its deadline)")]
+    Timeout,
+    /// The server has no handler for the function id (it answered FUNCTION_ERR).
+    #[error("the server has no function {0}")]
+    FunctionNotFound(FunctionId),
+    /// The server answered with an error status other than FUNCTION_ERR.
+    #[error("the server answered with status {0:?}")]
+    Status(wire::Status),
+    /// The queue the call used failed (its send completed with this status, or the queue entered
+    /// ERROR while the call was outstanding). Other queues of the channel may still work.
+    #[error("the call's queue failed ({0:?}); the call was not confirmed")]
+    Queue(hal::Status),
+    /// The connection is closed: the peer closed it, the control connection broke, this side
+    /// closed it, or no queue of the channel is usable any more.
+    #[error("the connection is closed")]
+    Closed,
+    /// Nothing can be sent now without waiting (no credit left on the chosen queue, request
+    /// table full, all send contexts busy). Retry after some calls complete, or call with
+    /// `wait_for_credit` set.
+    #[error("would block: {0}")]
+    WouldBlock(&'static str),
+    /// The request (header included) does not fit the channel's message size.
+    #[error("the message needs {len} bytes but the largest message is {max} bytes")]
+    TooLarge {
+        /// Bytes needed, header included.
+        len: usize,
+        /// The channel's message size.
+        max: usize,
+    },
+    /// An argument was invalid (a queue index out of range, a bad configuration).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The device refused an operation while setting up or posting.
+    #[error("device error: {0}")]
+    Device(#[from] hal::Error),
+    /// Connection setup failed (nothing listening, version mismatch, wrong server name, refused).
+    #[error("connection setup failed: {0}")]
+    Control(#[from] crate::control::ControlError),
+}
+
+impl RpcError {
+    /// Whether retrying later may succeed without changing anything ([`RpcError::WouldBlock`]).
+    pub fn is_would_block(&self) -> bool {
+        matches!(self, RpcError::WouldBlock(_))
+    }
+}
+
+/// `Result` with [`RpcError`].
+pub type Result<T, E = RpcError> = std::result::Result<T, E>;

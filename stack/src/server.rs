@@ -1,0 +1,783 @@
+//! The server: a function table, per-client connections, and replying.
+//!
+//! A [`Server`] listens on TCP. Each client that connects gets a connection of its own: as many
+//! queue pairs as the client asked for, `window` receive buffers posted on each (the client's
+//! credits), and a 24-bit channel id. Workers poll the connections; for every request they
+//!
+//! 1. send the standalone ACK at once if the client asked for one (ACK modes);
+//! 2. look the function up and run its handler with a [`Request`], or answer FUNCTION_ERR;
+//! 3. when the handler replies (at once, or later from another thread), re-post the request's
+//!    receive buffer **before** posting the response — the response returns the client's credit,
+//!    so the buffer must be back first — on the queue the request came from.
+//!
+//! Requests that get no response (`EARLY_RSP` and `ACK | EARLY_RSP`, a handler that drops its
+//! request, a malformed message) return their credit with a credit grant (an ACK with
+//! `req_id_range` 0 carrying the count), sent at the end of the worker's pass or at once when a
+//! request is dropped on another thread.
+
+use crate::control::{self, ServerHello, CONTROL_VERSION};
+use crate::endpoint::{lock, Endpoint, Sizes};
+use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
+use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
+use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
+use crate::RpcError;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+const POLL_BATCH: usize = 16;
+
+/// A request handler. It owns the [`Request`]: reply before returning, or move it to another
+/// thread and reply there later. Dropping it without replying drops the request cleanly.
+pub type Handler<D> = Arc<dyn Fn(Request<D>) + Send + Sync + 'static>;
+
+/// The function table: function id → handler.
+pub struct Functions<D: Device + Clone> {
+    map: HashMap<u64, Handler<D>>,
+}
+
+impl<D: Device + Clone> Default for Functions<D> {
+    fn default() -> Self {
+        Functions { map: HashMap::new() }
+    }
+}
+
+impl<D: Device + Clone> std::fmt::Debug for Functions<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut ids: Vec<_> = self.map.keys().map(|&k| FunctionId::from_raw(k)).collect();
+        ids.sort_by_key(|id| id.as_ref().map(|i| i.raw()).unwrap_or(0));
+        f.debug_struct("Functions").field("ids", &ids).finish()
+    }
+}
+
+impl<D: Device + Clone> Functions<D> {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `handler` for `id` (replacing an earlier one).
+    pub fn register(
+        &mut self,
+        id: FunctionId,
+        handler: impl Fn(Request<D>) + Send + Sync + 'static,
+    ) -> &mut Self {
+        self.map.insert(id.raw(), Arc::new(handler));
+        self
+    }
+
+    fn get(&self, id: FunctionId) -> Option<&Handler<D>> {
+        self.map.get(&id.raw())
+    }
+}
+
+/// How a [`Server`] is set up.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The server's name; clients must name it to connect.
+    pub name: String,
+    /// Largest message in bytes, header included.
+    pub msg_size: usize,
+    /// Largest window (receive buffers per queue) granted to a client.
+    pub max_window: u32,
+    /// Most queues one client may ask for.
+    pub max_queues: usize,
+    /// Polling threads. 0: none; the application calls [`Server::poll`] (e.g. in tests that step
+    /// a simulated fabric by hand).
+    pub workers: usize,
+    /// Busy polling or event mode for the workers.
+    pub mode: PollMode,
+    /// CPUs to pin the workers to (empty: no pinning).
+    pub pin: Vec<usize>,
+    /// Limit for one client's handshake.
+    pub handshake_timeout: Duration,
+    /// Transport settings of the queues (depths are set from the window).
+    pub queue_config: QueueConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: String::new(),
+            msg_size: 4096,
+            max_window: 128,
+            max_queues: 64,
+            workers: 1,
+            mode: PollMode::Busy,
+            pin: Vec::new(),
+            handshake_timeout: Duration::from_secs(5),
+            queue_config: QueueConfig::default(),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Defaults, with this name.
+    pub fn new(name: impl Into<String>) -> Self {
+        ServerConfig { name: name.into(), ..Default::default() }
+    }
+}
+
+/// Counters of a server (all connections).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Connections accepted.
+    pub connections: u64,
+    /// Requests received.
+    pub requests: u64,
+    /// Responses sent.
+    pub responses: u64,
+    /// ACKs sent.
+    pub acks: u64,
+    /// Requests for unknown functions (answered FUNCTION_ERR).
+    pub unknown_functions: u64,
+    /// Requests that ended without a response (their credit went back in a grant).
+    pub dropped: u64,
+    /// Credit-grant messages sent.
+    pub grants: u64,
+    /// Malformed or nonsensical messages from clients, dropped.
+    pub protocol_errors: u64,
+    /// Replies that could not be sent (queue failed, connection closed, response too large).
+    pub failed_replies: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    requests: AtomicU64,
+    responses: AtomicU64,
+    acks: AtomicU64,
+    unknown_functions: AtomicU64,
+    dropped: AtomicU64,
+    grants: AtomicU64,
+    protocol_errors: AtomicU64,
+    failed_replies: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+thread_local! {
+    /// Set while a worker dispatches: grants are then sent once at the end of its pass.
+    static IN_DISPATCH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One client's connection on the server.
+pub(crate) struct Conn<D: Device + Clone> {
+    ep: Endpoint<D>,
+    channel_id: u32,
+    client_info: String,
+    client_msg: usize,
+    functions: Arc<Functions<D>>,
+    counters: Arc<Counters>,
+    grants: Box<[AtomicU32]>,
+    window: u32,
+    closed: AtomicBool,
+    control: Mutex<Option<TcpStream>>,
+}
+
+/// A request being handled. Read its arguments with [`Request::args`]; answer with
+/// [`Request::reply`] (or [`Request::reply_with`], [`Request::reply_status`]) on any thread.
+/// Dropped without a reply, it is dropped cleanly: its buffer is re-posted and its credit
+/// returned, and a client waiting for a response gets it only as a timeout.
+pub struct Request<D: Device + Clone> {
+    conn: Arc<Conn<D>>,
+    buf: u32,
+    queue: usize,
+    args: (u32, u32),
+    header: RequestHeader,
+    done: bool,
+}
+
+impl<D: Device + Clone> std::fmt::Debug for Request<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request")
+            .field("function", &self.header.function)
+            .field("req_id", &self.header.req_id)
+            .field("channel", &self.header.channel)
+            .field("args", &(self.args.1 as usize))
+            .finish()
+    }
+}
+
+impl<D: Device + Clone> Request<D> {
+    /// The function called.
+    pub fn function(&self) -> FunctionId {
+        self.header.function
+    }
+
+    /// The request id (unique among the client's outstanding calls).
+    pub fn req_id(&self) -> u32 {
+        self.header.req_id
+    }
+
+    /// The client's channel id.
+    pub fn channel_id(&self) -> u32 {
+        self.conn.channel_id
+    }
+
+    /// The info string the client sent when it connected.
+    pub fn client_info(&self) -> &str {
+        &self.conn.client_info
+    }
+
+    /// Whether the client waits for a response (`WAIT_RSP` and `ACK` modes). For the other
+    /// modes a reply sends nothing.
+    pub fn wants_response(&self) -> bool {
+        !self.header.no_response
+    }
+
+    /// Largest response data that fits the client's message size.
+    pub fn max_response(&self) -> usize {
+        self.conn.client_msg.min(self.conn.ep.msg_size) - ResponseHeader::LEN
+    }
+
+    /// The inline arguments, borrowed from the receive buffer (no copy).
+    pub fn args(&self) -> &[u8] {
+        let (off, len) = self.args;
+        // SAFETY: this request owns receive buffer `buf` until it is re-posted, which happens
+        // only when the request is consumed (reply or drop), after every borrow of `self` ends.
+        let bytes = unsafe { self.conn.ep.recv_bytes(self.buf, (off + len) as usize) };
+        &bytes[off as usize..]
+    }
+
+    /// Replies SUCCESS with `data`.
+    pub fn reply(self, data: &[u8]) -> Result<(), RpcError> {
+        self.reply_status(Status::Success, data)
+    }
+
+    /// Replies with `status` and `data`.
+    pub fn reply_status(self, status: Status, data: &[u8]) -> Result<(), RpcError> {
+        self.reply_with(status, |_, out| {
+            out.get_mut(..data.len()).map(|o| o.copy_from_slice(data)).map(|()| data.len()).ok_or(data.len())
+        })
+    }
+
+    /// Replies with `status` and data written by `fill(args, out)` straight into the send buffer
+    /// (no intermediate copy): `fill` returns the bytes written, or `Err(needed)` if `out` is too
+    /// small, which sends REMOTE_LEN_ERR instead and returns [`RpcError::TooLarge`].
+    pub fn reply_with(
+        mut self,
+        status: Status,
+        fill: impl FnOnce(&[u8], &mut [u8]) -> Result<usize, usize>,
+    ) -> Result<(), RpcError> {
+        self.done = true;
+        let conn = &self.conn;
+        if self.header.no_response {
+            conn.release(self.buf, true);
+            return Ok(());
+        }
+        let tx = match conn.acquire_tx() {
+            Ok(tx) => tx,
+            Err(e) => {
+                conn.release(self.buf, true);
+                bump(&conn.counters.failed_replies);
+                return Err(e);
+            }
+        };
+        let limit = self.max_response() + ResponseHeader::LEN;
+        // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
+        let out = unsafe { conn.ep.send_buf(tx) };
+        let out = &mut out[..limit];
+        let (header_bytes, body) = out.split_at_mut(ResponseHeader::LEN);
+        let (status, len, result) = match fill(self.args(), body) {
+            Ok(n) if n <= body.len() => (status, n, Ok(())),
+            Ok(n) | Err(n) => (
+                Status::RemoteLenErr,
+                0,
+                Err(RpcError::TooLarge { len: n + ResponseHeader::LEN, max: limit }),
+            ),
+        };
+        let header = ResponseHeader {
+            ack: false,
+            status,
+            req_id_range: wire::REQ_ID_RANGE_SINGLE,
+            req_id: self.header.req_id,
+            channel: conn.channel_id,
+            function_defined: self.header.function_defined,
+            total_size: (ResponseHeader::LEN + len) as u32,
+        };
+        if let Err(e) = header.encode(header_bytes) {
+            conn.release(self.buf, true);
+            conn.drop_tx(tx);
+            return Err(RpcError::InvalidArgument(format!("cannot encode the response: {e}")));
+        }
+        // The response returns the credit: the buffer must be posted again first.
+        conn.release(self.buf, false);
+        match conn.ep.post_send(self.queue, tx, ResponseHeader::LEN + len) {
+            Ok(()) => {
+                bump(&conn.counters.responses);
+                result
+            }
+            Err(e) => {
+                conn.drop_tx(tx);
+                bump(&conn.counters.failed_replies);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl<D: Device + Clone> Drop for Request<D> {
+    fn drop(&mut self) {
+        if !self.done {
+            bump(&self.conn.counters.dropped);
+            self.conn.release(self.buf, true);
+        }
+    }
+}
+
+impl<D: Device + Clone> Conn<D> {
+    /// Re-posts receive buffer `buf`; with `grant`, its credit goes back in a credit grant.
+    fn release(&self, buf: u32, grant: bool) {
+        self.ep.repost(buf);
+        if grant {
+            let q = self.ep.queue_of_buf(buf);
+            self.grants[q].fetch_add(1, Ordering::AcqRel);
+            if !IN_DISPATCH.with(Cell::get) {
+                self.flush_grants(q);
+            }
+        }
+    }
+
+    fn flush_grants(&self, q: usize) {
+        let n = self.grants[q].swap(0, Ordering::AcqRel);
+        if n == 0 {
+            return;
+        }
+        if self.send_small(q, |out| AckHeader::credit_grant(n, self.channel_id).encode(out)).is_ok() {
+            bump(&self.counters.grants);
+        } else if !self.closed.load(Ordering::Acquire) {
+            self.grants[q].fetch_add(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Sends a message built by `encode` on queue `q`.
+    fn send_small(
+        &self,
+        q: usize,
+        encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::WireError>,
+    ) -> Result<(), RpcError> {
+        let tx = self.acquire_tx()?;
+        // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
+        let out = unsafe { self.ep.send_buf(tx) };
+        let len = match encode(out) {
+            Ok(len) => len,
+            Err(e) => {
+                self.drop_tx(tx);
+                return Err(RpcError::InvalidArgument(e.to_string()));
+            }
+        };
+        self.ep.post_send(q, tx, len).inspect_err(|_| self.drop_tx(tx))
+    }
+
+    /// A send context; if all are in flight, collects send completions until one comes back.
+    fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(tx) = self.ep.tx.get(CallMode::EarlyRsp, 0) {
+                return Ok(tx);
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(RpcError::Closed);
+            }
+            if self.poll_send() == 0 {
+                self.ep.device.progress();
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+
+    /// Releases a context that was never posted.
+    fn drop_tx(&self, tx: TxHandle) {
+        let _ = self.ep.tx.claim_completion(tx);
+        let _ = self.ep.tx.fail(tx, FailReason::SendError);
+    }
+
+    fn poll_send(&self) -> usize {
+        let mut wc = [Completion::default(); POLL_BATCH];
+        let n = self.ep.poll_send(&mut wc);
+        for c in &wc[..n] {
+            let tx = TxHandle::from_u64(c.wr_id);
+            let _ = self.ep.tx.claim_completion(tx);
+            if c.status.is_ok() {
+                let _ = self.ep.tx.complete(tx, Event::SendCqe);
+            } else {
+                let reason = if c.status == hal::Status::Flushed {
+                    FailReason::Flushed
+                } else {
+                    FailReason::SendError
+                };
+                let _ = self.ep.tx.fail(tx, reason);
+                if let Some(q) = self.ep.queue_index(c.qpn) {
+                    self.ep.fail_queue(q);
+                }
+            }
+        }
+        n
+    }
+
+    fn protocol_error(&self, what: &dyn std::fmt::Display) {
+        let n = self.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        if n < 16 || n.is_power_of_two() {
+            eprintln!(
+                "bypass: dropped a malformed message on channel {} ({what}); {} so far",
+                self.channel_id,
+                n + 1
+            );
+        }
+    }
+
+    fn poll(self: &Arc<Self>) -> usize {
+        let mut wc = [Completion::default(); POLL_BATCH];
+        let n = self.ep.poll_recv(&mut wc);
+        if n > 0 {
+            IN_DISPATCH.with(|d| d.set(true));
+            for c in &wc[..n] {
+                self.on_recv(c);
+            }
+            IN_DISPATCH.with(|d| d.set(false));
+            for q in 0..self.grants.len() {
+                self.flush_grants(q);
+            }
+        }
+        n + self.poll_send()
+    }
+
+    fn on_recv(self: &Arc<Self>, c: &Completion) {
+        if !self.ep.is_buf(c.wr_id) {
+            return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
+        }
+        let buf = c.wr_id as u32;
+        let queue = self.ep.queue_of_buf(buf);
+        if !c.status.is_ok() {
+            self.ep.fail_queue(queue);
+            return;
+        }
+        // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
+        // `Request` built below) only after `bytes` is last used.
+        let bytes = unsafe { self.ep.recv_bytes(buf, c.byte_len as usize) };
+        let view = match wire::parse(bytes) {
+            Ok(Parsed::Request(v)) if v.header.channel == self.channel_id && v.header.arg_dma_count == 0 => v,
+            Ok(Parsed::Request(v)) if v.header.channel != self.channel_id => {
+                self.protocol_error(&format_args!("a request for channel {}", v.header.channel));
+                return self.release(buf, true);
+            }
+            Ok(Parsed::Request(_)) => {
+                self.protocol_error(&"a request with DMA descriptors (rendezvous is not supported yet)");
+                return self.release(buf, true);
+            }
+            Ok(other) => {
+                self.protocol_error(&format_args!("a {:?} sent to a server", other.msg_type()));
+                return self.release(buf, true);
+            }
+            Err(e) => {
+                self.protocol_error(&e);
+                return self.release(buf, true);
+            }
+        };
+        bump(&self.counters.requests);
+        let header = view.header;
+        if header.ack_requested {
+            let ack = AckHeader::new(header.req_id, self.channel_id);
+            if self.send_small(queue, |out| ack.encode(out)).is_ok() {
+                bump(&self.counters.acks);
+            }
+        }
+        let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
+        let request = Request { conn: self.clone(), buf, queue, args, header, done: false };
+        match self.functions.get(header.function) {
+            Some(handler) => handler(request),
+            None => {
+                bump(&self.counters.unknown_functions);
+                let _ = request.reply_status(Status::FunctionErr, &[]);
+            }
+        }
+    }
+
+    fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for q in 0..self.ep.queues.len() {
+            self.ep.fail_queue(q);
+        }
+        if let Some(s) = lock(&self.control).take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// `Pollable` for a connection (a worker holds `Arc<ConnHandle>`).
+struct ConnHandle<D: Device + Clone>(Arc<Conn<D>>);
+
+impl<D: Device + Clone> Pollable for ConnHandle<D> {
+    fn poll(&self) -> usize {
+        self.0.poll()
+    }
+
+    fn progress(&self) {
+        self.0.ep.device.progress();
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
+    fn arm(&self) -> bool {
+        let send = lock(&self.0.ep.send_cq).arm(hal::ArmMode::Any).is_ok();
+        let recv = lock(&self.0.ep.recv_cq).arm(hal::ArmMode::Any).is_ok();
+        send && recv
+    }
+
+    fn event_fds(&self, out: &mut Vec<RawFd>) {
+        out.push(lock(&self.0.ep.send_cq).event_fd());
+        out.push(lock(&self.0.ep.recv_cq).event_fd());
+    }
+
+    fn ack_events(&self) {
+        let _ = lock(&self.0.ep.send_cq).ack_events();
+        let _ = lock(&self.0.ep.recv_cq).ack_events();
+    }
+}
+
+struct ServerInner<D: Device + Clone> {
+    device: D,
+    config: ServerConfig,
+    functions: Arc<Functions<D>>,
+    conns: Mutex<Vec<Arc<Conn<D>>>>,
+    counters: Arc<Counters>,
+    next_channel: AtomicU32,
+    shutdown: AtomicBool,
+    addr: SocketAddr,
+    workers: Option<WorkerGroup>,
+}
+
+/// An RPC server on one device: listens on TCP for clients and serves their requests with the
+/// function table. Dropping it (or [`Server::shutdown`]) closes every connection.
+pub struct Server<D: Device + Clone> {
+    inner: Arc<ServerInner<D>>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl<D: Device + Clone> std::fmt::Debug for Server<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("name", &self.inner.config.name)
+            .field("addr", &self.inner.addr)
+            .finish()
+    }
+}
+
+impl<D: Device + Clone> Server<D> {
+    /// Binds `addr` (port 0 picks a free port; see [`Server::local_addr`]) and starts accepting
+    /// clients and serving `functions` on `device`.
+    pub fn bind(
+        device: &D,
+        addr: impl ToSocketAddrs,
+        config: ServerConfig,
+        functions: Functions<D>,
+    ) -> Result<Self, RpcError> {
+        if config.msg_size < 64 || config.max_window == 0 || config.max_queues == 0 {
+            return Err(RpcError::InvalidArgument(
+                "server config: msg_size >= 64, max_window >= 1 and max_queues >= 1".into(),
+            ));
+        }
+        let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
+        let local = listener.local_addr().map_err(control::ControlError::from)?;
+        let workers = if config.workers == 0 {
+            None
+        } else {
+            Some(
+                WorkerGroup::new(WorkerConfig {
+                    threads: config.workers,
+                    mode: config.mode,
+                    pin: config.pin.clone(),
+                    name: format!("bypass-{}", config.name),
+                })
+                .map_err(control::ControlError::from)?,
+            )
+        };
+        let inner = Arc::new(ServerInner {
+            device: device.clone(),
+            config,
+            functions: Arc::new(functions),
+            conns: Mutex::new(Vec::new()),
+            counters: Arc::new(Counters::default()),
+            next_channel: AtomicU32::new(1),
+            shutdown: AtomicBool::new(false),
+            addr: local,
+            workers,
+        });
+        let weak = Arc::downgrade(&inner);
+        let acceptor = std::thread::Builder::new()
+            .name("bypass-accept".into())
+            .spawn(move || accept_loop(listener, weak))
+            .map_err(control::ControlError::from)?;
+        Ok(Server { inner, acceptor: Some(acceptor) })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// Polls every connection once (for servers with `workers: 0`); returns completions handled.
+    pub fn poll(&self) -> usize {
+        let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).clone();
+        conns.iter().map(|c| c.poll()).sum()
+    }
+
+    /// Connections currently open.
+    pub fn connections(&self) -> usize {
+        lock(&self.inner.conns).iter().filter(|c| !c.closed.load(Ordering::Acquire)).count()
+    }
+
+    /// Send contexts in use over all open connections (0 when idle: nothing leaked).
+    pub fn tx_in_use(&self) -> usize {
+        lock(&self.inner.conns).iter().map(|c| c.ep.tx.in_use()).sum()
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.inner.counters;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ServerStats {
+            connections: l(&c.connections),
+            requests: l(&c.requests),
+            responses: l(&c.responses),
+            acks: l(&c.acks),
+            unknown_functions: l(&c.unknown_functions),
+            dropped: l(&c.dropped),
+            grants: l(&c.grants),
+            protocol_errors: l(&c.protocol_errors),
+            failed_replies: l(&c.failed_replies),
+        }
+    }
+
+    /// Closes every connection (clients' outstanding calls fail with connection-closed), stops
+    /// accepting and stops the workers.
+    pub fn shutdown(&mut self) {
+        if self.inner.shutdown.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the acceptor blocked in accept().
+        let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_secs(1));
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        for c in lock(&self.inner.conns).drain(..) {
+            c.close();
+        }
+    }
+}
+
+impl<D: Device + Clone> Drop for Server<D> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInner<D>>) {
+    for stream in listener.incoming() {
+        let Some(inner) = server.upgrade() else { return };
+        if inner.shutdown.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut stream) = stream else { continue };
+        let mut made: Option<Arc<Conn<D>>> = None;
+        let result =
+            control::accept(&mut stream, &inner.config.name, inner.config.handshake_timeout, |hello| {
+                let conn = inner.open(hello).map_err(|e| e.to_string())?;
+                let reply = ServerHello {
+                    version: CONTROL_VERSION,
+                    server_name: inner.config.name.clone(),
+                    channel_id: conn.channel_id,
+                    credits: conn.window,
+                    max_msg: conn.ep.msg_size as u32,
+                    queues: conn.ep.infos(),
+                };
+                made = Some(conn);
+                Ok(reply)
+            });
+        let Some(conn) = made else { continue };
+        if result.is_err() {
+            conn.close();
+            continue;
+        }
+        let Ok(monitor) = stream.try_clone() else {
+            conn.close();
+            continue;
+        };
+        *lock(&conn.control) = Some(stream);
+        bump(&inner.counters.connections);
+        {
+            let mut conns = lock(&inner.conns);
+            conns.retain(|c| !c.closed.load(Ordering::Acquire));
+            conns.push(conn.clone());
+        }
+        if let Some(w) = &inner.workers {
+            w.add(Arc::new(ConnHandle(conn.clone())));
+        }
+        let weak = Arc::downgrade(&conn);
+        let _ = std::thread::Builder::new().name(format!("bypass-conn{}-ctl", conn.channel_id)).spawn(
+            move || {
+                let mut s = monitor;
+                control::wait_closed(&mut s);
+                if let Some(c) = weak.upgrade() {
+                    c.close();
+                }
+            },
+        );
+    }
+}
+
+impl<D: Device + Clone> ServerInner<D> {
+    fn open(&self, hello: &control::ClientHello) -> Result<Arc<Conn<D>>, RpcError> {
+        let n = hello.queues.len();
+        if n == 0 || n > self.config.max_queues {
+            return Err(RpcError::InvalidArgument(format!(
+                "{n} queues asked for; this server allows 1..={}",
+                self.config.max_queues
+            )));
+        }
+        if hello.max_msg < 64 {
+            return Err(RpcError::InvalidArgument(format!("client message size {} < 64", hello.max_msg)));
+        }
+        let window = hello.window.clamp(1, self.config.max_window);
+        // Per queue the server sends at most one ACK and one response per outstanding request,
+        // plus credit grants: three windows of send contexts.
+        let sizes = Sizes {
+            queues: n,
+            send_depth: 3 * window,
+            recv_depth: window,
+            msg_size: self.config.msg_size,
+            queue_config: self.config.queue_config,
+        };
+        let ep = Endpoint::new(&self.device, sizes)?;
+        ep.connect(&hello.queues)?;
+        let channel_id = self.next_channel.fetch_add(1, Ordering::Relaxed) & wire::MAX_CHANNEL_ID;
+        Ok(Arc::new(Conn {
+            ep,
+            channel_id,
+            client_info: hello.client_info.clone(),
+            client_msg: hello.max_msg as usize,
+            functions: self.functions.clone(),
+            counters: self.counters.clone(),
+            grants: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            closed: AtomicBool::new(false),
+            control: Mutex::new(None),
+            window,
+        }))
+    }
+}
