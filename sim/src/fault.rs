@@ -8,7 +8,7 @@
 //! This path copies every payload once more (it must be able to deliver a packet twice or later)
 //! and is meant for tests, not benchmarks.
 
-use crate::packet::PacketHeader;
+use crate::packet::{PacketHeader, PacketKind};
 use crate::wire::{Transmit, Wire};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,17 +23,23 @@ pub struct FaultPlan {
     /// Packets held back and delivered after the next packet on the same link (or at the end of
     /// the sender's burst).
     pub reorder_ppm: u32,
+    /// Transport acknowledgements (ACK/NAK packets) lost, on top of `drop_ppm`. With 1,000,000 no
+    /// request is ever acknowledged: its data arrives and is answered, but its send completion
+    /// waits for a retransmission (a timeout) or a flush — how tests make a response overtake
+    /// the send completion of its own request.
+    pub ack_drop_ppm: u32,
     /// Seed of every link's generator.
     pub seed: u64,
 }
 
 impl FaultPlan {
     /// No faults: links are not wrapped at all.
-    pub const NONE: FaultPlan = FaultPlan { drop_ppm: 0, duplicate_ppm: 0, reorder_ppm: 0, seed: 0 };
+    pub const NONE: FaultPlan =
+        FaultPlan { drop_ppm: 0, duplicate_ppm: 0, reorder_ppm: 0, ack_drop_ppm: 0, seed: 0 };
 
     /// True if the plan does nothing.
     pub fn is_none(&self) -> bool {
-        self.drop_ppm == 0 && self.duplicate_ppm == 0 && self.reorder_ppm == 0
+        self.drop_ppm == 0 && self.duplicate_ppm == 0 && self.reorder_ppm == 0 && self.ack_drop_ppm == 0
     }
 }
 
@@ -140,7 +146,11 @@ impl Wire for FaultWire {
         let roll = st.roll();
         let (drop, dup, reorder) = (self.plan.drop_ppm, self.plan.duplicate_ppm, self.plan.reorder_ppm);
         st.buf.resize(hdr.payload_len as usize, 0);
-        if roll < drop {
+        if roll < drop
+            || (self.plan.ack_drop_ppm > 0
+                && hdr.kind == PacketKind::Ack
+                && st.roll() < self.plan.ack_drop_ppm)
+        {
             fill(&mut st.buf);
             self.counters.packets.fetch_add(1, Ordering::Relaxed);
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);

@@ -162,7 +162,8 @@ fn run(seed: u64, plan: FaultPlan) -> (NicStats, NicStats, FaultStats) {
 
 #[test]
 fn messages_survive_loss_duplication_and_reordering() {
-    let plan = FaultPlan { drop_ppm: 30_000, duplicate_ppm: 30_000, reorder_ppm: 30_000, seed: 0 };
+    let plan =
+        FaultPlan { drop_ppm: 30_000, duplicate_ppm: 30_000, reorder_ppm: 30_000, ack_drop_ppm: 0, seed: 0 };
     for seed in [1, 2, 3] {
         let (a, b, f) = run(seed, FaultPlan { seed, ..plan });
         assert!(f.dropped > 0 && f.duplicated > 0 && f.reordered > 0, "the plan did something: {f:?}");
@@ -178,7 +179,8 @@ fn messages_survive_loss_duplication_and_reordering() {
 
 #[test]
 fn a_faulty_run_replays_exactly_from_its_seeds() {
-    let plan = FaultPlan { drop_ppm: 50_000, duplicate_ppm: 20_000, reorder_ppm: 20_000, seed: 99 };
+    let plan =
+        FaultPlan { drop_ppm: 50_000, duplicate_ppm: 20_000, reorder_ppm: 20_000, ack_drop_ppm: 0, seed: 99 };
     assert_eq!(run(7, plan), run(7, plan));
 }
 

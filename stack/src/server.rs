@@ -707,28 +707,28 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
                     max_msg: conn.ep.msg_size as u32,
                     queues: conn.ep.infos(),
                 };
+                // Serve it before the client hears back: its first request may follow at once.
+                {
+                    let mut conns = lock(&inner.conns);
+                    conns.retain(|c| !c.closed.load(Ordering::Acquire));
+                    conns.push(conn.clone());
+                }
+                if let Some(w) = &inner.workers {
+                    w.add(Arc::new(ConnHandle(conn.clone())));
+                }
                 made = Some(conn);
                 Ok(reply)
             });
         let Some(conn) = made else { continue };
-        if result.is_err() {
-            conn.close();
-            continue;
-        }
-        let Ok(monitor) = stream.try_clone() else {
-            conn.close();
-            continue;
+        let monitor = match (result, stream.try_clone()) {
+            (Ok(_), Ok(monitor)) => monitor,
+            _ => {
+                conn.close();
+                continue;
+            }
         };
         *lock(&conn.control) = Some(stream);
         bump(&inner.counters.connections);
-        {
-            let mut conns = lock(&inner.conns);
-            conns.retain(|c| !c.closed.load(Ordering::Acquire));
-            conns.push(conn.clone());
-        }
-        if let Some(w) = &inner.workers {
-            w.add(Arc::new(ConnHandle(conn.clone())));
-        }
         let weak = Arc::downgrade(&conn);
         let _ = std::thread::Builder::new().name(format!("bypass-conn{}-ctl", conn.channel_id)).spawn(
             move || {
