@@ -13,6 +13,10 @@ use bypass_hal::*;
 use bypass_sim::{Engine, Fabric, SimCq, SimNic, SimQueue, SimRegion};
 use std::time::Instant;
 
+#[path = "common/bounce.rs"]
+mod bounce;
+use bounce::bounce;
+
 struct Opts {
     iters: u64,
     runs: usize,
@@ -173,32 +177,6 @@ fn echo(e: &mut End, iters: u64, flags: WrFlags) {
         wait_recv(e, &mut received);
         send_one(e, i, flags, i + 1 == iters);
     }
-}
-
-/// The machine's floor: one cache line bounced between two threads (an `AtomicU64` each side
-/// waits on). Two-thread figures on a shared VM move with it. Returns ns per round trip.
-fn bounce(iters: u64) -> f64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    let line = std::sync::Arc::new(AtomicU64::new(0));
-    let peer = line.clone();
-    let t = std::thread::spawn(move || {
-        for i in 0..iters {
-            while peer.load(Ordering::Acquire) != 2 * i + 1 {
-                std::hint::spin_loop();
-            }
-            peer.store(2 * i + 2, Ordering::Release);
-        }
-    });
-    let start = Instant::now();
-    for i in 0..iters {
-        line.store(2 * i + 1, Ordering::Release);
-        while line.load(Ordering::Acquire) != 2 * i + 2 {
-            std::hint::spin_loop();
-        }
-    }
-    let ns = start.elapsed().as_nanos() as f64 / iters as f64;
-    t.join().expect("bounce thread");
-    ns
 }
 
 /// Ping-pong with both ends driven by one thread: the software cost of a round trip with no

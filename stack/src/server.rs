@@ -389,9 +389,9 @@ impl<D: Device + Clone> Conn<D> {
                 return Err(RpcError::Closed);
             }
             if self.poll_send() == 0 {
-                self.ep.device.progress();
                 spins += 1;
                 if spins % 64 == 0 {
+                    self.ep.device.progress();
                     std::thread::yield_now();
                 }
             }

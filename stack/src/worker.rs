@@ -170,8 +170,10 @@ fn run(shared: &Shared, i: usize, mode: PollMode, cpu: Option<usize>) {
             continue;
         }
         idle += 1;
-        for t in &targets {
-            t.progress();
+        if idle % 64 == 0 {
+            for t in &targets {
+                t.progress();
+            }
         }
         if idle % 1024 == 0 {
             // Forget closed targets now and then.
