@@ -6,6 +6,7 @@
 //! cargo run --release -p bypass --example rpc_bench -- --test lat --size 1024 --mode ack
 //! options: --engine inline|threaded  --test all|lat|rate  --size N  --iters N  --runs N
 //!          --window N (rate: calls in flight)  --mode wait|ack|early|ackearly
+//!          --one-thread (the client thread also polls the server: software cost only)
 //! ```
 //!
 //! Latency: blocking calls, the client thread polls (self-polling). Rate: the client keeps
@@ -37,6 +38,7 @@ struct Opts {
     runs: usize,
     window: usize,
     mode: CallMode,
+    one_thread: bool,
 }
 
 fn parse() -> Result<Opts, String> {
@@ -48,6 +50,7 @@ fn parse() -> Result<Opts, String> {
         runs: 7,
         window: 32,
         mode: CallMode::WaitRsp,
+        one_thread: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -75,6 +78,7 @@ fn parse() -> Result<Opts, String> {
                     m => return Err(format!("unknown mode {m} (wait|ack|early|ackearly)")),
                 }
             }
+            "--one-thread" => o.one_thread = true,
             "-h" | "--help" => return Err("usage".into()),
             _ => return Err(format!("unknown option {a}")),
         }
@@ -91,7 +95,7 @@ struct Rig {
     channel: Channel<SimNic>,
 }
 
-fn rig(engine: Engine, window: usize, size: usize) -> Rig {
+fn rig(engine: Engine, window: usize, size: usize, one_thread: bool) -> Rig {
     let fabric = Fabric::new(engine);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let mut functions = Functions::new();
@@ -103,7 +107,8 @@ fn rig(engine: Engine, window: usize, size: usize) -> Rig {
         });
     });
     let msg_size = (size + 64).next_power_of_two().max(4096);
-    let server_config = ServerConfig { msg_size, ..ServerConfig::new("bench") };
+    let workers = if one_thread { 0 } else { 1 };
+    let server_config = ServerConfig { msg_size, workers, ..ServerConfig::new("bench") };
     let server = Server::bind(&snic, "127.0.0.1:0", server_config, functions).expect("server");
     let channel_config = ChannelConfig { window: window as u32, msg_size, ..ChannelConfig::new("bench") };
     let channel = Channel::connect(&cnic, server.local_addr(), channel_config).expect("channel");
@@ -116,13 +121,21 @@ fn latency(r: &Rig, o: &Opts, lat: &mut Vec<u64>) -> (f64, f64, f64) {
     let mut resp = Vec::new();
     let opts = CallOptions::mode(o.mode);
     for _ in 0..o.iters.min(10_000) {
-        r.channel.call_with(&opts, ECHO, &args, &mut resp).expect("warm-up call");
+        if o.one_thread {
+            one_thread_call(r, &opts, &args);
+        } else {
+            r.channel.call_with(&opts, ECHO, &args, &mut resp).expect("warm-up call");
+        }
     }
     lat.clear();
     let start = Instant::now();
     let mut t0 = start;
     for _ in 0..o.iters {
-        r.channel.call_with(&opts, ECHO, &args, &mut resp).expect("call");
+        if o.one_thread {
+            one_thread_call(r, &opts, &args);
+        } else {
+            r.channel.call_with(&opts, ECHO, &args, &mut resp).expect("call");
+        }
         let t1 = Instant::now();
         lat.push((t1 - t0).as_nanos() as u64);
         t0 = t1;
@@ -131,6 +144,23 @@ fn latency(r: &Rig, o: &Opts, lat: &mut Vec<u64>) -> (f64, f64, f64) {
     lat.sort_unstable();
     let pct = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize] as f64;
     (mean, pct(0.5), pct(0.99))
+}
+
+/// One call with the server polled by this thread too (`--one-thread`): the software cost of a
+/// round trip with no cache line crossing cores.
+fn one_thread_call(r: &Rig, opts: &CallOptions, args: &[u8]) {
+    static DONE: AtomicU64 = AtomicU64::new(0);
+    let before = DONE.load(Ordering::Relaxed);
+    r.channel
+        .call_callback(opts, ECHO, args, |res| {
+            res.expect("call");
+            DONE.fetch_add(1, Ordering::Relaxed);
+        })
+        .expect("call");
+    while DONE.load(Ordering::Relaxed) == before {
+        r.server.poll();
+        r.channel.poll();
+    }
 }
 
 /// Pipelined calls with callbacks; returns calls per second.
@@ -153,6 +183,9 @@ fn rate(r: &Rig, o: &Opts) -> f64 {
                     Err(e) if e.is_would_block() => break,
                     Err(e) => panic!("call: {e}"),
                 }
+            }
+            if o.one_thread {
+                r.server.poll();
             }
             r.channel.poll();
         }
@@ -177,18 +210,23 @@ fn main() {
             }
             eprintln!(
                 "usage: rpc_bench [--engine inline|threaded] [--test all|lat|rate] [--size N] [--iters N] \
-                 [--runs N] [--window N] [--mode wait|ack|early|ackearly]"
+                 [--runs N] [--window N] [--mode wait|ack|early|ackearly] [--one-thread]"
             );
             std::process::exit(2);
         }
     };
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     println!(
-        "bypass RPC on sim: engine {:?}, {} B args, mode {:?}, {} iterations x {} runs, {cpus} CPUs",
-        o.engine, o.size, o.mode, o.iters, o.runs
+        "bypass RPC on sim: engine {:?}, {} B args, mode {:?}, {} iterations x {} runs, {cpus} CPUs, {}",
+        o.engine,
+        o.size,
+        o.mode,
+        o.iters,
+        o.runs,
+        if o.one_thread { "client and server on one thread" } else { "one client thread, one server worker" }
     );
     println!("bare cache-line bounce between two threads: {:.3} us", bounce::bounce(1_000_000) / 1e3);
-    let r = rig(o.engine, o.window, o.size);
+    let r = rig(o.engine, o.window, o.size, o.one_thread);
     if o.size > r.channel.max_request_args() {
         eprintln!("rpc_bench: --size {} exceeds the message size", o.size);
         std::process::exit(2);

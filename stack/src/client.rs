@@ -19,7 +19,7 @@
 use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
 use crate::control::{self, ClientHello, CONTROL_VERSION};
 use crate::credits::Credits;
-use crate::endpoint::{lock, Endpoint, Sizes};
+use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
@@ -237,11 +237,13 @@ impl<D: Device + Clone> Channel<D> {
         // Send contexts: a request's context lives until its send completion, which may come
         // after its response has returned the credit, so allow two windows in flight. Receive
         // buffers: per outstanding request at most an ACK and a response, plus credit grants.
+        let repost_batch = MAX_REPOST_BATCH.min(config.window as usize);
         let sizes = Sizes {
             queues: config.queues,
             send_depth: 2 * config.window,
-            recv_depth: 4 * config.window,
+            recv_depth: 4 * config.window + repost_batch as u32,
             msg_size: config.msg_size,
+            repost_batch,
             queue_config: config.queue_config,
         };
         let ep = Endpoint::new(device, sizes)?;

@@ -22,7 +22,7 @@
 
 use crate::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
-    RecvWr, SendWr,
+    RecvWr, SendWr, Sge,
 };
 use crate::tx_ctx::{TxHandle, TxSlab};
 use crate::RpcError;
@@ -41,6 +41,17 @@ pub(crate) struct QueueSlot<Q> {
     pub(crate) qpn: u32,
     /// Cleared for good once the queue fails (an error completion, or a flush).
     pub(crate) ready: AtomicBool,
+    /// Receive buffers given back but not re-posted yet (see [`Endpoint::repost`]).
+    deferred: Mutex<Deferred>,
+}
+
+/// Most receive buffers re-posted with one doorbell.
+pub(crate) const MAX_REPOST_BATCH: usize = 16;
+
+#[derive(Default)]
+struct Deferred {
+    bufs: [u32; MAX_REPOST_BATCH],
+    len: usize,
 }
 
 /// Sizes of an endpoint.
@@ -50,6 +61,10 @@ pub(crate) struct Sizes {
     pub(crate) send_depth: u32,
     pub(crate) recv_depth: u32,
     pub(crate) msg_size: usize,
+    /// Receive buffers re-posted together (1..=[`MAX_REPOST_BATCH`]). The receive depth must
+    /// exceed what the peer may have outstanding by this much: up to `repost_batch - 1` buffers
+    /// wait to be re-posted at any time.
+    pub(crate) repost_batch: usize,
     pub(crate) queue_config: QueueConfig,
 }
 
@@ -63,6 +78,7 @@ pub(crate) struct Endpoint<D: Device> {
     recv_region: D::Region,
     pub(crate) msg_size: usize,
     recv_depth: u32,
+    repost_batch: usize,
 }
 
 impl<D: Device + Clone> Endpoint<D> {
@@ -92,7 +108,12 @@ impl<D: Device + Clone> Endpoint<D> {
         let mut queues = Vec::with_capacity(s.queues);
         for _ in 0..s.queues {
             let q = device.create_queue(&config, &send_cq, &recv_cq)?;
-            queues.push(QueueSlot { qpn: q.qpn(), q: Mutex::new(q), ready: AtomicBool::new(false) });
+            queues.push(QueueSlot {
+                qpn: q.qpn(),
+                q: Mutex::new(q),
+                ready: AtomicBool::new(false),
+                deferred: Mutex::default(),
+            });
         }
         let tx =
             TxSlab::new(tx_capacity).map_err(|e| RpcError::InvalidArgument(format!("send contexts: {e}")))?;
@@ -108,6 +129,7 @@ impl<D: Device + Clone> Endpoint<D> {
             recv_region,
             msg_size: s.msg_size,
             recv_depth: s.recv_depth,
+            repost_batch: s.repost_batch.clamp(1, MAX_REPOST_BATCH),
         })
     }
 
@@ -157,15 +179,39 @@ impl<D: Device + Clone> Endpoint<D> {
         Ok(())
     }
 
-    /// Gives receive buffer `buf` back to its queue. On a failed queue the buffer simply stays
-    /// with us (nothing will be received there any more).
+    /// Gives receive buffer `buf` back to its queue. Buffers are collected and re-posted
+    /// `repost_batch` at a time, with one doorbell (the receive depth has that much slack over
+    /// the peer's window, so the peer never finds the queue empty). On a failed queue the buffer
+    /// simply stays with us: nothing will be received there any more.
     pub(crate) fn repost(&self, buf: u32) {
         let slot = &self.queues[self.queue_of_buf(buf)];
         if !slot.ready.load(Ordering::Acquire) {
             return;
         }
-        let mut q = lock(&slot.q);
-        if self.post_recv_locked(&mut q, buf).is_err() {
+        let mut batch = [0u32; MAX_REPOST_BATCH];
+        let n = {
+            let mut d = lock(&slot.deferred);
+            let len = d.len;
+            d.bufs[len] = buf;
+            d.len += 1;
+            if d.len < self.repost_batch {
+                return;
+            }
+            batch[..d.len].copy_from_slice(&d.bufs[..d.len]);
+            std::mem::take(&mut d.len)
+        };
+        let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
+        for (sge, &b) in sges.iter_mut().zip(&batch[..n]) {
+            match self.recv_region.sge(b as usize * self.msg_size, self.msg_size) {
+                Ok(s) => *sge = s,
+                Err(_) => return slot.ready.store(false, Ordering::Release),
+            }
+        }
+        let wrs: [RecvWr<'_>; MAX_REPOST_BATCH] = std::array::from_fn(|i| RecvWr {
+            wr_id: u64::from(batch[i]),
+            sges: std::slice::from_ref(&sges[i]),
+        });
+        if lock(&slot.q).post_recv(&wrs[..n]).is_err() {
             slot.ready.store(false, Ordering::Release);
         }
     }

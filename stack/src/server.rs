@@ -16,7 +16,7 @@
 //! request is dropped on another thread.
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
-use crate::endpoint::{lock, Endpoint, Sizes};
+use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
@@ -757,11 +757,13 @@ impl<D: Device + Clone> ServerInner<D> {
         let window = hello.window.clamp(1, self.config.max_window);
         // Per queue the server sends at most one ACK and one response per outstanding request,
         // plus credit grants: three windows of send contexts.
+        let repost_batch = MAX_REPOST_BATCH.min(window as usize);
         let sizes = Sizes {
             queues: n,
             send_depth: 3 * window,
-            recv_depth: window,
+            recv_depth: window + repost_batch as u32,
             msg_size: self.config.msg_size,
+            repost_batch,
             queue_config: self.config.queue_config,
         };
         let ep = Endpoint::new(&self.device, sizes)?;
