@@ -193,7 +193,11 @@ fn flush_after_response_or_ack_releases_once_and_delivers_nothing() {
         assert_eq!(rig.channel.poll_send_completions(), 0, "{mode:?}: the transport ACK was lost");
         assert!(rig.channel.poll_responses() >= 1, "{mode:?}");
         let expect = if mode == CallMode::AckEarlyRsp { Got::Ok(vec![]) } else { Got::Ok(b"ping".to_vec()) };
-        assert_eq!(rig.outcomes(), std::slice::from_ref(&expect), "{mode:?}: completed by the peer's message");
+        assert_eq!(
+            rig.outcomes(),
+            std::slice::from_ref(&expect),
+            "{mode:?}: completed by the peer's message"
+        );
         assert_eq!(rig.tx_in_use(), 1, "{mode:?}: still waiting for the send completion");
         rig.channel.fail_queue(0).unwrap();
         rig.fabric.run_until_idle();
