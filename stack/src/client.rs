@@ -178,6 +178,8 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     closed: AtomicBool,
     next_scan: AtomicU64,
     polls: AtomicU32,
+    /// `Channel` handles alive (a worker group's reference does not count).
+    handles: AtomicUsize,
     config: ChannelConfig,
     counters: Counters,
     server_name: String,
@@ -193,7 +195,17 @@ pub struct Channel<D: Device + Clone> {
 
 impl<D: Device + Clone> Clone for Channel<D> {
     fn clone(&self) -> Self {
+        self.inner.handles.fetch_add(1, Ordering::Relaxed);
         Channel { inner: self.inner.clone() }
+    }
+}
+
+impl<D: Device + Clone> Drop for Channel<D> {
+    /// The last handle closes the channel, even if a worker group still polls it.
+    fn drop(&mut self) {
+        if self.inner.handles.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.close();
+        }
     }
 }
 
@@ -278,6 +290,7 @@ impl<D: Device + Clone> Channel<D> {
             closed: AtomicBool::new(false),
             next_scan: AtomicU64::new(NO_DEADLINE),
             polls: AtomicU32::new(0),
+            handles: AtomicUsize::new(1),
             counters: Counters::default(),
             server_name: server.server_name,
             control: Mutex::new(Some(stream)),

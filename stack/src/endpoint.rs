@@ -256,6 +256,22 @@ impl<D: Device + Clone> Endpoint<D> {
         Ok(())
     }
 
+    /// Posts several sends on queue `q` with one doorbell: `(context, length)` pairs, at most
+    /// [`MAX_REPOST_BATCH`]. All or nothing.
+    pub(crate) fn post_sends(&self, q: usize, items: &[(TxHandle, u32)]) -> Result<(), RpcError> {
+        let items = &items[..items.len().min(MAX_REPOST_BATCH)];
+        let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
+        for (sge, (tx, len)) in sges.iter_mut().zip(items) {
+            *sge = self.send_region.sge(tx.index as usize * self.msg_size, *len as usize)?;
+        }
+        let wrs: [SendWr<'_>; MAX_REPOST_BATCH] = std::array::from_fn(|i| {
+            let wr_id = items.get(i).map_or(0, |(tx, _)| tx.to_u64());
+            SendWr::send(wr_id, std::slice::from_ref(&sges[i]))
+        });
+        lock(&self.queues[q].q).post_send(&wrs[..items.len()])?;
+        Ok(())
+    }
+
     /// Polls the send CQ if no other thread is polling it.
     pub(crate) fn poll_send(&self, out: &mut [Completion]) -> usize {
         Self::poll_cq(&self.send_cq, out)

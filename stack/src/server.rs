@@ -165,8 +165,22 @@ fn bump(c: &AtomicU64) {
 }
 
 thread_local! {
-    /// Set while a worker dispatches: grants are then sent once at the end of its pass.
-    static IN_DISPATCH: Cell<bool> = const { Cell::new(false) };
+    /// The connection this thread's worker is dispatching (its address), 0 if none. While it is
+    /// set, that connection's ACKs, responses and credit grants are collected and posted at the
+    /// end of the worker's pass, one doorbell per queue instead of one per message.
+    static IN_DISPATCH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Sends collected during a worker pass.
+struct Outbox {
+    items: [(TxHandle, u32); MAX_REPOST_BATCH],
+    len: usize,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox { items: [(TxHandle::from_u64(0), 0); MAX_REPOST_BATCH], len: 0 }
+    }
 }
 
 /// One client's connection on the server.
@@ -178,6 +192,7 @@ pub(crate) struct Conn<D: Device + Clone> {
     functions: Arc<Functions<D>>,
     counters: Arc<Counters>,
     grants: Box<[AtomicU32]>,
+    outbox: Box<[Mutex<Outbox>]>,
     window: u32,
     closed: AtomicBool,
     control: Mutex<Option<TcpStream>>,
@@ -311,7 +326,7 @@ impl<D: Device + Clone> Request<D> {
         }
         // The response returns the credit: the buffer must be posted again first.
         conn.release(self.buf, false);
-        match conn.ep.post_send(self.queue, tx, ResponseHeader::LEN + len) {
+        match conn.send(self.queue, tx, ResponseHeader::LEN + len) {
             Ok(()) => {
                 bump(&conn.counters.responses);
                 result
@@ -341,7 +356,7 @@ impl<D: Device + Clone> Conn<D> {
         if grant {
             let q = self.ep.queue_of_buf(buf);
             self.grants[q].fetch_add(1, Ordering::AcqRel);
-            if !IN_DISPATCH.with(Cell::get) {
+            if !self.dispatching() {
                 self.flush_grants(q);
             }
         }
@@ -375,7 +390,43 @@ impl<D: Device + Clone> Conn<D> {
                 return Err(RpcError::InvalidArgument(e.to_string()));
             }
         };
-        self.ep.post_send(q, tx, len).inspect_err(|_| self.drop_tx(tx))
+        self.send(q, tx, len)
+    }
+
+    fn dispatching(&self) -> bool {
+        IN_DISPATCH.with(Cell::get) == self as *const Self as usize
+    }
+
+    /// Posts `tx` (its first `len` bytes) on queue `q`: at once, or at the end of the worker's
+    /// pass if this thread is dispatching this connection. On error the context is released.
+    fn send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
+        if !self.dispatching() {
+            return self.ep.post_send(q, tx, len).inspect_err(|_| self.drop_tx(tx));
+        }
+        let full = {
+            let mut out = lock(&self.outbox[q]);
+            let n = out.len;
+            out.items[n] = (tx, len as u32);
+            out.len += 1;
+            out.len == MAX_REPOST_BATCH
+        };
+        if full {
+            self.flush_outbox(q);
+        }
+        Ok(())
+    }
+
+    fn flush_outbox(&self, q: usize) {
+        let (items, n) = {
+            let mut out = lock(&self.outbox[q]);
+            (out.items, std::mem::take(&mut out.len))
+        };
+        if n > 0 && self.ep.post_sends(q, &items[..n]).is_err() {
+            for &(tx, _) in &items[..n] {
+                self.drop_tx(tx);
+                bump(&self.counters.failed_replies);
+            }
+        }
     }
 
     /// A send context; if all are in flight, collects send completions until one comes back.
@@ -442,14 +493,15 @@ impl<D: Device + Clone> Conn<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_recv(&mut wc);
         if n > 0 {
-            IN_DISPATCH.with(|d| d.set(true));
+            let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
             for c in &wc[..n] {
                 self.on_recv(c);
             }
-            IN_DISPATCH.with(|d| d.set(false));
             for q in 0..self.grants.len() {
                 self.flush_grants(q);
+                self.flush_outbox(q);
             }
+            IN_DISPATCH.with(|d| d.set(outer));
         }
         n + self.poll_send()
     }
@@ -777,6 +829,7 @@ impl<D: Device + Clone> ServerInner<D> {
             functions: self.functions.clone(),
             counters: self.counters.clone(),
             grants: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            outbox: (0..n).map(|_| Mutex::default()).collect(),
             closed: AtomicBool::new(false),
             control: Mutex::new(None),
             window,
