@@ -117,7 +117,7 @@ impl CallOptions {
 /// What a completed blocking call saw besides its response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CallInfo {
-    /// The server acknowledged the request before responding (ACK modes).
+    /// The server acknowledged the request (ACK modes; a response implies the ACK).
     pub acked: bool,
 }
 
@@ -268,8 +268,14 @@ impl<D: Device + Clone> Channel<D> {
             queues: ep.infos(),
         };
         let (stream, server) = control::connect(addr, &hello, config.connect_timeout)?;
+        if server.credits == 0 || (server.max_msg as usize) < 64 {
+            return Err(RpcError::InvalidArgument(format!(
+                "the server granted {} credits and a message size of {} bytes; need at least 1 and 64",
+                server.credits, server.max_msg
+            )));
+        }
         ep.connect(&server.queues)?;
-        let credits = server.credits.min(config.window).max(1);
+        let credits = server.credits.min(config.window);
         let table = ReqTable::new(config.table_size)
             .map_err(|e| RpcError::InvalidArgument(format!("request table: {e}")))?;
         let slots = (0..ep.tx.capacity())
@@ -282,7 +288,10 @@ impl<D: Device + Clone> Channel<D> {
         let monitor = stream.try_clone().map_err(control::ControlError::from)?;
         let inner = Arc::new(ChannelInner {
             table,
-            credits: (0..config.queues).map(|_| Credits::new(credits)).collect(),
+            credits: (0..config.queues)
+                .map(|_| Credits::with_limit(credits, credits))
+                .collect::<Result<_, _>>()
+                .map_err(|e| RpcError::InvalidArgument(e.to_string()))?,
             slots,
             channel_id: server.channel_id,
             max_request: config.msg_size.min(server.max_msg as usize),
@@ -709,6 +718,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         if self.ep.tx.claim_completion(h) == Ok(true) {
             if let Some(p) = self.take_pending(h) {
+                if mode.requires(Event::Ack) {
+                    p.sink.acked(); // the response implies the ACK, even if that is still on its way
+                }
                 let result = match r.header.status {
                     wire::Status::Success => Ok(r.data),
                     wire::Status::FunctionErr => Err(RpcError::FunctionNotFound(p.function)),
@@ -741,7 +753,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
             Ok(CallMode::AckEarlyRsp) => {
                 if self.table.complete(req_id) != Some(v) {
-                    return self.count_stale();
+                    return; // counted by the table
                 }
                 if self.ep.tx.claim_completion(h) == Ok(true) {
                     if let Some(p) = self.take_pending(h) {

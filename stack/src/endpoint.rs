@@ -98,8 +98,16 @@ impl<D: Device + Clone> Endpoint<D> {
         let cq_depth = |n: usize| u32::try_from(n + 1).unwrap_or(u32::MAX);
         let send_cq = device.create_cq(cq_depth(tx_capacity))?;
         let recv_cq = device.create_cq(cq_depth(recv_count))?;
+        // Every send context may end up on one queue, so each send ring holds all of them: a
+        // post then never finds its ring full (a context outlives its ring slot).
+        if tx_capacity > caps.max_queue_depth as usize {
+            return Err(RpcError::InvalidArgument(format!(
+                "{tx_capacity} send contexts exceed the device's queue depth {}: use fewer queues or a smaller window",
+                caps.max_queue_depth
+            )));
+        }
         let config = QueueConfig {
-            send_depth: s.send_depth,
+            send_depth: tx_capacity as u32,
             recv_depth: s.recv_depth,
             max_send_sge: 1,
             max_recv_sge: 1,

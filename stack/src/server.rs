@@ -1,10 +1,11 @@
 //! The server: a function table, per-client connections, and replying.
 //!
 //! A [`Server`] listens on TCP. Each client that connects gets a connection of its own: as many
-//! queue pairs as the client asked for, `window` receive buffers posted on each (the client's
-//! credits), and a 24-bit channel id. Workers poll the connections; for every request they
+//! queue pairs as the client asked for, `window` credits per queue (with `window` receive buffers
+//! posted on each, plus slack for batched re-posting), and a 24-bit channel id. Workers poll the
+//! connections; for every request they
 //!
-//! 1. send the standalone ACK at once if the client asked for one (ACK modes);
+//! 1. send the standalone ACK if the client asked for one (ACK modes), before the handler runs;
 //! 2. look the function up and run its handler with a [`Request`], or answer FUNCTION_ERR;
 //! 3. when the handler replies (at once, or later from another thread), re-post the request's
 //!    receive buffer **before** posting the response — the response returns the client's credit,
@@ -14,6 +15,10 @@
 //! request, a malformed message) return their credit with a credit grant (an ACK with
 //! `req_id_range` 0 carrying the count), sent at the end of the worker's pass or at once when a
 //! request is dropped on another thread.
+//!
+//! Messages made while a worker dispatches a connection (ACKs, inline replies, grants) are
+//! posted together at the end of the pass, one doorbell per queue; a reply from another thread
+//! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
@@ -137,7 +142,7 @@ pub struct ServerStats {
     pub acks: u64,
     /// Requests for unknown functions (answered FUNCTION_ERR).
     pub unknown_functions: u64,
-    /// Requests that ended without a response (their credit went back in a grant).
+    /// Requests a handler dropped without replying (their credit went back in a grant).
     pub dropped: u64,
     /// Credit-grant messages sent.
     pub grants: u64,
@@ -401,6 +406,9 @@ impl<D: Device + Clone> Conn<D> {
     /// pass if this thread is dispatching this connection. On error the context is released.
     fn send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
         if !self.dispatching() {
+            // What the worker collected for this queue (an ACK of this very request, perhaps)
+            // goes first.
+            self.flush_outbox(q);
             return self.ep.post_send(q, tx, len).inspect_err(|_| self.drop_tx(tx));
         }
         let full = {
@@ -471,7 +479,7 @@ impl<D: Device + Clone> Conn<D> {
                 };
                 let _ = self.ep.tx.fail(tx, reason);
                 if let Some(q) = self.ep.queue_index(c.qpn) {
-                    self.ep.fail_queue(q);
+                    self.queue_failed(q);
                 }
             }
         }
@@ -513,7 +521,7 @@ impl<D: Device + Clone> Conn<D> {
         let buf = c.wr_id as u32;
         let queue = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
-            self.ep.fail_queue(queue);
+            self.queue_failed(queue);
             return;
         }
         // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
@@ -554,6 +562,14 @@ impl<D: Device + Clone> Conn<D> {
                 bump(&self.counters.unknown_functions);
                 let _ = request.reply_status(Status::FunctionErr, &[]);
             }
+        }
+    }
+
+    /// A queue failed: with no queue left, the connection is closed (the client sees it close).
+    fn queue_failed(&self, q: usize) {
+        self.ep.fail_queue(q);
+        if self.ep.ready_queues() == 0 {
+            self.close();
         }
     }
 
