@@ -548,6 +548,35 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
     }
 
+    /// A send context. Contexts often wait only for send completions that are already in the
+    /// send CQ (a response can overtake its request's send completion), so an empty slab first
+    /// reaps them; with `wait_for_credit` it keeps reaping until one is free or the deadline.
+    fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxHandle, RpcError> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(h) = self.ep.tx.get(opts.mode, 0) {
+                return Ok(h);
+            }
+            if self.poll_send() > 0 {
+                continue;
+            }
+            if !opts.wait_for_credit {
+                return Err(RpcError::WouldBlock("every send context is in use"));
+            }
+            if self.closed.load(Ordering::Acquire) {
+                return Err(RpcError::Closed);
+            }
+            spins += 1;
+            if spins % 64 == 0 {
+                self.ep.device.progress();
+                if deadline != NO_DEADLINE && self.ep.device.now().as_nanos() as u64 >= deadline {
+                    return Err(RpcError::Timeout);
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
     fn start(
         &self,
         opts: &CallOptions,
@@ -565,9 +594,12 @@ impl<D: Device + Clone> ChannelInner<D> {
         let deadline = self.deadline_of(opts);
         let q = self.pick_queue(opts.queue)?;
         self.take_credit(q, opts, deadline)?;
-        let Some(h) = self.ep.tx.get(opts.mode, 0) else {
-            let _ = self.credits[q].give(1);
-            return Err(RpcError::WouldBlock("every send context is in use"));
+        let h = match self.take_tx(opts, deadline) {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = self.credits[q].give(1);
+                return Err(e);
+            }
         };
         let req_id = if opts.mode == CallMode::EarlyRsp {
             self.table.take_id()
