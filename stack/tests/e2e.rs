@@ -1446,8 +1446,8 @@ fn client_send_ring_full_stepped() {
 }
 
 /// Regression (fixed: `start()` now reaps send completions when the slab is empty). A
-/// request's send context is released only once its send completion has been reaped by a poll, and the simulated server NIC puts a response on the wire
-/// before the transport ACK of the request (device `run_all`: send steps, then the ACK queue), so
+/// request's send context is released only once its send completion has been reaped by a poll,
+/// and the simulated server NIC puts a response on the wire before the transport ACK of the request (device `run_all`: send steps, then the ACK queue), so
 /// a call normally completes and returns its credit before its send completion exists. Observed
 /// with several blocking callers on one channel: `tx_in_use` reaches `2 × window` (64) while
 /// `table_in_use` is 0 and every credit is back, the completions are sitting in the send CQ (one
