@@ -429,7 +429,12 @@ impl<D: Device + Clone> Conn<D> {
             let mut out = lock(&self.outbox[q]);
             (out.items, std::mem::take(&mut out.len))
         };
-        if n > 0 && self.ep.post_sends(q, &items[..n]).is_err() {
+        let posted = match n {
+            0 => return,
+            1 => self.ep.post_send(q, items[0].0, items[0].1 as usize),
+            _ => self.ep.post_sends(q, &items[..n]),
+        };
+        if posted.is_err() {
             for &(tx, _) in &items[..n] {
                 self.drop_tx(tx);
                 bump(&self.counters.failed_replies);
