@@ -5,7 +5,7 @@
 //! caller and a [`CallFuture`] share a [`Oneshot`] with the delivering thread; a callback is run
 //! on the delivering thread.
 //!
-//! A blocking caller reuses one `Oneshot` per thread (and the response `Vec` it swaps with the
+//! A blocking caller reuses a few `Oneshot`s per thread (and the response `Vec` it swaps with the
 //! caller's), so a steady loop of blocking calls allocates nothing.
 
 use crate::endpoint::lock;
@@ -127,26 +127,43 @@ impl Oneshot {
     }
 }
 
+/// Oneshots kept per thread for blocking calls. A delivering thread drops its reference just
+/// after the caller sees the outcome, so the one used last may still be shared when the next call
+/// starts; with a few in rotation the next call practically always finds a free one and a steady
+/// loop of blocking calls allocates nothing.
+const SHOTS_PER_THREAD: usize = 3;
+
 thread_local! {
-    static SHOT: RefCell<Option<Arc<Oneshot>>> = const { RefCell::new(None) };
+    static SHOTS: RefCell<Vec<Arc<Oneshot>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// A cleared `Oneshot` for a blocking call on this thread, reused from the previous call when
-/// no other thread still holds it.
+/// A cleared `Oneshot` for a blocking call on this thread, reused when no other thread still
+/// holds it.
 pub(crate) fn blocking_shot() -> Arc<Oneshot> {
-    let cached = SHOT.with(|s| s.borrow_mut().take());
-    match cached {
-        Some(shot) if Arc::strong_count(&shot) == 1 => {
-            shot.reset();
-            shot
+    SHOTS.with(|s| {
+        let mut shots = s.borrow_mut();
+        if shots.is_empty() {
+            shots.extend((0..SHOTS_PER_THREAD).map(|_| Arc::new(Oneshot::default())));
         }
-        _ => Arc::new(Oneshot::default()),
-    }
+        match shots.iter().position(|shot| Arc::strong_count(shot) == 1) {
+            Some(i) => {
+                let shot = shots.swap_remove(i);
+                shot.reset();
+                shot
+            }
+            None => Arc::new(Oneshot::default()),
+        }
+    })
 }
 
 /// Gives a blocking call's `Oneshot` back for the next call on this thread.
 pub(crate) fn recycle_shot(shot: Arc<Oneshot>) {
-    SHOT.with(|s| *s.borrow_mut() = Some(shot));
+    SHOTS.with(|s| {
+        let mut shots = s.borrow_mut();
+        if shots.len() < SHOTS_PER_THREAD {
+            shots.push(shot);
+        }
+    });
 }
 
 /// The pending result of [`Channel::call_future`](crate::Channel::call_future): a

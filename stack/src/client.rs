@@ -24,7 +24,7 @@ use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
-use crate::worker::Pollable;
+use crate::worker::{spawn_started, Pollable};
 use crate::RpcError;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -307,9 +307,7 @@ impl<D: Device + Clone> Channel<D> {
             ep,
         });
         let weak = Arc::downgrade(&inner);
-        std::thread::Builder::new()
-            .name(format!("bypass-ch{}-ctl", inner.channel_id))
-            .spawn(move || watch_control(monitor, weak))
+        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || watch_control(monitor, weak))
             .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }

@@ -25,7 +25,7 @@ use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
-use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
+use crate::worker::{spawn_started, PollMode, Pollable, WorkerConfig, WorkerGroup};
 use crate::RpcError;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -768,6 +768,10 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
             return;
         }
         let Ok(mut stream) = stream else { continue };
+        // Two more handles on the stream: one for the thread that watches it, one to shut it
+        // down when the connection closes.
+        let (Ok(watch), Ok(ctl)) = (stream.try_clone(), stream.try_clone()) else { continue };
+        let mut watch = Some(watch);
         let mut made: Option<Arc<Conn<D>>> = None;
         let result =
             control::accept(&mut stream, &inner.config.name, inner.config.handshake_timeout, |hello| {
@@ -780,7 +784,18 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
                     max_msg: conn.ep.msg_size as u32,
                     queues: conn.ep.infos(),
                 };
-                // Serve it before the client hears back: its first request may follow at once.
+                // Everything is in place before the client hears back: its first request may
+                // follow at once.
+                *lock(&conn.control) = Some(ctl);
+                let weak = Arc::downgrade(&conn);
+                let mut watch = watch.take().ok_or("internal: no stream to watch")?;
+                spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
+                    control::wait_closed(&mut watch);
+                    if let Some(c) = weak.upgrade() {
+                        c.close();
+                    }
+                })
+                .map_err(|e| format!("cannot start a thread: {e}"))?;
                 {
                     let mut conns = lock(&inner.conns);
                     conns.retain(|c| !c.closed.load(Ordering::Acquire));
@@ -793,25 +808,11 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
                 Ok(reply)
             });
         let Some(conn) = made else { continue };
-        let monitor = match (result, stream.try_clone()) {
-            (Ok(_), Ok(monitor)) => monitor,
-            _ => {
-                conn.close();
-                continue;
-            }
-        };
-        *lock(&conn.control) = Some(stream);
+        if result.is_err() {
+            conn.close();
+            continue;
+        }
         bump(&inner.counters.connections);
-        let weak = Arc::downgrade(&conn);
-        let _ = std::thread::Builder::new().name(format!("bypass-conn{}-ctl", conn.channel_id)).spawn(
-            move || {
-                let mut s = monitor;
-                control::wait_closed(&mut s);
-                if let Some(c) = weak.upgrade() {
-                    c.close();
-                }
-            },
-        );
     }
 }
 
