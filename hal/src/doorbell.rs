@@ -20,6 +20,12 @@ pub trait DoorbellRegister {
 /// the device's read of the new index), then the store of the producer index.
 #[inline]
 pub fn ring<R: DoorbellRegister + ?Sized>(register: &R, producer_index: u32) {
+    // loom only: the broken twin without the fence (`sync::mutation`).
+    #[cfg(loom)]
+    if crate::sync::mutation::active(crate::sync::mutation::Mutant::DoorbellNoFence) {
+        register.store(producer_index);
+        return;
+    }
     fence(Ordering::Release);
     register.store(producer_index);
 }
@@ -73,6 +79,11 @@ impl MemoryDoorbell {
     /// the acquire here, so entries written before the ring are visible after this load.
     #[inline]
     pub fn load_acquire(&self) -> u32 {
+        // loom only: the broken twin with a relaxed load (`sync::mutation`).
+        #[cfg(loom)]
+        if crate::sync::mutation::active(crate::sync::mutation::Mutant::DoorbellLoadRelaxed) {
+            return self.value.load(Ordering::Relaxed);
+        }
         self.value.load(Ordering::Acquire)
     }
 }

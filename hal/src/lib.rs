@@ -35,6 +35,11 @@ mod wr;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+/// loom only: the doorbell mutation switch for the broken-twin models in `loom-tests/`.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use sync::mutation;
+
 pub use completion::{ArmMode, Completion, CompletionQueue, CqOpcode, Status};
 pub use device::{Device, DeviceCaps};
 pub use error::{Error, Result};

@@ -9,3 +9,54 @@ pub(crate) use loom::sync::atomic::{fence, AtomicU32, Ordering};
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+/// Loom-only mutation switch: tells the doorbell code to commit one deliberate ordering bug, so
+/// the loom models in `loom-tests/` can show that they catch it (their "broken twins"). Compiled
+/// only with `--cfg loom`; normal builds have no such switch and no branches on it.
+///
+/// The switch is a process-wide std (not loom) atomic. Tests that set a mutant must hold a
+/// test-wide lock so that no other model runs meanwhile.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod mutation {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A deliberate bug the doorbell code commits while it is [`set`].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u32)]
+    pub enum Mutant {
+        /// [`ring`](crate::doorbell::ring) stores the producer index without the release fence.
+        DoorbellNoFence = 1,
+        /// [`MemoryDoorbell::load_acquire`](crate::doorbell::MemoryDoorbell::load_acquire) loads
+        /// the producer index `Relaxed`.
+        DoorbellLoadRelaxed = 2,
+    }
+
+    static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+    /// True while `m` is the active mutant.
+    #[inline]
+    pub fn active(m: Mutant) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == m as u32
+    }
+
+    /// Activates `m` until the returned guard is dropped. Panics if another mutant is active.
+    #[must_use = "the mutant is active only while the guard lives"]
+    pub fn set(m: Mutant) -> Guard {
+        let prev = ACTIVE.swap(m as u32, Ordering::SeqCst);
+        assert_eq!(prev, 0, "another hal mutant is active (hold the test lock)");
+        Guard { _private: () }
+    }
+
+    /// Resets the mutation switch when dropped (also while a failing model unwinds).
+    #[derive(Debug)]
+    pub struct Guard {
+        _private: (),
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            ACTIVE.store(0, Ordering::SeqCst);
+        }
+    }
+}

@@ -32,6 +32,15 @@ fn has_room(ring: &WorkRing, pi: u32, ci: &AtomicU32, wanted: usize, side: &'sta
     Ok(wanted > 0)
 }
 
+/// Most completions one `poll` returns (the ring slots they free are remembered on the stack).
+const POLL_FREES: usize = 64;
+
+/// loom only: the driver's room check, for the ring models (`crate::loom_api`).
+#[cfg(loom)]
+pub(crate) fn has_room_for_loom(ring: &WorkRing, pi: u32, ci: &AtomicU32, wanted: usize) -> Result<bool> {
+    has_room(ring, pi, ci, wanted, "send")
+}
+
 /// Bytes of a WQE the driver must write: its header and SGEs (or inline payload), in blocks.
 fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
     let data = if flags.contains(WrFlags::INLINE) {
@@ -322,17 +331,22 @@ impl CompletionQueue for SimCq {
                 }
             }
         }
+        // Work-ring slots are freed only after the CQ slots are given back: a poster on another
+        // thread may reuse a freed ring slot at once, and its completion must find room in the
+        // CQ (found by the loom ring model `split_poster_and_poller`).
+        let mut frees = [(usize::MAX, false, 0u32); POLL_FREES];
         let mut n = 0;
-        while n < out.len() {
+        while n < out.len().min(POLL_FREES) {
             // SAFETY: `&mut self` makes this handle the ring's only consumer.
             let Some(cqe) = (unsafe { self.shared.ring.read(self.ci) }) else { break };
             let recv = cqe.flags & cqe_flags::RECV != 0;
             let wr_id = match self.queue(cqe.qpn) {
                 Some(q) => {
-                    let (ids, ci) = if recv { (&q.rq_ids, &q.rq_ci) } else { (&q.sq_ids, &q.sq_ci) };
-                    // SAFETY: we are the poller and have just read this slot's completion.
+                    let ids = if recv { &q.rq_ids } else { &q.sq_ids };
+                    // SAFETY: we are the poller and have just read this slot's completion; the
+                    // slot is not freed (so not reused) before the end of this poll.
                     let id = unsafe { ids.get(cqe.wqe_index) };
-                    ci.store(cqe.wqe_index.wrapping_add(1), Ordering::Release);
+                    frees[n] = (self.last, recv, cqe.wqe_index.wrapping_add(1));
                     id
                 }
                 None => 0,
@@ -351,6 +365,12 @@ impl CompletionQueue for SimCq {
         if n > 0 {
             self.idle = 0;
             self.shared.ring.release(self.ci);
+            for &(qi, recv, next) in &frees[..n] {
+                if let Some(q) = self.queues.get(qi) {
+                    let ci = if recv { &q.rq_ci } else { &q.sq_ci };
+                    ci.store(next, Ordering::Release);
+                }
+            }
         } else {
             if self.shared.overflow.load(Ordering::Acquire) {
                 return Err(Error::CqOverflow { depth: self.depth() });

@@ -57,6 +57,192 @@ mod shared;
 mod sync;
 pub mod wire;
 
+/// loom only: the ring code of the driver and the device, for the models in `loom-tests/` (built
+/// with `RUSTFLAGS="--cfg loom"`). Thin wrappers over crate-internal types, not an API: each method
+/// is one step the real driver or device takes, forwarded to the code that takes it.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_api {
+    use crate::eventfd::EventFd;
+    use crate::layout::{self, Cqe, Wqe, WqeFault};
+    use crate::ring::{CqRing, WorkRing};
+    use crate::shared::{armed, state_to_u8, CqShared, QueueShared, SideTable};
+    use crate::sync::{AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
+    use bypass_hal::{QueueConfig, QueueState, Sge};
+    use std::sync::Arc;
+
+    pub use crate::sync::mutation;
+
+    /// A READY queue's send side as the driver and the device share it (`QueueShared`): the send
+    /// ring with its doorbell, the `wr_id` side table, and the consumer index the poller publishes.
+    #[derive(Debug)]
+    pub struct SendQueue(QueueShared);
+
+    impl SendQueue {
+        /// A send ring of `depth` (a power of two) WQEs, strided for `max_send_sge` SGEs, as
+        /// `SimNic::create_queue` builds it.
+        pub fn new(depth: u32, max_send_sge: u32) -> Self {
+            let config = QueueConfig {
+                send_depth: depth,
+                recv_depth: 1,
+                max_send_sge,
+                max_recv_sge: 1,
+                max_inline: 0,
+                ..QueueConfig::default()
+            };
+            SendQueue(QueueShared {
+                nic: 0,
+                qpn: 0,
+                config,
+                sq: WorkRing::new(depth, layout::wqe_stride(max_send_sge, 0)),
+                rq: WorkRing::new(1, layout::wqe_stride(1, 0)),
+                sq_ids: SideTable::new(depth),
+                rq_ids: SideTable::new(1),
+                sq_ci: AtomicU32::new(0),
+                rq_ci: AtomicU32::new(0),
+                state: AtomicU8::new(state_to_u8(QueueState::Ready)),
+                psn: AtomicU32::new(0),
+            })
+        }
+
+        /// Number of send slots.
+        pub fn depth(&self) -> u32 {
+            self.0.sq.depth()
+        }
+
+        /// Bytes per WQE.
+        pub fn stride(&self) -> usize {
+            self.0.sq.stride()
+        }
+
+        /// Driver: the owner byte of the WQE at `index`.
+        pub fn owner(&self, index: u32) -> u8 {
+            self.0.sq.owner(index)
+        }
+
+        /// Driver (`post_send`): room for `wanted` WQEs at producer index `pi`?
+        pub fn has_room(&self, pi: u32, wanted: usize) -> bypass_hal::Result<bool> {
+            crate::driver::has_room_for_loom(&self.0.sq, pi, &self.0.sq_ci, wanted)
+        }
+
+        /// Driver (`post_send`): records `wr_id` in the side table and copies `wqe` into the slot of
+        /// `index`.
+        ///
+        /// # Safety
+        /// As for `post_send`: the caller is the only poster and `has_room` said the slot is free.
+        pub unsafe fn post(&self, index: u32, wr_id: u64, wqe: &[u8]) {
+            // SAFETY: forwarded contract (the same two calls as `post_send`).
+            unsafe {
+                self.0.sq_ids.set(index, wr_id);
+                self.0.sq.write(index, wqe);
+            }
+        }
+
+        /// Driver (`post_send`): rings the doorbell with producer index `pi`.
+        pub fn ring_doorbell(&self, pi: u32) {
+            self.0.sq.ring_doorbell(pi);
+        }
+
+        /// Driver (`poll`): the `wr_id` of the WQE at `index`.
+        ///
+        /// # Safety
+        /// The caller is the poller and has just read the completion of `index`.
+        pub unsafe fn wr_id(&self, index: u32) -> u64 {
+            // SAFETY: forwarded contract.
+            unsafe { self.0.sq_ids.get(index) }
+        }
+
+        /// Driver (`poll`): the completion of `index` frees every send slot up to it (the store
+        /// `SimCq::poll` makes).
+        pub fn completed(&self, index: u32) {
+            self.0.sq_ci.store(index.wrapping_add(1), Ordering::Release);
+        }
+
+        /// Device: the producer index last rung (acquire).
+        pub fn producer(&self) -> u32 {
+            self.0.sq.producer()
+        }
+
+        /// Device (`send_step`): fetches and decodes the WQE at `index` (owner and index checked).
+        ///
+        /// # Safety
+        /// `index` is below a producer index read with `producer` and not yet completed.
+        pub unsafe fn fetch(&self, index: u32) -> Result<Wqe, WqeFault> {
+            crate::device::qp::fetch_for_loom(&self.0.sq, index)
+        }
+
+        /// Device (validate, emit): re-reads SGE `i` of the WQE at `index` from the ring.
+        ///
+        /// # Safety
+        /// As for [`fetch`](Self::fetch).
+        pub unsafe fn sge(&self, index: u32, i: usize) -> Sge {
+            // SAFETY: forwarded contract.
+            unsafe { self.0.sq.sge(index, i) }
+        }
+    }
+
+    /// A completion queue as the driver and the device share it (`CqShared`).
+    #[derive(Debug)]
+    pub struct Cq(CqShared);
+
+    impl Cq {
+        /// A CQ of `depth` (a power of two) entries, as `SimNic::create_cq` builds it.
+        pub fn new(depth: u32) -> Self {
+            Cq(CqShared {
+                ring: CqRing::new(depth),
+                pi: AtomicU32::new(0),
+                armed: AtomicU8::new(armed::NO),
+                event: EventFd::new().expect("eventfd"),
+                overflow: AtomicBool::new(false),
+                attach: Mutex::new(Vec::new()),
+                attach_pending: AtomicBool::new(false),
+                nic_armed: Arc::new(AtomicU32::new(0)),
+            })
+        }
+
+        /// Number of entries.
+        pub fn depth(&self) -> u32 {
+            self.0.ring.depth()
+        }
+
+        /// Device: appends a CQE, or drops it and sets the overflow flag if the ring is full.
+        ///
+        /// # Safety
+        /// The caller is the CQ's only producer (the device lock makes the device that).
+        pub unsafe fn push(&self, cqe: &Cqe) {
+            self.0.push(cqe);
+        }
+
+        /// Driver (`poll`): whether the device has dropped a CQE.
+        pub fn overflowed(&self) -> bool {
+            self.0.overflow.load(Ordering::Acquire)
+        }
+
+        /// Device, ring level: writes `cqe` at producer index `pi` unless the ring is full.
+        ///
+        /// # Safety
+        /// The caller is the ring's only producer.
+        pub unsafe fn write(&self, pi: u32, cqe: &Cqe) -> bool {
+            // SAFETY: forwarded contract.
+            unsafe { self.0.ring.write(pi, cqe) }
+        }
+
+        /// Driver (`poll`): the CQE at consumer index `ci`, if written (owner bit, acquire).
+        ///
+        /// # Safety
+        /// The caller is the ring's only consumer.
+        pub unsafe fn read(&self, ci: u32) -> Option<Cqe> {
+            // SAFETY: forwarded contract.
+            unsafe { self.0.ring.read(ci) }
+        }
+
+        /// Driver (`poll`): publishes the consumer index (the CI record).
+        pub fn release(&self, ci: u32) {
+            self.0.ring.release(ci);
+        }
+    }
+}
+
 pub use device::NicStats;
 pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
 pub use fabric::{Engine, Fabric, FabricConfig};

@@ -13,6 +13,8 @@
 //! device knows a slot is free to overwrite.
 
 use crate::layout::{self, Cqe, BLOCK};
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU32, Ordering, UnsafeCell};
 use bypass_hal::doorbell::{self, MemoryDoorbell};
 
@@ -175,14 +177,35 @@ impl CqRing {
     /// The caller is the ring's only producer (it holds the device lock).
     pub(crate) unsafe fn write(&self, pi: u32, cqe: &Cqe) -> bool {
         if pi.wrapping_sub(self.ci_record.load(Ordering::Acquire)) >= self.depth() {
+            // loom only: the broken twin that overwrites unconsumed entries (`sync::mutation`).
+            #[cfg(loom)]
+            if !mutation::active(Mutant::CqFullCheckSkipped) {
+                return false;
+            }
+            #[cfg(not(loom))]
             return false;
         }
         let slot = self.slot(pi);
+        // loom only: the broken twin that publishes the head word first (`sync::mutation`).
+        #[cfg(loom)]
+        if mutation::active(Mutant::CqeHeadBeforeBody) {
+            slot.head.store(layout::cqe_head(cqe) | self.owner_for(pi), Ordering::Release);
+        }
         let mut body = [0u8; 60];
         layout::encode_cqe_body(cqe, &mut body);
         // SAFETY: the driver released this slot (ci_record > pi - depth, acquired above) and reads
         // a body only after seeing this pass's owner bit, which we store below, after the body.
         slot.body.with_mut(|b| unsafe { *b = body });
+        // loom only: broken twins (`sync::mutation`): head already stored, or stored relaxed.
+        #[cfg(loom)]
+        if mutation::active(Mutant::CqeHeadBeforeBody) {
+            return true;
+        }
+        #[cfg(loom)]
+        if mutation::active(Mutant::CqeHeadRelaxed) {
+            slot.head.store(layout::cqe_head(cqe) | self.owner_for(pi), Ordering::Relaxed);
+            return true;
+        }
         slot.head.store(layout::cqe_head(cqe) | self.owner_for(pi), Ordering::Release);
         true
     }
@@ -205,6 +228,12 @@ impl CqRing {
 
     /// Driver side: tells the device every entry below `ci` is consumed.
     pub(crate) fn release(&self, ci: u32) {
+        // loom only: the broken twin with a relaxed store (`sync::mutation`).
+        #[cfg(loom)]
+        if mutation::active(Mutant::CiRecordRelaxed) {
+            self.ci_record.store(ci, Ordering::Relaxed);
+            return;
+        }
         self.ci_record.store(ci, Ordering::Release);
     }
 }

@@ -68,3 +68,57 @@ pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
         m.try_lock().ok()
     }
 }
+
+/// Loom-only mutation switch: tells the ring code to commit one deliberate ordering bug, so each
+/// loom model in `loom-tests/` can show that it catches that bug (its "broken twin"). Compiled only
+/// with `--cfg loom`; normal builds have no such switch and no branches on it.
+///
+/// The switch is a process-wide std (not loom) atomic, read at the hooks in `ring.rs`. Tests that
+/// set a mutant must hold a test-wide lock so that no other model runs meanwhile.
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod mutation {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A deliberate bug the ring code commits while it is [`set`].
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    #[repr(u32)]
+    pub enum Mutant {
+        /// `CqRing::write` stores the CQE head word (with the owner bit) `Relaxed`, not `Release`.
+        CqeHeadRelaxed = 1,
+        /// `CqRing::write` stores the head word before the body.
+        CqeHeadBeforeBody = 2,
+        /// `CqRing::release` publishes the driver's consumer index `Relaxed`, not `Release`.
+        CiRecordRelaxed = 3,
+        /// `CqRing::write` ignores the CI record and overwrites entries the driver has not consumed.
+        CqFullCheckSkipped = 4,
+    }
+
+    static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+    /// True while `m` is the active mutant.
+    #[inline]
+    pub fn active(m: Mutant) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == m as u32
+    }
+
+    /// Activates `m` until the returned guard is dropped. Panics if another mutant is active.
+    #[must_use = "the mutant is active only while the guard lives"]
+    pub fn set(m: Mutant) -> Guard {
+        let prev = ACTIVE.swap(m as u32, Ordering::SeqCst);
+        assert_eq!(prev, 0, "another sim mutant is active (hold the test lock)");
+        Guard { _private: () }
+    }
+
+    /// Resets the mutation switch when dropped (also while a failing model unwinds).
+    #[derive(Debug)]
+    pub struct Guard {
+        _private: (),
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            ACTIVE.store(0, Ordering::SeqCst);
+        }
+    }
+}

@@ -868,6 +868,12 @@ fn fetch(ring: &WorkRing, idx: u32) -> Result<Wqe, layout::WqeFault> {
     Ok(w)
 }
 
+/// loom only: the device's WQE fetch, for the ring models (`crate::loom_api`).
+#[cfg(loom)]
+pub(crate) fn fetch_for_loom(ring: &WorkRing, idx: u32) -> Result<Wqe, layout::WqeFault> {
+    fetch(ring, idx)
+}
+
 /// Copies scattered host ranges into one wire buffer.
 fn gather(segs: &[(*mut u8, usize)], buf: &mut [u8]) {
     let mut pos = 0;
