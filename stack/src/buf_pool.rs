@@ -49,6 +49,8 @@ use std::mem::ManuallyDrop;
 use bypass_hal::{MemoryRegion, Sge};
 
 use crate::free_list::FreeList;
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU64, Ordering};
 
 /// Most buffers one pool holds (16 Mi).
@@ -223,6 +225,15 @@ impl<R: MemoryRegion> BufPool<R> {
         let Some(slot) = self.slots.get(token.index as usize) else {
             return Err(PoolError::InvalidToken { token, capacity: self.capacity() });
         };
+        // MUTANT (loom twin only, see `sync::mutation`): check with a load, then store HELD.
+        #[cfg(loom)]
+        if mutation::enabled(Mutant::BufFromTokenLoadStore) {
+            if slot.load(Ordering::Acquire) != pack(token.generation, POSTED) {
+                return Err(PoolError::StaleToken { token });
+            }
+            slot.store(pack(token.generation, HELD), Ordering::Relaxed);
+            return Ok(Buf { pool: self, index: token.index, generation: token.generation });
+        }
         // Acquire: pairs with `into_token`'s release, so the recovering thread sees what the
         // poster wrote.
         match slot.compare_exchange(

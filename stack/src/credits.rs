@@ -56,6 +56,8 @@ use loom::sync::Condvar;
 #[cfg(not(loom))]
 use std::sync::Condvar;
 
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{spin_loop_hint, AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// The `available` half of the word.
@@ -218,6 +220,12 @@ impl Credits {
             if available < n {
                 return Err(CreditError::WouldBlock { available, wanted: n });
             }
+            // MUTANT (loom twin only, see `sync::mutation`): store instead of compare-exchange.
+            #[cfg(loom)]
+            if mutation::enabled(Mutant::CreditsTakeLoadStore) {
+                self.word.store(cur - u64::from(n), Ordering::Release);
+                return Ok(());
+            }
             // available >= n, so the subtraction stays inside the low half.
             match self.word.compare_exchange(cur, cur - u64::from(n), Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
@@ -244,6 +252,11 @@ impl Credits {
             let new = (cur & !AVAILABLE) | u64::from(sum);
             match self.word.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => {
+                    // MUTANT (loom twin only, see `sync::mutation`): never wake (lost wakeup).
+                    #[cfg(loom)]
+                    if mutation::enabled(Mutant::CreditsGiveNoWake) {
+                        return Ok(());
+                    }
                     // `cur` is exactly the word this give replaced: if no waiter was registered
                     // in it, any later registration sees these credits (same word), so there is
                     // nobody to wake.

@@ -31,6 +31,8 @@
 //! Everything goes through the crate-internal `sync` shim, so loom models of the pools check this
 //! code too.
 
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// List terminator, in the head word and in `next`.
@@ -104,6 +106,9 @@ impl FreeList {
             // of indexing keeps this panic-free: the head only ever holds indices below capacity.
             let next = self.next.get(index as usize)?.load(Ordering::Relaxed);
             let new = pack(tag_of(head).wrapping_add(1), next);
+            // MUTANT (loom twin only, see `sync::mutation`): keep the tag, so ABA goes unnoticed.
+            #[cfg(loom)]
+            let new = if mutation::enabled(Mutant::FreeListNoTag) { pack(tag_of(head), next) } else { new };
             match self.head.compare_exchange(head, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     self.len.fetch_sub(1, Ordering::Relaxed);
@@ -124,6 +129,9 @@ impl FreeList {
         loop {
             link.store(index_of(head), Ordering::Relaxed);
             let new = pack(tag_of(head).wrapping_add(1), index);
+            // MUTANT (loom twin only, see `sync::mutation`): keep the tag, so ABA goes unnoticed.
+            #[cfg(loom)]
+            let new = if mutation::enabled(Mutant::FreeListNoTag) { pack(tag_of(head), index) } else { new };
             // Release: publishes `link` and the caller's writes to the thread that pops `index`.
             match self.head.compare_exchange(head, new, Ordering::Release, Ordering::Relaxed) {
                 Ok(_) => return,

@@ -96,5 +96,9 @@ pub mod wire;
 mod free_list;
 mod handle;
 mod sync;
+/// Loom-only mutation switch for the broken twins in `loom-tests`; absent from normal builds.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use sync::mutation;
 #[cfg(test)]
 mod test_rng;

@@ -47,6 +47,8 @@
 //! No locks and no allocation after [`ReqTable::new`]; everything goes through
 //! the crate-internal `sync` shim, so the loom models in `loom-tests` check this code.
 
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 /// URPC's default table size.
@@ -298,6 +300,11 @@ impl ReqTable {
             return None;
         }
         let value = slot.value.load(Ordering::Relaxed);
+        // MUTANT (loom twin only, see `sync::mutation`): no re-check after reading the value.
+        #[cfg(loom)]
+        if mutation::enabled(Mutant::ReqPeekNoRecheck) {
+            return Some(value);
+        }
         // Seqlock check: if the slot was taken and reallocated meanwhile, the value may be the
         // next request's; the acquire fence pairs with `allocate`'s release fence, so seeing the
         // new value implies seeing the state change below.
@@ -337,6 +344,19 @@ impl ReqTable {
         let slot = self.slots.get((req_id & self.mask) as usize).ok_or(Miss::Stale)?;
         // Acquire: see the value stored before BUSY(req_id) was published.
         let mut cur = slot.state.load(Ordering::Acquire);
+        // MUTANT (loom twin only, see `sync::mutation`): `complete` takes whatever request the
+        // slot holds (no id check) and frees it with a plain store.
+        #[cfg(loom)]
+        if done == COMPLETED && mutation::enabled(Mutant::ReqCompleteNoIdCheck) {
+            let (id, state) = unpack(cur);
+            if state != BUSY {
+                return Err(Miss::Stale);
+            }
+            let value = slot.value.load(Ordering::Relaxed);
+            slot.state.store(pack(id, COMPLETED), Ordering::Release);
+            self.outstanding.fetch_sub(1, Ordering::Relaxed);
+            return Ok(value);
+        }
         loop {
             let (id, state) = unpack(cur);
             if id != req_id {

@@ -69,3 +69,73 @@ pub(crate) fn spin_loop_hint() {
     #[cfg(not(loom))]
     std::hint::spin_loop();
 }
+
+/// Loom-only mutation switch: lets `loom-tests` run a *broken twin* of each model against this
+/// crate's real code, to show that the model can fail.
+///
+/// Each [`Mutant`] names one deliberately wrong variant of one step (a load-then-store instead of
+/// a compare-exchange, a missing id check, …). The production code checks [`enabled`] only inside
+/// `#[cfg(loom)]` blocks marked `MUTANT`; in a normal build this module and every such branch do
+/// not exist. The switch is a plain `std` atomic, not loom's: it is set before a model starts and
+/// read-only while it runs, so loom must not treat it as shared state to explore. Being global, a
+/// mutant affects every model in the process while it is set: the loom test binaries serialize
+/// their models on a lock for that reason (`bypass_loom_tests::check`).
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod mutation {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// One deliberate bug, switched on by a loom twin with [`set`] (at most one at a time).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    #[repr(u32)]
+    pub enum Mutant {
+        /// `tx_ctx`: a report loads the state word and stores the new one instead of
+        /// compare-exchanging it (lost updates, double or missing release).
+        TxReportLoadStore = 1,
+        /// `tx_ctx`: `claim_completion` loads, checks `CLAIMED` and stores (two winners).
+        TxClaimLoadStore,
+        /// `req_table`: `complete` takes whatever request the slot holds, without checking the
+        /// id, with a plain store (a stale response reaches the slot's next request).
+        ReqCompleteNoIdCheck,
+        /// `req_table`: `peek` returns the value without re-checking the state word afterwards.
+        ReqPeekNoRecheck,
+        /// `free_list`: push and pop do not advance the head's tag (ABA).
+        FreeListNoTag,
+        /// `buf_pool`: `from_token` checks for `POSTED` with a load, then stores `HELD`.
+        BufFromTokenLoadStore,
+        /// `credits`: `try_take` checks the count with a load, then stores the difference.
+        CreditsTakeLoadStore,
+        /// `credits`: `give` never wakes registered waiters (a lost wakeup).
+        CreditsGiveNoWake,
+    }
+
+    /// The active mutant's discriminant, 0 for none.
+    static ACTIVE: AtomicU32 = AtomicU32::new(0);
+
+    /// Whether `mutant` is on.
+    #[inline]
+    pub fn enabled(mutant: Mutant) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == mutant as u32
+    }
+
+    /// Switches `mutant` on until the returned guard is dropped (also while a failing model
+    /// unwinds). Only between loom models, never during one. Panics if a mutant is already on.
+    #[must_use = "the mutant is on only while the guard lives"]
+    pub fn set(mutant: Mutant) -> Guard {
+        let previous = ACTIVE.swap(mutant as u32, Ordering::SeqCst);
+        assert_eq!(previous, 0, "another stack mutant is on (hold the loom test lock)");
+        Guard { _private: () }
+    }
+
+    /// Switches the mutant off when dropped.
+    #[derive(Debug)]
+    pub struct Guard {
+        _private: (),
+    }
+
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            ACTIVE.store(0, Ordering::SeqCst);
+        }
+    }
+}

@@ -120,6 +120,8 @@
 //! current. Nothing holds a handle that long.
 
 use crate::free_list::FreeList;
+#[cfg(loom)]
+use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Largest capacity [`TxSlab::new`] accepts (16 Mi contexts).
@@ -541,6 +543,12 @@ impl TxSlab {
             if cur & CLAIMED != 0 {
                 return Ok(false);
             }
+            // MUTANT (loom twin only, see `sync::mutation`): store instead of compare-exchange.
+            #[cfg(loom)]
+            if mutation::enabled(Mutant::TxClaimLoadStore) {
+                slot.state.store(cur | CLAIMED, Ordering::Release);
+                return Ok(true);
+            }
             match slot.state.compare_exchange(cur, cur | CLAIMED, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(true),
                 Err(actual) => cur = actual,
@@ -602,6 +610,12 @@ impl TxSlab {
             // AcqRel: the releaser must see everything every earlier reporter did to the context
             // (their reports are releases in this word's modification order), and `get` must see
             // the new generation before reuse (via the free list's release/acquire).
+            // MUTANT (loom twin only, see `sync::mutation`): store instead of compare-exchange.
+            #[cfg(loom)]
+            if mutation::enabled(Mutant::TxReportLoadStore) {
+                slot.state.store(new, Ordering::Release);
+                return Ok(if release { self.release(handle.index, slot) } else { Outcome::Pending });
+            }
             match slot.state.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) if release => return Ok(self.release(handle.index, slot)),
                 Ok(_) => return Ok(Outcome::Pending),
