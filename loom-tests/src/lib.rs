@@ -7,7 +7,7 @@
 //!
 //! | file | code under test | what the models prove |
 //! |---|---|---|
-//! | `tests/tx_ctx.rs` | `bypass::tx_ctx::TxSlab` | a send context is released exactly once and its completion delivered exactly once, whatever order the send completion, ACK, response, timeout and flush arrive in on different threads; stale handles are rejected, even once the slot is live again; the `bug_` models (ignored) show a claim winner losing its context (see the README) |
+//! | `tests/tx_ctx.rs` | `bypass::tx_ctx::TxSlab` | a send context is released exactly once and its completion delivered exactly once, whatever order the send completion, ACK, response, timeout and flush arrive in on different threads; stale handles are rejected, even once the slot is live again; a claim winner keeps its context until `end_claim`, even with the slot's next user waiting |
 //! | `tests/req_table.rs` | `bypass::req_table::ReqTable` | a response (or `peek`) reaches only the request it belongs to, across wrapping ids in a shared slot; `complete` / `cancel` / `cancel_all` take a request exactly once |
 //! | `tests/slab.rs` | the free list, through `TxSlab` and `bypass::buf_pool::BufPool` | get / put from several threads never hands one slot or buffer to two holders nor loses one (ABA included); a token is recovered once |
 //! | `tests/credits.rs` | `bypass::credits::Credits` | credits never go negative or above the limit, every take is returned; a blocked `take_wait` is woken by `give` |

@@ -103,6 +103,16 @@ impl Call {
                     let taken = self.pending.with_mut(|p| unsafe { (*p).take() });
                     assert_eq!(taken, Some(TOKEN), "{path:?}: the claim winner must find its own call");
                     self.delivered.fetch_add(1, Ordering::Relaxed);
+                    // The winner no longer needs the slot: end the claim's hold (this may be
+                    // the report that releases the context).
+                    match self.slab.end_claim(h) {
+                        Ok(Outcome::Released { token }) => {
+                            assert_eq!(token, TOKEN, "{path:?}: released with another call's token");
+                            self.released.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(Outcome::Pending) => {}
+                        Err(e) => panic!("{path:?}: end_claim failed: {e}"),
+                    }
                 }
                 // Somebody else claimed (and delivers); `Stale`: released, so somebody did.
                 Ok(false) | Err(TxError::Stale { .. }) => {}
@@ -181,6 +191,7 @@ impl Call {
                 // The next call is exactly as `get` left it: nothing old was applied to it.
                 assert_eq!(self.slab.complete(h2, Event::SendCqe), Ok(Outcome::Pending));
                 assert_eq!(self.slab.claim_completion(h2), Ok(true));
+                assert_eq!(self.slab.end_claim(h2), Ok(Outcome::Pending));
                 assert_eq!(self.slab.complete(h2, Event::Rsp), Ok(Outcome::Released { token: NEXT_TOKEN }));
             }
             None => {
@@ -272,7 +283,8 @@ fn timeout_races_send_completion_and_response() {
 }
 
 #[test]
-#[should_panic(expected = "the context must be released exactly once")]
+// A lost update leaves the context live after every path ran: the old handle is not stale.
+#[should_panic(expected = "right: Err(Stale")]
 fn twin_timeout_races_send_completion_and_response_report_load_store() {
     check_mutant(Mutant::TxReportLoadStore, Bound::AtLeast(3), timeout_vs_send_cqe_and_response);
 }
@@ -296,40 +308,46 @@ fn twin_flushed_send_completion_races_response_claim_load_store() {
     check_mutant(Mutant::TxClaimLoadStore, Bound::Exhaustive, flush_vs_response);
 }
 
-// --- Known bug: a claim winner can lose its context to a terminal path and the next user -------
+// --- 5. A claim winner and the slot's reuse -----------------------------------------------------
 //
-// `claim_completion` makes exactly one path deliver, but it does not keep the context: the
-// release condition (`SEND` done and peer events done or `TERMINATED`) ignores an outstanding
-// claim. So a claim winner whose own event is not required for the release can see the context
-// released, and the slot handed to the next call, between its claim and its report — while it
-// is still taking the call's state out of the slot (the client's `take_pending`). loom finds
-// both cases below (a causality violation on the slot's pending call: the old path's take and
-// the next call's write are unordered); in the client this delivers the old call's result or
-// timeout to the next call and clobbers its deadline. Ignored until fixed; run them with
-// `-- --ignored`.
+// `claim_completion` makes exactly one path deliver, and a won claim also *holds* the context
+// (`HELD`) until the winner calls `end_claim`, after taking the call's state out of the slot. The
+// release condition respects the hold, so a winner whose own event is not needed for the release
+// (a timer after the send completion and the response; a response followed by a flush) cannot
+// see the slot handed to the next call while it is still on its way to it. These models found
+// that bug (before the hold existed the old path's take and the next call's write of the slot
+// were unordered: a causality violation on the pending call); the twins switch the hold off.
 
 fn timeout_claims_then_send_cqe_and_response_release_and_reuse() {
     race(CallMode::WaitRsp, &[&[Path::SendCqe, Path::Rsp], &[Path::Timeout]], true);
 }
 
-/// The timer wins the claim; the send completion and the response then release the context
-/// (all required events done) and another thread reuses the slot before the timer has taken
-/// its pending call.
+/// The timer wins the claim; the send completion and the response then report (all required
+/// events done) while another thread waits to reuse the slot.
 #[test]
-#[ignore = "known bug: a timeout's claim does not hold the context (see the comment above)"]
-fn bug_timeout_claim_winner_races_release_and_reuse() {
+fn timeout_claim_winner_holds_the_context_against_release_and_reuse() {
     check(Bound::Env, timeout_claims_then_send_cqe_and_response_release_and_reuse);
+}
+
+#[test]
+#[should_panic]
+fn twin_timeout_claim_winner_without_hold() {
+    check_mutant(Mutant::TxClaimNoHold, Bound::Env, timeout_claims_then_send_cqe_and_response_release_and_reuse);
 }
 
 fn response_claims_then_flush_releases_and_reuse() {
     race(CallMode::WaitRsp, &[&[Path::Rsp], &[Path::SendFlushed]], true);
 }
 
-/// The response wins the claim; a flushed send completion then releases the context (terminal:
-/// the response's own report is waived) and another thread reuses the slot before the response
-/// path has taken its pending call.
+/// The response wins the claim; a flushed send completion then reports (terminal: the response's
+/// own report is waived) while another thread waits to reuse the slot.
 #[test]
-#[ignore = "known bug: a response's claim does not hold the context against a flush (see above)"]
-fn bug_response_claim_winner_races_flush_release_and_reuse() {
+fn response_claim_winner_holds_the_context_against_flush_and_reuse() {
     check(Bound::Env, response_claims_then_flush_releases_and_reuse);
+}
+
+#[test]
+#[should_panic]
+fn twin_response_claim_winner_without_hold() {
+    check_mutant(Mutant::TxClaimNoHold, Bound::Env, response_claims_then_flush_releases_and_reuse);
 }

@@ -639,7 +639,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
             // the meantime, undo it and report the error here; else that path delivered.
             let claimed = self.ep.tx.claim_completion(h) == Ok(true);
-            let pending = lock(&slot.pending).take();
+            let pending = if claimed { self.take_pending(h) } else { None };
             if opts.mode != CallMode::EarlyRsp {
                 self.table.cancel(req_id);
             }
@@ -658,16 +658,19 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     /// Releases a context that was never posted, and its credit.
     fn abandon(&self, h: TxHandle, q: usize) {
-        let _ = self.ep.tx.claim_completion(h);
         let _ = self.ep.tx.fail(h, FailReason::SendError);
         let _ = self.credits[q].give(1);
     }
 
-    /// Takes the call of context `h` after a successful claim.
+    /// Takes the call of context `h` after a successful claim, then ends the claim's hold on the
+    /// context: until here the context cannot be released, so its slot (and `pending`) cannot
+    /// pass to the next call while the winner is on its way to it.
     fn take_pending(&self, h: TxHandle) -> Option<Pending> {
         let slot = &self.slots[h.index as usize];
         slot.deadline.store(NO_DEADLINE, Ordering::Relaxed);
-        lock(&slot.pending).take()
+        let pending = lock(&slot.pending).take();
+        let _ = self.ep.tx.end_claim(h);
+        pending
     }
 
     pub(crate) fn poll(&self) -> usize {

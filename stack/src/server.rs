@@ -464,7 +464,6 @@ impl<D: Device + Clone> Conn<D> {
 
     /// Releases a context that was never posted.
     fn drop_tx(&self, tx: TxHandle) {
-        let _ = self.ep.tx.claim_completion(tx);
         let _ = self.ep.tx.fail(tx, FailReason::SendError);
     }
 
@@ -473,7 +472,6 @@ impl<D: Device + Clone> Conn<D> {
         let n = self.ep.poll_send(&mut wc);
         for c in &wc[..n] {
             let tx = TxHandle::from_u64(c.wr_id);
-            let _ = self.ep.tx.claim_completion(tx);
             if c.status.is_ok() {
                 let _ = self.ep.tx.complete(tx, Event::SendCqe);
             } else {

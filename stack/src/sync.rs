@@ -94,6 +94,9 @@ pub mod mutation {
         TxReportLoadStore = 1,
         /// `tx_ctx`: `claim_completion` loads, checks `CLAIMED` and stores (two winners).
         TxClaimLoadStore,
+        /// `tx_ctx`: the release condition ignores a won claim's hold (`HELD`), so the context can
+        /// be released and reused while the claim winner is still taking the call's state out.
+        TxClaimNoHold,
         /// `req_table`: `complete` takes whatever request the slot holds, without checking the
         /// id, with a plain store (a stale response reaches the slot's next request).
         ReqCompleteNoIdCheck,

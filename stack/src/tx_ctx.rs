@@ -38,6 +38,7 @@
 //! | 3    | `TERMINATED` | a terminal path ran: pending peer events are waived                  |
 //! | 4    | `CLAIMED`    | the caller's completion has been claimed ([`TxSlab::claim_completion`]) |
 //! | 5    | `LIVE`       | handed out by [`TxSlab::get`] and not yet released                   |
+//! | 6    | `HELD`       | the claim winner still needs the slot ([`TxSlab::end_claim`] clears it) |
 //! | 8-9  | mode         | the [`CallMode`] (to tell a duplicate from an unexpected event)      |
 //!
 //! ## Transitions
@@ -51,12 +52,13 @@
 //! | `complete(Ack)` / `complete(Rsp)`   | required by mode, bit still set | clear that bit              |
 //! | `fail(SendError)` / `fail(Flushed)` | `SEND` set                      | clear `SEND`, set `TERMINATED` |
 //! | `fail(Timeout)` / `fail(Cancelled)` | `TERMINATED` clear              | set `TERMINATED`            |
-//! | `claim_completion`                  | none                            | set `CLAIMED` (first wins)  |
+//! | `claim_completion`                  | none                            | set `CLAIMED` and `HELD` (first wins) |
+//! | `end_claim`                         | `HELD` set                      | clear `HELD`                |
 //!
 //! After computing the new flags, the **release condition** is
 //!
 //! ```text
-//! SEND clear  AND  (ACK and RSP clear  OR  TERMINATED)
+//! SEND clear  AND  HELD clear  AND  (ACK and RSP clear  OR  TERMINATED)
 //! ```
 //!
 //! If it holds, the same compare-exchange writes `generation + 1` with all flags clear (FREE)
@@ -109,6 +111,16 @@
 //! already released context returns [`TxError::Stale`], which the caller treats like `Ok(false)`:
 //! somebody else delivered.
 //!
+//! **A won claim holds the context.** The winner usually has more to do than report: it takes
+//! the call's state (its sink, its request id) out of whatever the stack indexes by the slot.
+//! Meanwhile the other events may arrive — a timer that won can see the send completion and the
+//! response come in; a response that won can see a flush — and without a hold they would release
+//! the context and let `get` hand the slot to the next call while the winner is still reading
+//! it (loom-tests found exactly this). So `claim_completion` also sets `HELD`, the release
+//! condition requires it clear, and the winner calls [`TxSlab::end_claim`] once it has taken what
+//! it needs — the full protocol for a winner is *claim, take, `end_claim`, report*. `end_claim`
+//! is itself a report: it releases the context if everything else is already done.
+//!
 //! ## Slab
 //!
 //! Free slots form the crate's lock-free free list (`free_list`): a Treiber stack of indices whose
@@ -134,6 +146,7 @@ const PEER: u64 = ACK | RSP;
 const TERMINATED: u64 = 1 << 3;
 const CLAIMED: u64 = 1 << 4;
 const LIVE: u64 = 1 << 5;
+const HELD: u64 = 1 << 6;
 const MODE_SHIFT: u32 = 8;
 const MODE_MASK: u64 = 0b11 << MODE_SHIFT;
 const FLAGS: u64 = 0xFFFF_FFFF;
@@ -301,6 +314,12 @@ pub enum TxError {
         /// The rejected handle.
         handle: TxHandle,
     },
+    /// [`TxSlab::end_claim`] on a context that no won claim holds (or whose hold already ended).
+    #[error("{handle} is not held by a claim; end_claim dropped")]
+    NotHeld {
+        /// The rejected handle.
+        handle: TxHandle,
+    },
     /// The event was already reported for this context; it is not counted twice.
     #[error("duplicate {event:?} for {handle}: already reported, dropped")]
     Duplicate {
@@ -376,6 +395,7 @@ enum Reject {
     Duplicate(Event),
     Unexpected(Event, CallMode),
     AlreadyTerminated(FailReason),
+    NotHeld,
 }
 
 /// A fixed-capacity slab of send contexts with lock-free `get` and exactly-once release.
@@ -400,7 +420,7 @@ const fn generation_of(word: u64) -> u32 {
 
 /// The release condition: send completion seen, and the peer events done or waived.
 const fn releasable(flags: u64) -> bool {
-    flags & SEND == 0 && (flags & PEER == 0 || flags & TERMINATED != 0)
+    flags & SEND == 0 && flags & HELD == 0 && (flags & PEER == 0 || flags & TERMINATED != 0)
 }
 
 impl TxSlab {
@@ -546,14 +566,26 @@ impl TxSlab {
             // MUTANT (loom twin only, see `sync::mutation`): store instead of compare-exchange.
             #[cfg(loom)]
             if mutation::enabled(Mutant::TxClaimLoadStore) {
-                slot.state.store(cur | CLAIMED, Ordering::Release);
+                slot.state.store(cur | CLAIMED | HELD, Ordering::Release);
                 return Ok(true);
             }
-            match slot.state.compare_exchange(cur, cur | CLAIMED, Ordering::AcqRel, Ordering::Acquire) {
+            match slot.state.compare_exchange(cur, cur | CLAIMED | HELD, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok(true),
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// Ends the hold that a won [`TxSlab::claim_completion`] put on the context: the winner calls
+    /// it once it no longer needs the context (it has taken the call's state out of whatever is
+    /// indexed by the slot). Until then the context is not released, whatever else is reported,
+    /// so the slot cannot be reused under the winner's feet. Releases the context if everything
+    /// else was already reported.
+    ///
+    /// Rejected (counted, no effect): a stale handle, or a context that is not held
+    /// ([`TxError::NotHeld`]: no claim won, or the hold already ended).
+    pub fn end_claim(&self, handle: TxHandle) -> Result<Outcome, TxError> {
+        self.update(handle, |flags| if flags & HELD == 0 { Err(Reject::NotHeld) } else { Ok(flags & !HELD) })
     }
 
     /// The call mode of a live context (e.g. for the send-completion path to decide whether it
@@ -602,6 +634,9 @@ impl TxSlab {
                 Err(reject) => return Err(self.reject(handle, reject)),
             };
             let release = releasable(new_flags);
+            // MUTANT (loom twin only, see `sync::mutation`): a won claim does not hold the context.
+            #[cfg(loom)]
+            let release = release || (mutation::enabled(Mutant::TxClaimNoHold) && releasable(new_flags & !HELD));
             let new = if release {
                 pack(handle.generation.wrapping_add(1), 0)
             } else {
@@ -633,6 +668,10 @@ impl TxSlab {
             Reject::AlreadyTerminated(reason) => {
                 self.counters.duplicate.fetch_add(1, Ordering::Relaxed);
                 TxError::AlreadyTerminated { handle, reason }
+            }
+            Reject::NotHeld => {
+                self.counters.duplicate.fetch_add(1, Ordering::Relaxed);
+                TxError::NotHeld { handle }
             }
             Reject::Unexpected(event, mode) => {
                 self.counters.unexpected.fetch_add(1, Ordering::Relaxed);
@@ -785,6 +824,7 @@ mod tests {
         assert_eq!(s.mode(new), Ok(CallMode::WaitRsp));
         assert_eq!(s.complete(new, Event::SendCqe), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(new), Ok(true));
+        assert_eq!(s.end_claim(new), Ok(Outcome::Pending));
         assert_eq!(s.complete(new, Event::Rsp), Ok(Outcome::Released { token: 2 }));
         assert_eq!(s.in_use(), 0);
     }
@@ -823,6 +863,7 @@ mod tests {
         let s = slab(1);
         let h = s.get(CallMode::WaitRsp, 9).expect("free slot");
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert_eq!(s.fail(h, FailReason::Timeout), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(h), Ok(false)); // the late response does not deliver
         assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending));
@@ -833,6 +874,7 @@ mod tests {
         let h = s.get(CallMode::WaitRsp, 10).expect("free slot");
         assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert_eq!(s.fail(h, FailReason::Timeout), Ok(Outcome::Released { token: 10 }));
         assert_eq!(s.claim_completion(h), Err(TxError::Stale { handle: h }));
         assert_eq!(s.complete(h, Event::Rsp), Err(TxError::Stale { handle: h }));
@@ -845,11 +887,38 @@ mod tests {
     }
 
     #[test]
+    fn a_won_claim_holds_the_context_until_end_claim() {
+        let s = slab(1);
+        // The timer wins; the send completion and the response come in before it is done.
+        let h = s.get(CallMode::WaitRsp, 7).expect("free slot");
+        assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
+        assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending), "held: not released");
+        assert_eq!(s.get(CallMode::WaitRsp, 8), None, "the slot is not handed out again");
+        assert_eq!(s.end_claim(h), Ok(Outcome::Released { token: 7 }));
+        assert_eq!(s.fail(h, FailReason::Timeout), Err(TxError::Stale { handle: h }));
+        // A response wins; a flush comes before it ends its hold.
+        let h = s.get(CallMode::WaitRsp, 9).expect("free slot");
+        assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.fail(h, FailReason::Flushed), Ok(Outcome::Pending));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Released { token: 9 }));
+        // end_claim without a won claim, or twice, is refused.
+        let h = s.get(CallMode::WaitRsp, 10).expect("free slot");
+        assert_eq!(s.end_claim(h), Err(TxError::NotHeld { handle: h }));
+        assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
+        assert_eq!(s.end_claim(h), Err(TxError::NotHeld { handle: h }));
+        assert_eq!(s.fail(h, FailReason::Flushed), Ok(Outcome::Released { token: 10 }));
+        assert_eq!(s.in_use(), 0);
+    }
+
+    #[test]
     fn timeout_after_response() {
         let s = slab(1);
         // Response before the send completion, then the timer fires before the send completes.
         let h = s.get(CallMode::WaitRsp, 1).expect("free slot");
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(h), Ok(false));
         assert_eq!(s.fail(h, FailReason::Timeout), Ok(Outcome::Pending));
@@ -858,6 +927,7 @@ mod tests {
         let h = s.get(CallMode::WaitRsp, 2).expect("free slot");
         assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert!(s.complete(h, Event::Rsp).expect("rsp").is_released());
         assert_eq!(s.claim_completion(h), Err(TxError::Stale { handle: h }));
         assert_eq!(s.fail(h, FailReason::Timeout), Err(TxError::Stale { handle: h }));
@@ -869,6 +939,7 @@ mod tests {
         let s = slab(1);
         let h = s.get(CallMode::WaitRsp, 5).expect("free slot");
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending));
         assert_eq!(s.claim_completion(h), Ok(false)); // the flush path does not deliver again
         assert_eq!(s.fail(h, FailReason::Flushed), Ok(Outcome::Released { token: 5 }));
@@ -882,6 +953,7 @@ mod tests {
         let s = slab(1);
         let h = s.get(CallMode::Ack, 3).expect("free slot");
         assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(s.end_claim(h), Ok(Outcome::Pending));
         assert_eq!(s.fail(h, FailReason::SendError), Ok(Outcome::Released { token: 3 }));
         assert_eq!(s.complete(h, Event::Ack), Err(TxError::Stale { handle: h }));
 
@@ -937,8 +1009,18 @@ mod tests {
         a: Action,
         rng: &mut Rng,
     ) -> Result<(bool, bool), String> {
-        let claim = |s: &TxSlab| match s.claim_completion(h) {
-            Ok(won) => Ok(won),
+        // A winner takes its state, then ends its hold (which may release the context if every
+        // other event came meanwhile), then reports its own event.
+        let mut hold_released = false;
+        let mut claim = |s: &TxSlab| match s.claim_completion(h) {
+            Ok(true) => match s.end_claim(h) {
+                Ok(out) => {
+                    hold_released = out.is_released();
+                    Ok(true)
+                }
+                Err(e) => Err(format!("end_claim: {e}")),
+            },
+            Ok(false) => Ok(false),
             Err(TxError::Stale { .. }) => Ok(false),
             Err(e) => Err(format!("claim: {e}")),
         };
@@ -951,7 +1033,9 @@ mod tests {
                 let won = claim(s)?;
                 let reason = if rng.percent(50) { FailReason::SendError } else { FailReason::Flushed };
                 let r = s.fail(h, reason);
-                if r.map(|o| o.is_released()) != Ok(true) {
+                // It releases unless another path's claim still holds the context (then that
+                // path's end_claim releases it).
+                if won && r.map(|o| o.is_released()) != Ok(true) {
                     return Err(format!("error send completion must release, got {r:?}"));
                 }
                 (won, r)
@@ -966,7 +1050,8 @@ mod tests {
             }
         };
         match result {
-            Ok(out) => Ok((out.is_released(), claimed)),
+            Ok(out) => Ok((out.is_released() || hold_released, claimed)),
+            Err(TxError::Stale { .. }) if hold_released => Ok((true, claimed)),
             // Only peer events and timers may find the context gone: the send completion is
             // never waived, so nothing can release before it.
             Err(TxError::Stale { .. }) if !matches!(a, Action::Send { .. }) => Ok((false, claimed)),
