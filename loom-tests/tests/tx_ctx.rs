@@ -332,7 +332,11 @@ fn timeout_claim_winner_holds_the_context_against_release_and_reuse() {
 #[test]
 #[should_panic]
 fn twin_timeout_claim_winner_without_hold() {
-    check_mutant(Mutant::TxClaimNoHold, Bound::Env, timeout_claims_then_send_cqe_and_response_release_and_reuse);
+    check_mutant(
+        Mutant::TxClaimNoHold,
+        Bound::Env,
+        timeout_claims_then_send_cqe_and_response_release_and_reuse,
+    );
 }
 
 fn response_claims_then_flush_releases_and_reuse() {

@@ -569,7 +569,8 @@ impl TxSlab {
                 slot.state.store(cur | CLAIMED | HELD, Ordering::Release);
                 return Ok(true);
             }
-            match slot.state.compare_exchange(cur, cur | CLAIMED | HELD, Ordering::AcqRel, Ordering::Acquire) {
+            match slot.state.compare_exchange(cur, cur | CLAIMED | HELD, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return Ok(true),
                 Err(actual) => cur = actual,
             }
@@ -636,7 +637,8 @@ impl TxSlab {
             let release = releasable(new_flags);
             // MUTANT (loom twin only, see `sync::mutation`): a won claim does not hold the context.
             #[cfg(loom)]
-            let release = release || (mutation::enabled(Mutant::TxClaimNoHold) && releasable(new_flags & !HELD));
+            let release =
+                release || (mutation::enabled(Mutant::TxClaimNoHold) && releasable(new_flags & !HELD));
             let new = if release {
                 pack(handle.generation.wrapping_add(1), 0)
             } else {
