@@ -18,6 +18,9 @@
 //! | [`Queue`] | RC `ibv_qp` | jetty | QP context + SQ/RQ rings |
 //! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, token | NIC address, qpn |
 //!
+//! [`trace`] records what drivers, devices and the stack do, as a Chrome trace (off unless
+//! started; an `if trace::is_enabled()` per emit site otherwise).
+//!
 //! With the `conformance` feature, [`conformance`] holds the test scenarios every backend must
 //! pass; `bypass-sim` runs them in CI and `bypass-hw-tests` on real NICs.
 
@@ -30,6 +33,7 @@ mod error;
 mod mr;
 mod queue;
 mod sync;
+pub mod trace;
 mod wr;
 
 #[cfg(feature = "conformance")]

@@ -13,6 +13,7 @@ use crate::nic::Nic;
 use crate::ring::{CqRing, WorkRing};
 use crate::shared::{armed, CqShared, QueueShared, SideTable};
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
+use bypass_hal::trace::{self, Track};
 use bypass_hal::{
     Access, ArmMode, Completion, CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, Queue,
     QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags,
@@ -427,6 +428,12 @@ impl SimQueue {
         }
     }
 
+    #[cold]
+    fn trace_doorbell(&self, name: &'static str, pi: u32, wqes: usize) {
+        let args = [("qpn", self.shared.qpn.into()), ("pi", pi.into()), ("wqes", wqes.into())];
+        trace::instant(Track::Nic(self.shared.nic), name, &args);
+    }
+
     fn control<R>(&self, f: impl FnOnce(&mut QpCtx, &mut crate::device::Ctx<'_>) -> R) -> R {
         let now = self.nic.now();
         let mut dev = sync::lock(&self.nic.dev);
@@ -611,6 +618,9 @@ impl Queue for SimQueue {
             self.sq_pi = idx.wrapping_add(1);
         }
         drop(dev);
+        if trace::is_enabled() {
+            self.trace_doorbell("doorbell sq", self.sq_pi, wrs.len());
+        }
         sq.ring_doorbell(self.sq_pi);
         self.nic.bells.ring(self.shared.qpn);
         self.nic.kick();
@@ -653,6 +663,9 @@ impl Queue for SimQueue {
                 rq.write(idx, &self.wqe[..used_blocks(WrFlags::empty(), wr.sges)]);
             }
             self.rq_pi = idx.wrapping_add(1);
+        }
+        if trace::is_enabled() {
+            self.trace_doorbell("doorbell rq", self.rq_pi, wrs.len());
         }
         rq.ring_doorbell(self.rq_pi);
         self.nic.bells.ring(self.shared.qpn);

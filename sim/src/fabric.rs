@@ -51,6 +51,7 @@ use crate::layout;
 use crate::nic::{device_thread, Nic};
 use crate::sync;
 use crate::wire::Wire;
+use bypass_hal::trace::{self, Track};
 use bypass_hal::DeviceCaps;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -352,6 +353,11 @@ impl Fabric {
     /// ready units). Real-time engines ignore it.
     pub fn advance(&self, by: Duration) {
         self.shared().clock.advance(by.as_nanos() as u64);
+        if trace::is_enabled() {
+            let args =
+                [("by_ns", (by.as_nanos() as u64).into()), ("now_ns", self.shared().clock.now().into())];
+            trace::instant(Track::Thread("fabric"), "advance clock", &args);
+        }
     }
 
     /// Inline engine: runs, on the calling thread, every NIC with work pending or a timer due.

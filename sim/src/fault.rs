@@ -10,6 +10,7 @@
 
 use crate::packet::{PacketHeader, PacketKind};
 use crate::wire::{Transmit, Wire};
+use bypass_hal::trace::{self, Track};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -93,6 +94,13 @@ impl LinkState {
     }
 }
 
+/// A fault on the packet's wire row.
+#[cold]
+fn trace_fault(what: &'static str, hdr: &PacketHeader) {
+    let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
+    trace::instant(Track::Wire { from: hdr.src_nic, to: hdr.dst_nic }, what, &args);
+}
+
 /// A faulty link in front of another wire.
 pub(crate) struct FaultWire {
     inner: Arc<dyn Wire>,
@@ -154,6 +162,9 @@ impl Wire for FaultWire {
             fill(&mut st.buf);
             self.counters.packets.fetch_add(1, Ordering::Relaxed);
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            if trace::is_enabled() {
+                trace_fault("lost", hdr);
+            }
             return Transmit::Sent; // lost on the way: the sender cannot tell
         }
         if roll < drop + reorder && st.held.is_none() {
@@ -161,6 +172,9 @@ impl Wire for FaultWire {
             fill(&mut copy);
             st.held = Some((*hdr, copy));
             self.counters.packets.fetch_add(1, Ordering::Relaxed);
+            if trace::is_enabled() {
+                trace_fault("held back", hdr);
+            }
             return Transmit::Sent;
         }
         fill(&mut st.buf);
@@ -173,6 +187,9 @@ impl Wire for FaultWire {
                 && self.deliver(hdr, &buf) != Transmit::Busy
             {
                 self.counters.duplicated.fetch_add(1, Ordering::Relaxed);
+                if trace::is_enabled() {
+                    trace_fault("duplicated", hdr);
+                }
             }
             self.release_held(st);
         }

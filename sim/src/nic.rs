@@ -7,6 +7,7 @@ use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::wire::{Port, Transmit, Wire};
+use bypass_hal::trace::{self, Track};
 use bypass_hal::DeviceCaps;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -124,6 +125,7 @@ impl Nic {
 
     /// Runs every ready unit and publishes the next deadline. The caller holds the device lock.
     pub(crate) fn run_all(&self, dev: &mut DeviceState) {
+        let traced = if trace::is_enabled() { trace_run_begin() } else { None };
         if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
             dev.unblock();
         }
@@ -131,15 +133,42 @@ impl Nic {
         dev.run_all(now, &self.port, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        if let Some(t) = traced {
+            self.trace_run(t, now, "all");
+        }
     }
 
     /// Runs one unit (the Stepped engine). The caller holds the device lock.
     pub(crate) fn run_unit(&self, dev: &mut DeviceState, unit: Unit) -> bool {
+        let traced = if trace::is_enabled() { trace_run_begin() } else { None };
         let now = self.now();
         let did = dev.run_unit(unit, now, &self.port, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        if let Some(t) = traced {
+            let name = match unit {
+                Unit::Rx => "Rx",
+                Unit::Tx => "Tx",
+                Unit::Send(_) => "Send",
+                Unit::Timer(_) => "Timer",
+            };
+            self.trace_run(t, now, name);
+        }
         did
+    }
+
+    /// A "device run" slice on this NIC's row, if the run recorded anything (runs that did
+    /// nothing visible are left out). `now` is the fabric's clock (virtual for Stepped).
+    #[cold]
+    fn trace_run(&self, (start, offered): (u64, u64), now: Nanos, units: &'static str) {
+        if trace::offered() != offered {
+            trace::span(
+                Track::Nic(self.addr),
+                "device run",
+                start,
+                &[("units", units.into()), ("clock_ns", now.into())],
+            );
+        }
     }
 
     /// The units ready now (the Stepped engine). The caller holds the device lock.
@@ -160,6 +189,10 @@ impl Wire for Nic {
         }
         let taken = self.port.push(hdr, fill);
         if !taken {
+            if trace::is_enabled() {
+                let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
+                trace::instant(Track::Wire { from: hdr.src_nic, to: self.addr }, "inbox full", &args);
+            }
             return Transmit::Busy;
         }
         Transmit::Sent
@@ -187,6 +220,13 @@ impl Wire for Nic {
             _ => self.kick(),
         }
     }
+}
+
+/// Where a traced device run begins: the trace clock and the events offered so far.
+#[cold]
+#[inline(never)]
+fn trace_run_begin() -> Option<(u64, u64)> {
+    Some((trace::now(), trace::offered()))
 }
 
 /// Body of a Threaded-engine device thread: run while there is work, spin briefly when idle, then

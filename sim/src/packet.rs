@@ -80,3 +80,23 @@ pub struct PacketHeader {
     /// Payload bytes that follow the header.
     pub payload_len: u32,
 }
+
+impl PacketHeader {
+    /// What the packet is, in a word or two ("SEND", "ACK", "RNR NAK", ...): its name in traces.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            PacketKind::Send => "SEND",
+            PacketKind::Write => "WRITE",
+            PacketKind::ReadRequest => "READ request",
+            PacketKind::ReadResponse => "READ response",
+            PacketKind::Ack => match self.syndrome {
+                Syndrome::Ack => "ACK",
+                Syndrome::RnrNak(_) => "RNR NAK",
+                Syndrome::NakSequence => "NAK sequence",
+                Syndrome::NakInvalidRequest => "NAK invalid request",
+                Syndrome::NakRemoteAccess => "NAK remote access",
+                Syndrome::NakRemoteOperation => "NAK remote operation",
+            },
+        }
+    }
+}

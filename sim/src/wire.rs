@@ -7,6 +7,7 @@
 //! copied exactly twice (sender's memory → wire slot → receiver's memory) and nothing allocates.
 
 use crate::packet::PacketHeader;
+use bypass_hal::trace;
 
 /// The outcome of offering a packet to a wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +71,8 @@ impl Port {
 struct Slot {
     hdr: PacketHeader,
     buf: Box<[u8]>,
+    /// When the packet went in ([`bypass_hal::trace::now`]), if recording; else 0.
+    sent_at: u64,
 }
 
 /// A NIC's receive port: a fixed ring of packet slots, filled by senders and drained by the
@@ -85,8 +88,9 @@ pub(crate) struct Inbox {
 
 impl Inbox {
     pub(crate) fn new(depth: usize, mtu: usize) -> Self {
-        let slots =
-            (0..depth).map(|_| Slot { hdr: PacketHeader::default(), buf: vec![0u8; mtu].into() }).collect();
+        let slots = (0..depth)
+            .map(|_| Slot { hdr: PacketHeader::default(), buf: vec![0u8; mtu].into(), sent_at: 0 })
+            .collect();
         Inbox { slots, head: 0, len: 0, waiters: Vec::with_capacity(8) }
     }
 
@@ -103,6 +107,7 @@ impl Inbox {
         let len = hdr.payload_len as usize;
         debug_assert!(len <= slot.buf.len(), "packet larger than the MTU");
         slot.hdr = *hdr;
+        slot.sent_at = trace::stamp();
         fill(&mut slot.buf[..len]);
         self.len += 1;
         true
@@ -114,6 +119,15 @@ impl Inbox {
             let s = &self.slots[self.head];
             (&s.hdr, &s.buf[..s.hdr.payload_len as usize])
         })
+    }
+
+    /// When the oldest packet went in, on the trace clock (0: not recording then, or no packet).
+    pub(crate) fn front_sent_at(&self) -> u64 {
+        if self.len > 0 {
+            self.slots[self.head].sent_at
+        } else {
+            0
+        }
     }
 
     /// Removes the oldest packet.

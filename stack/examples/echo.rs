@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p bypass --example echo
 //! cargo run --release -p bypass --example echo -- --engine threaded
+//! BYPASS_TRACE=echo.json cargo run --release -p bypass --example echo   # + a Chrome trace
 //! ```
 //!
 //! It shows a handler that replies at once (`echo`), one that hands its request to another
@@ -11,6 +12,9 @@
 //! callback, and a `Future` (driven here by a ten-line executor, since the core has no runtime).
 //! Server and client in two processes need a cross-process simulated wire, which does not exist
 //! yet; with real NICs the same code runs as two processes.
+//!
+//! With `BYPASS_TRACE=<file>` the run is recorded (`bypass_hal::trace`) and written to the file as
+//! a Chrome trace: open it in <https://ui.perfetto.dev> (docs/sim.md, "Tracing").
 
 use bypass::sim::{Engine, Fabric};
 use bypass::{
@@ -50,6 +54,7 @@ fn block_on<F: Future>(fut: F) -> F::Output {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let trace_file = bypass::hal::trace::start_from_env();
     let engine = match std::env::args().nth(2).as_deref() {
         Some("threaded") => Engine::Threaded,
         _ => Engine::Inline,
@@ -124,5 +129,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(channel);
     drop(server);
     replier.join().map_err(|_| "replier thread panicked")?;
+    if let Some(path) = trace_file {
+        let n = bypass::hal::trace::finish(&path)?;
+        println!("trace: {n} events written to {} (open it in https://ui.perfetto.dev)", path.display());
+    }
     Ok(())
 }

@@ -20,6 +20,7 @@ use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
 use crate::control::{self, ClientHello, CONTROL_VERSION};
 use crate::credits::Credits;
 use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
+use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
@@ -149,6 +150,56 @@ struct Pending {
     function: FunctionId,
     mode: CallMode,
     deadline: u64,
+    /// When the call started on the trace clock, if recording ([`trace::now`]); else 0.
+    traced_at: u64,
+}
+
+/// The row of the client's trace events: the calling or completing thread, in group "client".
+const TRACK: Track = Track::Thread("client");
+
+fn mode_name(mode: CallMode) -> &'static str {
+    match mode {
+        CallMode::EarlyRsp => "EARLY_RSP",
+        CallMode::WaitRsp => "WAIT_RSP",
+        CallMode::Ack => "ACK",
+        CallMode::AckEarlyRsp => "ACK_EARLY_RSP",
+    }
+}
+
+/// Records a call's start (just before its request is posted); returns the trace clock.
+#[cold]
+fn trace_call_start(function: FunctionId, req_id: u32, mode: CallMode, queue: usize) -> u64 {
+    let args = [
+        ("function", function.raw().into()),
+        ("req_id", req_id.into()),
+        ("mode", mode_name(mode).into()),
+        ("queue", queue.into()),
+    ];
+    trace::instant(TRACK, "call start", &args);
+    trace::now()
+}
+
+/// Records a call's end (before its outcome is delivered), and the whole call as a slice.
+#[cold]
+fn trace_call_end(p: &Pending, ok: bool) {
+    let args = [
+        ("function", p.function.raw().into()),
+        ("req_id", p.req_id.into()),
+        ("mode", mode_name(p.mode).into()),
+        ("ok", ok.into()),
+    ];
+    if p.traced_at != 0 {
+        trace::async_span(TRACK, "call", p.traced_at, &args);
+    }
+    trace::instant(TRACK, "call complete", &args);
+}
+
+/// Delivers a call's outcome (recording its end first, if recording).
+fn deliver(p: Pending, result: Result<&[u8], RpcError>) {
+    if trace::is_enabled() {
+        trace_call_end(&p, result.is_ok());
+    }
+    p.sink.deliver(result);
 }
 
 struct CallSlot {
@@ -633,7 +684,10 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         };
         let slot = &self.slots[h.index as usize];
-        *lock(&slot.pending) = Some(Pending { sink, req_id, queue: q, function, mode: opts.mode, deadline });
+        let traced_at =
+            if trace::is_enabled() { trace_call_start(function, req_id, opts.mode, q) } else { 0 };
+        *lock(&slot.pending) =
+            Some(Pending { sink, req_id, queue: q, function, mode: opts.mode, deadline, traced_at });
         slot.handle.store(h.to_u64(), Ordering::Release);
         if let Err(e) = self.ep.post_send(q, h, len) {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
@@ -645,6 +699,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
             let _ = self.ep.tx.fail(h, FailReason::SendError);
             let _ = self.credits[q].give(1);
+            if let (true, Some(p)) = (claimed && trace::is_enabled(), &pending) {
+                trace_call_end(p, false);
+            }
             drop(pending);
             return if claimed { Err(e) } else { Ok(()) };
         }
@@ -721,6 +778,14 @@ impl<D: Device + Clone> ChannelInner<D> {
         match wire::parse(bytes) {
             Ok(Parsed::Response(r)) if r.header.channel == self.channel_id => self.on_response(q, &r),
             Ok(Parsed::Ack(a)) if a.channel == self.channel_id => {
+                if trace::is_enabled() {
+                    let (name, arg) = if a.is_credit_grant() {
+                        ("grant received", "credits")
+                    } else {
+                        ("ack received", "req_id")
+                    };
+                    trace::instant(TRACK, name, &[(arg, a.req_id.into()), ("queue", q.into())]);
+                }
                 if a.is_credit_grant() {
                     if self.credits[q].give(a.req_id).is_err() {
                         protocol_error(&self.counters, &"a credit grant beyond the window");
@@ -759,7 +824,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                     wire::Status::FunctionErr => Err(RpcError::FunctionNotFound(p.function)),
                     s => Err(RpcError::Status(s)),
                 };
-                p.sink.deliver(result);
+                deliver(p, result);
             }
         }
         // A response implies the ACK (in ACK mode the ACK may be processed after the response by
@@ -791,7 +856,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 if self.ep.tx.claim_completion(h) == Ok(true) {
                     if let Some(p) = self.take_pending(h) {
                         p.sink.acked();
-                        p.sink.deliver(Ok(&[]));
+                        deliver(p, Ok(&[]));
                     }
                 }
                 let _ = self.ep.tx.complete(h, Event::Ack);
@@ -810,7 +875,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if c.status.is_ok() {
             if self.ep.tx.mode(h) == Ok(CallMode::EarlyRsp) && self.ep.tx.claim_completion(h) == Ok(true) {
                 if let Some(p) = self.take_pending(h) {
-                    p.sink.deliver(Ok(&[]));
+                    deliver(p, Ok(&[]));
                 }
             }
             let _ = self.ep.tx.complete(h, Event::SendCqe);
@@ -844,7 +909,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if p.mode != CallMode::EarlyRsp {
             self.table.cancel(p.req_id);
         }
-        p.sink.deliver(Err(err));
+        deliver(p, Err(err));
         true
     }
 

@@ -22,6 +22,7 @@
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
+use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
@@ -167,6 +168,26 @@ struct Counters {
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The row of the server's trace events: the dispatching or replying thread, in group "server".
+const TRACK: Track = Track::Thread("server");
+
+#[cold]
+fn trace(name: &'static str, args: &[Arg]) {
+    trace::instant(TRACK, name, args);
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Success => "SUCCESS",
+        Status::ServerDecline => "SERVER_DECLINE",
+        Status::FunctionErr => "FUNCTION_ERR",
+        Status::RemoteLenErr => "REMOTE_LEN_ERR",
+        Status::Timeout => "TIMEOUT",
+        Status::VersionErr => "VERSION_ERR",
+        Status::HdrErr => "HDR_ERR",
+    }
 }
 
 thread_local! {
@@ -331,6 +352,15 @@ impl<D: Device + Clone> Request<D> {
         }
         // The response returns the credit: the buffer must be posted again first.
         conn.release(self.buf, false);
+        if trace::is_enabled() {
+            let args = [
+                ("req_id", self.header.req_id.into()),
+                ("status", status_name(status).into()),
+                ("len", len.into()),
+                ("now", (!conn.dispatching()).into()),
+            ];
+            trace("reply", &args);
+        }
         match conn.send(self.queue, tx, ResponseHeader::LEN + len) {
             Ok(()) => {
                 bump(&conn.counters.responses);
@@ -348,6 +378,9 @@ impl<D: Device + Clone> Request<D> {
 impl<D: Device + Clone> Drop for Request<D> {
     fn drop(&mut self) {
         if !self.done {
+            if trace::is_enabled() {
+                trace("request dropped", &[("req_id", self.header.req_id.into())]);
+            }
             bump(&self.conn.counters.dropped);
             self.conn.release(self.buf, true);
         }
@@ -371,6 +404,12 @@ impl<D: Device + Clone> Conn<D> {
         let n = self.grants[q].swap(0, Ordering::AcqRel);
         if n == 0 {
             return;
+        }
+        if trace::is_enabled() {
+            trace(
+                "grant",
+                &[("credits", n.into()), ("queue", q.into()), ("now", (!self.dispatching()).into())],
+            );
         }
         if self.send_small(q, |out| AckHeader::credit_grant(n, self.channel_id).encode(out)).is_ok() {
             bump(&self.counters.grants);
@@ -551,7 +590,11 @@ impl<D: Device + Clone> Conn<D> {
         };
         bump(&self.counters.requests);
         let header = view.header;
+        let traced_at = trace::stamp();
         if header.ack_requested {
+            if traced_at != 0 {
+                trace("ack", &[("req_id", header.req_id.into()), ("queue", queue.into())]);
+            }
             let ack = AckHeader::new(header.req_id, self.channel_id);
             if self.send_small(queue, |out| ack.encode(out)).is_ok() {
                 bump(&self.counters.acks);
@@ -565,6 +608,15 @@ impl<D: Device + Clone> Conn<D> {
                 bump(&self.counters.unknown_functions);
                 let _ = request.reply_status(Status::FunctionErr, &[]);
             }
+        }
+        if traced_at != 0 && trace::is_enabled() {
+            let args = [
+                ("function", header.function.raw().into()),
+                ("req_id", header.req_id.into()),
+                ("channel", self.channel_id.into()),
+                ("queue", queue.into()),
+            ];
+            trace::span(TRACK, "request", traced_at, &args);
         }
     }
 

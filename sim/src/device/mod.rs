@@ -17,6 +17,7 @@ use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
 use crate::wire::{Port, Transmit};
+use bypass_hal::trace::{self, Track};
 use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
 use qp::QpCtx;
@@ -139,6 +140,25 @@ impl Ctx<'_> {
             return Err(KeyFault::OutOfBounds);
         }
         Ok(n)
+    }
+}
+
+/// Records a packet's time on the wire: from when it went into the receiver's inbox (`sent_at`,
+/// 0 if that was before recording started) until now, when the receiving device takes it.
+#[cold]
+fn trace_flight(hdr: &PacketHeader, sent_at: u64) {
+    if sent_at != 0 {
+        trace::async_span(
+            Track::Wire { from: hdr.src_nic, to: hdr.dst_nic },
+            hdr.name(),
+            sent_at,
+            &[
+                ("psn", hdr.psn.into()),
+                ("len", hdr.payload_len.into()),
+                ("src_qpn", hdr.src_qpn.into()),
+                ("dst_qpn", hdr.dst_qpn.into()),
+            ],
+        );
     }
 }
 
@@ -418,6 +438,9 @@ impl DeviceState {
         let mut ib = crate::sync::lock(&port.inbox);
         let Some((hdr, payload)) = ib.front() else { return false };
         let hdr = *hdr;
+        if trace::is_enabled() {
+            trace_flight(&hdr, ib.front_sent_at());
+        }
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
             let from_peer = qp.remote.as_ref().is_some_and(|r| r.nic == hdr.src_nic && r.qpn == hdr.src_qpn);

@@ -22,6 +22,7 @@ use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
 use crate::shared::{CqShared, QueueShared};
 use crate::wire::{Transmit, Wire};
+use bypass_hal::trace::{self, Arg, Track};
 use bypass_hal::{Access, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -74,6 +75,34 @@ fn send_opcode(op: WqeOp) -> CqOpcode {
         WqeOp::Read => CqOpcode::Read,
         WqeOp::Recv => CqOpcode::Recv,
         WqeOp::Send | WqeOp::SendImm => CqOpcode::Send,
+    }
+}
+
+fn op_name(op: WqeOp) -> &'static str {
+    match op {
+        WqeOp::Send => "SEND",
+        WqeOp::SendImm => "SEND_IMM",
+        WqeOp::Write => "WRITE",
+        WqeOp::WriteImm => "WRITE_IMM",
+        WqeOp::Read => "READ",
+        WqeOp::Recv => "RECV",
+    }
+}
+
+fn status_name(s: Status) -> &'static str {
+    match s {
+        Status::Success => "Success",
+        Status::LocalLength => "LocalLength",
+        Status::LocalQueueOperation => "LocalQueueOperation",
+        Status::LocalProtection => "LocalProtection",
+        Status::RemoteInvalidRequest => "RemoteInvalidRequest",
+        Status::RemoteAccess => "RemoteAccess",
+        Status::RemoteOperation => "RemoteOperation",
+        Status::RetryExceeded => "RetryExceeded",
+        Status::RnrRetryExceeded => "RnrRetryExceeded",
+        Status::Flushed => "Flushed",
+        Status::BadResponse => "BadResponse",
+        _ => "General",
     }
 }
 
@@ -205,11 +234,32 @@ impl QpCtx {
         self.state == QueueState::Ready && self.retx_deadline <= now
     }
 
+    // ---------------------------------------------------------------- tracing
+
+    #[cold]
+    fn trace(&self, name: &'static str, args: &[Arg]) {
+        trace::instant(Track::Nic(self.shared.nic), name, args);
+    }
+
+    #[cold]
+    fn trace_cqe(&self, name: &'static str, index: u32, status: Status, len: u32) {
+        let args = [
+            ("qpn", self.qpn().into()),
+            ("index", index.into()),
+            ("status", status_name(status).into()),
+            ("len", len.into()),
+        ];
+        self.trace(name, &args);
+    }
+
     // ---------------------------------------------------------------- completions
 
     fn send_cqe(&self, wqe: &Wqe, len: u64, status: Status) {
         if status == Status::Success && !wqe.flags.contains(WrFlags::SIGNALED) {
             return;
+        }
+        if trace::is_enabled() {
+            self.trace_cqe("cqe send", wqe.index, status, len as u32);
         }
         self.send_cq.push(&Cqe {
             flags: 0,
@@ -238,6 +288,9 @@ impl QpCtx {
         if solicited {
             flags |= cqe_flags::SOLICITED;
         }
+        if trace::is_enabled() {
+            self.trace_cqe("cqe recv", index, status, len);
+        }
         self.recv_cq.push(&Cqe {
             flags,
             status,
@@ -252,6 +305,9 @@ impl QpCtx {
     /// Completes the send WQE at `idx` (never turned into a message) with `status`, always
     /// reported, and moves the fetch index past it.
     fn unfetched_cqe(&mut self, idx: u32, op: WqeOp, status: Status) {
+        if trace::is_enabled() {
+            self.trace_cqe("cqe send", idx, status, 0);
+        }
         self.send_cq.push(&Cqe {
             flags: 0,
             status,
@@ -279,6 +335,9 @@ impl QpCtx {
         }
         self.set_state(QueueState::Error);
         ctx.stats.queue_errors += 1;
+        if trace::is_enabled() {
+            self.trace("queue error", &[("qpn", self.qpn().into())]);
+        }
         while let Some(op) = self.ops.pop_front() {
             self.send_cqe(&op.wqe, op.len, Status::Flushed);
         }
@@ -354,6 +413,15 @@ impl QpCtx {
         if wqe.flags.contains(WrFlags::FENCE) && self.reads_outstanding > 0 {
             self.fence_blocked = true;
             return false;
+        }
+        if trace::is_enabled() {
+            let args = [
+                ("qpn", self.qpn().into()),
+                ("index", idx.into()),
+                ("op", op_name(wqe.op).into()),
+                ("len", wqe.len.into()),
+            ];
+            self.trace("wqe fetch", &args);
         }
         if let Err(status) = self.validate(ctx, &wqe) {
             self.fail_unfetched(ctx, idx, wqe.op, status);
@@ -490,6 +558,9 @@ impl QpCtx {
         }
         if psn_diff(psn, self.sent_high) < 0 {
             ctx.stats.retransmits += 1;
+            if trace::is_enabled() {
+                self.trace("retransmit", &[("qpn", self.qpn().into()), ("psn", psn.into())]);
+            }
         } else {
             self.sent_high = next;
         }
@@ -663,6 +734,14 @@ impl QpCtx {
         self.wire_blocked = false;
         self.retx_deadline = ctx.now.saturating_add(self.timeout);
         ctx.stats.timeouts += 1;
+        if trace::is_enabled() {
+            let args = [
+                ("qpn", self.qpn().into()),
+                ("psn", self.send_psn.into()),
+                ("retries_left", self.retry_left.into()),
+            ];
+            self.trace("timeout", &args);
+        }
     }
 
     // ---------------------------------------------------------------- responder
