@@ -141,6 +141,7 @@ impl Device for SimNic {
             queues: Vec::new(),
             last: 0,
             idle: 0,
+            frees: Vec::with_capacity(POLL_FREES),
         })
     }
 
@@ -294,6 +295,8 @@ pub struct SimCq {
     last: usize,
     /// Consecutive empty polls (Inline engine: after a few, help other NICs along).
     idle: u32,
+    /// Work-ring slots one poll frees after giving the CQ slots back: (queue, receive?, new CI).
+    frees: Vec<(usize, bool, u32)>,
 }
 
 impl SimCq {
@@ -335,7 +338,7 @@ impl CompletionQueue for SimCq {
         // Work-ring slots are freed only after the CQ slots are given back: a poster on another
         // thread may reuse a freed ring slot at once, and its completion must find room in the
         // CQ (found by the loom ring model `split_poster_and_poller`).
-        let mut frees = [(usize::MAX, false, 0u32); POLL_FREES];
+        self.frees.clear();
         let mut n = 0;
         while n < out.len().min(POLL_FREES) {
             // SAFETY: `&mut self` makes this handle the ring's only consumer.
@@ -347,7 +350,8 @@ impl CompletionQueue for SimCq {
                     // SAFETY: we are the poller and have just read this slot's completion; the
                     // slot is not freed (so not reused) before the end of this poll.
                     let id = unsafe { ids.get(cqe.wqe_index) };
-                    frees[n] = (self.last, recv, cqe.wqe_index.wrapping_add(1));
+                    let last = self.last;
+                    self.frees.push((last, recv, cqe.wqe_index.wrapping_add(1)));
                     id
                 }
                 None => 0,
@@ -366,7 +370,7 @@ impl CompletionQueue for SimCq {
         if n > 0 {
             self.idle = 0;
             self.shared.ring.release(self.ci);
-            for &(qi, recv, next) in &frees[..n] {
+            for &(qi, recv, next) in &self.frees {
                 if let Some(q) = self.queues.get(qi) {
                     let ci = if recv { &q.rq_ci } else { &q.sq_ci };
                     ci.store(next, Ordering::Release);
