@@ -1,0 +1,274 @@
+//! RPC-level tests: a `Channel` calling a `Server` over two NICs, in one process (the TCP
+//! control plane on 127.0.0.1, the data path on the NICs).
+//!
+//! - `lat`: blocking calls (`Channel::call_with`); the client thread polls its own channel.
+//!   With `--one-thread` the call is started with a callback and the client thread polls both
+//!   the channel and the server.
+//! - `rate`: calls with completion callbacks, up to `window` in flight, `batch` started between
+//!   two polls of the channel; the server echoes the arguments.
+//! - `bw`: the same loop, but the server replies with no data (one-way bytes).
+//!
+//! Arguments always travel eagerly, inside the request message: a size is at most the message
+//! size less the 20-byte request header.
+
+use crate::cli::{Plan, Spec, Test, What};
+use crate::progress::Progress;
+use crate::stats::{Budget, Clock, Latency, Measured, Throughput};
+use bypass::hal::Device;
+use bypass::{
+    CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, RpcError, Server, ServerConfig,
+    Status,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type Res<T> = Result<T, String>;
+
+/// Echoes the arguments.
+const ECHO: FunctionId = match FunctionId::new(0x100, 1, true, 1) {
+    Some(f) => f,
+    None => panic!("invalid function id"),
+};
+/// Replies with no data.
+const SINK: FunctionId = match FunctionId::new(0x100, 1, true, 2) {
+    Some(f) => f,
+    None => panic!("invalid function id"),
+};
+
+const TICK: u64 = 4096;
+
+/// A server and a channel to it.
+pub struct Rig<D: Device + Clone> {
+    server: Server<D>,
+    channel: Channel<D>,
+    one_thread: bool,
+}
+
+impl<D: Device + Clone> Rig<D> {
+    /// Starts a server on `server_nic` (one worker, or none with `--one-thread`) and connects a
+    /// channel from `client_nic`.
+    pub fn new(server_nic: &D, client_nic: &D, plan: &Plan) -> Res<Rig<D>> {
+        let mut functions = Functions::new();
+        functions.register(ECHO, |req| {
+            let _ = req.reply_with(Status::Success, |args, out| {
+                let n = args.len();
+                out.get_mut(..n).ok_or(n)?.copy_from_slice(args);
+                Ok(n)
+            });
+        });
+        functions.register(SINK, |req| {
+            let _ = req.reply_with(Status::Success, |_, _| Ok(0));
+        });
+        let window = plan.window as u32;
+        let server_config = ServerConfig {
+            msg_size: plan.msg_size,
+            max_window: window.max(128),
+            workers: if plan.one_thread { 0 } else { 1 },
+            pin: plan.pin.1.into_iter().collect(),
+            ..ServerConfig::new("bypass-perf")
+        };
+        let server = Server::bind(server_nic, "127.0.0.1:0", server_config, functions)
+            .map_err(|e| format!("start the server: {e}"))?;
+        let channel_config = ChannelConfig {
+            window,
+            msg_size: plan.msg_size,
+            table_size: (4 * plan.window).max(1024).next_power_of_two(),
+            // A benchmark on a busy machine should be slow rather than fail.
+            timeout: Some(Duration::from_secs(60)),
+            ..ChannelConfig::new("bypass-perf")
+        };
+        let channel = Channel::connect(client_nic, server.local_addr(), channel_config)
+            .map_err(|e| format!("connect the channel: {e}"))?;
+        Ok(Rig { server, channel, one_thread: plan.one_thread })
+    }
+
+    /// Largest arguments a call may carry.
+    pub fn max_args(&self) -> usize {
+        self.channel.max_request_args()
+    }
+
+    /// One line about the counters, for the end of a run: nothing lost, nothing leaked.
+    pub fn summary(&self) -> String {
+        let s = self.server.stats();
+        let c = self.channel.stats();
+        format!(
+            "server: {} requests, {} responses, {} ACKs, {} protocol errors; client: {} calls, {} timeouts, {} stale, {} contexts in use",
+            s.requests, s.responses, s.acks, s.protocol_errors, c.calls, c.timeouts, c.stale, c.tx_in_use
+        )
+    }
+
+    /// Runs one measurement.
+    pub fn run(&self, spec: &Spec, plan: &Plan, mut progress: Progress) -> Res<Measured> {
+        let Spec { test, what, size, budget, warmup } = *spec;
+        let What::Mode(mode) = what else { return Err("internal: RPC run without a call mode".into()) };
+        if size > self.max_args() {
+            return Err(format!(
+                "size {size} is larger than the message size allows ({} bytes)",
+                self.max_args()
+            ));
+        }
+        let args = vec![0xA5u8; size];
+        let mut none = Progress::off();
+        let m = match test {
+            Test::Lat => {
+                self.check_echo(mode, &args)?;
+                if warmup > 0 {
+                    self.latency(mode, &args, Budget::Iters(warmup), &mut none)?;
+                }
+                Measured::Lat(self.latency(mode, &args, budget, &mut progress)?)
+            }
+            Test::Rate | Test::Bw => {
+                let f = if test == Test::Rate { ECHO } else { SINK };
+                if warmup > 0 {
+                    self.stream(mode, f, &args, Budget::Iters(warmup), plan, &mut none)?;
+                }
+                Measured::Thru(self.stream(mode, f, &args, budget, plan, &mut progress)?)
+            }
+        };
+        progress.finish();
+        Ok(m)
+    }
+
+    /// One call whose response is checked (modes with a response).
+    fn check_echo(&self, mode: CallMode, args: &[u8]) -> Res<()> {
+        if self.one_thread {
+            return Ok(());
+        }
+        let mut resp = Vec::new();
+        self.channel.call_with(&CallOptions::mode(mode), ECHO, args, &mut resp).map_err(call_err)?;
+        let want: &[u8] = if matches!(mode, CallMode::WaitRsp | CallMode::Ack) { args } else { &[] };
+        if resp != want {
+            return Err(format!("the echo returned {} bytes, expected {}", resp.len(), want.len()));
+        }
+        Ok(())
+    }
+
+    fn latency(&self, mode: CallMode, args: &[u8], budget: Budget, progress: &mut Progress) -> Res<Latency> {
+        let opts = CallOptions::mode(mode);
+        let mut resp = Vec::with_capacity(args.len());
+        let done = Arc::new(Done::default());
+        let mut samples: Vec<u64> =
+            Vec::with_capacity(budget.iters().unwrap_or(1 << 20).min(1 << 24) as usize);
+        let clock = Clock::start(budget);
+        let mut prev = clock.start;
+        let mut n = 0u64;
+        while clock.more(n, Some(prev)) {
+            if self.one_thread {
+                let before = done.count.load(Ordering::Relaxed);
+                let d = done.clone();
+                self.channel
+                    .call_callback(&opts, ECHO, args, move |r| d.finish(r.map(|_| ())))
+                    .map_err(call_err)?;
+                while done.count.load(Ordering::Relaxed) == before {
+                    self.server.poll();
+                    self.channel.poll();
+                }
+                done.check()?;
+            } else {
+                self.channel.call_with(&opts, ECHO, args, &mut resp).map_err(call_err)?;
+            }
+            let now = Instant::now();
+            samples.push(now.duration_since(prev).as_nanos() as u64);
+            prev = now;
+            n += 1;
+            if n % TICK == 0 {
+                progress.tick(&clock, n);
+            }
+        }
+        let secs = prev.duration_since(clock.start).as_secs_f64();
+        Ok(Latency::from_samples(&mut samples, secs))
+    }
+
+    fn stream(
+        &self,
+        mode: CallMode,
+        function: FunctionId,
+        args: &[u8],
+        budget: Budget,
+        plan: &Plan,
+        progress: &mut Progress,
+    ) -> Res<Throughput> {
+        let opts = CallOptions { wait_for_credit: false, ..CallOptions::mode(mode) };
+        let done = Arc::new(Done::default());
+        let base = done.count.load(Ordering::Relaxed);
+        let (window, batch) = (plan.window as u64, plan.batch as u64);
+        let mut limit = budget.iters();
+        let mut started = 0u64;
+        let mut turns = 0u32;
+        let mut next_tick = TICK;
+        let clock = Clock::start(budget);
+        loop {
+            let finished = done.count.load(Ordering::Relaxed) - base;
+            if limit.is_none() {
+                turns = turns.wrapping_add(1);
+                if turns % 16 == 0 && !clock.more(finished, Some(Instant::now())) {
+                    limit = Some(started);
+                }
+            }
+            if let Some(l) = limit {
+                if finished >= l {
+                    break;
+                }
+            }
+            let mut k = 0;
+            while k < batch && below(started, limit) && started - finished < window {
+                let d = done.clone();
+                match self.channel.call_callback(&opts, function, args, move |r| d.finish(r.map(|_| ()))) {
+                    Ok(()) => {
+                        started += 1;
+                        k += 1;
+                    }
+                    Err(e) if e.is_would_block() => break,
+                    Err(e) => return Err(call_err(e)),
+                }
+            }
+            if self.one_thread {
+                self.server.poll();
+            }
+            self.channel.poll();
+            if finished >= next_tick {
+                next_tick += TICK;
+                progress.tick(&clock, finished);
+            }
+        }
+        let secs = clock.start.elapsed().as_secs_f64();
+        done.check()?;
+        Ok(Throughput { msgs: started, bytes: started * args.len() as u64, secs })
+    }
+}
+
+fn below(n: u64, limit: Option<u64>) -> bool {
+    match limit {
+        Some(l) => n < l,
+        None => true,
+    }
+}
+
+fn call_err(e: RpcError) -> String {
+    format!("call failed: {e}")
+}
+
+/// Calls finished by callbacks, and the first failure.
+#[derive(Default)]
+struct Done {
+    count: AtomicU64,
+    error: Mutex<Option<String>>,
+}
+
+impl Done {
+    fn finish(&self, r: Result<(), RpcError>) {
+        if let Err(e) = r {
+            let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| call_err(e));
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn check(&self) -> Res<()> {
+        match self.error.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
