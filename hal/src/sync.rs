@@ -37,18 +37,32 @@ pub mod mutation {
     /// True while `m` is the active mutant.
     #[inline]
     pub fn active(m: Mutant) -> bool {
-        ACTIVE.load(Ordering::Relaxed) == m as u32
+        is_on(m as u32)
     }
 
     /// Activates `m` until the returned guard is dropped. Panics if another mutant is active.
     #[must_use = "the mutant is active only while the guard lives"]
     pub fn set(m: Mutant) -> Guard {
-        let prev = ACTIVE.swap(m as u32, Ordering::SeqCst);
-        assert_eq!(prev, 0, "another hal mutant is active (hold the test lock)");
+        switch_on(m as u32)
+    }
+
+    /// The one process-wide switch behind every crate's mutants (hal, sim and stack number theirs
+    /// in disjoint ranges): true while mutant `id` is on.
+    #[inline]
+    pub fn is_on(id: u32) -> bool {
+        ACTIVE.load(Ordering::Relaxed) == id
+    }
+
+    /// Switches mutant `id` on until the returned guard is dropped (also while a failing model
+    /// unwinds). Only between loom models, never during one. Panics if a mutant is already on.
+    #[must_use = "the mutant is on only while the guard lives"]
+    pub fn switch_on(id: u32) -> Guard {
+        let prev = ACTIVE.swap(id, Ordering::SeqCst);
+        assert_eq!(prev, 0, "another mutant is on (hold the loom test lock)");
         Guard { _private: () }
     }
 
-    /// Resets the mutation switch when dropped (also while a failing model unwinds).
+    /// Switches the mutant off when dropped.
     #[derive(Debug)]
     pub struct Guard {
         _private: (),

@@ -460,8 +460,8 @@ fn split_poster_and_poller(old_order: bool) {
     while ci < SPLIT_WQES {
         let finished = done.load(Ordering::Acquire);
         let mut got = 0;
-        // SAFETY: this thread is the CQ's only consumer.
         let mut freed = [0u32; SPLIT_WQES as usize];
+        // SAFETY: this thread is the CQ's only consumer.
         while let Some(cqe) = unsafe { cq.read(ci) } {
             assert_eq!(cqe.wqe_index, ci, "CQE {ci}: lost, duplicated or out of order");
             // SAFETY: we are the poller and have just read this WQE's completion.

@@ -78,47 +78,32 @@ pub(crate) fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutation {
-    use std::sync::atomic::{AtomicU32, Ordering};
 
     /// A deliberate bug the ring code commits while it is [`set`].
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     #[repr(u32)]
     pub enum Mutant {
         /// `CqRing::write` stores the CQE head word (with the owner bit) `Relaxed`, not `Release`.
-        CqeHeadRelaxed = 1,
+        CqeHeadRelaxed = 101,
         /// `CqRing::write` stores the head word before the body.
-        CqeHeadBeforeBody = 2,
+        CqeHeadBeforeBody = 102,
         /// `CqRing::release` publishes the driver's consumer index `Relaxed`, not `Release`.
-        CiRecordRelaxed = 3,
+        CiRecordRelaxed = 103,
         /// `CqRing::write` ignores the CI record and overwrites entries the driver has not consumed.
-        CqFullCheckSkipped = 4,
+        CqFullCheckSkipped = 104,
     }
 
-    static ACTIVE: AtomicU32 = AtomicU32::new(0);
+    pub use bypass_hal::mutation::Guard;
 
     /// True while `m` is the active mutant.
     #[inline]
     pub fn active(m: Mutant) -> bool {
-        ACTIVE.load(Ordering::Relaxed) == m as u32
+        bypass_hal::mutation::is_on(m as u32)
     }
 
     /// Activates `m` until the returned guard is dropped. Panics if another mutant is active.
     #[must_use = "the mutant is active only while the guard lives"]
     pub fn set(m: Mutant) -> Guard {
-        let prev = ACTIVE.swap(m as u32, Ordering::SeqCst);
-        assert_eq!(prev, 0, "another sim mutant is active (hold the test lock)");
-        Guard { _private: () }
-    }
-
-    /// Resets the mutation switch when dropped (also while a failing model unwinds).
-    #[derive(Debug)]
-    pub struct Guard {
-        _private: (),
-    }
-
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            ACTIVE.store(0, Ordering::SeqCst);
-        }
+        bypass_hal::mutation::switch_on(m as u32)
     }
 }

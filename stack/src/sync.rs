@@ -83,7 +83,6 @@ pub(crate) fn spin_loop_hint() {
 #[cfg(loom)]
 #[doc(hidden)]
 pub mod mutation {
-    use std::sync::atomic::{AtomicU32, Ordering};
 
     /// One deliberate bug, switched on by a loom twin with [`set`] (at most one at a time).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -91,7 +90,7 @@ pub mod mutation {
     pub enum Mutant {
         /// `tx_ctx`: a report loads the state word and stores the new one instead of
         /// compare-exchanging it (lost updates, double or missing release).
-        TxReportLoadStore = 1,
+        TxReportLoadStore = 201,
         /// `tx_ctx`: `claim_completion` loads, checks `CLAIMED` and stores (two winners).
         TxClaimLoadStore,
         /// `tx_ctx`: the release condition ignores a won claim's hold (`HELD`), so the context can
@@ -112,33 +111,18 @@ pub mod mutation {
         CreditsGiveNoWake,
     }
 
-    /// The active mutant's discriminant, 0 for none.
-    static ACTIVE: AtomicU32 = AtomicU32::new(0);
+    pub use bypass_hal::mutation::Guard;
 
     /// Whether `mutant` is on.
     #[inline]
     pub fn enabled(mutant: Mutant) -> bool {
-        ACTIVE.load(Ordering::Relaxed) == mutant as u32
+        bypass_hal::mutation::is_on(mutant as u32)
     }
 
     /// Switches `mutant` on until the returned guard is dropped (also while a failing model
     /// unwinds). Only between loom models, never during one. Panics if a mutant is already on.
     #[must_use = "the mutant is on only while the guard lives"]
     pub fn set(mutant: Mutant) -> Guard {
-        let previous = ACTIVE.swap(mutant as u32, Ordering::SeqCst);
-        assert_eq!(previous, 0, "another stack mutant is on (hold the loom test lock)");
-        Guard { _private: () }
-    }
-
-    /// Switches the mutant off when dropped.
-    #[derive(Debug)]
-    pub struct Guard {
-        _private: (),
-    }
-
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            ACTIVE.store(0, Ordering::SeqCst);
-        }
+        bypass_hal::mutation::switch_on(mutant as u32)
     }
 }
