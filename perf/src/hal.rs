@@ -17,7 +17,7 @@
 //! under the Inline engine (a hardware NIC would need no CPU there).
 
 use crate::cli::{EngineArg, Op, Plan, Spec, Test, What};
-use crate::progress::Progress;
+use crate::progress::{time_round_trips, Progress};
 use crate::stats::{Budget, Clock, Latency, Measured, Throughput};
 use bypass::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, RecvWr, RemoteRegion,
@@ -308,12 +308,8 @@ fn latency<D: Device>(
     drive: &mut dyn FnMut() -> Res<()>,
     progress: &mut Progress,
 ) -> Res<Latency> {
-    let mut samples: Vec<u64> = Vec::with_capacity(budget.iters().unwrap_or(1 << 20).min(1 << 24) as usize);
     let mut wc = [Completion::default(); 1];
-    let clock = Clock::start(budget);
-    let mut prev = clock.start;
-    let mut done = 0u64;
-    while clock.more(done, Some(prev)) {
+    time_round_trips(budget, progress, || {
         while c.outstanding() + 1 >= c.send_depth {
             c.poll_send()?;
             drive()?;
@@ -339,16 +335,8 @@ fn latency<D: Device>(
                 }
             }
         }
-        let now = Instant::now();
-        samples.push(now.duration_since(prev).as_nanos() as u64);
-        prev = now;
-        done += 1;
-        if done % TICK == 0 {
-            progress.tick(&clock, done);
-        }
-    }
-    let secs = prev.duration_since(clock.start).as_secs_f64();
-    Ok(Latency::from_samples(&mut samples, secs))
+        Ok(())
+    })
 }
 
 fn stream<D: Device>(

@@ -12,7 +12,7 @@
 //! size less the 20-byte request header.
 
 use crate::cli::{Plan, Spec, Test, What};
-use crate::progress::Progress;
+use crate::progress::{time_round_trips, Progress};
 use crate::stats::{Budget, Clock, Latency, Measured, Throughput};
 use bypass::hal::Device;
 use bypass::{
@@ -148,12 +148,7 @@ impl<D: Device + Clone> Rig<D> {
         let opts = CallOptions::mode(mode);
         let mut resp = Vec::with_capacity(args.len());
         let done = Arc::new(Done::default());
-        let mut samples: Vec<u64> =
-            Vec::with_capacity(budget.iters().unwrap_or(1 << 20).min(1 << 24) as usize);
-        let clock = Clock::start(budget);
-        let mut prev = clock.start;
-        let mut n = 0u64;
-        while clock.more(n, Some(prev)) {
+        time_round_trips(budget, progress, || {
             if self.one_thread {
                 let before = done.count.load(Ordering::Relaxed);
                 let d = done.clone();
@@ -168,16 +163,8 @@ impl<D: Device + Clone> Rig<D> {
             } else {
                 self.channel.call_with(&opts, ECHO, args, &mut resp).map_err(call_err)?;
             }
-            let now = Instant::now();
-            samples.push(now.duration_since(prev).as_nanos() as u64);
-            prev = now;
-            n += 1;
-            if n % TICK == 0 {
-                progress.tick(&clock, n);
-            }
-        }
-        let secs = prev.duration_since(clock.start).as_secs_f64();
-        Ok(Latency::from_samples(&mut samples, secs))
+            Ok(())
+        })
     }
 
     fn stream(

@@ -16,7 +16,7 @@
 //! UCX's tcp transport does), like every other test here.
 
 use crate::cli::{Spec, Test};
-use crate::progress::Progress;
+use crate::progress::{time_round_trips, Progress};
 use crate::stats::{Budget, Clock, Latency, Measured, Throughput};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -159,26 +159,15 @@ fn sink(mut s: Sock) -> Res<()> {
 fn latency(mut s: Sock, size: usize, budget: Budget, progress: &mut Progress) -> Res<Latency> {
     let out = vec![0xA5u8; size];
     let mut back = vec![0u8; size];
-    let mut samples: Vec<u64> = Vec::with_capacity(budget.iters().unwrap_or(1 << 20).min(1 << 24) as usize);
-    let clock = Clock::start(budget);
-    let mut prev = clock.start;
-    let mut n = 0u64;
-    while clock.more(n, Some(prev)) {
+    let latency = time_round_trips(budget, progress, || {
         s.write_all(&out)?;
         if !s.read_exact(&mut back)? {
-            return Err("tcp read: the server closed".into());
+            return Err("tcp read: the server closed".to_string());
         }
-        let now = Instant::now();
-        samples.push(now.duration_since(prev).as_nanos() as u64);
-        prev = now;
-        n += 1;
-        if n % TICK == 0 {
-            progress.tick(&clock, n);
-        }
-    }
-    let secs = prev.duration_since(clock.start).as_secs_f64();
+        Ok(())
+    })?;
     let _ = s.0.shutdown(Shutdown::Write);
-    Ok(Latency::from_samples(&mut samples, secs))
+    Ok(latency)
 }
 
 fn stream(
