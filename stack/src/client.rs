@@ -577,24 +577,31 @@ impl<D: Device + Clone> ChannelInner<D> {
                     "no credit: every receive buffer the server posted for this queue is in use",
                 ));
             }
-            if self.closed.load(Ordering::Acquire) {
-                return Err(RpcError::Closed);
-            }
             if !self.ep.queues[q].ready.load(Ordering::Acquire) {
                 return Err(RpcError::Queue(hal::Status::Flushed));
             }
             if self.config.self_poll && self.poll() > 0 {
                 continue;
             }
-            spins += 1;
-            if spins % 64 == 0 {
-                self.ep.device.progress();
-                if deadline != NO_DEADLINE && self.ep.device.now().as_nanos() as u64 >= deadline {
-                    return Err(RpcError::Timeout);
-                }
-                std::thread::yield_now();
-            }
+            self.idle_turn(&mut spins, deadline)?;
         }
+    }
+
+    /// One empty turn of a wait loop: fails if the channel closed, or (checked every 64th turn,
+    /// together with the device's `progress` and a yield) if the deadline passed.
+    fn idle_turn(&self, spins: &mut u32, deadline: u64) -> Result<(), RpcError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RpcError::Closed);
+        }
+        *spins += 1;
+        if *spins % 64 == 0 {
+            self.ep.device.progress();
+            if deadline != NO_DEADLINE && self.ep.device.now().as_nanos() as u64 >= deadline {
+                return Err(RpcError::Timeout);
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
     }
 
     /// A send context. Contexts often wait only for send completions that are already in the
@@ -612,17 +619,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             if !opts.wait_for_credit {
                 return Err(RpcError::WouldBlock("every send context is in use"));
             }
-            if self.closed.load(Ordering::Acquire) {
-                return Err(RpcError::Closed);
-            }
-            spins += 1;
-            if spins % 64 == 0 {
-                self.ep.device.progress();
-                if deadline != NO_DEADLINE && self.ep.device.now().as_nanos() as u64 >= deadline {
-                    return Err(RpcError::Timeout);
-                }
-                std::thread::yield_now();
-            }
+            self.idle_turn(&mut spins, deadline)?;
         }
     }
 
