@@ -90,6 +90,10 @@ pub trait CompletionQueue: Send {
     /// Number of entries the queue holds.
     fn depth(&self) -> u32;
 
+    /// An id unique among the live CQs of its device: what [`crate::EventChannel::take_events`]
+    /// reports for this CQ.
+    fn id(&self) -> u64;
+
     /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many. Never
     /// blocks. Returns [`crate::Error::CqOverflow`] once the device had to drop a completion.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
@@ -99,9 +103,12 @@ pub trait CompletionQueue: Send {
     fn arm(&mut self, mode: ArmMode) -> Result<()>;
 
     /// A file descriptor that becomes readable when an armed queue gets a completion; wait on it
-    /// with poll/epoll, then call [`ack_events`](Self::ack_events), poll, and re-arm.
+    /// with poll/epoll, then call [`ack_events`](Self::ack_events), poll, and re-arm. A CQ on a
+    /// shared channel ([`crate::Device::create_cq_on`]) returns the channel's fd.
     fn event_fd(&self) -> RawFd;
 
-    /// Consumes pending events and returns how many there were (0 if none).
+    /// Consumes this CQ's pending events and returns how many there were (0 if none). On a shared
+    /// channel events are taken with [`crate::EventChannel::take_events`] instead, and this
+    /// returns 0.
     fn ack_events(&mut self) -> Result<u64>;
 }

@@ -1,9 +1,11 @@
 //! The device: capabilities, and the factory of regions, completion queues and queues.
 
-use crate::{Access, CompletionQueue, MemoryRegion, Queue, QueueConfig, Result};
+use crate::{Access, AsyncEvent, CompletionQueue, EventChannel, MemoryRegion, Queue, QueueConfig, Result};
+use std::os::fd::BorrowedFd;
 
 /// Limits of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeviceCaps {
     /// Most slots in a send or receive queue.
     pub max_queue_depth: u32,
@@ -19,6 +21,60 @@ pub struct DeviceCaps {
     pub max_msg_size: u32,
     /// Largest single registration in bytes.
     pub max_region_size: u64,
+    /// Most READs a queue may have outstanding as requester (`max_qp_rd_atom`); a queue's
+    /// [`QueueConfig::max_rd_atomic`] above it is clamped to it.
+    pub max_rd_atomic: u8,
+    /// Most READs a queue accepts in flight as responder (`max_qp_init_rd_atom`).
+    pub max_dest_rd_atomic: u8,
+}
+
+impl DeviceCaps {
+    /// Caps from the limits every field names; the read limits default to 16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        max_queue_depth: u32,
+        max_cq_depth: u32,
+        max_send_sge: u32,
+        max_recv_sge: u32,
+        max_inline: u32,
+        max_msg_size: u32,
+        max_region_size: u64,
+    ) -> Self {
+        DeviceCaps {
+            max_queue_depth,
+            max_cq_depth,
+            max_send_sge,
+            max_recv_sge,
+            max_inline,
+            max_msg_size,
+            max_region_size,
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+/// Device-level settings a real NIC needs when it is opened (the simulator ignores what it does
+/// not model). Backends take it in their `open`; the backend string of the stack
+/// (`verbs:rxe0,gid=1,mtu=1024`) fills it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceConfig {
+    /// Physical port (verbs ports count from 1).
+    pub port: u8,
+    /// GID table index for RoCE (`None`: the first RoCE v2 IPv4-mapped GID, else the first
+    /// non-zero one). Unused on InfiniBand ports, which address by LID.
+    pub gid_index: Option<u8>,
+    /// Path MTU in bytes (256, 512, 1024, 2048 or 4096; `None`: the port's active MTU).
+    pub path_mtu: Option<u32>,
+    /// Traffic class (IPv6 TC / IPv4 DSCP+ECN byte) of RoCE packets.
+    pub traffic_class: u8,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        DeviceConfig { port: 1, gid_index: None, path_mtu: None, traffic_class: 0 }
+    }
 }
 
 /// One NIC (verbs: an opened context plus a protection domain; URMA: a context; sim: one
@@ -31,6 +87,9 @@ pub trait Device: Send + Sync + 'static {
     type Cq: CompletionQueue;
     /// Reliable-connected queue.
     type Queue: Queue;
+    /// Completion event channel that several CQs can share (verbs: `ibv_comp_channel`; URMA:
+    /// jfce).
+    type Channel: EventChannel;
 
     /// The device's limits.
     fn caps(&self) -> DeviceCaps;
@@ -39,8 +98,27 @@ pub trait Device: Send + Sync + 'static {
     /// memory; dropping it deregisters, then frees.
     fn register(&self, len: usize, access: Access) -> Result<Self::Region>;
 
-    /// Creates a completion queue with room for `depth` completions.
+    /// Registers `len` bytes of memory the caller owns, at `ptr`, with `access`. Dropping the
+    /// region deregisters it and leaves the memory alone.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must be valid, writable memory that stays allocated, and is not moved or
+    /// unmapped, until the returned region (and every queue that may still use its keys, see the
+    /// module docs of `mr`) is dropped. While registered it is DMA memory: the caller accesses it
+    /// only as [`MemoryRegion::write_shared`] allows, and never through a Rust reference that
+    /// asserts it is unaliased (`&mut [u8]`) while a work request may touch it.
+    unsafe fn register_external(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Self::Region>;
+
+    /// Creates a completion queue with room for `depth` completions and an event channel of its
+    /// own ([`CompletionQueue::event_fd`]).
     fn create_cq(&self, depth: u32) -> Result<Self::Cq>;
+
+    /// Creates an event channel for [`create_cq_on`](Self::create_cq_on).
+    fn create_channel(&self) -> Result<Self::Channel>;
+
+    /// Creates a completion queue whose events go to `channel`, which may serve many CQs: one
+    /// fd to wait on for all of them ([`EventChannel::take_events`] says which fired).
+    fn create_cq_on(&self, depth: u32, channel: &Self::Channel) -> Result<Self::Cq>;
 
     /// Creates a queue in RESET whose send completions go to `send_cq` and receive completions to
     /// `recv_cq` (the two may be the same CQ).
@@ -50,6 +128,16 @@ pub trait Device: Send + Sync + 'static {
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
     ) -> Result<Self::Queue>;
+
+    /// The device's asynchronous-event fd (verbs: the context's `async_fd`), readable when
+    /// [`poll_async_event`](Self::poll_async_event) has something; `None` if the backend has no
+    /// fd (poll it then).
+    fn async_event_fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// The next asynchronous event, if any, without blocking: a queue that failed with nothing
+    /// outstanding (so no completion says so), a port that went down or came up, a device that
+    /// failed. Each event is reported once.
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
 
     /// Gives a software device a chance to run on the calling thread. A thread that waits for
     /// completions without polling the CQ that will receive them (a caller waiting for a worker,

@@ -30,9 +30,11 @@ mod completion;
 mod device;
 pub mod doorbell;
 mod error;
+mod event;
 mod mr;
 mod queue;
 mod sync;
+mod timer;
 pub mod trace;
 mod wr;
 
@@ -45,8 +47,10 @@ pub mod conformance;
 pub use sync::mutation;
 
 pub use completion::{ArmMode, Completion, CompletionQueue, CqOpcode, Status};
-pub use device::{Device, DeviceCaps};
+pub use device::{Device, DeviceCaps, DeviceConfig};
 pub use error::{Error, Result};
-pub use mr::{Access, MemoryRegion, RemoteAddr, RemoteRegion, Sge};
-pub use queue::{Queue, QueueConfig, QueueInfo, QueueState};
+pub use event::{AsyncEvent, EventChannel};
+pub use mr::{Access, MemoryRegion, RemoteAddr, RemoteKey, RemoteRegion, Sge};
+pub use queue::{Queue, QueueConfig, QueueInfo, QueueInfoError, QueueState};
+pub use timer::{AckTimeout, RnrTimer};
 pub use wr::{RecvWr, SendOp, SendWr, WrFlags};

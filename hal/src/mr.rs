@@ -3,7 +3,10 @@
 //! # Safety model
 //!
 //! Registered memory is *owned by its region*: [`crate::Device::register`] allocates it and
-//! dropping the region deregisters it (the keys stop working) *before* the memory is freed. A NIC
+//! dropping the region deregisters it (the keys stop working) *before* the memory is freed.
+//! [`crate::Device::register_external`] registers memory the caller owns instead; it is `unsafe`
+//! because the caller then promises what ownership guarantees otherwise (the memory outlives the
+//! registration and is not moved). A NIC
 //! translates every address of every work request through its key table at the moment it moves
 //! data, so a work request naming a stale key, a wrong key or an out-of-bounds range fails with a
 //! protection or access error completion; it can never reach freed or foreign memory. That is why
@@ -11,7 +14,10 @@
 //!
 //! The bytes of a region are shared with the device, exactly like DMA memory: the NIC may write a
 //! range while a receive or an inbound WRITE is outstanding. [`MemoryRegion::read`] and
-//! [`MemoryRegion::write`] copy; only read a range after the completion that filled it.
+//! [`MemoryRegion::write`] copy; only read a range after the completion that filled it. `write`
+//! takes `&mut self`, so two threads cannot race on a region's bytes from safe code even though a
+//! region is `Sync`; owners that hand disjoint parts of one region to several threads (the stack's
+//! buffer pools) use the `unsafe` [`MemoryRegion::write_shared`] and uphold its contract.
 
 use crate::Result;
 
@@ -49,6 +55,66 @@ impl Sge {
     }
 }
 
+/// The key a peer presents to reach a region: opaque bytes whose meaning the backend defines.
+///
+/// A verbs `rkey` is 32 bits; a URMA target segment is named by the owner's EID, its uasid, a
+/// token id and a token value (the peer imports it before use). Both fit in this fixed-size key,
+/// so remote region descriptors have one shape on every backend and can travel in an RPC
+/// ([`RemoteRegion::encode`]). Backends that use a 32-bit key put it in the first four bytes,
+/// little-endian ([`RemoteKey::from_rkey`]), and leave the rest zero.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteKey([u8; RemoteKey::LEN]);
+
+impl RemoteKey {
+    /// Size of a key in bytes.
+    pub const LEN: usize = 32;
+
+    /// A key from its raw bytes (as a backend, or [`RemoteKey::as_bytes`], produced them).
+    pub const fn from_bytes(bytes: [u8; Self::LEN]) -> Self {
+        RemoteKey(bytes)
+    }
+
+    /// The key of a backend whose remote keys are 32 bits (verbs `rkey`, the simulator).
+    pub const fn from_rkey(rkey: u32) -> Self {
+        let mut b = [0u8; Self::LEN];
+        let k = rkey.to_le_bytes();
+        b[0] = k[0];
+        b[1] = k[1];
+        b[2] = k[2];
+        b[3] = k[3];
+        RemoteKey(b)
+    }
+
+    /// The first four bytes as a 32-bit key (what verbs and the simulator put on the wire).
+    pub const fn rkey(&self) -> u32 {
+        u32::from_le_bytes([self.0[0], self.0[1], self.0[2], self.0[3]])
+    }
+
+    /// True when only the first four bytes can be non-zero (a 32-bit key).
+    pub fn is_rkey(&self) -> bool {
+        self.0[4..].iter().all(|&b| b == 0)
+    }
+
+    /// The raw bytes.
+    pub const fn as_bytes(&self) -> &[u8; Self::LEN] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for RemoteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_rkey() {
+            write!(f, "RemoteKey(rkey {:#x})", self.rkey())
+        } else {
+            write!(f, "RemoteKey(")?;
+            for b in self.0 {
+                write!(f, "{b:02x}")?;
+            }
+            write!(f, ")")
+        }
+    }
+}
+
 /// What a peer needs to access a region remotely: its address range and remote key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RemoteRegion {
@@ -57,13 +123,49 @@ pub struct RemoteRegion {
     /// Length in bytes.
     pub len: u64,
     /// Remote key.
-    pub rkey: u32,
+    pub key: RemoteKey,
 }
 
 impl RemoteRegion {
+    /// Size of the encoded form: version 1, then addr (8), len (8) and the key (32), little-endian.
+    pub const ENCODED_LEN: usize = 1 + 8 + 8 + RemoteKey::LEN;
+    const VERSION: u8 = 1;
+
     /// The remote address `offset` bytes into the region, for a WRITE or READ work request.
     pub fn at(&self, offset: u64) -> RemoteAddr {
-        RemoteAddr { addr: self.addr.wrapping_add(offset), rkey: self.rkey }
+        RemoteAddr { addr: self.addr.wrapping_add(offset), key: self.key }
+    }
+
+    /// The descriptor as bytes, for an application to send to its peer (in an RPC, say).
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut b = [0u8; Self::ENCODED_LEN];
+        b[0] = Self::VERSION;
+        b[1..9].copy_from_slice(&self.addr.to_le_bytes());
+        b[9..17].copy_from_slice(&self.len.to_le_bytes());
+        b[17..].copy_from_slice(self.key.as_bytes());
+        b
+    }
+
+    /// Decodes what [`encode`](Self::encode) wrote; says what is wrong with anything else.
+    pub fn decode(b: &[u8]) -> Result<Self> {
+        if b.len() != Self::ENCODED_LEN {
+            return Err(crate::Error::InvalidArgument(format!(
+                "a remote region descriptor is {} bytes, got {}",
+                Self::ENCODED_LEN,
+                b.len()
+            )));
+        }
+        if b[0] != Self::VERSION {
+            return Err(crate::Error::InvalidArgument(format!(
+                "remote region descriptor version {} (this build reads version {})",
+                b[0],
+                Self::VERSION
+            )));
+        }
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let mut key = [0u8; RemoteKey::LEN];
+        key.copy_from_slice(&b[17..]);
+        Ok(RemoteRegion { addr: u64_at(1), len: u64_at(9), key: RemoteKey::from_bytes(key) })
     }
 }
 
@@ -73,7 +175,7 @@ pub struct RemoteAddr {
     /// Device address in the peer's region.
     pub addr: u64,
     /// The peer region's remote key.
-    pub rkey: u32,
+    pub key: RemoteKey,
 }
 
 /// A registered memory region. Dropping it deregisters it, then frees its memory.
@@ -89,7 +191,7 @@ pub trait MemoryRegion: Send + Sync {
     /// Local key, for SGEs of local work requests.
     fn lkey(&self) -> u32;
     /// Remote key, for peers' READ and WRITE.
-    fn rkey(&self) -> u32;
+    fn remote_key(&self) -> RemoteKey;
     /// The region's access rights.
     fn access(&self) -> Access;
     /// Pointer to the first byte, for zero-copy use. Reading or writing through it while the NIC
@@ -105,10 +207,26 @@ pub trait MemoryRegion: Send + Sync {
         Ok(())
     }
 
-    /// Copies `src` into the region at `offset`.
-    fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+    /// Copies `src` into the region at `offset`. `&mut self` makes this the only writer (and
+    /// reader) on the CPU side, so safe code cannot race on the bytes; the NIC's own accesses
+    /// follow the DMA rule of the module docs.
+    fn write(&mut self, offset: usize, src: &[u8]) -> Result<()> {
+        // SAFETY: `&mut self` excludes every other CPU access through this region.
+        unsafe { self.write_shared(offset, src) }
+    }
+
+    /// Copies `src` into the region at `offset` through a shared reference, for owners that
+    /// split one region among several users (a buffer pool hands out disjoint slices of it).
+    ///
+    /// # Safety
+    /// No other thread may read or write `offset..offset + src.len()` of this region while the
+    /// copy runs (through this or any other handle, [`as_ptr`](Self::as_ptr) included), and no
+    /// posted work request may be writing it (a receive or READ target, or a range a peer may
+    /// WRITE). Bounds are still checked.
+    unsafe fn write_shared(&self, offset: usize, src: &[u8]) -> Result<()> {
         check_range(self.len(), offset, src.len())?;
-        // SAFETY: as in `read`; the region owns its memory and the range is in bounds.
+        // SAFETY: the range is in bounds of memory the region keeps alive; the caller guarantees
+        // no concurrent access to it; `src` is a distinct Rust buffer.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len()) };
         Ok(())
     }
@@ -124,7 +242,7 @@ pub trait MemoryRegion: Send + Sync {
 
     /// What a peer needs to READ or WRITE this region.
     fn remote(&self) -> RemoteRegion {
-        RemoteRegion { addr: self.addr(), len: self.len() as u64, rkey: self.rkey() }
+        RemoteRegion { addr: self.addr(), len: self.len() as u64, key: self.remote_key() }
     }
 }
 

@@ -1,25 +1,26 @@
 //! Queues (a send side and a receive side, connected to one peer), their states, and what a peer
 //! needs to connect.
 
-use crate::{RecvWr, Result, SendWr};
+use crate::{AckTimeout, RecvWr, Result, RnrTimer, SendWr};
 use std::time::Duration;
 
 /// The state of a queue. RESET → READY (on [`Queue::connect`]) → ERROR (on a transport or
-/// protection error, or [`Queue::set_error`]) → RESET (on [`Queue::reset`], which from READY
-/// passes through ERROR so that nothing outstanding is lost without a completion).
+/// protection error, or [`Queue::set_error`]) → RESET (on [`Queue::reset`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QueueState {
     /// Not connected; posting is refused.
     Reset,
     /// Connected; work requests execute.
     Ready,
-    /// Failed; every outstanding work request is (or will be) flushed exactly once, and posting is
-    /// refused until the queue is reset and connected again.
+    /// Failed; every outstanding work request is (or will be) flushed exactly once, and so is
+    /// every request posted from now on, until the queue is reset and connected again.
     Error,
 }
 
-/// Queue parameters chosen at creation.
+/// Queue parameters chosen at creation. Start from [`QueueConfig::default`] and set fields (the
+/// struct grows as backends need more).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct QueueConfig {
     /// Send-queue slots (outstanding send-side work requests).
     pub send_depth: u32,
@@ -31,14 +32,22 @@ pub struct QueueConfig {
     pub max_recv_sge: u32,
     /// Most bytes of one INLINE work request.
     pub max_inline: u32,
-    /// Transport timeout: how long to wait for an acknowledgement before retransmitting.
-    pub timeout: Duration,
+    /// Transport timeout: how long to wait for an acknowledgement before retransmitting
+    /// ([`AckTimeout::NONE`]: never).
+    pub timeout: AckTimeout,
     /// Retransmissions after a timeout before the request fails with `RetryExceeded` (0..=7).
     pub retry_count: u8,
     /// Retries after a receiver-not-ready NAK before `RnrRetryExceeded` (0..=7; 7 = forever).
     pub rnr_retry: u8,
-    /// How long the sender waits after an RNR NAK before retrying (the receiver advertises it).
-    pub min_rnr_timer: Duration,
+    /// How long a sender waits after this queue answered RNR before it retries (advertised in
+    /// the NAK).
+    pub min_rnr_timer: RnrTimer,
+    /// Most READs this queue keeps outstanding as requester; further ones wait their turn
+    /// (clamped to [`crate::DeviceCaps::max_rd_atomic`]).
+    pub max_rd_atomic: u8,
+    /// Most READs this queue serves in flight as responder (clamped to
+    /// [`crate::DeviceCaps::max_dest_rd_atomic`]).
+    pub max_dest_rd_atomic: u8,
 }
 
 impl Default for QueueConfig {
@@ -49,17 +58,42 @@ impl Default for QueueConfig {
             max_send_sge: 4,
             max_recv_sge: 4,
             max_inline: 64,
-            timeout: Duration::from_millis(100),
+            // 2^15 × 4.096 µs = 134 ms.
+            timeout: AckTimeout::at_least(Duration::from_millis(100)),
             retry_count: 7,
             rnr_retry: 7,
-            min_rnr_timer: Duration::from_micros(100),
+            // 120 µs.
+            min_rnr_timer: RnrTimer::at_least(Duration::from_micros(100)),
+            max_rd_atomic: 4,
+            max_dest_rd_atomic: 4,
         }
     }
 }
 
-/// Everything a peer needs to connect to a queue. The same shape serves every backend:
-/// `gid` is the port GID (verbs), the EID (URMA) or the NIC address (sim).
+impl QueueConfig {
+    /// The same configuration with `send` send slots and `recv` receive slots.
+    pub fn with_depths(mut self, send: u32, recv: u32) -> Self {
+        self.send_depth = send;
+        self.recv_depth = recv;
+        self
+    }
+}
+
+/// Everything a peer needs to connect to a queue, on any backend:
+///
+/// | field | verbs | URMA | sim |
+/// |---|---|---|---|
+/// | `gid` | port GID | EID | fabric id + NIC address |
+/// | `qpn` | QP number | jetty id | queue number |
+/// | `psn` | first PSN | (unused) | first PSN |
+/// | `lid` | LID (InfiniBand) | (unused) | 0 |
+/// | `uasid` | 0 | the jetty's uasid | 0 |
+/// | `token` | 0 | the jetty's token value | 0 |
+///
+/// The control plane carries it as [`encode`](Self::encode) writes it: a version byte, a length
+/// byte and the fields, so a later version can append fields that older readers skip.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub struct QueueInfo {
     /// Port GID, EID or simulated NIC address.
     pub gid: [u8; 16],
@@ -69,40 +103,125 @@ pub struct QueueInfo {
     pub psn: u32,
     /// InfiniBand LID (0 where unused).
     pub lid: u16,
-    /// Access token (URMA; 0 where unused).
+    /// URMA user address-space id of the queue's owner (0 where unused).
+    pub uasid: u32,
+    /// Access token of the queue (URMA; 0 where unused).
     pub token: u32,
 }
 
-impl QueueInfo {
-    /// Size of the encoded form.
-    pub const ENCODED_LEN: usize = 30;
+/// Why bytes are not a [`QueueInfo`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueInfoError {
+    /// Fewer bytes than the header or the length it announces.
+    #[error("queue info is truncated: {have} byte(s), {need} needed")]
+    Truncated {
+        /// Bytes available.
+        have: usize,
+        /// Bytes needed.
+        need: usize,
+    },
+    /// A version this build does not read.
+    #[error("queue info version {0} (this build reads version {v})", v = QueueInfo::VERSION)]
+    Version(u8),
+    /// The announced body is shorter than this version's fields.
+    #[error("queue info body of {0} bytes is shorter than version 1's {b}", b = QueueInfo::BODY_LEN)]
+    Short(usize),
+}
 
-    /// Encodes as little-endian bytes for a control-plane exchange.
+impl QueueInfo {
+    /// The encoding version this build writes.
+    pub const VERSION: u8 = 1;
+    /// Bytes of version 1's fields.
+    const BODY_LEN: usize = 16 + 4 + 4 + 2 + 4 + 4;
+    /// Size of the encoded form this build writes: version, length, fields.
+    pub const ENCODED_LEN: usize = 2 + Self::BODY_LEN;
+
+    /// A queue's info from its GID, number and first PSN (the other fields zero).
+    pub fn new(gid: [u8; 16], qpn: u32, psn: u32) -> Self {
+        QueueInfo { gid, qpn, psn, ..Default::default() }
+    }
+
+    /// Encodes for a control-plane exchange: version, body length, then gid (16), qpn, psn, lid
+    /// (u16), uasid, token, little-endian.
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
-        b[0..16].copy_from_slice(&self.gid);
-        b[16..20].copy_from_slice(&self.qpn.to_le_bytes());
-        b[20..24].copy_from_slice(&self.psn.to_le_bytes());
-        b[24..26].copy_from_slice(&self.lid.to_le_bytes());
-        b[26..30].copy_from_slice(&self.token.to_le_bytes());
+        b[0] = Self::VERSION;
+        b[1] = Self::BODY_LEN as u8;
+        b[2..18].copy_from_slice(&self.gid);
+        b[18..22].copy_from_slice(&self.qpn.to_le_bytes());
+        b[22..26].copy_from_slice(&self.psn.to_le_bytes());
+        b[26..28].copy_from_slice(&self.lid.to_le_bytes());
+        b[28..32].copy_from_slice(&self.uasid.to_le_bytes());
+        b[32..36].copy_from_slice(&self.token.to_le_bytes());
         b
     }
 
-    /// Decodes what [`encode`](Self::encode) wrote; `None` if `b` has the wrong length.
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != Self::ENCODED_LEN {
-            return None;
+    /// Decodes one encoded info from the front of `b`; returns it and the bytes it took. A body
+    /// longer than version 1's (a later writer's extra fields) is accepted and the rest skipped.
+    pub fn decode(b: &[u8]) -> Result<(Self, usize), QueueInfoError> {
+        if b.len() < 2 {
+            return Err(QueueInfoError::Truncated { have: b.len(), need: 2 });
+        }
+        if b[0] != Self::VERSION {
+            return Err(QueueInfoError::Version(b[0]));
+        }
+        let body = usize::from(b[1]);
+        if body < Self::BODY_LEN {
+            return Err(QueueInfoError::Short(body));
+        }
+        if b.len() < 2 + body {
+            return Err(QueueInfoError::Truncated { have: b.len(), need: 2 + body });
         }
         let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut gid = [0u8; 16];
-        gid.copy_from_slice(&b[0..16]);
-        Some(QueueInfo {
+        gid.copy_from_slice(&b[2..18]);
+        let info = QueueInfo {
             gid,
-            qpn: u32_at(16),
-            psn: u32_at(20),
-            lid: u16::from_le_bytes([b[24], b[25]]),
-            token: u32_at(26),
-        })
+            qpn: u32_at(18),
+            psn: u32_at(22),
+            lid: u16::from_le_bytes([b[26], b[27]]),
+            uasid: u32_at(28),
+            token: u32_at(32),
+        };
+        Ok((info, 2 + body))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_info_golden_bytes() {
+        let mut info = QueueInfo::new([0xaa; 16], 0x0102_0304, 0x00ab_cdef);
+        info.lid = 0x1234;
+        info.uasid = 7;
+        info.token = 0xdead_beef;
+        let b = info.encode();
+        let mut want = vec![1u8, 34];
+        want.extend([0xaa; 16]);
+        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
+        assert_eq!(b.to_vec(), want);
+        assert_eq!(QueueInfo::decode(&b), Ok((info, QueueInfo::ENCODED_LEN)));
+    }
+
+    #[test]
+    fn queue_info_refuses_bad_bytes_and_skips_later_fields() {
+        let b = QueueInfo::new([1; 16], 9, 10).encode();
+        assert_eq!(QueueInfo::decode(&b[..1]), Err(QueueInfoError::Truncated { have: 1, need: 2 }));
+        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 36 }));
+        let mut v2 = b.to_vec();
+        v2[0] = 2;
+        assert_eq!(QueueInfo::decode(&v2), Err(QueueInfoError::Version(2)));
+        let mut short = b.to_vec();
+        short[1] = 10;
+        assert_eq!(QueueInfo::decode(&short), Err(QueueInfoError::Short(10)));
+        let mut longer = b.to_vec();
+        longer[1] += 3;
+        longer.extend([0xff; 3]);
+        longer.push(0x55);
+        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 39)));
     }
 }
 
@@ -120,19 +239,27 @@ pub trait Queue: Send {
     fn state(&self) -> QueueState;
     /// Connects a RESET queue to the peer described by `peer`; the queue becomes READY.
     fn connect(&mut self, peer: &QueueInfo) -> Result<()>;
-    /// Moves the queue to ERROR; every outstanding work request is flushed exactly once.
+    /// Moves the queue to ERROR; every outstanding work request is flushed exactly once. The
+    /// flush completions arrive asynchronously (as on hardware): poll for them.
     fn set_error(&mut self) -> Result<()>;
-    /// Moves the queue to RESET. Anything still outstanding is flushed first (as by
-    /// [`set_error`](Self::set_error)); flush completions already queued stay pollable.
+    /// Moves the queue to RESET, discarding what it still holds: outstanding work requests and
+    /// its completions not yet polled are dropped without being reported (mlx5-class NICs purge
+    /// the CQ on RESET; Soft-RoCE drops unflushed work). To account for every request, call
+    /// [`set_error`](Self::set_error), poll until each has its flush completion, then reset.
+    /// After a reset, no completion of the queue's earlier life is ever delivered.
     fn reset(&mut self) -> Result<()>;
     /// Posts send-side work requests and rings the doorbell once.
     ///
-    /// Refused at post time, with nothing posted: a queue not READY ([`crate::Error::BadState`]),
+    /// Refused at post time, with nothing posted: a queue in RESET ([`crate::Error::BadState`]),
     /// no room for the whole batch ([`crate::Error::WouldBlock`]; slots come back as completions
     /// are polled), more SGEs than `max_send_sge` or an INLINE payload above `max_inline`
-    /// ([`crate::Error::InvalidArgument`]). Everything checked by the device — keys, bounds,
-    /// rights, a message above `max_msg_size` — comes back as an error completion instead.
+    /// ([`crate::Error::InvalidArgument`]). A batch is all-or-nothing on every backend: verbs and
+    /// URMA post everything before a bad request, so their backends check room and limits
+    /// themselves before they call the provider. Everything checked by the device — keys,
+    /// bounds, rights, a message above `max_msg_size` — comes back as an error completion. A
+    /// queue in ERROR accepts posts, as hardware does, and flushes them.
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
-    /// Posts receives and rings the receive doorbell once.
+    /// Posts receives and rings the receive doorbell once; the same rules as
+    /// [`post_send`](Self::post_send).
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
 }

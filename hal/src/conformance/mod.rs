@@ -184,18 +184,21 @@ macro_rules! conformance_suite {
                 unsignaled_requests_are_ordered,
                 completions_in_post_order,
                 cq_wraps_without_loss,
-                recv_too_small_is_local_length_error,
+                recv_too_small_fails_the_receive,
                 remote_access_errors_flush_exactly_once,
-                post_in_reset_or_error_is_refused,
+                post_in_reset_refused_in_error_flushed,
                 send_queue_full_would_block,
                 rnr_then_success,
                 rnr_retry_exceeded,
                 deregistered_keys_stop_working,
                 error_reset_ready_recovers,
+                reset_discards_unpolled_completions,
                 inline_send,
                 cq_event_fd_after_arm,
                 cq_event_solicited_only,
                 shared_cq_for_send_and_recv,
+                shared_event_channel,
+                caller_memory_registration,
             );
         }
     };
