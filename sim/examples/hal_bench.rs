@@ -81,7 +81,13 @@ const DEPTH: u32 = 512;
 
 impl End {
     fn new(nic: &SimNic, size: usize) -> End {
-        let cfg = QueueConfig { send_depth: DEPTH, recv_depth: DEPTH, max_inline: 256, ..Default::default() };
+        let cfg = {
+            let mut c = QueueConfig::default();
+            c.send_depth = DEPTH;
+            c.recv_depth = DEPTH;
+            c.max_inline = 256;
+            c
+        };
         let scq = nic.create_cq(DEPTH * 2).unwrap();
         let rcq = nic.create_cq(DEPTH * 2).unwrap();
         let q = nic.create_queue(&cfg, &scq, &rcq).unwrap();

@@ -7,6 +7,7 @@ use crate::device::keys::RegionDesc;
 use crate::device::qp::QpCtx;
 use crate::device::NicStats;
 use crate::eventfd::EventFd;
+use crate::events::SimChannel;
 use crate::fabric::FabricOwner;
 use crate::layout::{self, cqe_flags, WqeOp};
 use crate::nic::Nic;
@@ -15,11 +16,11 @@ use crate::shared::{armed, CqShared, QueueShared, SideTable};
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{
-    Access, ArmMode, Completion, CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, Queue,
-    QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags,
+    Access, ArmMode, AsyncEvent, Completion, CompletionQueue, Device, DeviceCaps, Error, MemoryRegion, Queue,
+    QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
 };
 use std::alloc::Layout;
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -89,39 +90,44 @@ fn invalid(msg: impl Into<String>) -> Error {
     Error::InvalidArgument(msg.into())
 }
 
-impl Device for SimNic {
-    type Region = SimRegion;
-    type Cq = SimCq;
-    type Queue = SimQueue;
+/// Ids of CQs ([`CompletionQueue::id`]), unique in the process.
+static NEXT_CQ_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
-    fn caps(&self) -> DeviceCaps {
-        self.nic.caps
-    }
-
-    fn register(&self, len: usize, access: Access) -> Result<SimRegion> {
+impl SimNic {
+    fn check_access(&self, len: usize, access: Access) -> Result<()> {
         if len as u64 > self.nic.caps.max_region_size {
             return Err(invalid(format!("region of {len} bytes exceeds the device limit")));
         }
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(invalid("REMOTE_WRITE access requires LOCAL_WRITE"));
         }
-        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|e| invalid(e.to_string()))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
-            .ok_or_else(|| Error::OutOfResources(format!("cannot allocate {len} bytes to register")))?;
+        Ok(())
+    }
+
+    /// Enters `base..base+len` in the key table; `layout` is the allocation to free on drop
+    /// (`None`: the caller's memory).
+    fn enter_region(
+        &self,
+        ptr: NonNull<u8>,
+        len: usize,
+        access: Access,
+        layout: Option<Layout>,
+    ) -> Result<SimRegion> {
         let desc = RegionDesc { base: ptr.as_ptr(), addr: ptr.as_ptr() as u64, len: len as u64, access };
-        let key = sync::lock(&self.nic.dev).keys.insert(desc);
-        let Some(key) = key else {
-            // SAFETY: allocated just above with this layout and not shared.
-            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        let Some(key) = sync::lock(&self.nic.dev).keys.insert(desc) else {
             return Err(Error::OutOfResources("the NIC's key table is full".into()));
         };
         Ok(SimRegion { nic: self.nic.clone(), _owner: self.owner.clone(), ptr, layout, len, key, access })
     }
 
-    fn create_cq(&self, depth: u32) -> Result<SimCq> {
+    fn new_cq(&self, depth: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
         if depth == 0 || depth > self.nic.caps.max_cq_depth {
             return Err(invalid(format!("CQ depth {depth} is outside 1..={}", self.nic.caps.max_cq_depth)));
+        }
+        if let Some(c) = channel {
+            if c.nic != self.nic.addr {
+                return Err(invalid("the event channel belongs to another NIC"));
+            }
         }
         let shared = Arc::new(CqShared {
             ring: CqRing::new(depth.next_power_of_two()),
@@ -132,6 +138,8 @@ impl Device for SimNic {
             attach: Mutex::new(Vec::new()),
             attach_pending: AtomicBool::new(false),
             nic_armed: self.nic.armed_cqs.clone(),
+            id: NEXT_CQ_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            channel: channel.map(|c| c.shared.clone()),
         });
         Ok(SimCq {
             nic: self.nic.clone(),
@@ -143,6 +151,55 @@ impl Device for SimNic {
             idle: 0,
             frees: Vec::with_capacity(POLL_FREES),
         })
+    }
+}
+
+impl Device for SimNic {
+    type Region = SimRegion;
+    type Cq = SimCq;
+    type Queue = SimQueue;
+    type Channel = SimChannel;
+
+    fn caps(&self) -> DeviceCaps {
+        self.nic.caps
+    }
+
+    fn register(&self, len: usize, access: Access) -> Result<SimRegion> {
+        self.check_access(len, access)?;
+        let layout = Layout::from_size_align(len.max(1), 4096).map_err(|e| invalid(e.to_string()))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) })
+            .ok_or_else(|| Error::OutOfResources(format!("cannot allocate {len} bytes to register")))?;
+        self.enter_region(ptr, len, access, Some(layout)).inspect_err(|_| {
+            // SAFETY: allocated just above with this layout and not shared.
+            unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        })
+    }
+
+    unsafe fn register_external(&self, ptr: *mut u8, len: usize, access: Access) -> Result<SimRegion> {
+        self.check_access(len, access)?;
+        let ptr = NonNull::new(ptr).ok_or_else(|| invalid("register_external of a null pointer"))?;
+        self.enter_region(ptr, len, access, None)
+    }
+
+    fn create_cq(&self, depth: u32) -> Result<SimCq> {
+        self.new_cq(depth, None)
+    }
+
+    fn create_channel(&self) -> Result<SimChannel> {
+        SimChannel::new(self.nic.addr)
+    }
+
+    fn create_cq_on(&self, depth: u32, channel: &SimChannel) -> Result<SimCq> {
+        self.new_cq(depth, Some(channel))
+    }
+
+    fn async_event_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.nic.events.fd())
+    }
+
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
+        self.nic.events.pop()
     }
 
     fn create_queue(&self, config: &QueueConfig, send_cq: &SimCq, recv_cq: &SimCq) -> Result<SimQueue> {
@@ -196,6 +253,7 @@ impl Device for SimNic {
             rq_ci: AtomicU32::new(0),
             state: AtomicU8::new(0),
             psn: AtomicU32::new(psn),
+            epoch: AtomicU32::new(0),
         });
         dev.qps.push(Some(Box::new(QpCtx::new(
             shared.clone(),
@@ -241,7 +299,8 @@ pub struct SimRegion {
     nic: Arc<Nic>,
     _owner: Arc<FabricOwner>,
     ptr: NonNull<u8>,
-    layout: Layout,
+    /// The allocation to free on drop; `None` for caller memory (`register_external`).
+    layout: Option<Layout>,
     len: usize,
     key: u32,
     access: Access,
@@ -263,8 +322,8 @@ impl MemoryRegion for SimRegion {
     fn lkey(&self) -> u32 {
         self.key
     }
-    fn rkey(&self) -> u32 {
-        self.key
+    fn remote_key(&self) -> RemoteKey {
+        RemoteKey::from_rkey(self.key)
     }
     fn access(&self) -> Access {
         self.access
@@ -279,8 +338,10 @@ impl Drop for SimRegion {
         // Deregister first: once the key is gone (under the device lock) the device can no longer
         // reach this memory, so freeing it is safe.
         sync::lock(&self.nic.dev).keys.remove(self.key);
-        // SAFETY: allocated in `register` with this layout; no key refers to it any more.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated in `register` with this layout; no key refers to it any more.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
     }
 }
 
@@ -339,23 +400,31 @@ impl CompletionQueue for SimCq {
         // thread may reuse a freed ring slot at once, and its completion must find room in the
         // CQ (found by the loom ring model `split_poster_and_poller`).
         self.frees.clear();
-        let mut n = 0;
-        while n < out.len().min(POLL_FREES) {
+        let (mut n, mut consumed) = (0, 0);
+        while n < out.len() && consumed < POLL_FREES {
             // SAFETY: `&mut self` makes this handle the ring's only consumer.
             let Some(cqe) = (unsafe { self.shared.ring.read(self.ci) }) else { break };
+            self.ci = self.ci.wrapping_add(1);
+            consumed += 1;
             let recv = cqe.flags & cqe_flags::RECV != 0;
-            let wr_id = match self.queue(cqe.qpn) {
+            let (wr_id, current) = match self.queue(cqe.qpn) {
                 Some(q) => {
                     let ids = if recv { &q.rq_ids } else { &q.sq_ids };
+                    // A CQE of an earlier life of the queue (before a reset) still frees its
+                    // ring slot but is not delivered: RESET purges, as on mlx5.
+                    let current = cqe.epoch == q.epoch.load(Ordering::Acquire);
                     // SAFETY: we are the poller and have just read this slot's completion; the
                     // slot is not freed (so not reused) before the end of this poll.
                     let id = unsafe { ids.get(cqe.wqe_index) };
                     let last = self.last;
                     self.frees.push((last, recv, cqe.wqe_index.wrapping_add(1)));
-                    id
+                    (id, current)
                 }
-                None => 0,
+                None => (0, true),
             };
+            if !current {
+                continue;
+            }
             out[n] = Completion {
                 wr_id,
                 status: cqe.status,
@@ -365,9 +434,8 @@ impl CompletionQueue for SimCq {
                 qpn: cqe.qpn,
             };
             n += 1;
-            self.ci = self.ci.wrapping_add(1);
         }
-        if n > 0 {
+        if consumed > 0 {
             self.idle = 0;
             self.shared.ring.release(self.ci);
             for &(qi, recv, next) in &self.frees {
@@ -403,11 +471,21 @@ impl CompletionQueue for SimCq {
         Ok(())
     }
 
+    fn id(&self) -> u64 {
+        self.shared.id
+    }
+
     fn event_fd(&self) -> RawFd {
-        self.shared.event.raw()
+        match &self.shared.channel {
+            Some(c) => c.fd(),
+            None => self.shared.event.raw(),
+        }
     }
 
     fn ack_events(&mut self) -> Result<u64> {
+        if self.shared.channel.is_some() {
+            return Ok(0);
+        }
         Ok(self.shared.event.drain()?)
     }
 }
@@ -425,10 +503,13 @@ pub struct SimQueue {
 }
 
 impl SimQueue {
-    fn need_ready(&self, op: &'static str) -> Result<()> {
+    /// Posting needs a connected queue: READY, or ERROR (whose posts the device flushes).
+    fn need_connected(&self, op: &'static str) -> Result<()> {
         match self.shared.state() {
-            QueueState::Ready => Ok(()),
-            state => Err(Error::BadState { state, op, needs: "READY" }),
+            QueueState::Reset => {
+                Err(Error::BadState { state: QueueState::Reset, op, needs: "READY (or ERROR)" })
+            }
+            _ => Ok(()),
         }
     }
 
@@ -458,13 +539,7 @@ impl Queue for SimQueue {
         gid[..8].copy_from_slice(&GID_MAGIC);
         gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
         gid[12..].copy_from_slice(&self.shared.nic.to_le_bytes());
-        QueueInfo {
-            gid,
-            qpn: self.shared.qpn,
-            psn: self.shared.psn.load(Ordering::Relaxed),
-            lid: 0,
-            token: 0,
-        }
+        QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed))
     }
 
     fn state(&self) -> QueueState {
@@ -506,7 +581,12 @@ impl Queue for SimQueue {
         let psn = self.nic.fabric.next_psn();
         self.control(|qp, ctx| {
             if qp.state != QueueState::Reset {
+                // Flush what is outstanding so every ring slot comes back through the CQ, then
+                // start a new epoch: those flush CQEs (and any of the old life not yet polled)
+                // are dropped by the poller, never delivered.
                 qp.enter_error(ctx);
+                qp.flush_posted();
+                qp.shared.epoch.fetch_add(1, Ordering::AcqRel);
                 qp.reset(psn);
             }
         });
@@ -514,7 +594,7 @@ impl Queue for SimQueue {
     }
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.need_ready("post_send")?;
+        self.need_connected("post_send")?;
         let cfg = &self.shared.config;
         let mut inline = false;
         for wr in wrs {
@@ -594,7 +674,7 @@ impl Queue for SimQueue {
                     sq.owner(idx),
                     imm,
                     raddr.addr,
-                    raddr.rkey,
+                    raddr.key.rkey(),
                     idx,
                     &[],
                     Some(&mut fill),
@@ -607,7 +687,7 @@ impl Queue for SimQueue {
                     sq.owner(idx),
                     imm,
                     raddr.addr,
-                    raddr.rkey,
+                    raddr.key.rkey(),
                     idx,
                     wr.sges,
                     None,
@@ -632,7 +712,7 @@ impl Queue for SimQueue {
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        self.need_ready("post_recv")?;
+        self.need_connected("post_recv")?;
         let cfg = &self.shared.config;
         if let Some(wr) = wrs.iter().find(|w| w.sges.len() > cfg.max_recv_sge as usize) {
             return Err(invalid(format!(
@@ -674,8 +754,10 @@ impl Queue for SimQueue {
         rq.ring_doorbell(self.rq_pi);
         self.nic.bells.ring(self.shared.qpn);
         // The device reads the receive ring when a message arrives; it only needs a kick if the
-        // queue is being flushed, which the Inline engine handles on the next poll.
-        if self.nic.fabric.config.engine != crate::fabric::Engine::Inline {
+        // queue is in ERROR (the receives are flushed at once), or to let a device thread look.
+        if self.nic.fabric.config.engine != crate::fabric::Engine::Inline
+            || self.shared.state() != QueueState::Ready
+        {
             self.nic.kick();
         }
         Ok(())

@@ -18,7 +18,8 @@
 //! let faults = FaultPlan { drop_ppm: 200_000, seed: 7, ..FaultPlan::NONE }; // lose 20 %
 //! let fabric = Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(Engine::Stepped { seed: 42 }) });
 //! let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-//! let cfg = QueueConfig { timeout: Duration::from_millis(1), ..Default::default() };
+//! let mut cfg = QueueConfig::default();
+//! cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(1));
 //! let (mut ca, cb) = (na.create_cq(64).unwrap(), nb.create_cq(64).unwrap());
 //! let mut qa = na.create_queue(&cfg, &ca, &ca).unwrap();
 //! let mut qb = nb.create_queue(&cfg, &cb, &cb).unwrap();
@@ -102,15 +103,15 @@ impl FabricConfig {
             engine,
             mtu: 4096,
             inbox_depth: 256,
-            caps: DeviceCaps {
-                max_queue_depth: 1 << 15,
-                max_cq_depth: 1 << 16,
-                max_send_sge: layout::MAX_SGE as u32,
-                max_recv_sge: layout::MAX_SGE as u32,
-                max_inline: layout::MAX_INLINE as u32,
-                max_msg_size: 16 << 20,
-                max_region_size: 1 << 40,
-            },
+            caps: DeviceCaps::new(
+                1 << 15,
+                1 << 16,
+                layout::MAX_SGE as u32,
+                layout::MAX_SGE as u32,
+                layout::MAX_INLINE as u32,
+                16 << 20,
+                1 << 40,
+            ),
             faults: FaultPlan::NONE,
         }
     }

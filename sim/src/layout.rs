@@ -256,6 +256,9 @@ pub struct Cqe {
     pub wqe_index: u32,
     pub byte_len: u32,
     pub imm: u32,
+    /// The queue's epoch when the CQE was written (a reset bumps it; the driver drops CQEs of an
+    /// earlier epoch, as hardware purges them).
+    pub epoch: u32,
 }
 
 /// Wire code of a completion status.
@@ -329,6 +332,7 @@ pub fn encode_cqe_body(c: &Cqe, body: &mut [u8; 60]) {
     body[4..8].copy_from_slice(&c.wqe_index.to_le_bytes());
     body[8..12].copy_from_slice(&c.byte_len.to_le_bytes());
     body[12..16].copy_from_slice(&c.imm.to_le_bytes());
+    body[16..20].copy_from_slice(&c.epoch.to_le_bytes());
 }
 
 /// Decodes a CQE from its head word and body.
@@ -342,6 +346,7 @@ pub fn decode_cqe(head: u32, body: &[u8; 60]) -> Cqe {
         wqe_index: u32_at(4),
         byte_len: u32_at(8),
         imm: u32_at(12),
+        epoch: u32_at(16),
     }
 }
 
@@ -405,6 +410,7 @@ mod tests {
             wqe_index: 99,
             byte_len: 4096,
             imm: 0x1234,
+            epoch: 3,
         };
         let mut body = [0u8; 60];
         encode_cqe_body(&c, &mut body);

@@ -29,7 +29,7 @@
 //! qa.connect(&ib).unwrap();
 //! qb.connect(&ia).unwrap();
 //!
-//! let src = nic_a.register(64, Access::empty()).unwrap();
+//! let mut src = nic_a.register(64, Access::empty()).unwrap();
 //! let dst = nic_b.register(64, Access::LOCAL_WRITE).unwrap();
 //! src.write(0, b"hello, NIC").unwrap();
 //! qb.post_recv(&[RecvWr { wr_id: 7, sges: &[dst.sge(0, 64).unwrap()] }]).unwrap();
@@ -47,6 +47,7 @@ mod clock;
 mod device;
 mod driver;
 mod eventfd;
+mod events;
 mod fabric;
 mod fault;
 pub mod layout;
@@ -82,13 +83,14 @@ pub mod loom_api {
         /// A send ring of `depth` (a power of two) WQEs, strided for `max_send_sge` SGEs, as
         /// `SimNic::create_queue` builds it.
         pub fn new(depth: u32, max_send_sge: u32) -> Self {
-            let config = QueueConfig {
-                send_depth: depth,
-                recv_depth: 1,
-                max_send_sge,
-                max_recv_sge: 1,
-                max_inline: 0,
-                ..QueueConfig::default()
+            let config = {
+                let mut c = QueueConfig::default();
+                c.send_depth = depth;
+                c.recv_depth = 1;
+                c.max_send_sge = max_send_sge;
+                c.max_recv_sge = 1;
+                c.max_inline = 0;
+                c
             };
             SendQueue(QueueShared {
                 nic: 0,
@@ -245,5 +247,6 @@ pub mod loom_api {
 
 pub use device::NicStats;
 pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
+pub use events::SimChannel;
 pub use fabric::{Engine, Fabric, FabricConfig};
 pub use fault::{FaultPlan, FaultStats};

@@ -3,6 +3,7 @@
 
 use crate::clock::{Nanos, NEVER};
 use crate::device::{Bells, DeviceState, Unit};
+use crate::events::AsyncEvents;
 use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
@@ -32,14 +33,18 @@ pub(crate) struct Nic {
     /// How many of this NIC's CQs are armed (their user is about to sleep on an event fd).
     pub armed_cqs: Arc<AtomicU32>,
     pub caps: DeviceCaps,
+    /// Asynchronous events (also reachable from the device state, which pushes them).
+    pub events: Arc<AsyncEvents>,
 }
 
 impl Nic {
     pub(crate) fn new(addr: u32, fabric: Arc<FabricShared>, caps: DeviceCaps) -> Self {
         let (mtu, depth) = (fabric.config.mtu, fabric.config.inbox_depth);
+        let events = Arc::new(AsyncEvents::new().expect("an eventfd for the NIC's async events"));
         Nic {
             addr,
-            dev: Mutex::new(DeviceState::new(addr, mtu, caps)),
+            dev: Mutex::new(DeviceState::new(addr, mtu, caps, events.clone())),
+            events,
             port: Port::new(depth as usize, mtu as usize),
             bells: Bells::new(),
             work: AtomicBool::new(false),

@@ -2,6 +2,7 @@
 //! a completion queue's ring and event machinery.
 
 use crate::eventfd::EventFd;
+use crate::events::ChannelShared;
 use crate::layout::Cqe;
 use crate::ring::{CqRing, WorkRing};
 use crate::sync::{AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering, UnsafeCell};
@@ -74,6 +75,8 @@ pub(crate) struct QueueShared {
     pub state: AtomicU8,
     /// The first PSN this queue sends after its next connect.
     pub psn: AtomicU32,
+    /// Bumped by every reset; CQEs carry it so that the poller drops those of an earlier life.
+    pub epoch: AtomicU32,
 }
 
 impl QueueShared {
@@ -107,6 +110,10 @@ pub(crate) struct CqShared {
     pub attach_pending: AtomicBool,
     /// The owning NIC's count of armed CQs.
     pub nic_armed: Arc<AtomicU32>,
+    /// What `EventChannel::take_events` reports for this CQ.
+    pub id: u64,
+    /// The shared channel this CQ's events go to (`None`: its own `event`).
+    pub channel: Option<Arc<ChannelShared>>,
 }
 
 impl CqShared {
@@ -134,7 +141,10 @@ impl CqShared {
                 || cqe.status != Status::Success;
             if wake && self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
                 self.nic_armed.fetch_sub(1, Ordering::AcqRel);
-                self.event.signal();
+                match &self.channel {
+                    Some(c) => c.fire(self.id),
+                    None => self.event.signal(),
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use bypass_hal::*;
 use bypass_sim::{Engine, Fabric, SimCq, SimNic, SimQueue};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 struct Side {
@@ -75,8 +76,15 @@ fn stepped_runs_replay_exactly_from_their_seed() {
 fn retry_exhaustion_happens_on_the_virtual_clock() {
     let fabric = Fabric::new(Engine::Stepped { seed: 3 });
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-    let timeout = Duration::from_millis(10);
-    let cfg = QueueConfig { timeout, retry_count: 3, ..Default::default() };
+    // 10 ms rounds up to what the hardware can hold: 2^12 × 4.096 µs = 16.8 ms.
+    let ack_timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(10));
+    let timeout = ack_timeout.duration().expect("a finite timeout");
+    let cfg = {
+        let mut c = QueueConfig::default();
+        c.timeout = ack_timeout;
+        c.retry_count = 3;
+        c
+    };
     let (mut a, mut b) = (side(&na, &cfg, 16), side(&nb, &cfg, 16));
     connect(&mut a, &mut b);
     drop(b); // the peer queue is destroyed: its NIC ignores our packets
@@ -114,7 +122,11 @@ fn retry_exhaustion_happens_on_the_virtual_clock() {
 fn cq_overflow_is_reported() {
     let fabric = Fabric::new(Engine::Stepped { seed: 5 });
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-    let cfg = QueueConfig { send_depth: 8, ..Default::default() };
+    let cfg = {
+        let mut c = QueueConfig::default();
+        c.send_depth = 8;
+        c
+    };
     let (mut a, mut b) = (side(&na, &cfg, 2), side(&nb, &cfg, 64));
     connect(&mut a, &mut b);
     let mr = nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
@@ -186,7 +198,7 @@ fn inline_idle_pollers_help_a_nic_nobody_polls() {
     let (mut a, mut b) = (side(&na, &cfg, 16), side(&nb, &cfg, 16));
     connect(&mut a, &mut b);
     let len = 4 << 20;
-    let src = na.register(len, Access::empty()).unwrap();
+    let mut src = na.register(len, Access::empty()).unwrap();
     let dst = nb.register(len, Access::LOCAL_WRITE).unwrap();
     src.write(len - 3, b"end").unwrap();
     b.q.post_recv(&[RecvWr { wr_id: 7, sges: &[dst.sge(0, len).unwrap()] }]).unwrap();
@@ -223,13 +235,41 @@ fn bad_control_arguments_are_clear_errors() {
     let ok = QueueConfig::default();
     let caps = nic.caps();
     for (what, cfg) in [
-        ("send depth 0", QueueConfig { send_depth: 0, ..ok }),
-        ("recv depth above the device's", QueueConfig { recv_depth: caps.max_queue_depth + 1, ..ok }),
-        ("no send SGE", QueueConfig { max_send_sge: 0, ..ok }),
-        ("more receive SGEs than the device's", QueueConfig { max_recv_sge: caps.max_recv_sge + 1, ..ok }),
-        ("inline above the device's", QueueConfig { max_inline: caps.max_inline + 1, ..ok }),
-        ("retry_count above 7", QueueConfig { retry_count: 8, ..ok }),
-        ("rnr_retry above 7", QueueConfig { rnr_retry: 8, ..ok }),
+        ("send depth 0", {
+            let mut c = ok;
+            c.send_depth = 0;
+            c
+        }),
+        ("recv depth above the device's", {
+            let mut c = ok;
+            c.recv_depth = caps.max_queue_depth + 1;
+            c
+        }),
+        ("no send SGE", {
+            let mut c = ok;
+            c.max_send_sge = 0;
+            c
+        }),
+        ("more receive SGEs than the device's", {
+            let mut c = ok;
+            c.max_recv_sge = caps.max_recv_sge + 1;
+            c
+        }),
+        ("inline above the device's", {
+            let mut c = ok;
+            c.max_inline = caps.max_inline + 1;
+            c
+        }),
+        ("retry_count above 7", {
+            let mut c = ok;
+            c.retry_count = 8;
+            c
+        }),
+        ("rnr_retry above 7", {
+            let mut c = ok;
+            c.rnr_retry = 8;
+            c
+        }),
     ] {
         invalid(nic.create_queue(&cfg, &cq, &cq).map(drop), what);
     }
@@ -262,7 +302,12 @@ fn many_queues_each_get_their_traffic() {
     for engine in [Engine::Inline, Engine::Threaded, Engine::Stepped { seed: 11 }] {
         let fabric = Fabric::new(engine);
         let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-        let cfg = QueueConfig { send_depth: 8, recv_depth: 8, ..Default::default() };
+        let cfg = {
+            let mut c = QueueConfig::default();
+            c.send_depth = 8;
+            c.recv_depth = 8;
+            c
+        };
         let (cqa, mut cqb) = (na.create_cq(1024).unwrap(), nb.create_cq(1024).unwrap());
         let mut pairs: Vec<(SimQueue, SimQueue)> = (0..40)
             .map(|_| {
@@ -327,7 +372,12 @@ fn set_error_racing_traffic_completes_everything_exactly_once() {
     for (engine, cut) in cases {
         let fabric = Fabric::new(engine);
         let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-        let cfg = QueueConfig { send_depth: 64, recv_depth: 64, ..Default::default() };
+        let cfg = {
+            let mut c = QueueConfig::default();
+            c.send_depth = 64;
+            c.recv_depth = 64;
+            c
+        };
         let (mut a, mut b) = (side(&na, &cfg, 256), side(&nb, &cfg, 256));
         connect(&mut a, &mut b);
         let src = na.register(64 * 1024, Access::LOCAL_WRITE).unwrap();
@@ -409,4 +459,42 @@ fn set_error_racing_traffic_completes_everything_exactly_once() {
         assert_eq!(a.cq.poll(&mut wc).unwrap(), 0, "{engine:?}/{cut}: a completion after the flush");
         let _ = b.cq.poll(&mut wc);
     }
+}
+
+/// A queue that fails on the responder side with nothing of its own outstanding — a peer's WRITE
+/// with a wrong rkey — is reported by an asynchronous event naming it (readable on the NIC's
+/// async-event fd), once; the requester gets `RemoteAccess` on its WRITE.
+#[test]
+fn responder_failure_raises_an_async_event() {
+    use bypass_hal::{AsyncEvent, RemoteAddr, RemoteKey, SendOp};
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let cfg = QueueConfig::default();
+    let (mut a, mut b) = (side(&na, &cfg, 16), side(&nb, &cfg, 16));
+    connect(&mut a, &mut b);
+    assert_eq!(nb.poll_async_event().unwrap(), None, "no event on a healthy NIC");
+    let target = nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let src = na.register(64, Access::empty()).unwrap();
+    let bad =
+        RemoteAddr { addr: target.addr(), key: RemoteKey::from_rkey(target.remote_key().rkey() ^ 0x100) };
+    let sges = [src.sge(0, 8).unwrap()];
+    a.q.post_send(&[SendWr::send(1, &sges).with_op(SendOp::Write(bad))]).unwrap();
+    let mut wc = [Completion::default(); 4];
+    let mut got = Vec::new();
+    for _ in 0..10_000 {
+        let n = a.cq.poll(&mut wc).unwrap();
+        got.extend_from_slice(&wc[..n]);
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(1, Status::RemoteAccess)]);
+    assert_eq!(b.q.state(), QueueState::Error, "the responder's queue fails too");
+    let mut pfd =
+        libc::pollfd { fd: nb.async_event_fd().unwrap().as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd, zero timeout.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 0) }, 1, "the async-event fd is readable");
+    assert_eq!(nb.poll_async_event().unwrap(), Some(AsyncEvent::QueueAccessError { qpn: b.q.qpn() }));
+    assert_eq!(nb.poll_async_event().unwrap(), None, "each event is reported once");
+    assert_eq!(na.poll_async_event().unwrap(), None, "the requester's failure is its completion's to report");
 }

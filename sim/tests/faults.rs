@@ -29,14 +29,15 @@ fn run(seed: u64, plan: FaultPlan) -> (NicStats, NicStats, FaultStats) {
     let fabric =
         Fabric::with_config(FabricConfig { faults: plan, ..FabricConfig::new(Engine::Stepped { seed }) });
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-    let cfg = QueueConfig {
-        send_depth: 32,
-        recv_depth: 32,
-        timeout: Duration::from_millis(1),
-        retry_count: 7,
-        rnr_retry: 7,
-        min_rnr_timer: Duration::from_micros(100),
-        ..Default::default()
+    let cfg = {
+        let mut c = QueueConfig::default();
+        c.send_depth = 32;
+        c.recv_depth = 32;
+        c.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(1));
+        c.retry_count = 7;
+        c.rnr_retry = 7;
+        c.min_rnr_timer = bypass_hal::RnrTimer::at_least(Duration::from_micros(100));
+        c
     };
     let mk = |nic: &bypass_sim::SimNic| {
         let cq = nic.create_cq(256).unwrap();
@@ -48,9 +49,9 @@ fn run(seed: u64, plan: FaultPlan) -> (NicStats, NicStats, FaultStats) {
     a.q.connect(&ib).unwrap();
     b.q.connect(&ia).unwrap();
 
-    let src = na.register(WINDOW as usize * SLOT, Access::LOCAL_WRITE).unwrap();
+    let mut src = na.register(WINDOW as usize * SLOT, Access::LOCAL_WRITE).unwrap();
     let inbox = nb.register(32 * SLOT, Access::LOCAL_WRITE).unwrap();
-    let target = nb
+    let mut target = nb
         .register(WINDOW as usize * SLOT, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)
         .unwrap();
     target.write(0, &pattern(0xEE, WINDOW as usize * SLOT)).unwrap();

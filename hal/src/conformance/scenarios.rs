@@ -17,8 +17,8 @@ use super::{
 };
 use crate::{
     Access, ArmMode, Completion, CompletionQueue, CqOpcode, Device, DeviceCaps, Error, EventChannel,
-    MemoryRegion, Queue,
-    QueueConfig, QueueState, RecvWr, RemoteAddr, RemoteKey, RemoteRegion, RnrTimer, SendOp, SendWr, Sge, Status, WrFlags,
+    MemoryRegion, Queue, QueueConfig, QueueState, RecvWr, RemoteAddr, RemoteKey, RemoteRegion, RnrTimer,
+    SendOp, SendWr, Sge, Status, WrFlags,
 };
 use std::time::Duration;
 
@@ -441,7 +441,8 @@ pub fn recv_too_small_fails_the_receive<E: Env>(env: &E) {
 /// four SENDs in the same batch and three posted receives — is flushed exactly once with `Flushed`
 /// and its own kind. Each case runs on a fresh pair.
 pub fn remote_access_errors_flush_exactly_once<E: Env>(env: &E) {
-    let wrong_key: fn(&RemoteRegion) -> RemoteAddr = |r| RemoteAddr { addr: r.addr, key: RemoteKey::from_rkey(!r.key.rkey()) };
+    let wrong_key: fn(&RemoteRegion) -> RemoteAddr =
+        |r| RemoteAddr { addr: r.addr, key: RemoteKey::from_rkey(!r.key.rkey()) };
     let past_end: fn(&RemoteRegion) -> RemoteAddr = |r| r.at(r.len - 32);
     let start: fn(&RemoteRegion) -> RemoteAddr = |r| r.at(0);
     let no_write = Access::LOCAL_WRITE | Access::REMOTE_READ;
@@ -849,7 +850,8 @@ pub fn shared_event_channel<E: Env>(env: &E) {
     let fd = channel.as_fd().as_raw_fd();
     assert_eq!((cq1.event_fd(), cq2.event_fd()), (fd, fd), "CQs on a channel report its fd");
     let mut peers = [side(env.b(), &cfg), side(env.b(), &cfg)];
-    for (q, peer) in [(&mut q1, &mut peers[0]), (&mut q2, &mut peers[1])] {
+    let [p1, p2] = &mut peers;
+    for (q, peer) in [(&mut q1, p1), (&mut q2, p2)] {
         let (mine, theirs) = (q.info(), peer.queue.info());
         q.connect(&theirs).expect("connect A's queue");
         peer.queue.connect(&mine).expect("connect B's queue");
@@ -901,7 +903,8 @@ pub fn caller_memory_registration<E: Env>(env: &E) {
     mine[2048..2048 + 64].copy_from_slice(&pattern(71, 64));
     // SAFETY: `mine` is a live heap allocation of LEN bytes that is neither moved nor freed
     // before `mr` is dropped below, and is not touched through `mine` while `mr` lives.
-    let mr = unsafe { env.a().register_external(mine.as_mut_ptr(), LEN, REMOTE_RW) }.expect("register_external");
+    let mr =
+        unsafe { env.a().register_external(mine.as_mut_ptr(), LEN, REMOTE_RW) }.expect("register_external");
     assert_eq!((mr.len(), mr.addr()), (LEN, mine.as_ptr() as u64), "the region is the caller's memory");
     post_recv_buf(&mut p.a, 1, &mr, 0, 128);
     let data = pattern(72, 100);

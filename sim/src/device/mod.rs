@@ -13,6 +13,7 @@ pub(crate) mod keys;
 pub(crate) mod qp;
 
 use crate::clock::{Nanos, NEVER};
+use crate::events::AsyncEvents;
 use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
@@ -22,6 +23,7 @@ use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
 use qp::QpCtx;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Counters a NIC keeps (read them with `SimNic::stats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -85,6 +87,8 @@ pub(crate) struct Ctx<'a> {
     pub nic: u32,
     pub mtu: u32,
     pub now: Nanos,
+    /// The NIC's asynchronous events.
+    pub events: &'a AsyncEvents,
 }
 
 impl Ctx<'_> {
@@ -215,6 +219,7 @@ pub(crate) struct DeviceState {
     pub caps: DeviceCaps,
     pub addr: u32,
     pub mtu: u32,
+    pub events: Arc<AsyncEvents>,
 }
 
 // SAFETY: the raw pointers in the key table point into registrations whose memory is freed only
@@ -223,7 +228,7 @@ pub(crate) struct DeviceState {
 unsafe impl Send for DeviceState {}
 
 impl DeviceState {
-    pub(crate) fn new(addr: u32, mtu: u32, caps: DeviceCaps) -> Self {
+    pub(crate) fn new(addr: u32, mtu: u32, caps: DeviceCaps, events: Arc<AsyncEvents>) -> Self {
         DeviceState {
             keys: KeyTable::default(),
             qps: Vec::new(),
@@ -235,12 +240,13 @@ impl DeviceState {
             caps,
             addr,
             mtu,
+            events,
         }
     }
 
     fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
-        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, .. } = self;
-        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now })
+        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, events, .. } = self;
+        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events })
     }
 
     /// Runs `f` on queue `qpn` with a context, if the queue exists.

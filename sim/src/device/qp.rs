@@ -23,7 +23,7 @@ use crate::ring::WorkRing;
 use crate::shared::{CqShared, QueueShared};
 use crate::wire::{Transmit, Wire};
 use bypass_hal::trace::{self, Arg, Track};
-use bypass_hal::{Access, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
+use bypass_hal::{Access, AsyncEvent, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -150,8 +150,9 @@ impl QpCtx {
             recv_cq,
             state: QueueState::Reset,
             remote: None,
-            timeout: cfg.timeout.as_nanos() as Nanos,
-            min_rnr: cfg.min_rnr_timer.as_nanos() as Nanos,
+            // Exponent 0 is "no timer", as on verbs: the deadline saturates at NEVER.
+            timeout: cfg.timeout.duration().map_or(NEVER, |d| d.as_nanos() as Nanos),
+            min_rnr: cfg.min_rnr_timer.duration().as_nanos() as Nanos,
             sq_fetch: 0,
             ops: VecDeque::with_capacity(shared.sq.depth() as usize),
             send_psn: 0,
@@ -269,6 +270,7 @@ impl QpCtx {
             wqe_index: wqe.index,
             byte_len: len as u32,
             imm: 0,
+            epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
     }
 
@@ -299,6 +301,7 @@ impl QpCtx {
             wqe_index: index,
             byte_len: len,
             imm: imm.unwrap_or(0),
+            epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
     }
 
@@ -316,6 +319,7 @@ impl QpCtx {
             wqe_index: idx,
             byte_len: 0,
             imm: 0,
+            epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
         self.sq_fetch = idx.wrapping_add(1);
     }
@@ -353,7 +357,7 @@ impl QpCtx {
     }
 
     /// Flushes WQEs posted but not yet fetched (on both rings). Returns true if any.
-    fn flush_posted(&mut self) -> bool {
+    pub(crate) fn flush_posted(&mut self) -> bool {
         let mut any = false;
         let pi = self.shared.sq.producer();
         while self.sq_fetch != pi {
@@ -790,6 +794,16 @@ impl QpCtx {
     /// A class C responder error: NAK the requester and go to ERROR.
     fn responder_error(&mut self, ctx: &mut Ctx<'_>, syndrome: Syndrome, psn: u32) {
         self.reply(ctx, syndrome, psn);
+        if self.state != QueueState::Error {
+            // The responder's failure may have no work request of its own to report it (a bad
+            // WRITE or READ consumes no receive): say so as verbs does, with an async event.
+            let qpn = self.qpn();
+            ctx.events.push(match syndrome {
+                Syndrome::NakRemoteAccess => AsyncEvent::QueueAccessError { qpn },
+                Syndrome::NakInvalidRequest => AsyncEvent::QueueRequestError { qpn },
+                _ => AsyncEvent::QueueFatal { qpn },
+            });
+        }
         self.enter_error(ctx);
     }
 

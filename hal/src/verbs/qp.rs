@@ -1,0 +1,771 @@
+//! Queues: an RC `ibv_qp` plus the backend's own bookkeeping — the side rings from slot to user
+//! `wr_id`, the free-slot accounting that makes batches all-or-nothing, the tracked state, and the
+//! epoch that makes completions of a queue's earlier incarnation invisible after a reset.
+//!
+//! # The `wr_id` libibverbs sees
+//!
+//! `epoch (16 bits) | receive? (1 bit) | 15 zero bits | slot index (32 bits)`. The user's `wr_id`
+//! and the kind of operation live in the side ring at the slot; on an error completion only
+//! `wr_id`, status and `qp_num` are valid, so everything else comes from there. The epoch starts
+//! at a process-wide counter (a new QP reusing a destroyed one's number starts elsewhere) and moves
+//! on at every reset; the poller drops completions whose epoch is not the queue's current one.
+//!
+//! # Free slots
+//!
+//! The poster owns the head (slots posted); the poller owns the retired count, packed with the
+//! epoch in one atomic (`epoch << 32 | retired`) so a reset (new epoch, counts zeroed) and a poll
+//! retiring a slot of the old epoch cannot interleave badly: the poller's compare-exchange fails.
+//! A send completion at slot `i` retires every slot up to `i` (unsignaled requests before it
+//! completed silently, in order); a receive retires one.
+
+use super::cq::{CqShared, VerbsCq};
+use super::device::Context;
+use super::tables::{self, errno, verb_error};
+use crate::{
+    CqOpcode, Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags,
+};
+use rdma_sys::*;
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+
+const RECV_BIT: u64 = 1 << 47;
+const INDEX_MASK: u64 = 0xffff_ffff;
+
+fn encode_wr_id(epoch: u16, recv: bool, index: u32) -> u64 {
+    (u64::from(epoch) << 48) | if recv { RECV_BIT } else { 0 } | u64::from(index)
+}
+
+fn decode_wr_id(wr_id: u64) -> (u16, bool, u32) {
+    ((wr_id >> 48) as u16, wr_id & RECV_BIT != 0, (wr_id & INDEX_MASK) as u32)
+}
+
+fn pack(epoch: u16, low: u32) -> u64 {
+    (u64::from(epoch) << 32) | u64::from(low)
+}
+
+fn unpack(v: u64) -> (u16, u32) {
+    ((v >> 32) as u16, v as u32)
+}
+
+fn state_code(s: QueueState) -> u32 {
+    match s {
+        QueueState::Reset => 0,
+        QueueState::Ready => 1,
+        QueueState::Error => 2,
+    }
+}
+
+fn state_of(code: u32) -> QueueState {
+    match code & 0xff {
+        1 => QueueState::Ready,
+        2 => QueueState::Error,
+        _ => QueueState::Reset,
+    }
+}
+
+fn pack_state(epoch: u16, s: QueueState) -> u32 {
+    (u32::from(epoch) << 8) | state_code(s)
+}
+
+/// First epochs of new queues: a queue reusing a destroyed one's QPN must not take its stale
+/// completions for its own.
+static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
+
+/// The kind of a work request, kept next to its user `wr_id` (failed completions carry no opcode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Send = 0,
+    Write = 1,
+    Read = 2,
+    Recv = 3,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Op {
+        match v {
+            1 => Op::Write,
+            2 => Op::Read,
+            3 => Op::Recv,
+            _ => Op::Send,
+        }
+    }
+
+    pub(crate) fn opcode(self) -> CqOpcode {
+        match self {
+            Op::Send => CqOpcode::Send,
+            Op::Write => CqOpcode::Write,
+            Op::Read => CqOpcode::Read,
+            Op::Recv => CqOpcode::Recv,
+        }
+    }
+}
+
+/// One side ring: slot → (user `wr_id`, op). Written by the poster before the post (release),
+/// read by the poller after the completion (acquire), so the two never race.
+struct SideRing {
+    wr_ids: Box<[AtomicU64]>,
+    ops: Box<[AtomicU8]>,
+    mask: u32,
+    /// Slots the queue may have outstanding (the configured depth).
+    depth: u32,
+    /// `epoch << 32 | slots retired`, advanced by the poller.
+    retired: AtomicU64,
+}
+
+impl SideRing {
+    fn new(depth: u32, epoch: u16) -> Self {
+        let n = depth.next_power_of_two();
+        SideRing {
+            wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            ops: (0..n).map(|_| AtomicU8::new(0)).collect(),
+            mask: n - 1,
+            depth,
+            retired: AtomicU64::new(pack(epoch, 0)),
+        }
+    }
+
+    fn set(&self, index: u32, wr_id: u64, op: Op) {
+        let i = (index & self.mask) as usize;
+        self.ops[i].store(op as u8, Ordering::Relaxed);
+        self.wr_ids[i].store(wr_id, Ordering::Release);
+    }
+
+    fn get(&self, index: u32) -> (u64, Op) {
+        let i = (index & self.mask) as usize;
+        let wr_id = self.wr_ids[i].load(Ordering::Acquire);
+        (wr_id, Op::from_u8(self.ops[i].load(Ordering::Relaxed)))
+    }
+
+    /// Free slots for a poster whose head is `head`.
+    fn free(&self, head: u32) -> u32 {
+        let (_, retired) = unpack(self.retired.load(Ordering::Acquire));
+        self.depth.saturating_sub(head.wrapping_sub(retired))
+    }
+}
+
+/// A completion resolved against the side ring.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Done {
+    pub(crate) user_wr_id: u64,
+    pub(crate) op: Op,
+}
+
+/// The part of a queue that its CQs' pollers see.
+pub(crate) struct QueueShared {
+    pub(crate) qpn: u32,
+    send: SideRing,
+    recv: SideRing,
+    /// `epoch << 8 | state`.
+    state: AtomicU32,
+    alive: AtomicBool,
+}
+
+impl std::fmt::Debug for QueueShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueShared").field("qpn", &self.qpn).field("state", &self.state()).finish()
+    }
+}
+
+impl QueueShared {
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    fn state(&self) -> QueueState {
+        state_of(self.state.load(Ordering::Acquire))
+    }
+
+    /// Poller side: resolves the completion of libibverbs `wr_id`; `None` if it belongs to an
+    /// earlier incarnation of the queue. Retires the slot(s) and, for an error, moves the tracked
+    /// state to ERROR (the device has).
+    pub(crate) fn complete(&self, wr_id: u64, success: bool) -> Option<Done> {
+        let (epoch, recv, index) = decode_wr_id(wr_id);
+        let ring = if recv { &self.recv } else { &self.send };
+        let cur = ring.retired.load(Ordering::Acquire);
+        let (cur_epoch, retired) = unpack(cur);
+        if cur_epoch != epoch {
+            return None;
+        }
+        let (user_wr_id, op) = ring.get(index);
+        let next = index.wrapping_add(1);
+        // Completions of one side arrive in order; never move the count backwards.
+        if (next.wrapping_sub(retired) as i32) > 0
+            && ring
+                .retired
+                .compare_exchange(cur, pack(epoch, next), Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            // A reset moved the epoch on between the load and now: the completion is stale.
+            return None;
+        }
+        if !success {
+            let _ = self.state.compare_exchange(
+                pack_state(epoch, QueueState::Ready),
+                pack_state(epoch, QueueState::Error),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        Some(Done { user_wr_id, op })
+    }
+
+    /// The device moved the queue to ERROR (an async event said so).
+    pub(crate) fn device_error(&self) {
+        let cur = self.state.load(Ordering::Acquire);
+        if state_of(cur) == QueueState::Ready {
+            let epoch = (cur >> 8) as u16;
+            let _ = self.state.compare_exchange(
+                cur,
+                pack_state(epoch, QueueState::Error),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+}
+
+/// A reliable-connected queue on a verbs device.
+pub struct VerbsQueue {
+    qp: *mut ibv_qp,
+    ctx: Arc<Context>,
+    send_cq: Arc<CqShared>,
+    recv_cq: Arc<CqShared>,
+    shared: Arc<QueueShared>,
+    config: QueueConfig,
+    epoch: u16,
+    psn: u32,
+    send_head: u32,
+    recv_head: u32,
+    // Reusable buffers the batches are built in (no allocation when posting).
+    send_wrs: Box<[ibv_send_wr]>,
+    send_sges: Box<[ibv_sge]>,
+    recv_wrs: Box<[ibv_recv_wr]>,
+    recv_sges: Box<[ibv_sge]>,
+}
+
+// SAFETY: an ibv_qp may be posted to and modified from any thread (the provider locks); the
+// buffers are plain data owned by this handle, whose methods take `&mut self` to post.
+unsafe impl Send for VerbsQueue {}
+
+impl std::fmt::Debug for VerbsQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsQueue")
+            .field("qpn", &self.shared.qpn)
+            .field("state", &self.shared.state())
+            .field("epoch", &self.epoch)
+            .field("send_head", &self.send_head)
+            .field("recv_head", &self.recv_head)
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::InvalidArgument(msg.into())
+}
+
+/// A 24-bit starting PSN, different for every queue and run.
+fn fresh_psn(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let x = (t ^ u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    ((x >> 40) as u32) & 0x00ff_ffff
+}
+
+// SAFETY (for the zeroed values below): ibv_send_wr, ibv_recv_wr, ibv_sge, ibv_qp_attr and
+// ibv_qp_init_attr are C structs of integers, raw pointers and unions of those: all-zero is valid.
+fn zeroed<T>() -> T {
+    // SAFETY: only instantiated with the plain-old-data types listed above.
+    unsafe { std::mem::zeroed() }
+}
+
+impl VerbsQueue {
+    pub(crate) fn new(ctx: &Arc<Context>, c: &QueueConfig, send_cq: &VerbsCq, recv_cq: &VerbsCq) -> Result<Self> {
+        let caps = &ctx.caps;
+        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
+        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
+            return Err(invalid(format!("queue depths must be in 1..={} on {}", caps.max_queue_depth, ctx.name)));
+        }
+        if c.max_send_sge == 0 || c.max_send_sge > caps.max_send_sge {
+            return Err(invalid(format!("max_send_sge must be in 1..={} on {}", caps.max_send_sge, ctx.name)));
+        }
+        if c.max_recv_sge == 0 || c.max_recv_sge > caps.max_recv_sge {
+            return Err(invalid(format!("max_recv_sge must be in 1..={} on {}", caps.max_recv_sge, ctx.name)));
+        }
+        if c.max_inline > caps.max_inline {
+            return Err(invalid(format!("max_inline {} exceeds {}'s {}", c.max_inline, ctx.name, caps.max_inline)));
+        }
+        if c.retry_count > 7 || c.rnr_retry > 7 {
+            return Err(invalid("retry_count and rnr_retry are 0..=7"));
+        }
+        if !Arc::ptr_eq(&send_cq.shared.ctx, ctx) || !Arc::ptr_eq(&recv_cq.shared.ctx, ctx) {
+            return Err(invalid("the CQs belong to another device (context)"));
+        }
+        let epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
+        let mut attr: ibv_qp_init_attr = zeroed();
+        attr.send_cq = send_cq.shared.cq;
+        attr.recv_cq = recv_cq.shared.cq;
+        attr.qp_type = ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap = ibv_qp_cap {
+            max_send_wr: c.send_depth,
+            max_recv_wr: c.recv_depth,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline,
+        };
+        // The shared part must exist (at a fixed address) before the QP: its context points at it.
+        // The qpn is filled in right after creation, before anything can see it.
+        let mut shared = Arc::new(QueueShared {
+            qpn: 0,
+            send: SideRing::new(c.send_depth, epoch),
+            recv: SideRing::new(c.recv_depth, epoch),
+            state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
+            alive: AtomicBool::new(true),
+        });
+        attr.qp_context = Arc::as_ptr(&shared).cast_mut().cast();
+        // SAFETY: the PD and CQs are live and belong to this context; `attr` is a valid in/out
+        // pointer.
+        let qp = unsafe { ibv_create_qp(ctx.pd, &mut attr) };
+        if qp.is_null() {
+            return Err(verb_error(
+                "ibv_create_qp",
+                errno(),
+                &format!(
+                    "an RC queue of {}/{} slots, {}/{} SGEs, {} B inline on {}",
+                    c.send_depth, c.recv_depth, c.max_send_sge, c.max_recv_sge, c.max_inline, ctx.name
+                ),
+            ));
+        }
+        // SAFETY: `qp` was just created.
+        let qpn = unsafe { (*qp).qp_num };
+        Arc::get_mut(&mut shared).expect("not shared yet").qpn = qpn;
+        for cq in [&send_cq.shared, &recv_cq.shared] {
+            cq.attach(&shared);
+        }
+        let send_sges = (c.send_depth as usize) * (c.max_send_sge as usize);
+        let recv_sges = (c.recv_depth as usize) * (c.max_recv_sge as usize);
+        Ok(VerbsQueue {
+            qp,
+            ctx: ctx.clone(),
+            send_cq: send_cq.shared.clone(),
+            recv_cq: recv_cq.shared.clone(),
+            shared,
+            config: *c,
+            epoch,
+            psn: fresh_psn(qpn),
+            send_head: 0,
+            recv_head: 0,
+            send_wrs: (0..c.send_depth).map(|_| zeroed()).collect(),
+            send_sges: (0..send_sges).map(|_| zeroed()).collect(),
+            recv_wrs: (0..c.recv_depth).map(|_| zeroed()).collect(),
+            recv_sges: (0..recv_sges).map(|_| zeroed()).collect(),
+        })
+    }
+
+    fn modify(&mut self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, step: &str) -> Result<()> {
+        // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
+        let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        if rc != 0 {
+            return Err(verb_error("ibv_modify_qp", rc, &format!("QP {} to {step} on {}", self.shared.qpn, self.ctx.name)));
+        }
+        Ok(())
+    }
+
+    fn to_reset(&mut self) -> Result<()> {
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "RESET")
+    }
+
+    fn connect_steps(&mut self, peer: &QueueInfo) -> Result<()> {
+        use ibv_qp_attr_mask as m;
+        let ctx = self.ctx.clone();
+        let c = self.config;
+
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = ctx.port;
+        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0;
+        self.modify(&mut a, m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS, "INIT")?;
+
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = ctx.path_mtu;
+        a.dest_qp_num = peer.qpn;
+        a.rq_psn = peer.psn & 0x00ff_ffff;
+        a.max_dest_rd_atomic = c.max_dest_rd_atomic.min(ctx.caps.max_dest_rd_atomic);
+        a.min_rnr_timer = c.min_rnr_timer.code();
+        a.ah_attr.port_num = ctx.port;
+        a.ah_attr.sl = 0;
+        if ctx.roce || peer.lid == 0 {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = peer.gid;
+            a.ah_attr.grh.sgid_index = ctx.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = ctx.traffic_class;
+        } else {
+            a.ah_attr.dlid = peer.lid;
+        }
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE
+                | m::IBV_QP_AV
+                | m::IBV_QP_PATH_MTU
+                | m::IBV_QP_DEST_QPN
+                | m::IBV_QP_RQ_PSN
+                | m::IBV_QP_MAX_DEST_RD_ATOMIC
+                | m::IBV_QP_MIN_RNR_TIMER,
+            "RTR",
+        )?;
+
+        let mut a: ibv_qp_attr = zeroed();
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = c.timeout.exponent();
+        a.retry_cnt = c.retry_count;
+        a.rnr_retry = c.rnr_retry;
+        a.sq_psn = self.psn;
+        a.max_rd_atomic = c.max_rd_atomic.min(ctx.caps.max_rd_atomic);
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE | m::IBV_QP_TIMEOUT | m::IBV_QP_RETRY_CNT | m::IBV_QP_RNR_RETRY | m::IBV_QP_SQ_PSN | m::IBV_QP_MAX_QP_RD_ATOMIC,
+            "RTS",
+        )
+    }
+
+    fn tracked(&self) -> QueueState {
+        self.shared.state()
+    }
+
+    fn set_tracked(&self, s: QueueState) {
+        self.shared.state.store(pack_state(self.epoch, s), Ordering::Release);
+    }
+
+    /// The QP's state as the device has it.
+    fn query_state(&self) -> Option<QueueState> {
+        let mut attr: ibv_qp_attr = zeroed();
+        let mut init: ibv_qp_init_attr = zeroed();
+        // SAFETY: the QP is live; the out-structs are valid.
+        let rc = unsafe { ibv_query_qp(self.qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut init) };
+        if rc != 0 {
+            return None;
+        }
+        tables::qp_state(attr.qp_state)
+    }
+
+    fn need_posting_state(&self, op: &'static str) -> Result<()> {
+        match self.tracked() {
+            QueueState::Reset => Err(Error::BadState { state: QueueState::Reset, op, needs: "READY or ERROR" }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks every SGE of INLINE requests against the live registrations; returns the read guard
+    /// to hold across the post (a region cannot be freed while the CPU copies from it).
+    fn check_inline(&self, wrs: &[SendWr<'_>]) -> Result<Option<std::sync::RwLockReadGuard<'_, std::collections::HashMap<u32, (u64, u64)>>>> {
+        if !wrs.iter().any(|w| w.flags.contains(WrFlags::INLINE)) {
+            return Ok(None);
+        }
+        let regions = self.ctx.regions.read().unwrap_or_else(|e| e.into_inner());
+        let inside = |s: &Sge| {
+            regions.get(&s.lkey).is_some_and(|&(addr, len)| {
+                s.addr >= addr && s.addr.checked_add(u64::from(s.len)).is_some_and(|end| end <= addr + len)
+            })
+        };
+        let bad = wrs.iter().filter(|w| w.flags.contains(WrFlags::INLINE)).flat_map(|w| w.sges).any(|s| !inside(s));
+        if bad {
+            return Err(invalid(format!(
+                "an INLINE SGE does not lie in a region registered on {} (with that lkey)",
+                self.ctx.name
+            )));
+        }
+        Ok(Some(regions))
+    }
+}
+
+fn send_flags(f: WrFlags) -> u32 {
+    let mut v = 0;
+    if f.contains(WrFlags::SIGNALED) {
+        v |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if f.contains(WrFlags::INLINE) {
+        v |= ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    if f.contains(WrFlags::FENCE) {
+        v |= ibv_send_flags::IBV_SEND_FENCE.0;
+    }
+    if f.contains(WrFlags::SOLICITED) {
+        v |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+    }
+    v
+}
+
+fn rkey_of(r: &crate::RemoteAddr) -> Result<u32> {
+    if !r.key.is_rkey() {
+        return Err(invalid(format!("{:?} is not a verbs rkey (32 bits)", r.key)));
+    }
+    Ok(r.key.rkey())
+}
+
+fn fill_sges(dst: &mut [ibv_sge], src: &[Sge]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = ibv_sge { addr: s.addr, length: s.len, lkey: s.lkey };
+    }
+}
+
+impl Queue for VerbsQueue {
+    fn qpn(&self) -> u32 {
+        self.shared.qpn
+    }
+
+    fn info(&self) -> QueueInfo {
+        let mut info = QueueInfo::new(self.ctx.gid, self.shared.qpn, self.psn);
+        info.lid = self.ctx.lid;
+        info
+    }
+
+    fn state(&self) -> QueueState {
+        let s = self.tracked();
+        if s == QueueState::Ready && self.query_state() == Some(QueueState::Error) {
+            self.shared.device_error();
+            return QueueState::Error;
+        }
+        s
+    }
+
+    fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
+        match self.tracked() {
+            QueueState::Reset => {}
+            state => return Err(Error::BadState { state, op: "connect", needs: "RESET" }),
+        }
+        if let Err(e) = self.connect_steps(peer) {
+            // Leave the queue where it was: RESET.
+            let _ = self.to_reset();
+            return Err(e);
+        }
+        self.set_tracked(QueueState::Ready);
+        Ok(())
+    }
+
+    fn set_error(&mut self) -> Result<()> {
+        if self.tracked() == QueueState::Reset {
+            return Err(Error::BadState { state: QueueState::Reset, op: "set_error", needs: "READY or ERROR" });
+        }
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ERR")?;
+        self.set_tracked(QueueState::Error);
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.to_reset()?;
+        // A new incarnation: completions of the old one that still arrive are dropped by epoch.
+        self.epoch = self.epoch.wrapping_add(1);
+        self.send_head = 0;
+        self.recv_head = 0;
+        self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);
+        self.shared.recv.retired.store(pack(self.epoch, 0), Ordering::Release);
+        self.set_tracked(QueueState::Reset);
+        self.psn = fresh_psn(self.shared.qpn ^ u32::from(self.epoch));
+        Ok(())
+    }
+
+    fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        self.need_posting_state("post_send")?;
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let c = &self.config;
+        for wr in wrs {
+            if wr.sges.len() > c.max_send_sge as usize {
+                return Err(invalid(format!(
+                    "{} SGEs exceed the queue's max_send_sge {}",
+                    wr.sges.len(),
+                    c.max_send_sge
+                )));
+            }
+            if wr.flags.contains(WrFlags::INLINE) {
+                if matches!(wr.op, SendOp::Read(_)) {
+                    return Err(invalid("a READ cannot be INLINE"));
+                }
+                if wr.total_len() > u64::from(c.max_inline) {
+                    return Err(invalid(format!(
+                        "INLINE payload of {} bytes exceeds max_inline {}",
+                        wr.total_len(),
+                        c.max_inline
+                    )));
+                }
+            }
+            if let SendOp::Write(r) | SendOp::WriteImm(r, _) | SendOp::Read(r) = &wr.op {
+                rkey_of(r)?;
+            }
+        }
+        let free = self.shared.send.free(self.send_head);
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "send", free, wanted: wrs.len() });
+        }
+        let max_sge = c.max_send_sge as usize;
+        let n = wrs.len();
+        for (i, wr) in wrs.iter().enumerate() {
+            let index = self.send_head.wrapping_add(i as u32);
+            let sges = &mut self.send_sges[i * max_sge..i * max_sge + wr.sges.len()];
+            fill_sges(sges, wr.sges);
+            let sg_list = sges.as_mut_ptr();
+            let (opcode, imm, remote, op) = match wr.op {
+                SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None, None, Op::Send),
+                SendOp::SendImm(v) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(v), None, Op::Send),
+                SendOp::Write(r) => (ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, Some(r), Op::Write),
+                SendOp::WriteImm(r, v) => (ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(v), Some(r), Op::Write),
+                SendOp::Read(r) => (ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some(r), Op::Read),
+            };
+            self.shared.send.set(index, wr.wr_id, op);
+            let next = if i + 1 < n {
+                // SAFETY: `i + 1 < n <= send_depth`, in bounds of the buffer.
+                unsafe { self.send_wrs.as_mut_ptr().add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+            let w = &mut self.send_wrs[i];
+            w.wr_id = encode_wr_id(self.epoch, false, index);
+            w.next = next;
+            w.sg_list = sg_list;
+            w.num_sge = wr.sges.len() as i32;
+            w.opcode = opcode;
+            w.send_flags = send_flags(wr.flags);
+            w.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
+            if let Some(r) = remote {
+                w.wr.rdma = rdma_t { remote_addr: r.addr, rkey: r.key.rkey() };
+            }
+        }
+        let guard = self.check_inline(wrs)?;
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the chain of `n` WRs and their SGE lists live in this queue's buffers until the
+        // call returns (libibverbs copies them into the send queue); INLINE payloads lie in live
+        // registrations (checked above, held by `guard`); the QP is live.
+        let rc = unsafe { ibv_post_send(self.qp, self.send_wrs.as_mut_ptr(), &mut bad) };
+        drop(guard);
+        if rc != 0 {
+            // Nothing past `bad` was posted; what came before was, and will complete.
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: `bad` points into `send_wrs` (the chain we built).
+                unsafe { bad.offset_from(self.send_wrs.as_ptr()) }.clamp(0, n as isize) as usize
+            };
+            self.send_head = self.send_head.wrapping_add(posted as u32);
+            return Err(verb_error(
+                "ibv_post_send",
+                rc,
+                &format!("request {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted", self.shared.qpn),
+            ));
+        }
+        self.send_head = self.send_head.wrapping_add(n as u32);
+        Ok(())
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.need_posting_state("post_recv")?;
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let max_sge = self.config.max_recv_sge as usize;
+        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
+            return Err(invalid(format!("{} SGEs exceed the queue's max_recv_sge {max_sge}", wr.sges.len())));
+        }
+        let free = self.shared.recv.free(self.recv_head);
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
+        }
+        let n = wrs.len();
+        for (i, wr) in wrs.iter().enumerate() {
+            let index = self.recv_head.wrapping_add(i as u32);
+            let sges = &mut self.recv_sges[i * max_sge..i * max_sge + wr.sges.len()];
+            fill_sges(sges, wr.sges);
+            let sg_list = sges.as_mut_ptr();
+            self.shared.recv.set(index, wr.wr_id, Op::Recv);
+            let next = if i + 1 < n {
+                // SAFETY: `i + 1 < n <= recv_depth`, in bounds of the buffer.
+                unsafe { self.recv_wrs.as_mut_ptr().add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+            let w = &mut self.recv_wrs[i];
+            w.wr_id = encode_wr_id(self.epoch, true, index);
+            w.next = next;
+            w.sg_list = sg_list;
+            w.num_sge = wr.sges.len() as i32;
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the chain and its SGE lists live in this queue's buffers for the call; the QP
+        // is live. Receive memory is checked by the device through the lkeys.
+        let rc = unsafe { ibv_post_recv(self.qp, self.recv_wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: `bad` points into `recv_wrs`.
+                unsafe { bad.offset_from(self.recv_wrs.as_ptr()) }.clamp(0, n as isize) as usize
+            };
+            self.recv_head = self.recv_head.wrapping_add(posted as u32);
+            return Err(verb_error(
+                "ibv_post_recv",
+                rc,
+                &format!("receive {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted", self.shared.qpn),
+            ));
+        }
+        self.recv_head = self.recv_head.wrapping_add(n as u32);
+        Ok(())
+    }
+}
+
+impl Drop for VerbsQueue {
+    fn drop(&mut self) {
+        self.shared.alive.store(false, Ordering::Release);
+        // SAFETY: the QP is live and destroyed once; libibverbs waits for its unacknowledged
+        // async events, whose context pointer (the shared part) we still hold.
+        unsafe { ibv_destroy_qp(self.qp) };
+        self.send_cq.detach_later();
+        self.recv_cq.detach_later();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wr_ids_round_trip() {
+        for (e, r, i) in [(0u16, false, 0u32), (0xffff, true, u32::MAX), (7, true, 12345)] {
+            assert_eq!(decode_wr_id(encode_wr_id(e, r, i)), (e, r, i));
+        }
+    }
+
+    #[test]
+    fn side_ring_retires_in_order_and_drops_stale_epochs() {
+        let q = QueueShared {
+            qpn: 1,
+            send: SideRing::new(4, 9),
+            recv: SideRing::new(4, 9),
+            state: AtomicU32::new(pack_state(9, QueueState::Ready)),
+            alive: AtomicBool::new(true),
+        };
+        for i in 0..3 {
+            q.send.set(i, 100 + u64::from(i), Op::Write);
+        }
+        assert_eq!(q.send.free(3), 1);
+        // A signaled completion of slot 2 retires 0..=2.
+        let d = q.complete(encode_wr_id(9, false, 2), true).unwrap();
+        assert_eq!((d.user_wr_id, d.op), (102, Op::Write));
+        assert_eq!(q.send.free(3), 4);
+        // An old epoch is invisible; an error moves the state to ERROR.
+        assert!(q.complete(encode_wr_id(8, false, 3), false).is_none());
+        assert_eq!(q.state(), QueueState::Ready);
+        q.recv.set(0, 7, Op::Recv);
+        assert_eq!(q.complete(encode_wr_id(9, true, 0), false).unwrap().user_wr_id, 7);
+        assert_eq!(q.state(), QueueState::Error);
+        assert_eq!(q.recv.free(1), 4);
+    }
+}
