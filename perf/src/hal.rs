@@ -62,8 +62,14 @@ pub struct End<D: Device> {
 
 impl<D: Device> End<D> {
     fn new(dev: &D, size: usize, send_depth: u32, recv_depth: u32) -> Res<End<D>> {
-        let cfg =
-            QueueConfig { send_depth, recv_depth, max_send_sge: 1, max_recv_sge: 1, ..Default::default() };
+        let cfg = {
+            let mut c = QueueConfig::default();
+            c.send_depth = send_depth;
+            c.recv_depth = recv_depth;
+            c.max_send_sge = 1;
+            c.max_recv_sge = 1;
+            c
+        };
         let scq = dev.create_cq(send_depth).map_err(err("create send CQ"))?;
         let rcq = dev.create_cq(recv_depth).map_err(err("create receive CQ"))?;
         let q = dev.create_queue(&cfg, &scq, &rcq).map_err(err("create queue"))?;

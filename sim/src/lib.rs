@@ -104,6 +104,7 @@ pub mod loom_api {
                 rq_ci: AtomicU32::new(0),
                 state: AtomicU8::new(state_to_u8(QueueState::Ready)),
                 psn: AtomicU32::new(0),
+                epoch: AtomicU32::new(0),
             })
         }
 
@@ -199,6 +200,8 @@ pub mod loom_api {
                 attach: Mutex::new(Vec::new()),
                 attach_pending: AtomicBool::new(false),
                 nic_armed: Arc::new(AtomicU32::new(0)),
+                id: 0,
+                channel: None,
             })
         }
 

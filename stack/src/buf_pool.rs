@@ -319,11 +319,16 @@ impl<'a, R: MemoryRegion> Buf<'a, R> {
         self.pool.region.sge(self.region_offset(), len).map_err(|_| out_of_bounds)
     }
 
-    /// Copies `src` into the buffer at `offset`. Do not write a buffer while it is posted.
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), PoolError> {
+    /// Copies `src` into the buffer at `offset`.
+    pub fn write(&mut self, offset: usize, src: &[u8]) -> Result<(), PoolError> {
         self.pool.check(offset, src.len())?;
         let out_of_bounds = PoolError::OutOfBounds { offset, len: src.len(), buf_size: self.pool.buf_size };
-        self.pool.region.write(self.region_offset() + offset, src).map_err(|_| out_of_bounds)
+        // SAFETY: buffers are disjoint ranges of the region and this guard is the only handle to
+        // its buffer (`&mut self`: no other access through it either); a guard exists only while
+        // its buffer is not posted (`into_token` gives it up before posting), so no work request
+        // writes the range meanwhile.
+        unsafe { self.pool.region.write_shared(self.region_offset() + offset, src) }
+            .map_err(|_| out_of_bounds)
     }
 
     /// Copies `dst.len()` bytes at `offset` out of the buffer. Read a received buffer only after
@@ -425,7 +430,7 @@ mod tests {
     fn sge_read_and_write_are_bounds_checked() {
         let p = pool(3, 64);
         let _first = p.get().expect("free buffer");
-        let b = p.get().expect("free buffer");
+        let mut b = p.get().expect("free buffer");
         assert_eq!((b.len(), b.is_empty(), b.region_offset()), (64, false, 64));
         let sge = b.sge(64).expect("whole buffer");
         assert_eq!((sge.addr, sge.len, sge.lkey), (p.region().addr() + 64, 64, p.region().lkey()));
@@ -450,10 +455,11 @@ mod tests {
     #[test]
     fn buffers_do_not_overlap() {
         let p = pool(8, 32);
-        let bufs: Vec<_> = std::iter::from_fn(|| p.get()).collect();
+        let mut bufs: Vec<_> = std::iter::from_fn(|| p.get()).collect();
         assert_eq!(bufs.len(), 8);
-        for b in &bufs {
-            b.write(0, &[b.index() as u8 + 1; 32]).expect("in bounds");
+        for b in &mut bufs {
+            let i = b.index();
+            b.write(0, &[i as u8 + 1; 32]).expect("in bounds");
         }
         for b in &bufs {
             let mut got = [0u8; 32];
@@ -465,7 +471,7 @@ mod tests {
     #[test]
     fn tokens_recover_exactly_once() {
         let p = pool(2, 16);
-        let b = p.get().expect("free buffer");
+        let mut b = p.get().expect("free buffer");
         b.write(0, b"posted").expect("in bounds");
         let index = b.index();
         let token = b.into_token();
@@ -525,7 +531,7 @@ mod tests {
         }
         assert_eq!(rx.in_use(), 4);
         for i in 0..4u8 {
-            let b = tx.get().expect("free buffer");
+            let mut b = tx.get().expect("free buffer");
             b.write(0, &[i; 10]).expect("in bounds");
             let sge = b.sge(10).expect("in bounds");
             // The send buffer stays out of the pool until its send completion.
@@ -595,7 +601,7 @@ mod tests {
                     for i in 0..ITERS {
                         // Take one to three buffers and tag each for this thread and use.
                         for _ in 0..1 + rng.below(3) {
-                            let Some(b) = p.get() else { break };
+                            let Some(mut b) = p.get() else { break };
                             got += 1;
                             let want = fill(t, i, rng.next() as u8);
                             b.write(0, &want).map_err(|e| e.to_string())?;

@@ -24,8 +24,10 @@
 //! Body fields use three encodings:
 //!
 //! - a *string* is a u16 length followed by that many bytes of UTF-8;
-//! - a *queue list* is a u16 count followed by `count` × 30 bytes, each a
-//!   [`QueueInfo::encode`] (gid 16, qpn u32, psn u32, lid u16, token u32);
+//! - a *queue list* is a u16 count followed by `count` queue infos, each as
+//!   [`QueueInfo::encode`] writes it: a version byte (1), a body length byte (34 in version 1;
+//!   a reader skips what follows the fields it knows), then gid 16, qpn u32, psn u32, lid u16,
+//!   uasid u32, token u32 — room for a verbs GID/QPN/PSN/LID and a URMA EID/jetty id/uasid/token;
 //! - integers are fixed-size, little-endian.
 //!
 //! ### Client hello (type 1)
@@ -101,7 +103,7 @@ use std::time::{Duration, Instant};
 use bypass_hal::QueueInfo;
 
 /// The control protocol version this module speaks.
-pub const CONTROL_VERSION: u16 = 1;
+pub const CONTROL_VERSION: u16 = 2;
 
 /// Longest server name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
@@ -464,9 +466,9 @@ impl<'a> Body<'a> {
         }
         let mut queues = Vec::with_capacity(count);
         for i in 0..count {
-            let bytes = self.take(QueueInfo::ENCODED_LEN, "queue info")?;
-            let info = QueueInfo::decode(bytes)
-                .ok_or_else(|| malformed(format!("{} queue info {i} does not decode", self.what)))?;
+            let (info, used) = QueueInfo::decode(self.rest)
+                .map_err(|e| malformed(format!("{} queue info {i}: {e}", self.what)))?;
+            self.take(used, "queue info")?;
             queues.push(info);
         }
         Ok(queues)
@@ -979,13 +981,11 @@ mod tests {
     const T: Duration = Duration::from_secs(20);
 
     fn queue(n: u8) -> QueueInfo {
-        QueueInfo {
-            gid: [n; 16],
-            qpn: 0x100 + u32::from(n),
-            psn: 0x00AB_0000 | u32::from(n),
-            lid: u16::from(n),
-            token: 0xC0DE_0000 | u32::from(n),
-        }
+        let mut q = QueueInfo::new([n; 16], 0x100 + u32::from(n), 0x00AB_0000 | u32::from(n));
+        q.lid = u16::from(n);
+        q.uasid = 0x5A00 | u32::from(n);
+        q.token = 0xC0DE_0000 | u32::from(n);
+        q
     }
 
     fn client_hello(name: &str, queues: u8) -> ClientHello {
@@ -1095,31 +1095,34 @@ mod tests {
             client_info: "hi".into(),
             window: 8,
             max_msg: 4096,
-            queues: vec![QueueInfo {
-                gid: [
+            queues: vec![{
+                let gid = [
                     0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e,
                     0x1f,
-                ],
-                qpn: 0x0203,
-                psn: 0x00AB_CDEF,
-                lid: 0x0405,
-                token: 0xDEAD_BEEF,
+                ];
+                let mut q = QueueInfo::new(gid, 0x0203, 0x00AB_CDEF);
+                q.lid = 0x0405;
+                q.uasid = 0x0607;
+                q.token = 0xDEAD_BEEF;
+                q
             }],
         };
         #[rustfmt::skip]
         let expected: &[u8] = &[
-            // header: magic, type 1, reserved, version 1, body length 49
-            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x31, 0x00, 0x00, 0x00,
+            // header: magic, type 1, reserved, version 1, body length 55
+            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x37, 0x00, 0x00, 0x00,
             // window 8, max_msg 4096
             0x08, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00,
             // server name "srv"
             0x03, 0x00, 0x73, 0x72, 0x76,
             // client info "hi"
             0x02, 0x00, 0x68, 0x69,
-            // one queue: gid, qpn, psn, lid, token
+            // one queue: info version 1, 34 bytes: gid, qpn, psn, lid, uasid, token
             0x01, 0x00,
+            0x01, 0x22,
             0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
-            0x03, 0x02, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, 0x05, 0x04, 0xef, 0xbe, 0xad, 0xde,
+            0x03, 0x02, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, 0x05, 0x04, 0x07, 0x06, 0x00, 0x00,
+            0xef, 0xbe, 0xad, 0xde,
         ];
         assert_eq!(hello.encode().unwrap(), expected);
         assert_eq!(ClientHello::decode(expected).unwrap(), hello);
@@ -1510,14 +1513,15 @@ mod tests {
     #[test]
     fn version_mismatch_on_both_sides() {
         let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-        let hello = ClientHello { version: 2, ..client_hello("alpha", 1) };
+        // A version-1 client (before queue infos were versioned) meets a version-2 server.
+        let hello = ClientHello { version: 1, ..client_hello("alpha", 1) };
         match connect(addr, &hello, T) {
-            Err(ControlError::VersionMismatch { ours: 2, theirs: 1 }) => {}
-            other => panic!("client: expected VersionMismatch {{ 2, 1 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 1, theirs: 2 }) => {}
+            other => panic!("client: expected VersionMismatch {{ 1, 2 }}, got {other:?}"),
         }
         match server.join().unwrap().0 {
-            Err(ControlError::VersionMismatch { ours: 1, theirs: 2 }) => {}
-            other => panic!("server: expected VersionMismatch {{ 1, 2 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 2, theirs: 1 }) => {}
+            other => panic!("server: expected VersionMismatch {{ 2, 1 }}, got {other:?}"),
         }
     }
 
@@ -1754,7 +1758,7 @@ mod tests {
                 matches!(e, ControlError::QueueCountMismatch { client: 2, server: 1 })
             }),
             (ServerHello { version: 7, ..server_hello("alpha", 2) }, |e| {
-                matches!(e, ControlError::VersionMismatch { ours: 1, theirs: 7 })
+                matches!(e, ControlError::VersionMismatch { ours: CONTROL_VERSION, theirs: 7 })
             }),
         ];
         for (answer, expected) in cases {

@@ -106,12 +106,13 @@ impl<D: Device + Clone> Endpoint<D> {
                 caps.max_queue_depth
             )));
         }
-        let config = QueueConfig {
-            send_depth: tx_capacity as u32,
-            recv_depth: s.recv_depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            ..s.queue_config
+        let config = {
+            let mut c = s.queue_config;
+            c.send_depth = tx_capacity as u32;
+            c.recv_depth = s.recv_depth;
+            c.max_send_sge = 1;
+            c.max_recv_sge = 1;
+            c
         };
         let mut queues = Vec::with_capacity(s.queues);
         for _ in 0..s.queues {
@@ -258,6 +259,7 @@ impl<D: Device + Clone> Endpoint<D> {
     /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`.
     pub(crate) fn post_send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
         let slot = &self.queues[q];
+        self.check_ready(q)?;
         let sge = self.send_region.sge(tx.index as usize * self.msg_size, len)?;
         let mut queue = lock(&slot.q);
         queue.post_send(&[SendWr::send(tx.to_u64(), &[sge])])?;
@@ -268,6 +270,7 @@ impl<D: Device + Clone> Endpoint<D> {
     /// [`MAX_REPOST_BATCH`]. All or nothing.
     pub(crate) fn post_sends(&self, q: usize, items: &[(TxHandle, u32)]) -> Result<(), RpcError> {
         let items = &items[..items.len().min(MAX_REPOST_BATCH)];
+        self.check_ready(q)?;
         let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
         for (sge, (tx, len)) in sges.iter_mut().zip(items) {
             *sge = self.send_region.sge(tx.index as usize * self.msg_size, *len as usize)?;
@@ -278,6 +281,21 @@ impl<D: Device + Clone> Endpoint<D> {
         });
         lock(&self.queues[q].q).post_send(&wrs[..items.len()])?;
         Ok(())
+    }
+
+    /// Refuses to post on a queue the endpoint has failed (or that failed under it): the hal
+    /// accepts posts to a queue in ERROR and flushes them, as hardware does, but a message posted
+    /// there can only fail, so the caller learns it now.
+    fn check_ready(&self, q: usize) -> Result<(), RpcError> {
+        if self.queues[q].ready.load(Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(RpcError::Device(bypass_hal::Error::BadState {
+                state: QueueState::Error,
+                op: "post_send",
+                needs: "READY",
+            }))
+        }
     }
 
     /// Polls the send CQ if no other thread is polling it.
