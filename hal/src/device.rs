@@ -21,10 +21,10 @@ pub struct DeviceCaps {
     pub max_msg_size: u32,
     /// Largest single registration in bytes.
     pub max_region_size: u64,
-    /// Most READs a queue may have outstanding as requester (`max_qp_rd_atom`); a queue's
-    /// [`QueueConfig::max_rd_atomic`] above it is clamped to it.
+    /// Most READs a queue may have outstanding as requester (verbs `max_qp_init_rd_atom`); a
+    /// queue's [`QueueConfig::max_rd_atomic`] above it is clamped to it.
     pub max_rd_atomic: u8,
-    /// Most READs a queue accepts in flight as responder (`max_qp_init_rd_atom`).
+    /// Most READs a queue accepts in flight as responder (verbs `max_qp_rd_atom`).
     pub max_dest_rd_atomic: u8,
 }
 

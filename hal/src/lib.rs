@@ -41,6 +41,9 @@ mod wr;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
 /// loom only: the doorbell mutation switch for the broken-twin models in `loom-tests/`.
 #[cfg(loom)]
 #[doc(hidden)]

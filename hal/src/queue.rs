@@ -188,43 +188,6 @@ impl QueueInfo {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn queue_info_golden_bytes() {
-        let mut info = QueueInfo::new([0xaa; 16], 0x0102_0304, 0x00ab_cdef);
-        info.lid = 0x1234;
-        info.uasid = 7;
-        info.token = 0xdead_beef;
-        let b = info.encode();
-        let mut want = vec![1u8, 34];
-        want.extend([0xaa; 16]);
-        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
-        assert_eq!(b.to_vec(), want);
-        assert_eq!(QueueInfo::decode(&b), Ok((info, QueueInfo::ENCODED_LEN)));
-    }
-
-    #[test]
-    fn queue_info_refuses_bad_bytes_and_skips_later_fields() {
-        let b = QueueInfo::new([1; 16], 9, 10).encode();
-        assert_eq!(QueueInfo::decode(&b[..1]), Err(QueueInfoError::Truncated { have: 1, need: 2 }));
-        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 36 }));
-        let mut v2 = b.to_vec();
-        v2[0] = 2;
-        assert_eq!(QueueInfo::decode(&v2), Err(QueueInfoError::Version(2)));
-        let mut short = b.to_vec();
-        short[1] = 10;
-        assert_eq!(QueueInfo::decode(&short), Err(QueueInfoError::Short(10)));
-        let mut longer = b.to_vec();
-        longer[1] += 3;
-        longer.extend([0xff; 3]);
-        longer.push(0x55);
-        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 39)));
-    }
-}
-
 /// A reliable-connected queue: a send side and a receive side bound to one peer queue.
 ///
 /// Posting takes a batch and rings the doorbell once per batch. A batch is all-or-nothing: when
@@ -262,4 +225,41 @@ pub trait Queue: Send {
     /// Posts receives and rings the receive doorbell once; the same rules as
     /// [`post_send`](Self::post_send).
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_info_golden_bytes() {
+        let mut info = QueueInfo::new([0xaa; 16], 0x0102_0304, 0x00ab_cdef);
+        info.lid = 0x1234;
+        info.uasid = 7;
+        info.token = 0xdead_beef;
+        let b = info.encode();
+        let mut want = vec![1u8, 34];
+        want.extend([0xaa; 16]);
+        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
+        assert_eq!(b.to_vec(), want);
+        assert_eq!(QueueInfo::decode(&b), Ok((info, QueueInfo::ENCODED_LEN)));
+    }
+
+    #[test]
+    fn queue_info_refuses_bad_bytes_and_skips_later_fields() {
+        let b = QueueInfo::new([1; 16], 9, 10).encode();
+        assert_eq!(QueueInfo::decode(&b[..1]), Err(QueueInfoError::Truncated { have: 1, need: 2 }));
+        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 36 }));
+        let mut v2 = b.to_vec();
+        v2[0] = 2;
+        assert_eq!(QueueInfo::decode(&v2), Err(QueueInfoError::Version(2)));
+        let mut short = b.to_vec();
+        short[1] = 10;
+        assert_eq!(QueueInfo::decode(&short), Err(QueueInfoError::Short(10)));
+        let mut longer = b.to_vec();
+        longer[1] += 3;
+        longer.extend([0xff; 3]);
+        longer.push(0x55);
+        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 39)));
+    }
 }

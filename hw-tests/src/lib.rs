@@ -1,5 +1,116 @@
 //! # bypass-hw-tests
 //!
 //! Runs the hal conformance suite (`bypass_hal::conformance`) and, later, the stack's end-to-end
-//! tests on real NICs (verbs, URMA, vfio) when the machine has one. The real backends are not
-//! written yet, so there is nothing to run here; the suite runs on the simulator in `bypass-sim`.
+//! tests on real NICs when the machine has one. Which device is chosen by the `BYPASS_HW`
+//! environment variable, in the stack's backend-string form:
+//!
+//! | `BYPASS_HW` | runs on |
+//! |---|---|
+//! | unset | nothing: every test prints why it skipped and passes |
+//! | `verbs` | the first RDMA device libibverbs lists (feature `verbs`) |
+//! | `verbs:rxe0` | device `rxe0` |
+//! | `verbs:rxe0,gid=1,mtu=1024` | with device options (`gid`, `port`, `mtu`, `tc`) |
+//!
+//! A verbs environment opens the device twice — two contexts, like two hosts — and connects the
+//! pair through the device's own loopback (Soft-RoCE over `lo` in the CI guest). When
+//! `BYPASS_HW` asks for verbs but the machine has no RDMA device at all, tests skip with a
+//! message; a device that is present but cannot be opened as asked is a failure.
+//!
+//! Soft-RoCE is slow and loses completions when many QPs run at once: run with
+//! `--test-threads=1`. In the project's QEMU guest:
+//!
+//! ```text
+//! cargo test -p bypass-hw-tests --features verbs --release --no-run   # prints the test binary
+//! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_conformance-… --test-threads=1
+//! ```
+
+use std::time::Duration;
+
+/// The environment variable naming the device under test.
+pub const ENV_VAR: &str = "BYPASS_HW";
+
+/// What `BYPASS_HW` asks for: `(backend, options)`, e.g. `("verbs", "rxe0,gid=1")`; `None` when
+/// it is unset or empty.
+pub fn requested() -> Option<(String, String)> {
+    let v = std::env::var(ENV_VAR).ok()?;
+    let v = v.trim();
+    if v.is_empty() {
+        return None;
+    }
+    let (backend, rest) = v.split_once(':').unwrap_or((v, ""));
+    Some((backend.to_owned(), rest.to_owned()))
+}
+
+/// Prints why a hardware test did not run (visible with `--nocapture`, and in the summary of
+/// `cargo test` as a pass).
+pub fn skip(test: &str, why: &str) {
+    eprintln!("SKIP {test}: {why}");
+}
+
+/// The conformance environment on a verbs device: devices A and B are two opens of the same
+/// device, `progress` does nothing (hardware moves by itself) and `advance` sleeps.
+#[cfg(feature = "verbs")]
+pub mod verbs {
+    use super::*;
+    use bypass_hal::conformance::Env;
+    use bypass_hal::verbs::{device_names, VerbsDevice};
+
+    /// Two opens of one verbs device.
+    #[derive(Debug)]
+    pub struct VerbsEnv {
+        a: VerbsDevice,
+        b: VerbsDevice,
+    }
+
+    impl VerbsEnv {
+        /// Opens the device `spec` names (`"rxe0,gid=1"`, or `""` for the first) twice.
+        pub fn open(spec: &str) -> bypass_hal::Result<Self> {
+            Ok(VerbsEnv { a: VerbsDevice::open_spec(spec)?, b: VerbsDevice::open_spec(spec)? })
+        }
+
+        /// The environment `BYPASS_HW` asks for, or `None` (after printing why) when it asks for
+        /// none, for another backend, or for verbs on a machine without RDMA devices. Panics if a
+        /// present device cannot be opened as asked.
+        pub fn from_env(test: &str) -> Option<Self> {
+            let Some((backend, spec)) = requested() else {
+                skip(test, &format!("{ENV_VAR} is not set (e.g. {ENV_VAR}=verbs:rxe0)"));
+                return None;
+            };
+            if backend != "verbs" {
+                skip(test, &format!("{ENV_VAR}={backend}:… is not a verbs device"));
+                return None;
+            }
+            if device_names().is_empty() {
+                skip(
+                    test,
+                    &format!(
+                        "{ENV_VAR}=verbs:{spec} but there is no RDMA device here (for Soft-RoCE: modprobe \
+                         rdma_rxe; rdma link add rxe0 type rxe netdev lo; or use hw-tests/vm/run)"
+                    ),
+                );
+                return None;
+            }
+            match VerbsEnv::open(&spec) {
+                Ok(env) => Some(env),
+                Err(e) => panic!(
+                    "{ENV_VAR}=verbs:{spec}: cannot open the device: {e} (present: {:?})",
+                    device_names()
+                ),
+            }
+        }
+    }
+
+    impl Env for VerbsEnv {
+        type Dev = VerbsDevice;
+        fn a(&self) -> &VerbsDevice {
+            &self.a
+        }
+        fn b(&self) -> &VerbsDevice {
+            &self.b
+        }
+        fn progress(&self) {}
+        fn advance(&self, d: Duration) {
+            std::thread::sleep(d);
+        }
+    }
+}

@@ -169,8 +169,23 @@ pub fn read_region<R: MemoryRegion>(mr: &R, offset: usize, len: usize) -> Vec<u8
 
 /// Expands to one `#[test]` per conformance scenario, in a module named `$name`, each calling the
 /// scenario with a fresh environment from `$make_env`.
+///
+/// With `skip_unless`, `$make_env` is called with the scenario's name and returns an
+/// `Option<Env>`: `None` skips the scenario (the closure prints why), for suites that run only
+/// where a device is present (`bypass-hw-tests`).
 #[macro_export]
 macro_rules! conformance_suite {
+    ($name:ident, skip_unless $make_env:expr) => {
+        $crate::__conformance_module!($name, |scenario: &str| ($make_env)(scenario));
+    };
+    ($name:ident, $make_env:expr) => {
+        $crate::__conformance_module!($name, |_: &str| Some(($make_env)()));
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_module {
     ($name:ident, $make_env:expr) => {
         mod $name {
             #[allow(unused_imports)]
@@ -211,8 +226,9 @@ macro_rules! __conformance_tests {
         $(
             #[test]
             fn $scenario() {
-                let env = ($make_env)();
-                $crate::conformance::$scenario(&env);
+                if let Some(env) = ($make_env)(stringify!($scenario)) {
+                    $crate::conformance::$scenario(&env);
+                }
             }
         )*
     };

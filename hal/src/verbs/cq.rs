@@ -4,7 +4,7 @@
 use super::device::{set_nonblocking, Context};
 use super::qp::{self, QueueShared};
 use super::tables::{self, errno, verb_error};
-use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result, Status};
+use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result};
 use rdma_sys::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::os::raw::c_void;
@@ -181,7 +181,12 @@ impl std::fmt::Debug for VerbsCq {
 }
 
 impl VerbsCq {
-    pub(crate) fn new(ctx: &Arc<Context>, depth: u32, channel: Arc<ChannelInner>, private: bool) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        depth: u32,
+        channel: Arc<ChannelInner>,
+        private: bool,
+    ) -> Result<Self> {
         if depth == 0 || depth > ctx.caps.max_cq_depth {
             return Err(Error::InvalidArgument(format!(
                 "CQ depth {depth} is outside 1..={} of {}",
@@ -194,7 +199,11 @@ impl VerbsCq {
         // the CQ in its Drop, before its fields, the tag among them, are dropped).
         let cq = unsafe { ibv_create_cq(ctx.ctx, depth as i32, tag_ptr, channel.ch, 0) };
         if cq.is_null() {
-            return Err(verb_error("ibv_create_cq", errno(), &format!("a CQ of {depth} entries on {}", ctx.name)));
+            return Err(verb_error(
+                "ibv_create_cq",
+                errno(),
+                &format!("a CQ of {depth} entries on {}", ctx.name),
+            ));
         }
         // SAFETY: `cq` was just created.
         let actual = unsafe { (*cq).cqe }.max(depth as i32) as u32;
@@ -251,7 +260,9 @@ impl VerbsCq {
         let done = q.complete(wr_id, status.is_ok())?;
         let ok = status.is_ok();
         let opcode = match done.op {
-            qp::Op::Recv if ok && opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => CqOpcode::RecvWriteImm,
+            qp::Op::Recv if ok && opcode == ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => {
+                CqOpcode::RecvWriteImm
+            }
             op => op.opcode(),
         };
         let has_imm = ok && flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
@@ -340,6 +351,3 @@ pub(crate) unsafe fn mark_overflow(cq: *mut ibv_cq) {
         unsafe { (*tag).overflow.store(true, Ordering::Release) };
     }
 }
-
-// `Status` is used by translate through `tables`; keep the import honest for readers.
-const _: Status = Status::Success;

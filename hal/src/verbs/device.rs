@@ -451,7 +451,13 @@ fn probe_inline(ctx: *mut ibv_context, pd: *mut ibv_pd, name: &str) -> Result<u3
         attr.send_cq = cq;
         attr.recv_cq = cq;
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
-        attr.cap = ibv_qp_cap { max_send_wr: 1, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: size };
+        attr.cap = ibv_qp_cap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: size,
+        };
         // SAFETY: `pd` and `cq` are live and of this context; `attr` is a valid in/out pointer.
         let qp = unsafe { ibv_create_qp(pd, &mut attr) };
         if !qp.is_null() {
@@ -576,6 +582,9 @@ impl Device for VerbsDevice {
                     unsafe { (*shared).device_error() };
                 }
             }
+        } else if t == tables::event::CQ_ERR {
+            // SAFETY: for CQ events the element is the CQ, alive until the ack below.
+            unsafe { super::cq::mark_overflow(ev.element.ptr.cast()) };
         } else if tables::event::has_port(t) {
             // SAFETY: for port events the element is the port number.
             port = unsafe { ev.element.port_num }.clamp(0, 255) as u8;

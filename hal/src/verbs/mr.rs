@@ -64,7 +64,8 @@ impl VerbsRegion {
     pub(crate) fn allocate(ctx: &Arc<Context>, len: usize, access: Access) -> Result<Self> {
         check_len(ctx, len)?;
         let flags = ibv_access(access)?;
-        let layout = Layout::from_size_align(len.max(1), REGION_ALIGN).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let layout = Layout::from_size_align(len.max(1), REGION_ALIGN)
+            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -84,13 +85,20 @@ impl VerbsRegion {
 
     /// # Safety
     /// `Device::register_external`'s contract.
-    pub(crate) unsafe fn external(ctx: &Arc<Context>, ptr: *mut u8, len: usize, access: Access) -> Result<Self> {
+    pub(crate) unsafe fn external(
+        ctx: &Arc<Context>,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<Self> {
         check_len(ctx, len)?;
         if ptr.is_null() {
             return Err(Error::InvalidArgument("register_external of a null pointer".into()));
         }
         if len == 0 {
-            return Err(Error::InvalidArgument("register_external of zero bytes (verbs registers at least one)".into()));
+            return Err(Error::InvalidArgument(
+                "register_external of zero bytes (verbs registers at least one)".into(),
+            ));
         }
         let flags = ibv_access(access)?;
         // SAFETY: forwarded from the caller.

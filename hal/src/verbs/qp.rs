@@ -28,6 +28,9 @@ use rdma_sys::*;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+/// The live registrations, read-locked across an INLINE post.
+type RegionsGuard<'a> = std::sync::RwLockReadGuard<'a, std::collections::HashMap<u32, (u64, u64)>>;
+
 const RECV_BIT: u64 = 1 << 47;
 const INDEX_MASK: u64 = 0xffff_ffff;
 
@@ -265,7 +268,10 @@ fn invalid(msg: impl Into<String>) -> Error {
 
 /// A 24-bit starting PSN, different for every queue and run.
 fn fresh_psn(qpn: u32) -> u32 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let x = (t ^ u64::from(qpn).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     ((x >> 40) as u32) & 0x00ff_ffff
 }
@@ -278,20 +284,37 @@ fn zeroed<T>() -> T {
 }
 
 impl VerbsQueue {
-    pub(crate) fn new(ctx: &Arc<Context>, c: &QueueConfig, send_cq: &VerbsCq, recv_cq: &VerbsCq) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &Arc<Context>,
+        c: &QueueConfig,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+    ) -> Result<Self> {
         let caps = &ctx.caps;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
         if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
-            return Err(invalid(format!("queue depths must be in 1..={} on {}", caps.max_queue_depth, ctx.name)));
+            return Err(invalid(format!(
+                "queue depths must be in 1..={} on {}",
+                caps.max_queue_depth, ctx.name
+            )));
         }
         if c.max_send_sge == 0 || c.max_send_sge > caps.max_send_sge {
-            return Err(invalid(format!("max_send_sge must be in 1..={} on {}", caps.max_send_sge, ctx.name)));
+            return Err(invalid(format!(
+                "max_send_sge must be in 1..={} on {}",
+                caps.max_send_sge, ctx.name
+            )));
         }
         if c.max_recv_sge == 0 || c.max_recv_sge > caps.max_recv_sge {
-            return Err(invalid(format!("max_recv_sge must be in 1..={} on {}", caps.max_recv_sge, ctx.name)));
+            return Err(invalid(format!(
+                "max_recv_sge must be in 1..={} on {}",
+                caps.max_recv_sge, ctx.name
+            )));
         }
         if c.max_inline > caps.max_inline {
-            return Err(invalid(format!("max_inline {} exceeds {}'s {}", c.max_inline, ctx.name, caps.max_inline)));
+            return Err(invalid(format!(
+                "max_inline {} exceeds {}'s {}",
+                c.max_inline, ctx.name, caps.max_inline
+            )));
         }
         if c.retry_count > 7 || c.rnr_retry > 7 {
             return Err(invalid("retry_count and rnr_retry are 0..=7"));
@@ -365,12 +388,16 @@ impl VerbsQueue {
         // SAFETY: the QP is live; `attr` is valid for the fields `mask` names.
         let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
-            return Err(verb_error("ibv_modify_qp", rc, &format!("QP {} to {step} on {}", self.shared.qpn, self.ctx.name)));
+            return Err(verb_error(
+                "ibv_modify_qp",
+                rc,
+                &format!("QP {} to {step} on {}", self.shared.qpn, self.ctx.name),
+            ));
         }
         Ok(())
     }
 
-    fn to_reset(&mut self) -> Result<()> {
+    fn enter_reset(&mut self) -> Result<()> {
         let mut attr: ibv_qp_attr = zeroed();
         attr.qp_state = ibv_qp_state::IBV_QPS_RESET;
         self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "RESET")
@@ -389,7 +416,11 @@ impl VerbsQueue {
             | ibv_access_flags::IBV_ACCESS_REMOTE_READ
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
             .0;
-        self.modify(&mut a, m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS, "INIT")?;
+        self.modify(
+            &mut a,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+            "INIT",
+        )?;
 
         let mut a: ibv_qp_attr = zeroed();
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
@@ -430,9 +461,26 @@ impl VerbsQueue {
         a.max_rd_atomic = c.max_rd_atomic.min(ctx.caps.max_rd_atomic);
         self.modify(
             &mut a,
-            m::IBV_QP_STATE | m::IBV_QP_TIMEOUT | m::IBV_QP_RETRY_CNT | m::IBV_QP_RNR_RETRY | m::IBV_QP_SQ_PSN | m::IBV_QP_MAX_QP_RD_ATOMIC,
+            m::IBV_QP_STATE
+                | m::IBV_QP_TIMEOUT
+                | m::IBV_QP_RETRY_CNT
+                | m::IBV_QP_RNR_RETRY
+                | m::IBV_QP_SQ_PSN
+                | m::IBV_QP_MAX_QP_RD_ATOMIC,
             "RTS",
         )
+    }
+
+    /// Makes the device flush receives posted while the queue is in ERROR. Some providers never
+    /// look at them otherwise: rxe's `ibv_post_recv` only writes the shared ring (no system call),
+    /// and its kernel side reads the receive queue when a packet arrives or the QP changes state,
+    /// so a receive posted in ERR would sit there uncompleted. Modifying ERR → ERR (legal on
+    /// every device, IBTA "any state → Error") runs the flush again; hardware that flushes by
+    /// itself has nothing left to do. Control path only: posting in ERROR is not the hot path.
+    fn kick_flush(&mut self) -> Result<()> {
+        let mut attr: ibv_qp_attr = zeroed();
+        attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ERR (to flush receives posted in ERROR)")
     }
 
     fn tracked(&self) -> QueueState {
@@ -448,7 +496,8 @@ impl VerbsQueue {
         let mut attr: ibv_qp_attr = zeroed();
         let mut init: ibv_qp_init_attr = zeroed();
         // SAFETY: the QP is live; the out-structs are valid.
-        let rc = unsafe { ibv_query_qp(self.qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut init) };
+        let rc =
+            unsafe { ibv_query_qp(self.qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut init) };
         if rc != 0 {
             return None;
         }
@@ -457,14 +506,16 @@ impl VerbsQueue {
 
     fn need_posting_state(&self, op: &'static str) -> Result<()> {
         match self.tracked() {
-            QueueState::Reset => Err(Error::BadState { state: QueueState::Reset, op, needs: "READY or ERROR" }),
+            QueueState::Reset => {
+                Err(Error::BadState { state: QueueState::Reset, op, needs: "READY or ERROR" })
+            }
             _ => Ok(()),
         }
     }
 
     /// Checks every SGE of INLINE requests against the live registrations; returns the read guard
     /// to hold across the post (a region cannot be freed while the CPU copies from it).
-    fn check_inline(&self, wrs: &[SendWr<'_>]) -> Result<Option<std::sync::RwLockReadGuard<'_, std::collections::HashMap<u32, (u64, u64)>>>> {
+    fn check_inline(&self, wrs: &[SendWr<'_>]) -> Result<Option<RegionsGuard<'_>>> {
         if !wrs.iter().any(|w| w.flags.contains(WrFlags::INLINE)) {
             return Ok(None);
         }
@@ -474,7 +525,8 @@ impl VerbsQueue {
                 s.addr >= addr && s.addr.checked_add(u64::from(s.len)).is_some_and(|end| end <= addr + len)
             })
         };
-        let bad = wrs.iter().filter(|w| w.flags.contains(WrFlags::INLINE)).flat_map(|w| w.sges).any(|s| !inside(s));
+        let bad =
+            wrs.iter().filter(|w| w.flags.contains(WrFlags::INLINE)).flat_map(|w| w.sges).any(|s| !inside(s));
         if bad {
             return Err(invalid(format!(
                 "an INLINE SGE does not lie in a region registered on {} (with that lkey)",
@@ -542,7 +594,7 @@ impl Queue for VerbsQueue {
         }
         if let Err(e) = self.connect_steps(peer) {
             // Leave the queue where it was: RESET.
-            let _ = self.to_reset();
+            let _ = self.enter_reset();
             return Err(e);
         }
         self.set_tracked(QueueState::Ready);
@@ -551,7 +603,11 @@ impl Queue for VerbsQueue {
 
     fn set_error(&mut self) -> Result<()> {
         if self.tracked() == QueueState::Reset {
-            return Err(Error::BadState { state: QueueState::Reset, op: "set_error", needs: "READY or ERROR" });
+            return Err(Error::BadState {
+                state: QueueState::Reset,
+                op: "set_error",
+                needs: "READY or ERROR",
+            });
         }
         let mut attr: ibv_qp_attr = zeroed();
         attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
@@ -561,7 +617,7 @@ impl Queue for VerbsQueue {
     }
 
     fn reset(&mut self) -> Result<()> {
-        self.to_reset()?;
+        self.enter_reset()?;
         // A new incarnation: completions of the old one that still arrive are dropped by epoch.
         self.epoch = self.epoch.wrapping_add(1);
         self.send_head = 0;
@@ -618,7 +674,9 @@ impl Queue for VerbsQueue {
                 SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None, None, Op::Send),
                 SendOp::SendImm(v) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(v), None, Op::Send),
                 SendOp::Write(r) => (ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, Some(r), Op::Write),
-                SendOp::WriteImm(r, v) => (ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(v), Some(r), Op::Write),
+                SendOp::WriteImm(r, v) => {
+                    (ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM, Some(v), Some(r), Op::Write)
+                }
                 SendOp::Read(r) => (ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some(r), Op::Read),
             };
             self.shared.send.set(index, wr.wr_id, op);
@@ -640,12 +698,13 @@ impl Queue for VerbsQueue {
                 w.wr.rdma = rdma_t { remote_addr: r.addr, rkey: r.key.rkey() };
             }
         }
+        let chain = self.send_wrs.as_mut_ptr();
         let guard = self.check_inline(wrs)?;
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the chain of `n` WRs and their SGE lists live in this queue's buffers until the
         // call returns (libibverbs copies them into the send queue); INLINE payloads lie in live
         // registrations (checked above, held by `guard`); the QP is live.
-        let rc = unsafe { ibv_post_send(self.qp, self.send_wrs.as_mut_ptr(), &mut bad) };
+        let rc = unsafe { ibv_post_send(self.qp, chain, &mut bad) };
         drop(guard);
         if rc != 0 {
             // Nothing past `bad` was posted; what came before was, and will complete.
@@ -659,7 +718,10 @@ impl Queue for VerbsQueue {
             return Err(verb_error(
                 "ibv_post_send",
                 rc,
-                &format!("request {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted", self.shared.qpn),
+                &format!(
+                    "request {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted",
+                    self.shared.qpn
+                ),
             ));
         }
         self.send_head = self.send_head.wrapping_add(n as u32);
@@ -713,10 +775,16 @@ impl Queue for VerbsQueue {
             return Err(verb_error(
                 "ibv_post_recv",
                 rc,
-                &format!("receive {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted", self.shared.qpn),
+                &format!(
+                    "receive {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted",
+                    self.shared.qpn
+                ),
             ));
         }
         self.recv_head = self.recv_head.wrapping_add(n as u32);
+        if self.tracked() == QueueState::Error {
+            self.kick_flush()?;
+        }
         Ok(())
     }
 }

@@ -39,9 +39,9 @@ pub(crate) fn verb_error(verb: &str, errno: i32, what: &str) -> Error {
             "{base}; no permission: check access to /dev/infiniband/uverbs* and RLIMIT_MEMLOCK"
         )),
         libc::EOPNOTSUPP | libc::ENOSYS => Error::Unsupported(base),
-        libc::ENODEV | libc::EIO | libc::ENXIO => Error::Device(format!(
-            "{base}; the device is gone or failed (check `rdma link show`, dmesg)"
-        )),
+        libc::ENODEV | libc::EIO | libc::ENXIO => {
+            Error::Device(format!("{base}; the device is gone or failed (check `rdma link show`, dmesg)"))
+        }
         libc::EAGAIN | libc::EBUSY => Error::OutOfResources(format!("{base}; the resource is busy")),
         libc::ENOSPC | libc::EMFILE | libc::ENFILE => Error::OutOfResources(base),
         _ => Error::Device(base),
@@ -170,7 +170,9 @@ mod tests {
         let e = verb_error("ibv_create_qp", libc::ENOMEM, "a queue");
         assert!(matches!(e, Error::OutOfResources(ref m) if m.contains("ibv_create_qp")), "{e}");
         assert!(matches!(verb_error("ibv_reg_mr", libc::EINVAL, "x"), Error::InvalidArgument(_)));
-        assert!(matches!(verb_error("ibv_open_device", libc::EACCES, "x"), Error::Device(ref m) if m.contains("uverbs")));
+        assert!(
+            matches!(verb_error("ibv_open_device", libc::EACCES, "x"), Error::Device(ref m) if m.contains("uverbs"))
+        );
     }
 
     #[test]
