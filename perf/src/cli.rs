@@ -95,10 +95,10 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub warmup: Option<u64>,
 
-    /// NIC backend. Only `sim` (the software NIC, in this process) is compiled in: the verbs and
-    /// URMA backends do not exist yet
+    /// NIC backend: `sim` (the software NIC, in this process), or with `--features verbs`
+    /// `verbs` (the first RDMA device), `verbs:rxe0`, `verbs:rxe0,gid=1,port=1,mtu=1024`
     #[arg(long, default_value = "sim", value_parser = parse_backend, value_name = "BACKEND")]
-    pub backend: Backend,
+    pub backend: String,
 
     /// Simulator engine: inline (device work on the callers' threads) or threaded (a device
     /// thread per NIC) [default: inline]
@@ -246,18 +246,20 @@ impl EngineArg {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sim,
-}
-
-fn parse_backend(s: &str) -> Result<Backend, String> {
-    match s {
-        "sim" => Ok(Backend::Sim),
-        "verbs" | "rdma" | "urma" | "ub" | "vfio" => Err(format!(
-            "the {s} backend is not compiled in: real NIC backends do not exist yet; only `sim` (the software NIC) is available"
+/// Checks the backend's kind against what this build has (opening it comes later, in `main`).
+fn parse_backend(s: &str) -> Result<String, String> {
+    let kind = s.split(':').next().unwrap_or("");
+    let compiled = bypass::backend::compiled();
+    match kind {
+        "sim" if s != "sim" => Err(format!(
+            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim`"
         )),
-        _ => Err(format!("unknown backend `{s}`: only `sim` is available (verbs and urma are not compiled in yet)")),
+        k if compiled.contains(&k) => Ok(s.to_string()),
+        "verbs" | "urma" | "vfio" => Err(format!(
+            "the {kind} backend is not compiled in (build with `--features {kind}` where it exists); this build has: {}",
+            compiled.join(", ")
+        )),
+        _ => Err(format!("unknown backend `{s}`: this build has: {}", compiled.join(", "))),
     }
 }
 
@@ -321,8 +323,10 @@ pub struct Spec {
 pub struct Plan {
     pub level: Level,
     pub specs: Vec<Spec>,
-    /// `None` at the TCP level.
+    /// `None` at the TCP level and for real NICs.
     pub engine: Option<EngineArg>,
+    /// The backend string (`sim`, `verbs:rxe0`, ...).
+    pub backend: String,
     pub window: usize,
     pub batch: usize,
     /// RPC message size, header included.
@@ -393,6 +397,9 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     }
     if level != Level::Rpc && a.msg_size.is_some() {
         return Err("--msg-size applies to --level rpc".into());
+    }
+    if a.backend != "sim" && a.engine.is_some() {
+        return Err(format!("--engine applies to the simulator, not to --backend {}", a.backend));
     }
     if level == Level::Tcp {
         if a.engine.is_some() {
@@ -552,7 +559,12 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     Ok(Plan {
         level,
         specs,
-        engine: if level == Level::Tcp { None } else { Some(a.engine.unwrap_or(EngineArg::Inline)) },
+        engine: if level == Level::Tcp || a.backend != "sim" {
+            None
+        } else {
+            Some(a.engine.unwrap_or(EngineArg::Inline))
+        },
+        backend: a.backend.clone(),
         window,
         batch,
         msg_size,

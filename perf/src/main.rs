@@ -17,7 +17,8 @@ mod rpc;
 mod stats;
 mod tcp;
 
-use bypass::sim::{Engine, Fabric};
+use bypass::hal::Device;
+use bypass::{Backend, WithDevices};
 use clap::{CommandFactory, Parser};
 use cli::{Args, EngineArg, Level, Plan};
 use progress::Progress;
@@ -53,10 +54,19 @@ fn run(plan: &Plan) -> Result<(), String> {
             s.map_or("-".into(), |s| s.to_string())
         ),
     };
-    let backend = match plan.level {
-        Level::Tcp if plan.busy_poll => "loopback TCP sockets (no NIC), busy-polled".to_string(),
-        Level::Tcp => "loopback TCP sockets (no NIC), blocking".to_string(),
-        _ => format!("backend sim (the software NIC, in this process), engine {engine_name}"),
+    let nic = match plan.level {
+        Level::Tcp => None,
+        _ => Some(open_backend(plan)?),
+    };
+    let backend = match (&nic, plan.level) {
+        (_, Level::Tcp) if plan.busy_poll => "loopback TCP sockets (no NIC), busy-polled".to_string(),
+        (_, Level::Tcp) => "loopback TCP sockets (no NIC), blocking".to_string(),
+        (Some(b), _) if plan.backend == "sim" => {
+            let _ = b;
+            format!("backend sim (the software NIC, in this process), engine {engine_name}")
+        }
+        (Some(b), _) => format!("backend {}", b.describe()),
+        (None, _) => unreachable!("a NIC backend is opened for every level but tcp"),
     };
     report.note(&format!(
         "bypass-perf {}: level {}, {backend}, {cpus} CPUs, {place}",
@@ -76,7 +86,7 @@ fn run(plan: &Plan) -> Result<(), String> {
     if plan.trace.is_some() {
         bypass::hal::trace::start();
     }
-    let result = measure_all(plan, &mut report);
+    let result = measure_all(plan, nic.as_ref(), &mut report);
     if let Some(path) = &plan.trace {
         let n = bypass::hal::trace::finish(path)
             .map_err(|e| format!("--trace: write {}: {e}", path.display()))?;
@@ -119,42 +129,62 @@ fn check_pins(plan: &Plan) -> Result<(), String> {
     Ok(())
 }
 
-fn engine(plan: &Plan) -> Engine {
-    match plan.engine {
-        Some(EngineArg::Threaded) => Engine::Threaded,
-        _ => Engine::Inline,
-    }
+/// Opens `--backend` (for the simulator, with `--engine`).
+fn open_backend(plan: &Plan) -> Result<Backend, String> {
+    let spec = match (plan.backend.as_str(), plan.engine) {
+        ("sim", Some(EngineArg::Threaded)) => "sim:threaded".to_string(),
+        ("sim", _) => "sim:inline".to_string(),
+        (other, _) => other.to_string(),
+    };
+    Backend::open(&spec).map_err(|e| format!("--backend {}: {e}", plan.backend))
 }
 
 fn label(plan: &Plan, spec: &cli::Spec) -> String {
     format!("{} {} {} {} B", plan.level.name(), spec.test.name(), spec.what.name(), spec.size)
 }
 
-fn measure_all(plan: &Plan, report: &mut Report) -> Result<(), String> {
-    match plan.level {
-        Level::Hal => {
-            let fabric = Fabric::new(engine(plan));
-            let (a, b) = (fabric.add_nic(), fabric.add_nic());
-            for spec in &plan.specs {
-                let progress = Progress::new(plan.progress, label(plan, spec));
-                let m = hal::run(&a, &b, spec, plan, progress)
-                    .map_err(|e| format!("{}: {e}", label(plan, spec)))?;
-                report.row(plan, spec, &m);
+/// The HAL and RPC levels, generic over the backend's device type.
+struct Measure<'a> {
+    plan: &'a Plan,
+    report: &'a mut Report,
+}
+
+impl WithDevices for Measure<'_> {
+    type Output = Result<(), String>;
+
+    fn run<D: Device + Clone>(self, server: &D, client: &D) -> Result<(), String> {
+        let Measure { plan, report } = self;
+        match plan.level {
+            Level::Hal => {
+                for spec in &plan.specs {
+                    let progress = Progress::new(plan.progress, label(plan, spec));
+                    let m = hal::run(client, server, spec, plan, progress)
+                        .map_err(|e| format!("{}: {e}", label(plan, spec)))?;
+                    report.row(plan, spec, &m);
+                }
             }
-        }
-        Level::Rpc => {
-            let fabric = Fabric::new(engine(plan));
-            let (server_nic, client_nic) = (fabric.add_nic(), fabric.add_nic());
-            let rig = rpc::Rig::new(&server_nic, &client_nic, plan)?;
-            for spec in &plan.specs {
-                let progress = Progress::new(plan.progress, label(plan, spec));
-                let m = rig.run(spec, plan, progress).map_err(|e| format!("{}: {e}", label(plan, spec)))?;
-                report.row(plan, spec, &m);
+            Level::Rpc => {
+                let rig = rpc::Rig::new(server, client, plan)?;
+                for spec in &plan.specs {
+                    let progress = Progress::new(plan.progress, label(plan, spec));
+                    let m =
+                        rig.run(spec, plan, progress).map_err(|e| format!("{}: {e}", label(plan, spec)))?;
+                    report.row(plan, spec, &m);
+                }
+                report.note("");
+                report.note(&rig.summary());
             }
-            report.note("");
-            report.note(&rig.summary());
+            Level::Tcp => unreachable!("the TCP level has no NIC"),
         }
-        Level::Tcp => {
+        Ok(())
+    }
+}
+
+fn measure_all(plan: &Plan, nic: Option<&Backend>, report: &mut Report) -> Result<(), String> {
+    match (plan.level, nic) {
+        (Level::Hal | Level::Rpc, Some(backend)) => backend.run(Measure { plan, report })?,
+        (Level::Hal | Level::Rpc, None) => unreachable!("opened in run()"),
+        (Level::Tcp, _) => {
             for spec in &plan.specs {
                 let progress = Progress::new(plan.progress, label(plan, spec));
                 let m = tcp::run(spec, plan.batch, plan.busy_poll, plan.pin.1, progress)

@@ -184,7 +184,7 @@ fn json_row(plan: &Plan, spec: &Spec, m: &Measured) -> Map<String, Value> {
             o.insert("socket".into(), spec.what.name().into());
         }
     }
-    let backend = if plan.level == Level::Tcp { Value::Null } else { "sim".into() };
+    let backend = if plan.level == Level::Tcp { Value::Null } else { plan.backend.as_str().into() };
     o.insert("backend".into(), backend);
     o.insert("engine".into(), plan.engine.map_or(Value::Null, |e| e.name().into()));
     o.insert("threads".into(), (if plan.one_thread { 1 } else { 2 }).into());

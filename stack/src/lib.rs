@@ -56,8 +56,11 @@
 //! test without a NIC (engines, seeds, faults) in the README and `docs/sim.md`.
 
 pub use bypass_hal as hal;
+#[cfg(feature = "sim")]
 pub use bypass_sim as sim;
 
+#[cfg(not(loom))]
+pub mod backend;
 #[cfg(not(loom))]
 mod call;
 #[cfg(not(loom))]
@@ -71,6 +74,8 @@ mod server;
 #[cfg(not(loom))]
 mod worker;
 
+#[cfg(not(loom))]
+pub use backend::{Backend, WithDevices};
 #[cfg(not(loom))]
 pub use call::{CallFuture, Callback};
 #[cfg(not(loom))]

@@ -1,0 +1,186 @@
+//! The backends this build has, chosen at run time from a string.
+//!
+//! The stack is generic over [`hal::Device`](crate::hal::Device) and the data path under it is
+//! monomorphised; programs that pick their NIC from configuration (bypass-perf's `--backend`, the
+//! C library's config) open a [`Backend`] from a string and hand it a [`WithDevices`] visitor.
+//! The one `match` over the compiled backends happens there, once, not per post.
+//!
+//! | string | backend | needs |
+//! |---|---|---|
+//! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine) | feature `sim` (default) |
+//! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
+//! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
+//! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
+//!
+//! The Stepped engine is not offered here: nothing moves under it until a test drives it, which
+//! only a test can do (build its `Fabric` directly).
+
+use crate::RpcError;
+#[allow(unused_imports)]
+use bypass_hal::Device;
+
+/// Code generic over a device type, run by [`Backend::run`] on a pair of devices of the chosen
+/// backend: `server` and `client` may be two simulated NICs, or one verbs device twice (its queue
+/// pairs connect through the NIC's loopback).
+pub trait WithDevices {
+    /// What the code returns.
+    type Output;
+    /// Runs with the devices.
+    fn run<D: Device + Clone>(self, server: &D, client: &D) -> Self::Output;
+}
+
+/// An opened backend.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Simulated NICs on one fabric.
+    #[cfg(feature = "sim")]
+    Sim {
+        /// The fabric (dropping it stops its device threads).
+        fabric: bypass_sim::Fabric,
+        /// Its engine.
+        engine: bypass_sim::Engine,
+    },
+    /// An RDMA device through libibverbs.
+    #[cfg(feature = "verbs")]
+    Verbs(bypass_hal::verbs::VerbsDevice),
+}
+
+/// The backends this build can open, for messages.
+pub fn compiled() -> &'static [&'static str] {
+    &[
+        #[cfg(feature = "sim")]
+        "sim",
+        #[cfg(feature = "verbs")]
+        "verbs",
+    ]
+}
+
+#[cfg_attr(all(feature = "sim", feature = "verbs"), allow(dead_code))]
+fn not_compiled(kind: &str, feature: &str) -> RpcError {
+    RpcError::InvalidArgument(format!(
+        "backend {kind:?} is not compiled into this build (rebuild with `--features {feature}`); this build has: {}",
+        compiled().join(", ")
+    ))
+}
+
+impl Backend {
+    /// Opens the backend `spec` names (see the module docs).
+    pub fn open(spec: &str) -> Result<Backend, RpcError> {
+        let (kind, rest) = match spec.split_once(':') {
+            Some((k, r)) => (k, Some(r)),
+            None => (spec, None),
+        };
+        match kind {
+            "sim" => Self::open_sim(rest),
+            "verbs" => Self::open_verbs(rest.unwrap_or("")),
+            "urma" => Err(RpcError::InvalidArgument(
+                "the urma backend does not exist yet: use sim or verbs".into(),
+            )),
+            other => Err(RpcError::InvalidArgument(format!(
+                "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...]"
+            ))),
+        }
+    }
+
+    #[cfg(feature = "sim")]
+    fn open_sim(rest: Option<&str>) -> Result<Backend, RpcError> {
+        use bypass_sim::{Engine, Fabric};
+        let engine = match rest {
+            None | Some("inline") => Engine::Inline,
+            Some("threaded") => Engine::Threaded,
+            Some(other) => {
+                return Err(RpcError::InvalidArgument(format!(
+                    "unknown simulator engine {other:?}: expected sim:inline or sim:threaded (Stepped needs a test to drive it)"
+                )))
+            }
+        };
+        Ok(Backend::Sim { fabric: Fabric::new(engine), engine })
+    }
+
+    #[cfg(not(feature = "sim"))]
+    fn open_sim(_: Option<&str>) -> Result<Backend, RpcError> {
+        Err(not_compiled("sim", "sim"))
+    }
+
+    #[cfg(feature = "verbs")]
+    fn open_verbs(rest: &str) -> Result<Backend, RpcError> {
+        Ok(Backend::Verbs(bypass_hal::verbs::VerbsDevice::open_spec(rest)?))
+    }
+
+    #[cfg(not(feature = "verbs"))]
+    fn open_verbs(_: &str) -> Result<Backend, RpcError> {
+        Err(not_compiled("verbs", "verbs"))
+    }
+
+    /// A one-line description for reports (`sim (engine Inline)`, `verbs rxe0 ...`).
+    pub fn describe(&self) -> String {
+        match self {
+            #[cfg(feature = "sim")]
+            Backend::Sim { engine, .. } => {
+                format!("sim (the software NIC, in this process), engine {engine:?}")
+            }
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => {
+                let (gid_index, _) = d.gid();
+                format!(
+                    "verbs {} port {} GID index {} path MTU {}",
+                    d.name(),
+                    d.port(),
+                    gid_index,
+                    d.path_mtu()
+                )
+            }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a Backend is always one of the compiled variants"),
+        }
+    }
+
+    /// Runs `w` on a server and a client device of this backend.
+    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
+    pub fn run<W: WithDevices>(&self, w: W) -> W::Output {
+        match self {
+            #[cfg(feature = "sim")]
+            Backend::Sim { fabric, .. } => {
+                let (server, client) = (fabric.add_nic(), fabric.add_nic());
+                w.run(&server, &client)
+            }
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(dev) => w.run(dev, dev),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a Backend is always one of the compiled variants"),
+        }
+    }
+}
+
+#[cfg(all(test, feature = "sim"))]
+mod tests {
+    use super::*;
+
+    struct Caps;
+    impl WithDevices for Caps {
+        type Output = u32;
+        fn run<D: Device + Clone>(self, server: &D, client: &D) -> u32 {
+            server.caps().max_send_sge.min(client.caps().max_send_sge)
+        }
+    }
+
+    #[test]
+    fn opens_the_simulator() {
+        for spec in ["sim", "sim:inline", "sim:threaded"] {
+            let b = Backend::open(spec).unwrap();
+            assert!(b.describe().starts_with("sim"), "{spec}: {}", b.describe());
+            assert!(b.run(Caps) > 0);
+        }
+    }
+
+    #[test]
+    fn bad_strings_say_what_is_accepted() {
+        let text = |s: &str| Backend::open(s).unwrap_err().to_string();
+        assert!(text("nic0").contains("unknown backend \"nic0\""), "{}", text("nic0"));
+        assert!(text("sim:stepped").contains("Stepped needs a test"), "{}", text("sim:stepped"));
+        assert!(text("urma:x").contains("urma backend does not exist yet"));
+        #[cfg(not(feature = "verbs"))]
+        assert!(text("verbs:rxe0").contains("--features verbs"), "{}", text("verbs:rxe0"));
+    }
+}
