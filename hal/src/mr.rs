@@ -254,3 +254,30 @@ fn check_range(len: usize, offset: usize, n: usize) -> Result<()> {
         ))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_region_round_trips_and_refuses_bad_bytes() {
+        let mut key = [0u8; RemoteKey::LEN];
+        key[..4].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        key[20] = 0xee; // a URMA-style key: more than the first four bytes
+        let r = RemoteRegion { addr: 0x7f00_0000_1000, len: 4096, key: RemoteKey::from_bytes(key) };
+        let b = r.encode();
+        assert_eq!(b.len(), RemoteRegion::ENCODED_LEN);
+        assert_eq!((b[0], &b[1..9]), (1, &0x7f00_0000_1000u64.to_le_bytes()[..]));
+        assert_eq!(RemoteRegion::decode(&b).unwrap(), r);
+        assert!(RemoteRegion::decode(&b[..48]).unwrap_err().to_string().contains("49 bytes"));
+        let mut v2 = b;
+        v2[0] = 2;
+        assert!(RemoteRegion::decode(&v2).unwrap_err().to_string().contains("version 2"));
+        assert_eq!(r.at(16).addr, 0x7f00_0000_1010);
+        assert!(!r.key.is_rkey());
+        let k = RemoteKey::from_rkey(0xabcd);
+        assert!(k.is_rkey());
+        assert_eq!(k.rkey(), 0xabcd);
+        assert_eq!(format!("{k:?}"), "RemoteKey(rkey 0xabcd)");
+    }
+}

@@ -203,6 +203,7 @@ macro_rules! __conformance_module {
                 remote_access_errors_flush_exactly_once,
                 post_in_reset_refused_in_error_flushed,
                 send_queue_full_would_block,
+                invalid_batch_posts_nothing,
                 rnr_then_success,
                 rnr_retry_exceeded,
                 deregistered_keys_stop_working,

@@ -570,6 +570,62 @@ pub fn send_queue_full_would_block<E: Env>(env: &E) {
     expect_none(env, &mut p.b.recv_cq, QUIET, "receiver after all messages");
 }
 
+/// A batch the queue cannot take whole is refused whole: one request with more SGEs than
+/// `max_send_sge` (or a receive with more than `max_recv_sge`) after valid ones fails the post
+/// with `InvalidArgument`, and none of the batch executes — the backend's obligation where the
+/// provider (`ibv_post_send`) would post the prefix. The queue stays READY, and the same requests
+/// without the bad one then go through, once each.
+pub fn invalid_batch_posts_nothing<E: Env>(env: &E) {
+    let cfg = fit(
+        env,
+        QueueConfig { send_depth: 8, recv_depth: 8, max_send_sge: 1, max_recv_sge: 1, ..Default::default() },
+    );
+    let mut p = pair(env, &cfg);
+    let src = source(env.a(), &pattern(81, 64));
+    let dst = sink(env.b(), 256);
+    let (one, two) = ([sge(&src, 0, 32)], [sge(&src, 0, 16), sge(&src, 16, 16)]);
+    let bad = [SendWr::send(1, &one), SendWr::send(2, &one), SendWr::send(3, &two)];
+    match p.a.queue.post_send(&bad) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => {
+            panic!("a batch with a 2-SGE SEND on a 1-SGE queue: expected InvalidArgument, got {other:?}")
+        }
+    }
+    let (r1, r2) = ([sge(&dst, 0, 64)], [sge(&dst, 64, 32), sge(&dst, 96, 32)]);
+    match p.b.queue.post_recv(&[RecvWr { wr_id: 10, sges: &r1 }, RecvWr { wr_id: 11, sges: &r2 }]) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => {
+            panic!("a batch with a 2-SGE receive on a 1-SGE queue: expected InvalidArgument, got {other:?}")
+        }
+    }
+    expect_none(env, &mut p.a.send_cq, QUIET, "nothing of the refused SEND batch completes");
+    expect_none(env, &mut p.b.recv_cq, QUIET, "nothing of the refused receive batch completes");
+    assert_eq!(p.a.queue.state(), QueueState::Ready, "a refused post leaves the queue READY");
+    let what = "the valid requests, posted again";
+    for i in 0..2u64 {
+        p.b.queue
+            .post_recv(&[RecvWr { wr_id: 20 + i, sges: &[sge(&dst, i as usize * 64, 64)] }])
+            .expect("post receive");
+    }
+    p.a.queue.post_send(&bad[..2]).expect("post the valid SENDs");
+    expect_exactly(
+        env,
+        &mut p.a.send_cq,
+        p.a.queue.qpn(),
+        &[ok(1, CqOpcode::Send), ok(2, CqOpcode::Send)],
+        what,
+    );
+    expect_exactly(
+        env,
+        &mut p.b.recv_cq,
+        p.b.queue.qpn(),
+        &[ok(20, CqOpcode::Recv), ok(21, CqOpcode::Recv)],
+        what,
+    );
+    check_region(&dst, 0, &pattern(81, 32), what);
+    check_region(&dst, 64, &pattern(81, 32), what);
+}
+
 /// Receiver not ready with `rnr_retry = 7` (retry forever): a SEND to a peer with no receive
 /// posted does not complete, even across many RNR timer periods, and the queue stays READY; once a
 /// receive is posted the SEND completes successfully with its data.
