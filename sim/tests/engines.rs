@@ -234,42 +234,19 @@ fn bad_control_arguments_are_clear_errors() {
     let foreign = other.create_cq(8).unwrap();
     let ok = QueueConfig::default();
     let caps = nic.caps();
+    let with = |f: fn(&mut QueueConfig, &DeviceCaps)| {
+        let mut c = ok;
+        f(&mut c, &caps);
+        c
+    };
     for (what, cfg) in [
-        ("send depth 0", {
-            let mut c = ok;
-            c.send_depth = 0;
-            c
-        }),
-        ("recv depth above the device's", {
-            let mut c = ok;
-            c.recv_depth = caps.max_queue_depth + 1;
-            c
-        }),
-        ("no send SGE", {
-            let mut c = ok;
-            c.max_send_sge = 0;
-            c
-        }),
-        ("more receive SGEs than the device's", {
-            let mut c = ok;
-            c.max_recv_sge = caps.max_recv_sge + 1;
-            c
-        }),
-        ("inline above the device's", {
-            let mut c = ok;
-            c.max_inline = caps.max_inline + 1;
-            c
-        }),
-        ("retry_count above 7", {
-            let mut c = ok;
-            c.retry_count = 8;
-            c
-        }),
-        ("rnr_retry above 7", {
-            let mut c = ok;
-            c.rnr_retry = 8;
-            c
-        }),
+        ("send depth 0", with(|c, _| c.send_depth = 0)),
+        ("recv depth above the device's", with(|c, caps| c.recv_depth = caps.max_queue_depth + 1)),
+        ("no send SGE", with(|c, _| c.max_send_sge = 0)),
+        ("more receive SGEs than the device's", with(|c, caps| c.max_recv_sge = caps.max_recv_sge + 1)),
+        ("inline above the device's", with(|c, caps| c.max_inline = caps.max_inline + 1)),
+        ("retry_count above 7", with(|c, _| c.retry_count = 8)),
+        ("rnr_retry above 7", with(|c, _| c.rnr_retry = 8)),
     ] {
         invalid(nic.create_queue(&cfg, &cq, &cq).map(drop), what);
     }
