@@ -206,6 +206,7 @@ macro_rules! __conformance_module {
                 invalid_batch_posts_nothing,
                 rnr_then_success,
                 rnr_retry_exceeded,
+                retry_exceeded_when_the_peer_is_gone,
                 deregistered_keys_stop_working,
                 error_reset_ready_recovers,
                 reset_discards_unpolled_completions,

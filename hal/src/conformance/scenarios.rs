@@ -16,9 +16,9 @@ use super::{
     WAIT_BUDGET, WAIT_TICK,
 };
 use crate::{
-    Access, ArmMode, Completion, CompletionQueue, CqOpcode, Device, DeviceCaps, Error, EventChannel,
-    MemoryRegion, Queue, QueueConfig, QueueState, RecvWr, RemoteAddr, RemoteKey, RemoteRegion, RnrTimer,
-    SendOp, SendWr, Sge, Status, WrFlags,
+    Access, AckTimeout, ArmMode, Completion, CompletionQueue, CqOpcode, Device, DeviceCaps, Error,
+    EventChannel, MemoryRegion, Queue, QueueConfig, QueueState, RecvWr, RemoteAddr, RemoteKey, RemoteRegion,
+    RnrTimer, SendOp, SendWr, Sge, Status, WrFlags,
 };
 use std::time::Duration;
 
@@ -662,6 +662,28 @@ pub fn rnr_retry_exceeded<E: Env>(env: &E) {
     expect_exactly(env, &mut p.a.send_cq, qpn, &want, what);
     assert_eq!(p.a.queue.state(), QueueState::Error, "{what}: the queue fails");
     expect_exactly(env, &mut p.a.recv_cq, qpn, &[(10, CqOpcode::Recv, Status::Flushed)], what);
+}
+
+/// A peer that is gone (its queue in ERROR: it ignores every packet) with the default
+/// `retry_count` of 7 — seven retransmissions, as IBTA defines it; only `rnr_retry` 7 means
+/// forever — and a short ACK timeout: the SEND fails with `RetryExceeded` and the next one is
+/// flushed; the requester's queue goes to ERROR. (Soft-RoCE reads a `retry_cnt` of 7 as forever;
+/// the verbs backend gives it 6.)
+pub fn retry_exceeded_when_the_peer_is_gone<E: Env>(env: &E) {
+    let cfg = fit(
+        env,
+        QueueConfig { timeout: AckTimeout::at_least(Duration::from_millis(10)), ..QueueConfig::default() },
+    );
+    assert_eq!(cfg.retry_count, 7, "the default retry count");
+    let mut p = pair(env, &cfg);
+    p.b.queue.set_error().expect("the peer fails");
+    let src = source(env.a(), &pattern(91, 32));
+    let (s1, s2) = ([sge(&src, 0, 16)], [sge(&src, 16, 16)]);
+    p.a.queue.post_send(&[SendWr::send(1, &s1), SendWr::send(2, &s2)]).expect("post SENDs");
+    let what = "SENDs to a peer that is gone";
+    let want = [(1, CqOpcode::Send, Status::RetryExceeded), (2, CqOpcode::Send, Status::Flushed)];
+    expect_exactly(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, what);
+    assert_eq!(p.a.queue.state(), QueueState::Error, "{what}: the requester's queue fails");
 }
 
 /// Dropping a region revokes its keys: a peer's WRITE through a `RemoteRegion` handed out before

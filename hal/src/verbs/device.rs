@@ -63,6 +63,9 @@ pub(crate) struct Context {
     /// The path MTU connects use (the configured one capped at the port's active MTU).
     pub(crate) path_mtu: ibv_mtu::Type,
     pub(crate) traffic_class: u8,
+    /// Linux's Soft-RoCE (`rdma_rxe`, vendor id 0xFFFFFF): it reads a transport `retry_cnt` of 7
+    /// as "retry forever" (`rxe_comp.c`), where IBTA means seven retries, so connects give it 6.
+    pub(crate) soft_roce: bool,
     pub(crate) caps: DeviceCaps,
     /// Live registrations by lkey → (addr, len): INLINE payloads are copied by the CPU from the
     /// SGE addresses, so a post checks them here, holding the read lock across `ibv_post_send`;
@@ -107,6 +110,9 @@ impl Drop for Context {
         }
     }
 }
+
+/// The vendor id Soft-RoCE reports (`RXE_VENDOR_ID` in the kernel's `rxe_param.h`).
+const SOFT_ROCE_VENDOR_ID: u32 = 0x00FF_FFFF;
 
 /// Sets `O_NONBLOCK` on a descriptor libibverbs owns.
 pub(crate) fn set_nonblocking(fd: RawFd, verb: &str) -> Result<()> {
@@ -300,6 +306,7 @@ impl VerbsDevice {
             roce,
             path_mtu,
             traffic_class: config.traffic_class,
+            soft_roce: dattr.vendor_id == SOFT_ROCE_VENDOR_ID,
             caps,
             regions: RwLock::new(HashMap::new()),
             next_cq_id: AtomicU64::new(1),
@@ -593,6 +600,19 @@ impl Device for VerbsDevice {
         unsafe { ibv_ack_async_event((&mut ev as *mut RawAsyncEvent).cast()) };
         Ok(Some(tables::async_event(t, qpn, port)))
     }
+
+    fn now(&self) -> std::time::Duration {
+        coarse_now()
+    }
+}
+
+/// `CLOCK_MONOTONIC_COARSE`: the kernel's last tick, read from the vDSO's data page.
+fn coarse_now() -> std::time::Duration {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux since
+    // 2.6.32.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]

@@ -455,7 +455,9 @@ impl VerbsQueue {
         let mut a: ibv_qp_attr = zeroed();
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
         a.timeout = c.timeout.exponent();
-        a.retry_cnt = c.retry_count;
+        // The hal's retry_count is IBTA's: 7 means seven retries. Soft-RoCE reads 7 as infinite
+        // (only rnr_retry 7 should be), so a peer that died would never be reported there.
+        a.retry_cnt = if ctx.soft_roce { c.retry_count.min(6) } else { c.retry_count };
         a.rnr_retry = c.rnr_retry;
         a.sq_psn = self.psn;
         a.max_rd_atomic = c.max_rd_atomic.min(ctx.caps.max_rd_atomic);
