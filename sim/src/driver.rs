@@ -59,9 +59,12 @@ fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
 /// state (the two-thread ping-pong settled at ~3.1 µs instead of ~1.1 µs with 64 here).
 const HELP_AFTER_IDLE_POLLS: u32 = 1024;
 
-/// Magic prefix of a sim NIC's GID in a [`QueueInfo`]. The GID is this prefix, the fabric's id
-/// (bytes 8..12) and the NIC's address on it (bytes 12..16), little-endian.
-const GID_MAGIC: [u8; 8] = *b"bypsim\0\x01";
+/// Magic prefix of a sim NIC's GID in a [`QueueInfo`]. The GID is this prefix (bytes 0..4), the
+/// fabric's host-and-process tag (4..8), the fabric's number in its process (8..12) and the NIC's
+/// address on it (12..16), little-endian. The tag lets `connect` refuse, with a reason, a peer
+/// that an in-process wire cannot reach (another process or host) instead of "connecting" and
+/// timing out.
+const GID_MAGIC: [u8; 4] = *b"bsm\x02";
 
 /// A simulated NIC, as an application sees it: a [`bypass_hal::Device`].
 #[derive(Debug, Clone)]
@@ -536,7 +539,8 @@ impl Queue for SimQueue {
 
     fn info(&self) -> QueueInfo {
         let mut gid = [0u8; 16];
-        gid[..8].copy_from_slice(&GID_MAGIC);
+        gid[..4].copy_from_slice(&GID_MAGIC);
+        gid[4..8].copy_from_slice(&crate::fabric::process_tag().to_le_bytes());
         gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
         gid[12..].copy_from_slice(&self.shared.nic.to_le_bytes());
         QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed))
@@ -547,8 +551,17 @@ impl Queue for SimQueue {
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
-        if peer.gid[..8] != GID_MAGIC {
-            return Err(invalid("the peer's QueueInfo is not from a simulated NIC"));
+        if peer.gid[..4] != GID_MAGIC {
+            return Err(invalid(
+                "the peer's QueueInfo is not from a simulated NIC (of this version): a sim NIC connects only to sim NICs",
+            ));
+        }
+        let tag = u32::from_le_bytes([peer.gid[4], peer.gid[5], peer.gid[6], peer.gid[7]]);
+        if tag != crate::fabric::process_tag() {
+            return Err(invalid(
+                "the peer's queue is on a simulated NIC in another process or on another host, which the \
+                 in-process wire cannot reach: run both ends on one Fabric in one process",
+            ));
         }
         let fabric = u32::from_le_bytes([peer.gid[8], peer.gid[9], peer.gid[10], peer.gid[11]]);
         if fabric != self.nic.fabric.id {

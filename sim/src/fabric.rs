@@ -151,6 +151,8 @@ pub(crate) struct FabricShared {
     nics: RwLock<Vec<Arc<Nic>>>,
     rng: Mutex<SplitMix>,
     fault_counters: Arc<FaultCounters>,
+    /// Where every link's packets are captured (`BYPASS_PCAP`, read when the fabric is made).
+    pcap: Option<Arc<crate::pcap::PcapWriter>>,
     step: Mutex<StepState>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -162,9 +164,14 @@ impl FabricShared {
     }
 
     /// The wire from queue `src_qpn` of NIC `src` to the NIC at `dst`, if it exists: the NIC
-    /// itself, behind a fault wire when the fabric has a fault plan.
+    /// itself, behind a capture wire when `BYPASS_PCAP` is set, behind a fault wire when the
+    /// fabric has a fault plan.
     pub(crate) fn route(&self, src: u32, src_qpn: u32, dst: u32) -> Option<Arc<dyn Wire>> {
         let nic = self.nics.read().unwrap_or_else(|e| e.into_inner()).get(dst as usize)?.clone();
+        let nic: Arc<dyn Wire> = match &self.pcap {
+            Some(w) => Arc::new(crate::pcap::PcapWire::new(nic, w.clone(), self.id)),
+            None => nic,
+        };
         let plan = self.config.faults;
         if plan.is_none() {
             return Some(nic);
@@ -241,6 +248,23 @@ impl Drop for FabricOwner {
     }
 }
 
+/// A tag for this process on this host, carried in every sim GID: a hash of the kernel's boot id
+/// (distinct per host and boot) and the process id. Two processes (or hosts) never share one
+/// while both run; collisions of the 32-bit hash are possible in principle and would only turn a
+/// clear connect error back into a timeout.
+pub(crate) fn process_tag() -> u32 {
+    static TAG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *TAG.get_or_init(|| {
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        // FNV-1a over the boot id, then the pid.
+        let mut h: u32 = 0x811c_9dc5;
+        for b in boot.trim().bytes().chain(std::process::id().to_le_bytes()) {
+            h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+        }
+        h
+    })
+}
+
 /// A set of simulated NICs that can reach each other over in-process wires.
 #[derive(Debug, Clone)]
 pub struct Fabric {
@@ -267,6 +291,7 @@ impl Fabric {
             nics: RwLock::new(Vec::new()),
             rng: Mutex::new(SplitMix(seed)),
             fault_counters: Arc::default(),
+            pcap: crate::pcap::from_env(),
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),

@@ -9,7 +9,9 @@
 //!   reliable-connected transport (PSNs, ACK/NAK, go-back-N retransmission on a timer, RNR NAK and
 //!   retry with 7 = forever, retry exhaustion → error completion and queue ERROR) and writes CQEs;
 //! - a **wire** ([`wire::Wire`]) carries packets between NICs: the in-process wire, optionally
-//!   behind a seeded fault wire that drops, duplicates and reorders ([`FaultPlan`]).
+//!   behind a seeded fault wire that drops, duplicates and reorders ([`FaultPlan`]), and behind a
+//!   capture wire when `BYPASS_PCAP=<file>` is set ([`pcap`]). [`roce`] is the RoCEv2 byte
+//!   encoding of packets (BTH, RETH, AETH, ImmDt, ICRC) that captures and byte wires use.
 //!
 //! The [`Engine`] decides who runs the device: the application's own threads on doorbells and
 //! polls (`Inline`), a device thread per NIC (`Threaded`), or a test, one seeded-random unit at a
@@ -53,7 +55,9 @@ mod fault;
 pub mod layout;
 mod nic;
 pub mod packet;
+pub mod pcap;
 mod ring;
+pub mod roce;
 mod shared;
 mod sync;
 pub mod wire;

@@ -231,7 +231,10 @@ impl DeviceState {
     pub(crate) fn new(addr: u32, mtu: u32, caps: DeviceCaps, events: Arc<AsyncEvents>) -> Self {
         DeviceState {
             keys: KeyTable::default(),
-            qps: Vec::new(),
+            // Queue numbers 0 and 1 are InfiniBand's management queues (QP0, QP1): a RoCE
+            // dissector or NIC treats packets to them as management traffic, so data queues start
+            // at 2.
+            qps: vec![None, None],
             active: Vec::with_capacity(64),
             outbox: VecDeque::with_capacity(1024),
             outbox_blocked: false,

@@ -1,0 +1,227 @@
+//! The checksums of a RoCEv2 frame: the invariant CRC (ICRC) that ends every RoCEv2 packet, the
+//! CRC-32 it is built on, and the IPv4 header checksum.
+//!
+//! **ICRC** (InfiniBand vol. 1 annex A17, as Linux's rxe computes it in `rxe_icrc.c`): the
+//! reflected IEEE CRC-32 (polynomial 0xEDB88320, register preset to all ones, result inverted —
+//! exactly `zlib.crc32`) over
+//!
+//! ```text
+//! FF FF FF FF FF FF FF FF            8 bytes standing for the masked LRH of native InfiniBand
+//! IPv4 header (20 bytes)             TOS, TTL and header checksum replaced by all ones
+//! UDP header (8 bytes)               checksum replaced by FF FF
+//! BTH (12 bytes)                     byte 4 (FECN, BECN, 6 reserved bits) replaced by FF
+//! extension headers, payload, pad    as sent
+//! ```
+//!
+//! and it is sent **little-endian** (the low byte of the CRC first), as rxe stores it
+//! (`cpu_to_le32`) and scapy packs it. Wireshark reads the four bytes big-endian when it shows
+//! "Invariant CRC". Everything the routers on the path may rewrite (TOS/ECN, TTL, the checksums
+//! that follow from them, the congestion bits of the BTH) is masked, so the CRC holds end to end.
+
+/// The reflected IEEE 802.3 polynomial.
+const POLY: u32 = 0xEDB8_8320;
+
+/// Slicing-by-8 tables: `TABLES[0]` is the classic byte table; `TABLES[k][b]` is the CRC of byte
+/// `b` followed by `k` zero bytes.
+static TABLES: [[u32; 256]; 8] = make_tables();
+
+const fn make_tables() -> [[u32; 256]; 8] {
+    let mut t = [[0u32; 256]; 8];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+            k += 1;
+        }
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut s = 1;
+    while s < 8 {
+        let mut i = 0;
+        while i < 256 {
+            let prev = t[s - 1][i];
+            t[s][i] = (prev >> 8) ^ t[0][(prev & 0xFF) as usize];
+            i += 1;
+        }
+        s += 1;
+    }
+    t
+}
+
+/// A running CRC-32 (the zlib/IEEE one): `Crc32::new().update(a).update(b).finish()` equals
+/// `zlib.crc32(a + b)`.
+#[derive(Debug, Clone, Copy)]
+pub struct Crc32(u32);
+
+impl Default for Crc32 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc32 {
+    /// An empty CRC (register preset to all ones).
+    pub const fn new() -> Self {
+        Crc32(0xFFFF_FFFF)
+    }
+
+    /// Feeds `data`.
+    pub fn update(mut self, data: &[u8]) -> Self {
+        let mut c = self.0;
+        let mut chunks = data.chunks_exact(8);
+        for b in &mut chunks {
+            let lo = c ^ u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            c = TABLES[7][(lo & 0xFF) as usize]
+                ^ TABLES[6][((lo >> 8) & 0xFF) as usize]
+                ^ TABLES[5][((lo >> 16) & 0xFF) as usize]
+                ^ TABLES[4][(lo >> 24) as usize]
+                ^ TABLES[3][b[4] as usize]
+                ^ TABLES[2][b[5] as usize]
+                ^ TABLES[1][b[6] as usize]
+                ^ TABLES[0][b[7] as usize];
+        }
+        for &b in chunks.remainder() {
+            c = (c >> 8) ^ TABLES[0][((c ^ u32::from(b)) & 0xFF) as usize];
+        }
+        self.0 = c;
+        self
+    }
+
+    /// The CRC of everything fed so far.
+    pub const fn finish(self) -> u32 {
+        !self.0
+    }
+}
+
+/// The CRC-32 of `data` (`zlib.crc32(data)`).
+pub fn crc32(data: &[u8]) -> u32 {
+    Crc32::new().update(data).finish()
+}
+
+/// The ICRC of a RoCEv2 packet over IPv4. `ip` is the 20-byte IPv4 header and `udp` the UDP
+/// header exactly as sent (the masking is done here, on copies); `transport` is everything from
+/// the BTH up to, not including, the ICRC. Returns the CRC value; it goes on the wire as
+/// `value.to_le_bytes()`.
+///
+/// `transport` must be at least the 12 bytes of a BTH; a shorter slice is hashed as it is (the
+/// result then matches no valid frame, which is what a decoder wants).
+pub fn icrc_ipv4(ip: &[u8; 20], udp: &[u8; 8], transport: &[u8]) -> u32 {
+    let mut ip = *ip;
+    ip[1] = 0xFF; // TOS (DSCP + ECN)
+    ip[8] = 0xFF; // TTL
+    ip[10] = 0xFF; // header checksum
+    ip[11] = 0xFF;
+    let mut udp = *udp;
+    udp[6] = 0xFF; // UDP checksum
+    udp[7] = 0xFF;
+    let mut crc = Crc32::new().update(&[0xFF; 8]).update(&ip).update(&udp);
+    if transport.len() >= 12 {
+        let mut bth = [0u8; 12];
+        bth.copy_from_slice(&transport[..12]);
+        bth[4] = 0xFF; // FECN, BECN, resv6
+        crc = crc.update(&bth).update(&transport[12..]);
+    } else {
+        crc = crc.update(transport);
+    }
+    crc.finish()
+}
+
+/// The Internet checksum (RFC 1071) of an IPv4 header whose checksum field is zero — or, over a
+/// header with its checksum in place, 0 if and only if that checksum is right.
+pub fn ipv4_checksum(header: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    let mut words = header.chunks_exact(2);
+    for w in &mut words {
+        sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+    }
+    if let [b] = words.remainder() {
+        sum += u32::from(*b) << 8;
+    }
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// The UDP checksum over IPv4 (RFC 768): pseudo-header (addresses, protocol 17, UDP length), UDP
+/// header with a zero checksum field, data. `segment` is the UDP header plus data. Returns the
+/// value to send (0 is sent as FFFF, since 0 means "no checksum").
+pub fn udp_checksum(src: [u8; 4], dst: [u8; 4], segment: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    let mut add = |bytes: &[u8]| {
+        let mut words = bytes.chunks_exact(2);
+        for w in &mut words {
+            sum += u32::from(u16::from_be_bytes([w[0], w[1]]));
+        }
+        if let [b] = words.remainder() {
+            sum += u32::from(*b) << 8;
+        }
+        // Fold now and then so a long segment cannot overflow.
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    };
+    add(&src);
+    add(&dst);
+    add(&[0, 17]);
+    add(&(segment.len() as u16).to_be_bytes());
+    if segment.len() >= 8 {
+        add(&segment[..6]);
+        add(&segment[8..]);
+    } else {
+        add(segment);
+    }
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    match !(sum as u16) {
+        0 => 0xFFFF,
+        c => c,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit-at-a-time CRC-32, the definition the tables must agree with.
+    fn crc32_bitwise(data: &[u8]) -> u32 {
+        let mut c = 0xFFFF_FFFFu32;
+        for &b in data {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 != 0 { (c >> 1) ^ POLY } else { c >> 1 };
+            }
+        }
+        !c
+    }
+
+    #[test]
+    fn crc32_check_values() {
+        // The standard check value of CRC-32/ISO-HDLC, and zlib's crc32 of the empty string.
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+        // rocev2.md: ~zlib.crc32(FF×8) is the register after the masked LRH, 0xDEBB20E3.
+        assert_eq!(!crc32(&[0xFF; 8]), 0xDEBB_20E3);
+        let data: Vec<u8> = (0..1000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for len in 0..data.len() {
+            assert_eq!(crc32(&data[..len]), crc32_bitwise(&data[..len]), "length {len}");
+        }
+        // Feeding in pieces is the same as feeding at once.
+        let (a, b) = data.split_at(333);
+        assert_eq!(Crc32::new().update(a).update(b).finish(), crc32(&data));
+    }
+
+    #[test]
+    fn ipv4_checksum_of_the_rocev2_example() {
+        // rocev2.md §5 worked example: the header checksum is a4 85.
+        let mut ip = [
+            0x45, 0x00, 0x00, 0x30, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0x00, 0x02, 0x01,
+            0xc0, 0x00, 0x02, 0x02,
+        ];
+        assert_eq!(ipv4_checksum(&ip), 0xa485);
+        ip[10..12].copy_from_slice(&0xa485u16.to_be_bytes());
+        assert_eq!(ipv4_checksum(&ip), 0);
+    }
+}
