@@ -1,7 +1,8 @@
 //! # bypass-hw-tests
 //!
-//! Runs the hal conformance suite (`bypass_hal::conformance`) and, later, the stack's end-to-end
-//! tests on real NICs when the machine has one. Which device is chosen by the `BYPASS_HW`
+//! Runs the hal conformance suite (`bypass_hal::conformance`, `tests/verbs_conformance.rs`) and
+//! the stack's RPC suite (`bypass::conformance`, `tests/verbs_rpc.rs`) on real NICs when the
+//! machine has one. Which device is chosen by the `BYPASS_HW`
 //! environment variable, in the stack's backend-string form:
 //!
 //! | `BYPASS_HW` | runs on |
@@ -11,8 +12,9 @@
 //! | `verbs:rxe0` | device `rxe0` |
 //! | `verbs:rxe0,gid=1,mtu=1024` | with device options (`gid`, `port`, `mtu`, `tc`) |
 //!
-//! A verbs environment opens the device twice — two contexts, like two hosts — and connects the
-//! pair through the device's own loopback (Soft-RoCE over `lo` in the CI guest). When
+//! The hal suite's verbs environment opens the device twice — two contexts, like two hosts — and
+//! connects the pair through the device's own loopback (Soft-RoCE over `lo` in the CI guest); the
+//! RPC suite's opens it once and runs both the server and the client on it. When
 //! `BYPASS_HW` asks for verbs but the machine has no RDMA device at all, tests skip with a
 //! message; a device that is present but cannot be opened as asked is a failure.
 //!
@@ -22,6 +24,7 @@
 //! ```text
 //! cargo test -p bypass-hw-tests --features verbs --release --no-run   # prints the test binary
 //! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_conformance-… --test-threads=1
+//! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_rpc-… --test-threads=1
 //! ```
 
 use std::time::Duration;
@@ -47,15 +50,53 @@ pub fn skip(test: &str, why: &str) {
     eprintln!("SKIP {test}: {why}");
 }
 
-/// The conformance environment on a verbs device: devices A and B are two opens of the same
-/// device, `progress` does nothing (hardware moves by itself) and `advance` sleeps.
+/// The test environments on a verbs device: [`VerbsEnv`](verbs::VerbsEnv) for the hal
+/// conformance suite (two opens of the device, like two hosts) and
+/// [`VerbsRpcEnv`](verbs::VerbsRpcEnv) for the RPC suite (`bypass::conformance`: one open, used
+/// by both the server and the client). In both, `progress` does nothing (hardware moves by
+/// itself) and `advance` sleeps.
 #[cfg(feature = "verbs")]
 pub mod verbs {
     use super::*;
-    use bypass_hal::conformance::Env;
     use bypass_hal::verbs::{device_names, VerbsDevice};
 
-    /// Two opens of one verbs device.
+    /// The verbs device spec `BYPASS_HW` asks for (`"rxe0,gid=1"`, or `""` for the first
+    /// device), or `None` (after printing why `test` is skipped) when it asks for none, for
+    /// another backend, or for verbs on a machine without RDMA devices. Every verbs environment
+    /// goes through here, so the suites skip for the same reasons with the same messages.
+    pub fn requested_spec(test: &str) -> Option<String> {
+        let Some((backend, spec)) = requested() else {
+            skip(test, &format!("{ENV_VAR} is not set (e.g. {ENV_VAR}=verbs:rxe0)"));
+            return None;
+        };
+        if backend != "verbs" {
+            skip(test, &format!("{ENV_VAR}={backend}:… is not a verbs device"));
+            return None;
+        }
+        if device_names().is_empty() {
+            skip(
+                test,
+                &format!(
+                    "{ENV_VAR}=verbs:{spec} but there is no RDMA device here (for Soft-RoCE: modprobe \
+                     rdma_rxe; rdma link add rxe0 type rxe netdev lo; or use hw-tests/vm/run)"
+                ),
+            );
+            return None;
+        }
+        Some(spec)
+    }
+
+    /// Opens the device `spec` names, or panics saying which devices are present: a device that
+    /// `BYPASS_HW` names and that is there but cannot be opened as asked is a failure, not a
+    /// skip.
+    #[track_caller]
+    pub fn open_or_panic(spec: &str) -> VerbsDevice {
+        VerbsDevice::open_spec(spec).unwrap_or_else(|e| {
+            panic!("{ENV_VAR}=verbs:{spec}: cannot open the device: {e} (present: {:?})", device_names())
+        })
+    }
+
+    /// Two opens of one verbs device, for the hal conformance suite.
     #[derive(Debug)]
     pub struct VerbsEnv {
         a: VerbsDevice,
@@ -72,41 +113,54 @@ pub mod verbs {
         /// none, for another backend, or for verbs on a machine without RDMA devices. Panics if a
         /// present device cannot be opened as asked.
         pub fn from_env(test: &str) -> Option<Self> {
-            let Some((backend, spec)) = requested() else {
-                skip(test, &format!("{ENV_VAR} is not set (e.g. {ENV_VAR}=verbs:rxe0)"));
-                return None;
-            };
-            if backend != "verbs" {
-                skip(test, &format!("{ENV_VAR}={backend}:… is not a verbs device"));
-                return None;
-            }
-            if device_names().is_empty() {
-                skip(
-                    test,
-                    &format!(
-                        "{ENV_VAR}=verbs:{spec} but there is no RDMA device here (for Soft-RoCE: modprobe \
-                         rdma_rxe; rdma link add rxe0 type rxe netdev lo; or use hw-tests/vm/run)"
-                    ),
-                );
-                return None;
-            }
-            match VerbsEnv::open(&spec) {
-                Ok(env) => Some(env),
-                Err(e) => panic!(
-                    "{ENV_VAR}=verbs:{spec}: cannot open the device: {e} (present: {:?})",
-                    device_names()
-                ),
-            }
+            let spec = requested_spec(test)?;
+            Some(VerbsEnv { a: open_or_panic(&spec), b: open_or_panic(&spec) })
         }
     }
 
-    impl Env for VerbsEnv {
+    impl bypass_hal::conformance::Env for VerbsEnv {
         type Dev = VerbsDevice;
         fn a(&self) -> &VerbsDevice {
             &self.a
         }
         fn b(&self) -> &VerbsDevice {
             &self.b
+        }
+        fn progress(&self) {}
+        fn advance(&self, d: Duration) {
+            std::thread::sleep(d);
+        }
+    }
+
+    /// One open of a verbs device, for the RPC suite: the server and the client share it, and
+    /// their queue pairs connect through the device's loopback (as `bypass::Backend` runs a
+    /// verbs device for bypass-perf).
+    #[derive(Debug)]
+    pub struct VerbsRpcEnv {
+        dev: VerbsDevice,
+    }
+
+    impl VerbsRpcEnv {
+        /// Opens the device `spec` names (`"rxe0,gid=1"`, or `""` for the first).
+        pub fn open(spec: &str) -> bypass_hal::Result<Self> {
+            Ok(VerbsRpcEnv { dev: VerbsDevice::open_spec(spec)? })
+        }
+
+        /// The environment `BYPASS_HW` asks for, or `None` (after printing why), as
+        /// [`VerbsEnv::from_env`].
+        pub fn from_env(test: &str) -> Option<Self> {
+            let spec = requested_spec(test)?;
+            Some(VerbsRpcEnv { dev: open_or_panic(&spec) })
+        }
+    }
+
+    impl bypass::conformance::Env for VerbsRpcEnv {
+        type Dev = VerbsDevice;
+        fn server(&self) -> &VerbsDevice {
+            &self.dev
+        }
+        fn client(&self) -> &VerbsDevice {
+            &self.dev
         }
         fn progress(&self) {}
         fn advance(&self, d: Duration) {

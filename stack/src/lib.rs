@@ -65,6 +65,8 @@ pub mod backend;
 mod call;
 #[cfg(not(loom))]
 mod client;
+#[cfg(all(feature = "conformance", not(loom)))]
+pub mod conformance;
 #[cfg(not(loom))]
 mod endpoint;
 #[cfg(not(loom))]
