@@ -119,6 +119,7 @@ fn send_cqe(seq: u32, len: u64) -> Cqe {
         wqe_index: seq,
         byte_len: len as u32,
         imm: 0,
+        epoch: 0,
     }
 }
 
@@ -132,6 +133,7 @@ fn plain_cqe(seq: u32) -> Cqe {
         wqe_index: 100 + seq,
         byte_len: 1000 + seq,
         imm: 0xbeef_0000 + seq,
+        epoch: 0,
     }
 }
 

@@ -20,7 +20,7 @@ use loom::thread;
 
 use bypass::buf_pool::{Buf, BufPool, PoolError};
 use bypass::tx_ctx::{CallMode, Event, Outcome, TxSlab};
-use bypass_hal::{Access, MemoryRegion};
+use bypass_hal::{Access, MemoryRegion, RemoteKey};
 use bypass_loom_tests::{check, check_mutant, Bound, Mutant};
 
 /// Per-index ownership: 0 = in the pool, else the holder's id.
@@ -136,8 +136,8 @@ impl MemoryRegion for TestRegion {
     fn lkey(&self) -> u32 {
         1
     }
-    fn rkey(&self) -> u32 {
-        2
+    fn remote_key(&self) -> RemoteKey {
+        RemoteKey::from_rkey(2)
     }
     fn access(&self) -> Access {
         Access::LOCAL_WRITE
@@ -168,7 +168,7 @@ impl Pool {
     }
 
     /// `me` now holds `b`: claim it, and tag its bytes and its shadow.
-    fn hold(&self, b: &Buf<'_, TestRegion>, me: usize) {
+    fn hold(&self, b: &mut Buf<'_, TestRegion>, me: usize) {
         self.owners.claim(b.index(), me);
         b.write(0, &[me as u8; BUF_SIZE]).expect("in bounds");
         // SAFETY: loom tracks the cell and panics before an access that races another.
@@ -204,10 +204,10 @@ fn buf_pool_get_drop() {
     let churn = {
         let p = Arc::clone(&p);
         thread::spawn(move || {
-            let a = p.pool.get();
-            a.iter().for_each(|b| p.hold(b, 1));
-            let b = p.pool.get();
-            b.iter().for_each(|b| p.hold(b, 1));
+            let mut a = p.pool.get();
+            a.iter_mut().for_each(|b| p.hold(b, 1));
+            let mut b = p.pool.get();
+            b.iter_mut().for_each(|b| p.hold(b, 1));
             for held in [a, b].into_iter().flatten() {
                 p.release(&held, 1);
                 drop(held);
@@ -217,10 +217,10 @@ fn buf_pool_get_drop() {
     let popper = {
         let p = Arc::clone(&p);
         thread::spawn(move || {
-            let x = p.pool.get();
-            x.iter().for_each(|b| p.hold(b, 2));
-            let y = p.pool.get();
-            y.iter().for_each(|b| p.hold(b, 2));
+            let mut x = p.pool.get();
+            x.iter_mut().for_each(|b| p.hold(b, 2));
+            let mut y = p.pool.get();
+            y.iter_mut().for_each(|b| p.hold(b, 2));
             for held in [x, y].into_iter().flatten() {
                 p.release(&held, 2);
             }
@@ -250,8 +250,8 @@ fn twin_buf_pool_get_and_drop_free_list_without_tag() {
 fn token_recovered_once() {
     let p = Arc::new(Pool::new(1));
     let token = {
-        let b = p.pool.get().expect("a free buffer");
-        p.hold(&b, 9);
+        let mut b = p.pool.get().expect("a free buffer");
+        p.hold(&mut b, 9);
         p.release(&b, 9);
         b.into_token()
     };
@@ -259,9 +259,9 @@ fn token_recovered_once() {
     let recover = |me: usize| {
         let p = Arc::clone(&p);
         thread::spawn(move || match p.pool.from_token(token) {
-            Ok(b) => {
+            Ok(mut b) => {
                 assert_eq!(b.index(), token.index);
-                p.hold(&b, me);
+                p.hold(&mut b, me);
                 p.release(&b, me);
                 true
             }
@@ -273,8 +273,8 @@ fn token_recovered_once() {
     let getter = {
         let p = Arc::clone(&p);
         thread::spawn(move || {
-            if let Some(b) = p.pool.get() {
-                p.hold(&b, 3);
+            if let Some(mut b) = p.pool.get() {
+                p.hold(&mut b, 3);
                 p.release(&b, 3);
             }
         })
