@@ -29,10 +29,28 @@ pub(crate) enum Sink {
 }
 
 impl Sink {
-    pub(crate) fn deliver(self, result: Result<&[u8], RpcError>) {
+    /// Delivers the outcome. A callback that panics is contained here: the panic does not
+    /// unwind into the stack (which still has to release the call's send context) or into the
+    /// unrelated caller whose poll happened to deliver it. Returns whether the callback panicked.
+    pub(crate) fn deliver(self, result: Result<&[u8], RpcError>) -> bool {
         match self {
-            Sink::Shot(shot) => shot.deliver(result),
-            Sink::Callback(cb) => cb(result),
+            Sink::Shot(shot) => {
+                shot.deliver(result);
+                false
+            }
+            Sink::Callback(cb) => {
+                // AssertUnwindSafe: the callback owns everything it captured and is consumed;
+                // after a panic nothing of it is used again. No cost unless it panics.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(result))) {
+                    Ok(()) => false,
+                    Err(payload) => {
+                        // Dropping the payload could itself panic (a payload with a panicking
+                        // Drop); contain that too.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+                        true
+                    }
+                }
+            }
         }
     }
 

@@ -19,7 +19,10 @@
 use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
 use crate::control::{self, ClientHello, CONTROL_VERSION};
 use crate::credits::Credits;
-use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
+use crate::endpoint::{
+    bad_field, lock, validate_queue_config, validate_sizes, Endpoint, Sizes, MAX_REPOST_BATCH, MAX_WINDOW,
+    MIN_MSG_SIZE,
+};
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::req_table::ReqTable;
@@ -29,7 +32,7 @@ use crate::worker::{spawn_started, Pollable};
 use crate::RpcError;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -53,14 +56,19 @@ pub struct ChannelConfig {
     pub msg_size: usize,
     /// Request-table slots (a power of two).
     pub table_size: usize,
-    /// Deadline of a call that does not set its own (`None`: no deadline).
+    /// Deadline of a call that does not set its own (`None`: no deadline; `Some(0)` is refused;
+    /// a duration too large for the clock, e.g. `Duration::MAX`, is a deadline that never comes).
     pub timeout: Option<Duration>,
     /// Limit for the whole TCP handshake.
     pub connect_timeout: Duration,
     /// Whether a blocking call polls the channel itself (true), or sleeps until a worker group
     /// the channel was added to delivers (false).
     pub self_poll: bool,
-    /// Transport settings of the queues (depths are set from `window`).
+    /// Transport settings of the queues. The depths and SGE limits are replaced by the stack's
+    /// own (derived from `window`), but zero is refused. An ACK timeout of
+    /// exponent 0 ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware: a
+    /// lost packet is then never retransmitted, and a call waiting for it ends only at its own
+    /// deadline (`timeout` here or [`CallOptions::timeout`]; with no deadline it may wait forever).
     pub queue_config: QueueConfig,
 }
 
@@ -86,6 +94,87 @@ impl ChannelConfig {
     pub fn new(server_name: impl Into<String>) -> Self {
         ChannelConfig { server_name: server_name.into(), ..Default::default() }
     }
+
+    /// Checks every field against the protocol's limits and the device's `caps`, as
+    /// [`Channel::connect`] does before any network I/O. The error
+    /// ([`RpcError::InvalidArgument`]) names the field, e.g. `ChannelConfig.window is 0: ...`.
+    pub fn validate(&self, caps: &hal::DeviceCaps) -> Result<(), RpcError> {
+        const C: &str = "ChannelConfig";
+        let field = |name: &str| format!("{C}.{name}");
+        if self.server_name.len() > control::MAX_NAME_LEN {
+            return Err(bad_field(
+                &field("server_name"),
+                format_args!("is {} bytes: at most {}", self.server_name.len(), control::MAX_NAME_LEN),
+            ));
+        }
+        if self.client_info.len() > control::MAX_INFO_LEN {
+            return Err(bad_field(
+                &field("client_info"),
+                format_args!("is {} bytes: at most {}", self.client_info.len(), control::MAX_INFO_LEN),
+            ));
+        }
+        if !(1..=control::MAX_QUEUES).contains(&self.queues) {
+            return Err(bad_field(
+                &field("queues"),
+                format_args!("is {}: use 1..={}", self.queues, control::MAX_QUEUES),
+            ));
+        }
+        if !(1..=MAX_WINDOW).contains(&self.window) {
+            return Err(bad_field(
+                &field("window"),
+                format_args!("is {}: use 1..={MAX_WINDOW}", self.window),
+            ));
+        }
+        if self.msg_size < MIN_MSG_SIZE || self.msg_size as u64 > u64::from(caps.max_msg_size) {
+            return Err(bad_field(
+                &field("msg_size"),
+                format_args!(
+                    "is {}: use {MIN_MSG_SIZE}..={} (the smallest a server accepts, and the device's largest \
+                     message; the header is included)",
+                    self.msg_size, caps.max_msg_size
+                ),
+            ));
+        }
+        if !self.table_size.is_power_of_two() || self.table_size > crate::req_table::MAX_CAPACITY {
+            return Err(bad_field(
+                &field("table_size"),
+                format_args!(
+                    "is {}: use a power of two up to {}",
+                    self.table_size,
+                    crate::req_table::MAX_CAPACITY
+                ),
+            ));
+        }
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(bad_field(
+                &field("timeout"),
+                "is zero (every call would time out at once): use None for no deadline, or a positive duration",
+            ));
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(bad_field(&field("connect_timeout"), "is zero: use a positive duration"));
+        }
+        validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        let (send, recv, _) = client_depths(self.window);
+        validate_sizes(
+            "use fewer ChannelConfig.queues, a smaller ChannelConfig.window or a smaller ChannelConfig.msg_size",
+            self.queues,
+            send,
+            recv,
+            self.msg_size,
+            caps,
+        )
+    }
+}
+
+/// Per queue: the client's send contexts, receive buffers and re-post batch for `window`.
+///
+/// Send contexts: a request's context lives until its send completion, which may come after its
+/// response has returned the credit, so allow two windows in flight. Receive buffers: per
+/// outstanding request at most an ACK and a response, plus credit grants.
+fn client_depths(window: u32) -> (u32, u32, usize) {
+    let repost_batch = MAX_REPOST_BATCH.min(window as usize);
+    (2 * window, 4 * window + repost_batch as u32, repost_batch)
 }
 
 /// Per-call choices.
@@ -93,7 +182,8 @@ impl ChannelConfig {
 pub struct CallOptions {
     /// The call mode: what the server sends back and when the call completes.
     pub mode: CallMode,
-    /// Deadline for this call; `None` uses the channel's [`ChannelConfig::timeout`].
+    /// Deadline for this call; `None` uses the channel's [`ChannelConfig::timeout`]. A duration
+    /// too large for the clock (e.g. `Duration::MAX`) saturates: a deadline that never comes.
     pub timeout: Option<Duration>,
     /// Send on this queue instead of picking one round-robin.
     pub queue: Option<usize>,
@@ -141,6 +231,10 @@ pub struct ChannelStats {
     pub credits: u64,
     /// Queues still READY.
     pub ready_queues: usize,
+    /// Completion callbacks ([`Channel::call_callback`]) that panicked. Each panic was contained:
+    /// its call counts as finished and its send context was released; the first one per channel
+    /// is also reported on stderr.
+    pub callback_panics: u64,
 }
 
 struct Pending {
@@ -194,14 +288,6 @@ fn trace_call_end(p: &Pending, ok: bool) {
     trace::instant(TRACK, "call complete", &args);
 }
 
-/// Delivers a call's outcome (recording its end first, if recording).
-fn deliver(p: Pending, result: Result<&[u8], RpcError>) {
-    if trace::is_enabled() {
-        trace_call_end(&p, result.is_ok());
-    }
-    p.sink.deliver(result);
-}
-
 struct CallSlot {
     pending: Mutex<Option<Pending>>,
     /// The handle of the call that last used this slot (`TxHandle::to_u64`).
@@ -216,6 +302,7 @@ struct Counters {
     timeouts: AtomicU64,
     stale: AtomicU64,
     protocol_errors: AtomicU64,
+    callback_panics: AtomicU64,
 }
 
 pub(crate) struct ChannelInner<D: Device + Clone> {
@@ -226,7 +313,6 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     channel_id: u32,
     max_request: usize,
     rr: AtomicUsize,
-    closed: AtomicBool,
     next_scan: AtomicU64,
     polls: AtomicU32,
     /// `Channel` handles alive (a worker group's reference does not count).
@@ -279,32 +365,20 @@ fn protocol_error(counters: &Counters, what: &dyn std::fmt::Display) {
 
 impl<D: Device + Clone> Channel<D> {
     /// Connects to the server listening at `addr` over TCP, sets up `config.queues` queue pairs
-    /// on `device`, and returns when calls can be made.
+    /// on `device`, and returns when calls can be made. `addr` is anything
+    /// [`ToSocketAddrs`](std::net::ToSocketAddrs) takes, as for [`Server::bind`](crate::Server::bind):
+    /// a `SocketAddr`, `"host:port"`, `("host", port)`, ...; errors name the addresses it resolved to.
     ///
-    /// Errors: [`RpcError::Control`] (nothing listens there, version mismatch, wrong server name,
-    /// refused), [`RpcError::InvalidArgument`] for a bad configuration, [`RpcError::Device`].
-    pub fn connect(
-        device: &D,
-        addr: impl ToSocketAddrs + std::fmt::Display,
-        config: ChannelConfig,
-    ) -> Result<Self, RpcError> {
-        if config.window == 0 || config.window > 4096 {
-            return Err(RpcError::InvalidArgument(format!("window {}: use 1..=4096", config.window)));
-        }
-        if !config.table_size.is_power_of_two() {
-            return Err(RpcError::InvalidArgument(format!(
-                "table size {} is not a power of two",
-                config.table_size
-            )));
-        }
-        // Send contexts: a request's context lives until its send completion, which may come
-        // after its response has returned the credit, so allow two windows in flight. Receive
-        // buffers: per outstanding request at most an ACK and a response, plus credit grants.
-        let repost_batch = MAX_REPOST_BATCH.min(config.window as usize);
+    /// Errors: [`RpcError::InvalidArgument`] for a bad configuration, naming the field
+    /// ([`ChannelConfig::validate`], checked first, before any I/O); [`RpcError::Control`] (nothing
+    /// listens there, version mismatch, wrong server name, refused); [`RpcError::Device`].
+    pub fn connect(device: &D, addr: impl ToSocketAddrs, config: ChannelConfig) -> Result<Self, RpcError> {
+        config.validate(&device.caps())?;
+        let (send_depth, recv_depth, repost_batch) = client_depths(config.window);
         let sizes = Sizes {
             queues: config.queues,
-            send_depth: 2 * config.window,
-            recv_depth: 4 * config.window + repost_batch as u32,
+            send_depth,
+            recv_depth,
             msg_size: config.msg_size,
             repost_batch,
             queue_config: config.queue_config,
@@ -319,9 +393,9 @@ impl<D: Device + Clone> Channel<D> {
             queues: ep.infos(),
         };
         let (stream, server) = control::connect(addr, &hello, config.connect_timeout)?;
-        if server.credits == 0 || (server.max_msg as usize) < 64 {
+        if server.credits == 0 || (server.max_msg as usize) < MIN_MSG_SIZE {
             return Err(RpcError::InvalidArgument(format!(
-                "the server granted {} credits and a message size of {} bytes; need at least 1 and 64",
+                "the server granted {} credits and a message size of {} bytes; need at least 1 and {MIN_MSG_SIZE}",
                 server.credits, server.max_msg
             )));
         }
@@ -347,7 +421,6 @@ impl<D: Device + Clone> Channel<D> {
             channel_id: server.channel_id,
             max_request: config.msg_size.min(server.max_msg as usize),
             rr: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
             next_scan: AtomicU64::new(NO_DEADLINE),
             polls: AtomicU32::new(0),
             handles: AtomicUsize::new(1),
@@ -385,7 +458,7 @@ impl<D: Device + Clone> Channel<D> {
 
     /// Whether the channel is closed (every call fails with [`RpcError::Closed`]).
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.load(Ordering::Acquire)
+        self.inner.ep.is_closed()
     }
 
     /// Counters, and how many contexts, table slots and credits are in use.
@@ -404,6 +477,7 @@ impl<D: Device + Clone> Channel<D> {
             table_in_use: t.outstanding,
             credits: i.credits.iter().map(|c| u64::from(c.available())).sum(),
             ready_queues: i.ep.ready_queues(),
+            callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
         }
     }
 
@@ -414,8 +488,8 @@ impl<D: Device + Clone> Channel<D> {
     }
 
     /// A blocking call with explicit options. `response` receives the response bytes (empty for
-    /// the modes without a response). With `self_poll` the calling thread polls the channel
-    /// while it waits; otherwise it sleeps until a worker delivers.
+    /// the modes without a response); on any error it is left empty. With `self_poll` the calling
+    /// thread polls the channel while it waits; otherwise it sleeps until a worker delivers.
     pub fn call_with(
         &self,
         opts: &CallOptions,
@@ -431,12 +505,21 @@ impl<D: Device + Clone> Channel<D> {
         });
         let acked = shot.is_acked();
         call::recycle_shot(shot);
+        if result.is_err() {
+            // Never leave an earlier response's bytes behind for a caller that ignores the error.
+            response.clear();
+        }
         result.map(|()| CallInfo { acked })
     }
 
     /// Starts a call whose outcome is passed to `callback`, run once on the thread that
     /// completes the call (a poller; or this thread, if the call fails before it is sent — then
     /// this returns the error instead and `callback` is not run).
+    ///
+    /// A callback that panics is contained: the panic does not reach the polling thread (or the
+    /// unrelated call whose poll ran it), the call's resources are released as if the callback
+    /// had returned, [`ChannelStats::callback_panics`] counts it, and the first one per channel is
+    /// reported on stderr (after the standard panic message, which the panic hook prints).
     pub fn call_callback(
         &self,
         opts: &CallOptions,
@@ -561,7 +644,14 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     fn deadline_of(&self, opts: &CallOptions) -> u64 {
         match opts.timeout.or(self.config.timeout) {
-            Some(t) => (self.ep.device.now() + t).as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64,
+            // Saturates: a timeout too large to add to the clock (`Duration::MAX`) is a deadline
+            // that never comes, not an overflow.
+            Some(t) => self
+                .ep
+                .device
+                .now()
+                .checked_add(t)
+                .map_or(NO_DEADLINE - 1, |d| d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64),
             None => NO_DEADLINE,
         }
     }
@@ -590,7 +680,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// One empty turn of a wait loop: fails if the channel closed, or (checked every 64th turn,
     /// together with the device's `progress` and a yield) if the deadline passed.
     fn idle_turn(&self, spins: &mut u32, deadline: u64) -> Result<(), RpcError> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.ep.is_closed() {
             return Err(RpcError::Closed);
         }
         *spins += 1;
@@ -630,12 +720,12 @@ impl<D: Device + Clone> ChannelInner<D> {
         args: &[u8],
         sink: Sink,
     ) -> Result<(), RpcError> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.ep.is_closed() {
             return Err(RpcError::Closed);
         }
         let len = RequestHeader::LEN + args.len();
         if len > self.max_request {
-            return Err(RpcError::TooLarge { len, max: self.max_request });
+            return Err(RpcError::TooLarge { len, max: self.max_request, header: RequestHeader::LEN });
         }
         let deadline = self.deadline_of(opts);
         let q = self.pick_queue(opts.queue)?;
@@ -708,6 +798,32 @@ impl<D: Device + Clone> ChannelInner<D> {
             self.next_scan.fetch_min(deadline, Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// Delivers a call's outcome (recording its end first, if recording). A completion callback
+    /// that panics is contained by the sink; it is counted and reported here, and the caller goes
+    /// on to release the call's context as if the callback had returned.
+    fn deliver(&self, p: Pending, result: Result<&[u8], RpcError>) {
+        if trace::is_enabled() {
+            trace_call_end(&p, result.is_ok());
+        }
+        let function = p.function;
+        if p.sink.deliver(result) {
+            self.callback_panicked(function);
+        }
+    }
+
+    #[cold]
+    fn callback_panicked(&self, function: FunctionId) {
+        let n = self.counters.callback_panics.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            eprintln!(
+                "bypass: a completion callback of channel {} (function {function}) panicked; the panic was \
+                 contained: that call is finished, its resources are released and other calls are unaffected. \
+                 Further callback panics on this channel are only counted (ChannelStats::callback_panics)",
+                self.channel_id
+            );
+        }
     }
 
     /// Releases a context that was never posted, and its credit.
@@ -821,7 +937,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                     wire::Status::FunctionErr => Err(RpcError::FunctionNotFound(p.function)),
                     s => Err(RpcError::Status(s)),
                 };
-                deliver(p, result);
+                self.deliver(p, result);
             }
         }
         // A response implies the ACK (in ACK mode the ACK may be processed after the response by
@@ -853,7 +969,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 if self.ep.tx.claim_completion(h) == Ok(true) {
                     if let Some(p) = self.take_pending(h) {
                         p.sink.acked();
-                        deliver(p, Ok(&[]));
+                        self.deliver(p, Ok(&[]));
                     }
                 }
                 let _ = self.ep.tx.complete(h, Event::Ack);
@@ -872,14 +988,13 @@ impl<D: Device + Clone> ChannelInner<D> {
         if c.status.is_ok() {
             if self.ep.tx.mode(h) == Ok(CallMode::EarlyRsp) && self.ep.tx.claim_completion(h) == Ok(true) {
                 if let Some(p) = self.take_pending(h) {
-                    deliver(p, Ok(&[]));
+                    self.deliver(p, Ok(&[]));
                 }
             }
             let _ = self.ep.tx.complete(h, Event::SendCqe);
             return;
         }
-        let err =
-            if self.closed.load(Ordering::Acquire) { RpcError::Closed } else { RpcError::Queue(c.status) };
+        let err = if self.ep.is_closed() { RpcError::Closed } else { RpcError::Queue(c.status) };
         self.finish_claimed(h, err, None);
         let reason =
             if c.status == hal::Status::Flushed { FailReason::Flushed } else { FailReason::SendError };
@@ -906,7 +1021,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if p.mode != CallMode::EarlyRsp {
             self.table.cancel(p.req_id);
         }
-        deliver(p, Err(err));
+        self.deliver(p, Err(err));
         true
     }
 
@@ -967,7 +1082,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if !was_ready {
             return;
         }
-        let closed = self.closed.load(Ordering::Acquire);
+        let closed = self.ep.is_closed();
         let make = || if closed { RpcError::Closed } else { RpcError::Queue(status) };
         self.fail_calls(&|p: &Pending| p.queue == q, &make, FailReason::Cancelled);
         if self.ep.ready_queues() == 0 {
@@ -976,7 +1091,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     pub(crate) fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if !self.ep.mark_closed() {
             return;
         }
         self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
@@ -1015,7 +1130,7 @@ impl<D: Device + Clone> Pollable for ChannelInner<D> {
     }
 
     fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire) && self.ep.tx.in_use() == 0
+        self.ep.is_closed() && self.ep.tx.in_use() == 0
     }
 
     fn arm(&self) -> bool {

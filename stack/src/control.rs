@@ -139,7 +139,8 @@ pub enum ControlError {
     /// address does not resolve). `source` is the error of the last address tried.
     #[error("{}", connect_message(.addr, .source))]
     Connect {
-        /// The address as the caller gave it.
+        /// The socket addresses the caller's address resolved to (or, if it did not resolve,
+        /// a text saying so).
         addr: String,
         /// Why the (last) attempt failed.
         source: io::Error,
@@ -763,7 +764,8 @@ fn check_timeout(timeout: Duration) -> Result<(), ControlError> {
 /// server's hello. The stream must stay open for as long as the connection lives; dropping it
 /// closes the connection.
 ///
-/// Errors: [`ControlError::Connect`] when no address accepts the connection (it names `addr`);
+/// Errors: [`ControlError::Connect`] when no address accepts the connection (it names the socket
+/// addresses `addr` resolved to; `addr` needs only `ToSocketAddrs`, e.g. a `(host, port)` tuple);
 /// [`ControlError::Unencodable`] for a `hello` that does not fit the format (checked before
 /// connecting); [`ControlError::VersionMismatch`], [`ControlError::WrongServerName`] or
 /// [`ControlError::Rejected`] when the server rejects (or answers with another version or name);
@@ -772,7 +774,7 @@ fn check_timeout(timeout: Duration) -> Result<(), ControlError> {
 /// included) when the exchange itself fails. A zero `timeout` is an [`io::ErrorKind::InvalidInput`]
 /// error.
 pub fn connect(
-    addr: impl ToSocketAddrs + fmt::Display,
+    addr: impl ToSocketAddrs,
     hello: &ClientHello,
     timeout: Duration,
 ) -> Result<(TcpStream, ServerHello), ControlError> {
@@ -809,18 +811,38 @@ pub fn connect(
     Ok((stream, server))
 }
 
-/// Opens the TCP connection, trying every address `addr` resolves to.
-fn open(addr: &(impl ToSocketAddrs + fmt::Display), timeout: Duration) -> Result<TcpStream, ControlError> {
-    let connect_error = |source| ControlError::Connect { addr: addr.to_string(), source };
-    let addrs: Vec<SocketAddr> = addr.to_socket_addrs().map_err(connect_error)?.collect();
+/// Opens the TCP connection, trying every address `addr` resolves to. `ToSocketAddrs` is all
+/// that is asked of `addr` (a `(host, port)` tuple has no `Display`), so errors describe it by
+/// the socket addresses it resolved to.
+fn open(addr: &impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream, ControlError> {
+    let addrs: Vec<SocketAddr> = addr
+        .to_socket_addrs()
+        .map_err(|source| ControlError::Connect {
+            addr: "the given address (it does not resolve)".into(),
+            source,
+        })?
+        .collect();
+    let described = describe_addrs(&addrs);
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "the address resolves to no socket address");
-    for sock_addr in addrs {
-        match TcpStream::connect_timeout(&sock_addr, timeout) {
+    for sock_addr in &addrs {
+        match TcpStream::connect_timeout(sock_addr, timeout) {
             Ok(stream) => return Ok(stream),
             Err(e) => last = e,
         }
     }
-    Err(connect_error(last))
+    Err(ControlError::Connect { addr: described, source: last })
+}
+
+/// `a`, `a or b`, `a, b or c`; "an address that resolves to nothing" for none.
+fn describe_addrs(addrs: &[SocketAddr]) -> String {
+    match addrs {
+        [] => "an address that resolves to nothing".into(),
+        [one] => one.to_string(),
+        [rest @ .., last] => {
+            let rest: Vec<String> = rest.iter().map(SocketAddr::to_string).collect();
+            format!("{} or {last}", rest.join(", "))
+        }
+    }
 }
 
 /// The client's error for a server's reject.
@@ -1600,13 +1622,19 @@ mod tests {
     fn connect_to_an_unresolvable_name() {
         match connect("no-such-host.invalid:1", &client_hello("alpha", 1), T) {
             Err(e @ ControlError::Connect { .. }) => {
-                assert!(e.to_string().contains("no-such-host.invalid:1"), "{e}")
+                assert!(e.to_string().contains("does not resolve"), "{e}")
+            }
+            other => panic!("expected Connect, got {other:?}"),
+        }
+        match connect(("no-such-host.invalid", 1), &client_hello("alpha", 1), T) {
+            Err(e @ ControlError::Connect { .. }) => {
+                assert!(e.to_string().contains("does not resolve"), "{e}")
             }
             other => panic!("expected Connect, got {other:?}"),
         }
     }
 
-    /// Several socket addresses under one display name.
+    /// Several socket addresses, and no `Display`: `connect` takes any `ToSocketAddrs`.
     struct Addrs(Vec<SocketAddr>);
 
     impl ToSocketAddrs for Addrs {
@@ -1616,10 +1644,14 @@ mod tests {
         }
     }
 
-    impl fmt::Display for Addrs {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("both-addrs")
-        }
+    #[test]
+    fn connect_error_describes_the_resolved_addresses() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:2".parse().unwrap();
+        let c: SocketAddr = "[::1]:3".parse().unwrap();
+        assert_eq!(describe_addrs(&[a]), "127.0.0.1:1");
+        assert_eq!(describe_addrs(&[a, b]), "127.0.0.1:1 or 127.0.0.2:2");
+        assert_eq!(describe_addrs(&[a, b, c]), "127.0.0.1:1, 127.0.0.2:2 or [::1]:3");
     }
 
     #[test]
@@ -1633,8 +1665,10 @@ mod tests {
         assert_eq!(answer.server_name, "alpha");
         server.join().unwrap().0.unwrap();
 
-        match connect(Addrs(vec![dead]), &client_hello("alpha", 1), T) {
-            Err(e @ ControlError::Connect { .. }) => assert!(e.to_string().contains("both-addrs"), "{e}"),
+        match connect(Addrs(vec![dead, dead]), &client_hello("alpha", 1), T) {
+            Err(e @ ControlError::Connect { .. }) => {
+                assert!(e.to_string().contains(&format!("{dead} or {dead}")), "{e}")
+            }
             other => panic!("expected Connect, got {other:?}"),
         }
         match connect(Addrs(vec![]), &client_hello("alpha", 1), T) {

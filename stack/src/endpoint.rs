@@ -35,6 +35,100 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Smallest message size either side accepts (the peer refuses a smaller one in the handshake):
+/// room for the 20-byte request header, or the 16-byte response header, and some data.
+pub(crate) const MIN_MSG_SIZE: usize = 64;
+
+/// Largest credit window (calls outstanding per queue) a client may ask for or a server grant.
+pub(crate) const MAX_WINDOW: u32 = 4096;
+
+/// An [`RpcError::InvalidArgument`] naming the configuration field `field`.
+pub(crate) fn bad_field(field: &str, why: impl std::fmt::Display) -> RpcError {
+    RpcError::InvalidArgument(format!("{field} {why}"))
+}
+
+/// Checks the transport settings `c` (the field `field` of a config) against the device: what
+/// the hal would refuse is refused here, by name. The depths and SGE limits are replaced by the
+/// stack's own (derived from the window, checked by [`validate_sizes`]); a zero, which no queue
+/// can have, is still refused rather than silently replaced.
+pub(crate) fn validate_queue_config(
+    field: &str,
+    c: &QueueConfig,
+    caps: &crate::hal::DeviceCaps,
+) -> Result<(), RpcError> {
+    for (name, v) in [
+        ("send_depth", c.send_depth),
+        ("recv_depth", c.recv_depth),
+        ("max_send_sge", c.max_send_sge),
+        ("max_recv_sge", c.max_recv_sge),
+    ] {
+        if v == 0 {
+            return Err(bad_field(
+                &format!("{field}.{name}"),
+                "is 0: no queue can have that (the stack sets its own value, derived from the window; leave the default)",
+            ));
+        }
+    }
+    if c.max_inline > caps.max_inline {
+        return Err(bad_field(
+            &format!("{field}.max_inline"),
+            format_args!("is {}: the device allows at most {}", c.max_inline, caps.max_inline),
+        ));
+    }
+    for (name, v) in [("retry_count", c.retry_count), ("rnr_retry", c.rnr_retry)] {
+        if v > 7 {
+            return Err(bad_field(&format!("{field}.{name}"), format_args!("is {v}: use 0..=7")));
+        }
+    }
+    // `timeout` (an AckTimeout, exponent 0 = no retransmission timer), `min_rnr_timer` and the
+    // read limits (clamped to the device's) are valid whatever their value.
+    Ok(())
+}
+
+/// Checks that an endpoint of `queues` queues with `send_depth` send contexts and `recv_depth`
+/// receive buffers per queue, of `msg_size` bytes each, fits the device; `hint` (appended to the
+/// error) says which config fields decide these numbers.
+pub(crate) fn validate_sizes(
+    hint: &str,
+    queues: usize,
+    send_depth: u32,
+    recv_depth: u32,
+    msg_size: usize,
+    caps: &crate::hal::DeviceCaps,
+) -> Result<(), RpcError> {
+    let tx = queues as u64 * u64::from(send_depth);
+    let rx = queues as u64 * u64::from(recv_depth);
+    let max_depth = u64::from(caps.max_queue_depth);
+    let err = |what: String| Err(RpcError::InvalidArgument(format!("{what}: {hint}")));
+    if tx > max_depth {
+        return err(format!(
+            "{tx} send contexts ({queues} queues x {send_depth}) exceed the device's queue depth {max_depth} \
+             (every send ring holds all of them)"
+        ));
+    }
+    if u64::from(recv_depth) > max_depth {
+        return err(format!(
+            "{recv_depth} receive buffers per queue exceed the device's queue depth {max_depth}"
+        ));
+    }
+    for (dir, n) in [("send", tx), ("receive", rx)] {
+        if n + 1 > u64::from(caps.max_cq_depth) {
+            return err(format!(
+                "the {dir} completion queue needs {} entries, more than the device's {}",
+                n + 1,
+                caps.max_cq_depth
+            ));
+        }
+        if n.saturating_mul(msg_size as u64) > caps.max_region_size {
+            return err(format!(
+                "{n} {dir} buffers of {msg_size} bytes exceed the device's largest registration ({} bytes)",
+                caps.max_region_size
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// One queue of an endpoint.
 pub(crate) struct QueueSlot<Q> {
     pub(crate) q: Mutex<Q>,
@@ -79,6 +173,10 @@ pub(crate) struct Endpoint<D: Device> {
     pub(crate) msg_size: usize,
     recv_depth: u32,
     repost_batch: usize,
+    /// Set for good when the connection closes (before its queues are failed), so a post that
+    /// finds its queue failed can tell a closed connection ([`RpcError::Closed`]) from a queue
+    /// that failed on its own ([`RpcError::Queue`]).
+    pub(crate) closed: AtomicBool,
 }
 
 impl<D: Device + Clone> Endpoint<D> {
@@ -87,25 +185,32 @@ impl<D: Device + Clone> Endpoint<D> {
         if s.queues == 0 || s.queues > 256 {
             return Err(RpcError::InvalidArgument(format!("{} queues: use 1..=256", s.queues)));
         }
-        if s.msg_size < 64 || s.msg_size as u64 > u64::from(caps.max_msg_size) {
+        if s.msg_size < MIN_MSG_SIZE || s.msg_size as u64 > u64::from(caps.max_msg_size) {
             return Err(RpcError::InvalidArgument(format!(
-                "message size {} out of range: use 64..={}",
+                "message size {} out of range: use {MIN_MSG_SIZE}..={}",
                 s.msg_size, caps.max_msg_size
             )));
         }
         let tx_capacity = s.queues * s.send_depth as usize;
         let recv_count = s.queues * s.recv_depth as usize;
+        // Every send context may end up on one queue, so each send ring holds all of them: a
+        // post then never finds its ring full (a context outlives its ring slot).
+        if s.send_depth == 0 || s.recv_depth == 0 {
+            return Err(RpcError::InvalidArgument(
+                "an endpoint needs send contexts and receive buffers".into(),
+            ));
+        }
+        validate_sizes(
+            "use fewer queues or a smaller window",
+            s.queues,
+            s.send_depth,
+            s.recv_depth,
+            s.msg_size,
+            &caps,
+        )?;
         let cq_depth = |n: usize| u32::try_from(n + 1).unwrap_or(u32::MAX);
         let send_cq = device.create_cq(cq_depth(tx_capacity))?;
         let recv_cq = device.create_cq(cq_depth(recv_count))?;
-        // Every send context may end up on one queue, so each send ring holds all of them: a
-        // post then never finds its ring full (a context outlives its ring slot).
-        if tx_capacity > caps.max_queue_depth as usize {
-            return Err(RpcError::InvalidArgument(format!(
-                "{tx_capacity} send contexts exceed the device's queue depth {}: use fewer queues or a smaller window",
-                caps.max_queue_depth
-            )));
-        }
         let config = {
             let mut c = s.queue_config;
             c.send_depth = tx_capacity as u32;
@@ -139,6 +244,7 @@ impl<D: Device + Clone> Endpoint<D> {
             msg_size: s.msg_size,
             recv_depth: s.recv_depth,
             repost_batch: s.repost_batch.clamp(1, MAX_REPOST_BATCH),
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -285,17 +391,26 @@ impl<D: Device + Clone> Endpoint<D> {
 
     /// Refuses to post on a queue the endpoint has failed (or that failed under it): the hal
     /// accepts posts to a queue in ERROR and flushes them, as hardware does, but a message posted
-    /// there can only fail, so the caller learns it now.
-    fn check_ready(&self, q: usize) -> Result<(), RpcError> {
+    /// there can only fail, so the caller learns it now: [`RpcError::Closed`] if the connection
+    /// is closed, else [`RpcError::Queue`]`(Flushed)` (what the post would have completed with).
+    pub(crate) fn check_ready(&self, q: usize) -> Result<(), RpcError> {
         if self.queues[q].ready.load(Ordering::Acquire) {
             Ok(())
+        } else if self.is_closed() {
+            Err(RpcError::Closed)
         } else {
-            Err(RpcError::Device(bypass_hal::Error::BadState {
-                state: QueueState::Error,
-                op: "post_send",
-                needs: "READY",
-            }))
+            Err(RpcError::Queue(crate::hal::Status::Flushed))
         }
+    }
+
+    /// Whether the connection is closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the connection closed; true if this call did it (the first one).
+    pub(crate) fn mark_closed(&self) -> bool {
+        !self.closed.swap(true, Ordering::AcqRel)
     }
 
     /// Polls the send CQ if no other thread is polling it.
@@ -328,5 +443,52 @@ impl<D: Device + Clone> Endpoint<D> {
     /// Number of queues still READY.
     pub(crate) fn ready_queues(&self) -> usize {
         self.queues.iter().filter(|q| q.ready.load(Ordering::Acquire)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bypass_sim::{Engine, Fabric};
+
+    fn sizes() -> Sizes {
+        Sizes {
+            queues: 2,
+            send_depth: 4,
+            recv_depth: 4,
+            msg_size: 256,
+            repost_batch: 1,
+            queue_config: QueueConfig::default(),
+        }
+    }
+
+    /// Regression: a post on a failed queue was `Device(BadState)` whether the connection was
+    /// closed or one queue had failed. It is `Queue(Flushed)` for a failed queue of an open
+    /// connection and `Closed` once the connection is closed.
+    #[test]
+    fn post_on_a_failed_queue_says_failed_queue_or_closed() {
+        let fabric = Fabric::new(Engine::Inline);
+        let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+        let a = Endpoint::new(&na, sizes()).expect("endpoint a");
+        let b = Endpoint::new(&nb, sizes()).expect("endpoint b");
+        a.connect(&b.infos()).expect("connect a");
+        b.connect(&a.infos()).expect("connect b");
+        let tx = a.tx.get(crate::tx_ctx::CallMode::EarlyRsp, 0).expect("a context");
+        a.check_ready(1).expect("queue 1 is READY");
+        a.fail_queue(0);
+        match a.post_send(0, tx, 16) {
+            Err(RpcError::Queue(crate::hal::Status::Flushed)) => {}
+            other => panic!("a post on a failed queue of an open connection: {other:?}"),
+        }
+        assert!(a.check_ready(1).is_ok(), "the other queue is unaffected");
+        assert!(a.mark_closed());
+        assert!(!a.mark_closed(), "only the first close counts");
+        a.fail_queue(1);
+        for q in 0..2 {
+            match a.post_send(q, tx, 16) {
+                Err(RpcError::Closed) => {}
+                other => panic!("a post on queue {q} of a closed connection: {other:?}"),
+            }
+        }
     }
 }

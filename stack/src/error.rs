@@ -31,13 +31,22 @@ pub enum RpcError {
     /// `wait_for_credit` set.
     #[error("would block: {0}")]
     WouldBlock(&'static str),
-    /// The request (header included) does not fit the channel's message size.
-    #[error("the message needs {len} bytes but the largest message is {max} bytes")]
+    /// The message does not fit the negotiated message size. `msg_size` counts the header, so
+    /// at most `max - header` bytes of arguments (or response data) fit; sending more needs a
+    /// larger `msg_size` on *both* sides (the smaller of the client's and the server's applies).
+    #[error(
+        "the message needs {len} bytes ({header}-byte header included) but the largest message is {max} bytes: \
+         at most {fit} bytes of arguments (or response data) fit, because msg_size includes the header; \
+         to send more, raise msg_size on both the client (ChannelConfig) and the server (ServerConfig)",
+        fit = .max.saturating_sub(*.header)
+    )]
     TooLarge {
         /// Bytes needed, header included.
         len: usize,
-        /// The channel's message size.
+        /// The largest message, header included: the smaller of the two sides' `msg_size`.
         max: usize,
+        /// Bytes of `len` and `max` taken by the header (20 for a request, 16 for a response).
+        header: usize,
     },
     /// An argument was invalid (a queue index out of range, a bad configuration).
     #[error("invalid argument: {0}")]

@@ -21,7 +21,10 @@
 //! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
-use crate::endpoint::{lock, Endpoint, Sizes, MAX_REPOST_BATCH};
+use crate::endpoint::{
+    bad_field, lock, validate_queue_config, validate_sizes, Endpoint, Sizes, MAX_REPOST_BATCH, MAX_WINDOW,
+    MIN_MSG_SIZE,
+};
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
@@ -41,6 +44,12 @@ const POLL_BATCH: usize = 16;
 
 /// A request handler. It owns the [`Request`]: reply before returning, or move it to another
 /// thread and reply there later. Dropping it without replying drops the request cleanly.
+///
+/// A handler that panics fails only its own request: the worker catches the panic and goes on
+/// serving, [`ServerStats::handler_panics`] counts it, and a request the handler still held
+/// (dropped by the unwinding) is answered SERVER_DECLINE, which the caller sees as
+/// [`RpcError::Status`]`(`[`Status::ServerDecline`]`)`. A reply already made stands; a request
+/// already handed to another thread stays valid there.
 pub type Handler<D> = Arc<dyn Fn(Request<D>) + Send + Sync + 'static>;
 
 /// The function table: function id → handler.
@@ -103,7 +112,10 @@ pub struct ServerConfig {
     pub pin: Vec<usize>,
     /// Limit for one client's handshake.
     pub handshake_timeout: Duration,
-    /// Transport settings of the queues (depths are set from the window).
+    /// Transport settings of the queues. The depths and SGE limits are replaced by the stack's
+    /// own (derived from the window), but zero is refused. An ACK timeout of exponent 0
+    /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
+    /// [`ChannelConfig::queue_config`](crate::ChannelConfig::queue_config)).
     pub queue_config: QueueConfig,
 }
 
@@ -128,6 +140,72 @@ impl ServerConfig {
     pub fn new(name: impl Into<String>) -> Self {
         ServerConfig { name: name.into(), ..Default::default() }
     }
+
+    /// Checks every field against the protocol's limits and the device's `caps`, as
+    /// [`Server::bind`] does before it binds. The error ([`RpcError::InvalidArgument`]) names
+    /// the field, e.g. `ServerConfig.max_window is 0: ...`. A single-queue connection at
+    /// `max_window` must fit the device; a client asking for more queues than the device can
+    /// serve at its window is refused when it connects, with the reason.
+    pub fn validate(&self, caps: &hal::DeviceCaps) -> Result<(), RpcError> {
+        const C: &str = "ServerConfig";
+        let field = |name: &str| format!("{C}.{name}");
+        if self.name.len() > control::MAX_NAME_LEN {
+            return Err(bad_field(
+                &field("name"),
+                format_args!("is {} bytes: at most {}", self.name.len(), control::MAX_NAME_LEN),
+            ));
+        }
+        if self.msg_size < MIN_MSG_SIZE || self.msg_size as u64 > u64::from(caps.max_msg_size) {
+            return Err(bad_field(
+                &field("msg_size"),
+                format_args!(
+                    "is {}: use {MIN_MSG_SIZE}..={} (the smallest a client accepts, and the device's largest \
+                     message; the header is included)",
+                    self.msg_size, caps.max_msg_size
+                ),
+            ));
+        }
+        if !(1..=MAX_WINDOW).contains(&self.max_window) {
+            return Err(bad_field(
+                &field("max_window"),
+                format_args!("is {}: use 1..={MAX_WINDOW}", self.max_window),
+            ));
+        }
+        if !(1..=control::MAX_QUEUES).contains(&self.max_queues) {
+            return Err(bad_field(
+                &field("max_queues"),
+                format_args!("is {}: use 1..={}", self.max_queues, control::MAX_QUEUES),
+            ));
+        }
+        let cpus = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        if let Some(&cpu) = self.pin.iter().find(|&&c| c >= cpus) {
+            return Err(bad_field(&field("pin"), format_args!("names CPU {cpu}: CPUs are 0..{cpus}")));
+        }
+        if self.handshake_timeout.is_zero() {
+            return Err(bad_field(
+                &field("handshake_timeout"),
+                "is zero (every client would be refused): use a positive duration",
+            ));
+        }
+        validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        let (send, recv, _) = server_depths(self.max_window);
+        validate_sizes(
+            "use a smaller ServerConfig.max_window or ServerConfig.msg_size",
+            1,
+            send,
+            recv,
+            self.msg_size,
+            caps,
+        )
+    }
+}
+
+/// Per queue: the server's send contexts, receive buffers and re-post batch for `window`. The
+/// server sends at most one ACK and one response per outstanding request, plus credit grants:
+/// three windows of send contexts; it receives at most `window` requests, plus re-post slack.
+fn server_depths(window: u32) -> (u32, u32, usize) {
+    let repost_batch = MAX_REPOST_BATCH.min(window as usize);
+    (3 * window, window + repost_batch as u32, repost_batch)
 }
 
 /// Counters of a server (all connections).
@@ -151,6 +229,9 @@ pub struct ServerStats {
     pub protocol_errors: u64,
     /// Replies that could not be sent (queue failed, connection closed, response too large).
     pub failed_replies: u64,
+    /// Handlers that panicked. Each panic was contained on the worker: a request the handler
+    /// still held was answered SERVER_DECLINE, and the worker went on serving.
+    pub handler_panics: u64,
 }
 
 #[derive(Default)]
@@ -164,6 +245,7 @@ struct Counters {
     grants: AtomicU64,
     protocol_errors: AtomicU64,
     failed_replies: AtomicU64,
+    handler_panics: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -220,7 +302,6 @@ pub(crate) struct Conn<D: Device + Clone> {
     grants: Box<[AtomicU32]>,
     outbox: Box<[Mutex<Outbox>]>,
     window: u32,
-    closed: AtomicBool,
     control: Mutex<Option<TcpStream>>,
 }
 
@@ -304,8 +385,21 @@ impl<D: Device + Clone> Request<D> {
     /// Replies with `status` and data written by `fill(args, out)` straight into the send buffer
     /// (no intermediate copy): `fill` returns the bytes written, or `Err(needed)` if `out` is too
     /// small, which sends REMOTE_LEN_ERR instead and returns [`RpcError::TooLarge`].
+    ///
+    /// If `fill` panics, the request is answered SERVER_DECLINE (its buffer and send context go
+    /// back as for any reply) and the panic then continues.
     pub fn reply_with(
         mut self,
+        status: Status,
+        fill: impl FnOnce(&[u8], &mut [u8]) -> Result<usize, usize>,
+    ) -> Result<(), RpcError> {
+        self.respond(status, fill)
+    }
+
+    /// Every reply, and the SERVER_DECLINE of a request dropped by a panic. Marks the request
+    /// done first: it is consumed exactly once.
+    fn respond(
+        &mut self,
         status: Status,
         fill: impl FnOnce(&[u8], &mut [u8]) -> Result<usize, usize>,
     ) -> Result<(), RpcError> {
@@ -328,13 +422,27 @@ impl<D: Device + Clone> Request<D> {
         let out = unsafe { conn.ep.send_buf(tx) };
         let out = &mut out[..limit];
         let (header_bytes, body) = out.split_at_mut(ResponseHeader::LEN);
-        let (status, len, result) = match fill(self.args(), body) {
-            Ok(n) if n <= body.len() => (status, n, Ok(())),
-            Ok(n) | Err(n) => (
+        // `fill` is the caller's code: if it panics, the context and the buffer must still go
+        // back, so the panic is held until the request has been answered. AssertUnwindSafe:
+        // after a panic `body` is not read (the response carries no data).
+        let args = self.args();
+        let filled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fill(args, body)));
+        let mut panicked = None;
+        let (status, len, result) = match filled {
+            Ok(Ok(n)) if n <= limit - ResponseHeader::LEN => (status, n, Ok(())),
+            Ok(Ok(n) | Err(n)) => (
                 Status::RemoteLenErr,
                 0,
-                Err(RpcError::TooLarge { len: n + ResponseHeader::LEN, max: limit }),
+                Err(RpcError::TooLarge {
+                    len: n + ResponseHeader::LEN,
+                    max: limit,
+                    header: ResponseHeader::LEN,
+                }),
             ),
+            Err(payload) => {
+                panicked = Some(payload);
+                (Status::ServerDecline, 0, Ok(()))
+            }
         };
         let header = ResponseHeader {
             ack: false,
@@ -345,45 +453,60 @@ impl<D: Device + Clone> Request<D> {
             function_defined: self.header.function_defined,
             total_size: (ResponseHeader::LEN + len) as u32,
         };
-        if let Err(e) = header.encode(header_bytes) {
+        let sent = if let Err(e) = header.encode(header_bytes) {
             conn.release(self.buf, true);
             conn.drop_tx(tx);
-            return Err(RpcError::InvalidArgument(format!("cannot encode the response: {e}")));
-        }
-        // The response returns the credit: the buffer must be posted again first.
-        conn.release(self.buf, false);
-        if trace::is_enabled() {
-            let args = [
-                ("req_id", self.header.req_id.into()),
-                ("status", status_name(status).into()),
-                ("len", len.into()),
-                ("now", (!conn.dispatching()).into()),
-            ];
-            trace("reply", &args);
-        }
-        match conn.send(self.queue, tx, ResponseHeader::LEN + len) {
-            Ok(()) => {
-                bump(&conn.counters.responses);
-                result
+            Err(RpcError::InvalidArgument(format!("cannot encode the response: {e}")))
+        } else {
+            // The response returns the credit: the buffer must be posted again first.
+            conn.release(self.buf, false);
+            if trace::is_enabled() {
+                let args = [
+                    ("req_id", self.header.req_id.into()),
+                    ("status", status_name(status).into()),
+                    ("len", len.into()),
+                    ("now", (!conn.dispatching()).into()),
+                ];
+                trace("reply", &args);
             }
-            Err(e) => {
-                conn.drop_tx(tx);
-                bump(&conn.counters.failed_replies);
-                Err(e)
+            match conn.send(self.queue, tx, ResponseHeader::LEN + len) {
+                Ok(()) => {
+                    bump(&conn.counters.responses);
+                    result
+                }
+                Err(e) => {
+                    bump(&conn.counters.failed_replies);
+                    Err(e)
+                }
             }
+        };
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
+        sent
     }
 }
 
 impl<D: Device + Clone> Drop for Request<D> {
     fn drop(&mut self) {
-        if !self.done {
-            if trace::is_enabled() {
-                trace("request dropped", &[("req_id", self.header.req_id.into())]);
-            }
-            bump(&self.conn.counters.dropped);
-            self.conn.release(self.buf, true);
+        if self.done {
+            return;
         }
+        if std::thread::panicking() {
+            // Dropped by a panic (its handler's, or that of a thread it was handed to): answer
+            // SERVER_DECLINE now rather than let the caller wait out its deadline. Nothing here
+            // panics, so this is safe during unwinding.
+            if trace::is_enabled() {
+                trace("request declined (panic)", &[("req_id", self.header.req_id.into())]);
+            }
+            let _ = self.respond(Status::ServerDecline, |_, _| Ok(0));
+            return;
+        }
+        if trace::is_enabled() {
+            trace("request dropped", &[("req_id", self.header.req_id.into())]);
+        }
+        bump(&self.conn.counters.dropped);
+        self.conn.release(self.buf, true);
     }
 }
 
@@ -413,7 +536,7 @@ impl<D: Device + Clone> Conn<D> {
         }
         if self.send_small(q, |out| AckHeader::credit_grant(n, self.channel_id).encode(out)).is_ok() {
             bump(&self.counters.grants);
-        } else if !self.closed.load(Ordering::Acquire) {
+        } else if !self.ep.is_closed() {
             self.grants[q].fetch_add(n, Ordering::AcqRel);
         }
     }
@@ -488,7 +611,7 @@ impl<D: Device + Clone> Conn<D> {
             if let Some(tx) = self.ep.tx.get(CallMode::EarlyRsp, 0) {
                 return Ok(tx);
             }
-            if self.closed.load(Ordering::Acquire) {
+            if self.ep.is_closed() {
                 return Err(RpcError::Closed);
             }
             if self.poll_send() == 0 {
@@ -603,7 +726,19 @@ impl<D: Device + Clone> Conn<D> {
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
         let request = Request { conn: self.clone(), buf, queue, args, header, done: false };
         match self.functions.get(header.function) {
-            Some(handler) => handler(request),
+            Some(handler) => {
+                // A panicking handler must not take the worker (and every connection on it)
+                // down. AssertUnwindSafe: the request is the only state the handler gets from
+                // us, and it is consistent whatever the handler did with it — still held (its
+                // drop during the unwind answers SERVER_DECLINE), replied to, or moved away.
+                // No cost unless it panics.
+                if let Err(payload) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(request)))
+                {
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+                    self.handler_panicked(&header);
+                }
+            }
             None => {
                 bump(&self.counters.unknown_functions);
                 let _ = request.reply_status(Status::FunctionErr, &[]);
@@ -620,6 +755,21 @@ impl<D: Device + Clone> Conn<D> {
         }
     }
 
+    #[cold]
+    fn handler_panicked(&self, header: &RequestHeader) {
+        let n = self.counters.handler_panics.fetch_add(1, Ordering::Relaxed);
+        if n < 16 || n.is_power_of_two() {
+            eprintln!(
+                "bypass: the handler of function {} panicked (request {} on channel {}); contained: a request \
+                 it still held was answered SERVER_DECLINE and the worker goes on; {} so far",
+                header.function,
+                header.req_id,
+                self.channel_id,
+                n + 1
+            );
+        }
+    }
+
     /// A queue failed: with no queue left, the connection is closed (the client sees it close).
     fn queue_failed(&self, q: usize) {
         self.ep.fail_queue(q);
@@ -629,7 +779,7 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if !self.ep.mark_closed() {
             return;
         }
         for q in 0..self.ep.queues.len() {
@@ -654,7 +804,7 @@ impl<D: Device + Clone> Pollable for ConnHandle<D> {
     }
 
     fn is_closed(&self) -> bool {
-        self.0.closed.load(Ordering::Acquire)
+        self.0.ep.is_closed()
     }
 
     fn arm(&self) -> bool {
@@ -711,11 +861,7 @@ impl<D: Device + Clone> Server<D> {
         config: ServerConfig,
         functions: Functions<D>,
     ) -> Result<Self, RpcError> {
-        if config.msg_size < 64 || config.max_window == 0 || config.max_queues == 0 {
-            return Err(RpcError::InvalidArgument(
-                "server config: msg_size >= 64, max_window >= 1 and max_queues >= 1".into(),
-            ));
-        }
+        config.validate(&device.caps())?;
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
         let local = listener.local_addr().map_err(control::ControlError::from)?;
         let workers = if config.workers == 0 {
@@ -763,7 +909,7 @@ impl<D: Device + Clone> Server<D> {
 
     /// Connections currently open.
     pub fn connections(&self) -> usize {
-        lock(&self.inner.conns).iter().filter(|c| !c.closed.load(Ordering::Acquire)).count()
+        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).count()
     }
 
     /// Send contexts in use over all open connections (0 when idle: nothing leaked).
@@ -785,6 +931,7 @@ impl<D: Device + Clone> Server<D> {
             grants: l(&c.grants),
             protocol_errors: l(&c.protocol_errors),
             failed_replies: l(&c.failed_replies),
+            handler_panics: l(&c.handler_panics),
         }
     }
 
@@ -848,7 +995,7 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
                 .map_err(|e| format!("cannot start a thread: {e}"))?;
                 {
                     let mut conns = lock(&inner.conns);
-                    conns.retain(|c| !c.closed.load(Ordering::Acquire));
+                    conns.retain(|c| !c.ep.is_closed());
                     conns.push(conn.clone());
                 }
                 if let Some(w) = &inner.workers {
@@ -875,17 +1022,18 @@ impl<D: Device + Clone> ServerInner<D> {
                 self.config.max_queues
             )));
         }
-        if hello.max_msg < 64 {
-            return Err(RpcError::InvalidArgument(format!("client message size {} < 64", hello.max_msg)));
+        if (hello.max_msg as usize) < MIN_MSG_SIZE {
+            return Err(RpcError::InvalidArgument(format!(
+                "client message size {} < {MIN_MSG_SIZE}",
+                hello.max_msg
+            )));
         }
         let window = hello.window.clamp(1, self.config.max_window);
-        // Per queue the server sends at most one ACK and one response per outstanding request,
-        // plus credit grants: three windows of send contexts.
-        let repost_batch = MAX_REPOST_BATCH.min(window as usize);
+        let (send_depth, recv_depth, repost_batch) = server_depths(window);
         let sizes = Sizes {
             queues: n,
-            send_depth: 3 * window,
-            recv_depth: window + repost_batch as u32,
+            send_depth,
+            recv_depth,
             msg_size: self.config.msg_size,
             repost_batch,
             queue_config: self.config.queue_config,
@@ -902,7 +1050,6 @@ impl<D: Device + Clone> ServerInner<D> {
             counters: self.counters.clone(),
             grants: (0..n).map(|_| AtomicU32::new(0)).collect(),
             outbox: (0..n).map(|_| Mutex::default()).collect(),
-            closed: AtomicBool::new(false),
             control: Mutex::new(None),
             window,
         }))

@@ -37,6 +37,14 @@ const BIG: FunctionId = fid(3);
 /// Hands the request to another thread ([`Rig::offload`]) and returns only once that thread
 /// says it has replied (a handler offloading to a pool and waiting for it).
 const OFFLOAD: FunctionId = fid(4);
+/// Panics while it still holds the request.
+const PANIC: FunctionId = fid(5);
+/// Echoes, then panics (the reply is already on its way).
+const PANIC_AFTER_REPLY: FunctionId = fid(6);
+/// Replies with `reply_with` whose fill closure panics.
+const PANIC_IN_FILL: FunctionId = fid(7);
+/// Hands the request to the test (like HOLD), then panics.
+const PANIC_AFTER_MOVE: FunctionId = fid(8);
 /// Not registered.
 const MISSING: FunctionId = fid(99);
 
@@ -197,9 +205,25 @@ impl Rig {
             h.fetch_add(1, Ordering::SeqCst);
             let _ = req.reply_with(Status::Success, echo_fill);
         });
+        let moved = tx.clone();
         f.register(HOLD, move |req| {
             // If the test stopped listening, the request is dropped (cleanly).
             let _ = tx.send(req);
+        });
+        f.register(PANIC, |req| {
+            let n = req.args().len();
+            panic!("e2e: a handler panics holding its request ({n} bytes of arguments)");
+        });
+        f.register(PANIC_AFTER_REPLY, |req| {
+            let _ = req.reply_with(Status::Success, echo_fill);
+            panic!("e2e: a handler panics after replying");
+        });
+        f.register(PANIC_IN_FILL, |req| {
+            let _ = req.reply_with(Status::Success, |_, _| panic!("e2e: a reply's fill closure panics"));
+        });
+        f.register(PANIC_AFTER_MOVE, move |req| {
+            let _ = moved.send(req);
+            panic!("e2e: a handler panics after handing its request on");
         });
         let (otx, offload) = mpsc::channel::<(Req, Sender<()>)>();
         f.register(OFFLOAD, move |req| {
@@ -448,6 +472,20 @@ engines! {
         ack_overtaken_by_offloaded_reply_threaded, ack_overtaken_by_offloaded_reply_stepped;
     contexts_held_by_unreaped_send_completions => contexts_held_by_unreaped_send_completions_inline,
         contexts_held_by_unreaped_send_completions_threaded, contexts_held_by_unreaped_send_completions_stepped;
+    handler_panics_are_contained => handler_panics_are_contained_inline, handler_panics_are_contained_threaded,
+        handler_panics_are_contained_stepped;
+    callback_panics_are_contained => callback_panics_are_contained_inline,
+        callback_panics_are_contained_threaded, callback_panics_are_contained_stepped;
+    huge_timeouts_saturate => huge_timeouts_saturate_inline, huge_timeouts_saturate_threaded,
+        huge_timeouts_saturate_stepped;
+    failed_calls_leave_no_stale_response => failed_calls_leave_no_stale_response_inline,
+        failed_calls_leave_no_stale_response_threaded, failed_calls_leave_no_stale_response_stepped;
+    reply_after_client_close_is_closed => reply_after_client_close_is_closed_inline,
+        reply_after_client_close_is_closed_threaded, reply_after_client_close_is_closed_stepped;
+    connect_takes_a_host_port_tuple => connect_takes_a_host_port_tuple_inline,
+        connect_takes_a_host_port_tuple_threaded, connect_takes_a_host_port_tuple_stepped;
+    no_ack_timer_is_valid => no_ack_timer_is_valid_inline, no_ack_timer_is_valid_threaded,
+        no_ack_timer_is_valid_stepped;
 }
 
 /// Scenario 1: each call mode through the blocking (or driven-future) path, callbacks and
@@ -1067,8 +1105,17 @@ fn payload_sizes(eng: Eng) {
     let too_big = vec![0xAB; max + 1];
     for m in CallMode::ALL {
         match rig.call(&CallOptions::mode(m), ECHO, &too_big) {
-            Err(RpcError::TooLarge { len, max: limit }) => {
-                assert_eq!((len, limit), (max + 1 + 20, 4096), "{m:?}")
+            Err(e @ RpcError::TooLarge { .. }) => {
+                let RpcError::TooLarge { len, max: limit, header } = e else { unreachable!() };
+                assert_eq!((len, limit, header), (max + 1 + 20, 4096, 20), "{m:?}");
+                // The message says what fits, that msg_size counts the header, and that both
+                // sides' msg_size must grow.
+                let text = e.to_string();
+                for needle in
+                    [&format!("at most {max} bytes of arguments") as &str, "header", "msg_size", "both"]
+                {
+                    assert!(text.contains(needle), "{m:?}: {needle:?} missing from {text:?}");
+                }
             }
             other => panic!("{m:?}: {} bytes of arguments: {other:?}", max + 1),
         }
@@ -1524,5 +1571,434 @@ fn contexts_held_by_unreaped_send_completions(eng: Eng) {
         rig.until("the last call", || log.completed() == 2 * window + 1);
         rig.drain();
         log.assert_once(2 * window + 1);
+    }
+}
+
+/// A call on a second channel of the rig's server that works on every engine: blocking on the
+/// real ones, a driven future on Stepped (the rig's pump drives the server, the wait polls `ch`).
+fn call_other(rig: &Rig, ch: &Channel<Nic>, opts: &CallOptions, f: FunctionId, args: &[u8]) -> Outcome {
+    if rig.eng.real() {
+        let mut resp = b"garbage".to_vec();
+        ch.call_with(opts, f, args, &mut resp).map(|_| resp)
+    } else {
+        let mut fut = ch.call_future(opts, f, args)?;
+        rig.until("a call on the second channel", || {
+            ch.poll();
+            fut.is_done()
+        });
+        finished(&mut fut)
+    }
+}
+
+fn expect_decline(eng: Eng, what: &str, r: Result<impl std::fmt::Debug, RpcError>) {
+    match r {
+        Err(RpcError::Status(Status::ServerDecline)) => {}
+        other => panic!("{eng:?}: {what}: expected Status(ServerDecline), got {other:?}"),
+    }
+}
+
+/// Regression: a handler that panicked killed its worker thread; every connection on that worker
+/// (and new ones assigned to it) got only timeouts, and the stats showed nothing. Now the panic
+/// fails that request alone with SERVER_DECLINE: the worker keeps serving the connection and new
+/// ones, nothing leaks (more panics than the window, the send contexts and the receive buffers),
+/// and `handler_panics` counts them. Covers a panic holding the request, after replying, inside
+/// `reply_with`'s fill closure, and after handing the request to another thread.
+fn handler_panics_are_contained(eng: Eng) {
+    let rig = Rig::with(eng, |c, _| c.window = 4);
+    let window = rig.window as usize;
+    let dflt = CallOptions::default();
+    let n = 3 * window + 1;
+    for i in 0..n {
+        expect_decline(eng, "a handler that panics", rig.call(&dflt, PANIC, &payload(0, i)));
+        expect_decline(eng, "Ack mode", rig.call(&CallOptions::mode(CallMode::Ack), PANIC, b"ack"));
+    }
+    // The no-response modes complete as usual; the credit comes back in a grant.
+    for m in [CallMode::EarlyRsp, CallMode::AckEarlyRsp] {
+        let (resp, _) = rig.call(&CallOptions::mode(m), PANIC, b"no response").expect("no-response call");
+        assert!(resp.is_empty(), "{m:?}");
+    }
+    // A panic after the reply: the response stands.
+    let (resp, _) = rig.call(&dflt, PANIC_AFTER_REPLY, b"replied").expect("a reply before the panic");
+    assert_eq!(resp, b"replied");
+    // A panic inside reply_with: declined; its send context and buffer go back.
+    expect_decline(eng, "a panicking fill closure", rig.call(&dflt, PANIC_IN_FILL, b"fill"));
+    // A panic after handing the request on: the request stays valid and is answered later.
+    let log = Log::default();
+    rig.channel.call_callback(&dflt, PANIC_AFTER_MOVE, b"moved", log.cb(0)).expect("start");
+    let req = rig.take_held(1).pop().expect("the moved request");
+    assert_eq!(req.args(), b"moved");
+    req.reply(b"later").expect("a reply after the handler panicked");
+    rig.until("the moved request's response", || log.completed() == 1);
+    log.with(0, |o| assert_eq!(o.as_deref().ok(), Some(&b"later"[..]), "{o:?}"));
+    // The worker still serves this connection.
+    rig.echo(&dflt, b"still served");
+    rig.drain();
+    let panics = (2 * n + 5) as u64;
+    rig.until("the server to count every panic", || rig.server.stats().handler_panics == panics);
+    let s = rig.server.stats();
+    assert_eq!((s.dropped, s.failed_replies, s.protocol_errors), (0, 0, 0), "{s:?}");
+    // And a new connection, which goes to the same (only) worker.
+    let ch2 = Channel::connect(&rig.cnic, rig.server.local_addr(), ChannelConfig::new(SERVER_NAME))
+        .expect("a second channel");
+    let full2 = ch2.stats().credits;
+    assert_eq!(call_other(&rig, &ch2, &dflt, ECHO, b"new").expect("a new connection"), b"new");
+    expect_decline(eng, "second channel", call_other(&rig, &ch2, &dflt, PANIC, b""));
+    assert_eq!(call_other(&rig, &ch2, &dflt, ECHO, b"again").expect("after a panic"), b"again");
+    assert_eq!(rig.server.stats().handler_panics, panics + 1);
+    rig.until("the second channel to drain", || {
+        ch2.poll();
+        let s = ch2.stats();
+        s.tx_in_use == 0 && s.credits == full2
+    });
+    rig.drain();
+    log.assert_once(1);
+}
+
+/// A completion callback that counts itself and panics.
+fn panicking_callback(ran: &Arc<AtomicUsize>) -> impl FnOnce(Result<&[u8], RpcError>) + Send + 'static {
+    let ran = ran.clone();
+    move |r| {
+        ran.fetch_add(1, Ordering::SeqCst);
+        panic!("e2e: a completion callback panics (outcome {:?})", r.map(<[u8]>::len));
+    }
+}
+
+/// Regression: a completion callback that panicked leaked its send context (after 2 × window
+/// panics every call waited out its deadline) and unwound into whatever call's poll delivered it.
+/// Now the panic is contained: the context is released, `callback_panics` counts it, and other
+/// calls — including a blocking call whose own polling ran the callback — are unaffected. Covers
+/// successes in every mode and an error outcome (a timeout).
+fn callback_panics_are_contained(eng: Eng) {
+    let rig = Rig::with(eng, |c, _| c.window = 2);
+    let window = rig.window as usize;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let n = 3 * 2 * window;
+    for i in 0..n {
+        let mode = CallMode::ALL[i % 4];
+        rig.channel
+            .call_callback(&CallOptions::mode(mode), ECHO, &payload(0, i), panicking_callback(&ran))
+            .expect("start");
+        rig.until("the panicking callback to run", || ran.load(Ordering::SeqCst) == i + 1);
+    }
+    rig.drain();
+    assert_eq!(rig.channel.stats().callback_panics, n as u64);
+    // An error outcome delivered to a panicking callback.
+    let short = CallOptions { timeout: Some(SHORT), ..Default::default() };
+    rig.channel.call_callback(&short, HOLD, b"slow", panicking_callback(&ran)).expect("start");
+    let held = rig.take_held(1);
+    if eng.real() {
+        rig.until("the timeout", || ran.load(Ordering::SeqCst) == n + 1);
+    } else {
+        rig.settle();
+        rig.fabric.advance(SHORT + Duration::from_millis(1));
+        assert_eq!(rig.channel.check_timeouts(), 1);
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), n + 1);
+    drop(held);
+    rig.drain();
+    // Real engines: the blocking caller is the channel's only poller, so its polling delivers the
+    // callback's response (which comes first); its own call must not see that panic.
+    if eng.real() {
+        for i in 0..4 {
+            rig.channel
+                .call_callback(&CallOptions::default(), ECHO, b"cb", panicking_callback(&ran))
+                .expect("start");
+            rig.echo(&CallOptions::default(), &payload(1, i));
+        }
+        rig.until("the last callbacks", || ran.load(Ordering::SeqCst) == n + 5);
+    }
+    rig.echo(&CallOptions::default(), b"unaffected");
+    rig.drain();
+    let s = rig.channel.stats();
+    assert_eq!(s.callback_panics, ran.load(Ordering::SeqCst) as u64, "{s:?}");
+    assert_eq!((s.tx_in_use, s.table_in_use, s.protocol_errors), (0, 0, 0), "{s:?}");
+}
+
+/// Set in the child process of [`in_child`].
+const CHILD_ENV: &str = "BYPASS_E2E_CHILD";
+
+/// For a scenario whose failure is a process abort: in the parent, runs test `name` of this
+/// binary in a child process and asserts that it passed, then returns true (the parent is done);
+/// in the child, returns false (run the scenario).
+fn in_child(name: &str) -> bool {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return false;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, "1")
+        .output()
+        .expect("run the child test");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "child test {name} failed ({:?}; an abort is a signal)\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    true
+}
+
+/// Regression: dropping the last handle of a channel while the thread unwinds from a panic closed
+/// the channel, which delivered `Closed` to the outstanding callbacks; one that panicked then
+/// panicked inside a destructor during unwinding, which aborts the process. Run in a child
+/// process (an abort would take the whole test binary down), on every engine.
+#[test]
+fn channel_dropped_while_unwinding_does_not_abort() {
+    if in_child("channel_dropped_while_unwinding_does_not_abort") {
+        return;
+    }
+    for eng in [Eng::Inline, Eng::Threaded, Eng::Stepped] {
+        let rig = Rig::new(eng);
+        let ran = Arc::new(AtomicUsize::new(0));
+        let ch = Channel::connect(&rig.cnic, rig.server.local_addr(), ChannelConfig::new(SERVER_NAME))
+            .expect("a second channel");
+        for i in 0..3u8 {
+            ch.call_callback(&CallOptions::default(), HOLD, &[i], panicking_callback(&ran)).expect("start");
+        }
+        let unwound = std::thread::spawn(move || {
+            let _last_handle = ch;
+            panic!("e2e: unwinding with the last handle of a channel");
+        })
+        .join();
+        assert!(unwound.is_err(), "{eng:?}: the thread's own panic");
+        assert_eq!(ran.load(Ordering::SeqCst), 3, "{eng:?}: every outstanding callback got its outcome");
+    }
+}
+
+/// Regression: `CallOptions.timeout` or `ChannelConfig.timeout` of `Duration::MAX` panicked
+/// inside the library ("overflow when adding durations") once the clock was past zero. Now the
+/// deadline saturates: it never comes. Stepped moves the virtual clock past 1 s first.
+fn huge_timeouts_saturate(eng: Eng) {
+    let rig = Rig::with(eng, |c, _| c.timeout = Some(Duration::MAX));
+    if !eng.real() {
+        rig.fabric.advance(Duration::from_secs(2));
+    }
+    rig.echo(&CallOptions::default(), b"channel timeout MAX");
+    for m in CallMode::ALL {
+        let opts = CallOptions { mode: m, timeout: Some(Duration::MAX), ..Default::default() };
+        rig.call(&opts, ECHO, b"call timeout MAX").unwrap_or_else(|e| panic!("{eng:?} {m:?}: {e}"));
+        let opts = CallOptions { timeout: Some(Duration::from_secs(u64::MAX)), ..opts };
+        rig.call(&opts, ECHO, b"u64::MAX s").unwrap_or_else(|e| panic!("{eng:?} {m:?}: {e}"));
+    }
+    // Such a call never times out.
+    let log = Log::default();
+    let opts = CallOptions { timeout: Some(Duration::MAX), ..Default::default() };
+    rig.channel.call_callback(&opts, HOLD, b"forever", log.cb(0)).expect("start");
+    let req = rig.take_held(1).pop().expect("held");
+    if !eng.real() {
+        rig.fabric.advance(Duration::from_secs(3600));
+    }
+    assert_eq!(rig.channel.check_timeouts(), 0);
+    assert_eq!(log.completed(), 0);
+    req.reply(b"eventually").expect("reply");
+    rig.until("the response", || log.completed() == 1);
+    log.with(0, |o| assert_eq!(o.as_deref().ok(), Some(&b"eventually"[..]), "{o:?}"));
+    rig.drain();
+    assert_eq!(rig.channel.stats().timeouts, 0);
+}
+
+/// Regression: a failed blocking call left the previous response's bytes in the caller's `Vec`.
+/// Every error now leaves it empty: errors found before sending (too large, bad queue, closed)
+/// on every engine; errors from the server or the deadline (real engines: blocking calls).
+fn failed_calls_leave_no_stale_response(eng: Eng) {
+    let rig = Rig::new(eng);
+    let prev = || b"the previous response".to_vec();
+    let mut resp = prev();
+    let too_big = vec![0u8; rig.channel.max_request_args() + 1];
+    let r = rig.channel.call(ECHO, &too_big, &mut resp);
+    assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
+    assert!(resp.is_empty(), "TooLarge left {resp:?}");
+    resp = prev();
+    let r = rig.channel.call_with(&on_queue(rig.channel.queues()), ECHO, b"x", &mut resp);
+    assert!(matches!(r, Err(RpcError::InvalidArgument(_))), "{r:?}");
+    assert!(resp.is_empty(), "InvalidArgument left {resp:?}");
+    if eng.real() {
+        let short = CallOptions { timeout: Some(SHORT), ..Default::default() };
+        let cases: [(FunctionId, &CallOptions); 3] = [(MISSING, &short), (PANIC, &short), (HOLD, &short)];
+        for (f, opts) in cases {
+            rig.channel.call(ECHO, b"ok", &mut resp).expect("echo");
+            assert_eq!(resp, b"ok");
+            let r = rig.channel.call_with(opts, f, b"fails", &mut resp);
+            assert!(r.is_err(), "{f}: {r:?}");
+            assert!(resp.is_empty(), "{f}: {r:?} left {resp:?}");
+        }
+        drop(rig.take_held(1));
+    }
+    rig.drain();
+    rig.channel.close();
+    resp = prev();
+    let r = rig.channel.call(ECHO, b"x", &mut resp);
+    assert!(matches!(r, Err(RpcError::Closed)), "{r:?}");
+    assert!(resp.is_empty(), "Closed left {resp:?}");
+}
+
+/// Regression: a reply after the client closed failed with `Device(BadState)`; it is
+/// `RpcError::Closed`, whichever way the reply is made, and counted as a failed reply.
+fn reply_after_client_close_is_closed(eng: Eng) {
+    let rig = Rig::new(eng);
+    let log = Log::default();
+    for i in 0..3u8 {
+        rig.channel.call_callback(&CallOptions::default(), HOLD, &[i], log.cb(i as usize)).expect("start");
+    }
+    let mut held = rig.take_held(3);
+    rig.channel.close();
+    rig.until("the server to drop the connection", || rig.server.connections() == 0);
+    let r = held.pop().unwrap().reply(b"nobody listens");
+    assert!(matches!(r, Err(RpcError::Closed)), "reply: {r:?}");
+    let r = held.pop().unwrap().reply_status(Status::ServerDecline, b"");
+    assert!(matches!(r, Err(RpcError::Closed)), "reply_status: {r:?}");
+    let r = held.pop().unwrap().reply_with(Status::Success, echo_fill);
+    assert!(matches!(r, Err(RpcError::Closed)), "reply_with: {r:?}");
+    assert_eq!(rig.server.stats().failed_replies, 3);
+    rig.until("the server's contexts", || rig.server.tx_in_use() == 0);
+    rig.drain_closed();
+    log.assert_once(3);
+}
+
+/// Regression: `Channel::connect` required `ToSocketAddrs + Display`, so the `(host, port)` tuple
+/// `Server::bind` takes did not compile. Any `ToSocketAddrs` works now; a failure names the
+/// socket addresses the argument resolved to.
+fn connect_takes_a_host_port_tuple(eng: Eng) {
+    let rig = Rig::new(eng);
+    let port = rig.server.local_addr().port();
+    let dflt = CallOptions::default();
+    let tuple = Channel::connect(&rig.cnic, ("127.0.0.1", port), ChannelConfig::new(SERVER_NAME))
+        .expect("connect with a (host, port) tuple");
+    assert_eq!(call_other(&rig, &tuple, &dflt, ECHO, b"tuple").expect("call"), b"tuple");
+    let owned =
+        Channel::connect(&rig.cnic, (String::from("127.0.0.1"), port), ChannelConfig::new(SERVER_NAME))
+            .expect("connect with a (String, port) tuple");
+    assert_eq!(call_other(&rig, &owned, &dflt, ECHO, b"owned").expect("call"), b"owned");
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    match Channel::connect(&rig.cnic, ("127.0.0.1", dead.port()), ChannelConfig::new(SERVER_NAME)) {
+        Err(e @ RpcError::Control(_)) => assert!(e.to_string().contains(&dead.to_string()), "{e}"),
+        other => panic!("connecting where nothing listens: {other:?}"),
+    }
+    drop((tuple, owned));
+    rig.until("the server to see them go", || rig.server.connections() == 1);
+    rig.drain();
+}
+
+/// `QueueConfig::timeout` of exponent 0 (`AckTimeout::NONE`: no retransmission timer, the
+/// hardware's meaning) is a valid setting on both sides; calls work and are bounded by their own
+/// deadlines.
+fn no_ack_timer_is_valid(eng: Eng) {
+    let rig = Rig::with(eng, |c, s| {
+        c.queue_config.timeout = hal::AckTimeout::NONE;
+        s.queue_config.timeout = hal::AckTimeout::NONE;
+    });
+    for m in CallMode::ALL {
+        rig.call(&CallOptions::mode(m), ECHO, b"no timer").unwrap_or_else(|e| panic!("{eng:?} {m:?}: {e}"));
+    }
+    rig.drain();
+}
+
+/// Regression: several config fields were not checked at construction (zero or oversized
+/// depths, timeouts of zero, names over the protocol's limits, a message size above the device's
+/// caps reported without naming the field). Every bad field is now refused by `Channel::connect`
+/// / `Server::bind` with `InvalidArgument` naming it, before any I/O.
+#[test]
+fn config_fields_are_validated_by_name() {
+    let fabric = Fabric::new(Engine::Inline);
+    let nic = fabric.add_nic();
+    let caps = hal::Device::caps(&nic);
+    let server = Server::bind(&nic, "127.0.0.1:0", ServerConfig::new(SERVER_NAME), Functions::new())
+        .expect("a valid server");
+    let cnic = fabric.add_nic();
+    type C = fn(&mut ChannelConfig, &hal::DeviceCaps);
+    let channel_cases: Vec<(&str, C)> = vec![
+        ("ChannelConfig.queues", |c, _| c.queues = 0),
+        ("ChannelConfig.queues", |c, _| c.queues = 257),
+        ("ChannelConfig.window", |c, _| c.window = 0),
+        ("ChannelConfig.window", |c, _| c.window = 5000),
+        ("ChannelConfig.msg_size", |c, _| c.msg_size = 63),
+        ("ChannelConfig.msg_size", |c, caps| c.msg_size = caps.max_msg_size as usize + 1),
+        ("ChannelConfig.table_size", |c, _| c.table_size = 0),
+        ("ChannelConfig.table_size", |c, _| c.table_size = 100),
+        ("ChannelConfig.timeout", |c, _| c.timeout = Some(Duration::ZERO)),
+        ("ChannelConfig.connect_timeout", |c, _| c.connect_timeout = Duration::ZERO),
+        ("ChannelConfig.server_name", |c, _| c.server_name = "n".repeat(256)),
+        ("ChannelConfig.client_info", |c, _| c.client_info = "i".repeat(4097)),
+        ("ChannelConfig.queue_config.send_depth", |c, _| c.queue_config.send_depth = 0),
+        ("ChannelConfig.queue_config.recv_depth", |c, _| c.queue_config.recv_depth = 0),
+        ("ChannelConfig.queue_config.max_send_sge", |c, _| c.queue_config.max_send_sge = 0),
+        ("ChannelConfig.queue_config.max_recv_sge", |c, _| c.queue_config.max_recv_sge = 0),
+        ("ChannelConfig.queue_config.max_inline", |c, caps| c.queue_config.max_inline = caps.max_inline + 1),
+        ("ChannelConfig.queue_config.retry_count", |c, _| c.queue_config.retry_count = 8),
+        ("ChannelConfig.queue_config.rnr_retry", |c, _| c.queue_config.rnr_retry = 8),
+        // 256 queues x 2 x 4096 send contexts exceed the device's queue depth.
+        ("ChannelConfig.queues", |c, _| {
+            c.queues = 256;
+            c.window = 4096
+        }),
+    ];
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    for (field, tweak) in &channel_cases {
+        let mut c = ChannelConfig::new(SERVER_NAME);
+        tweak(&mut c, &caps);
+        assert!(c.validate(&caps).is_err(), "{field}: validate accepted {c:?}");
+        // Refused before any I/O: the same error where nothing listens.
+        for addr in [server.local_addr(), dead] {
+            match Channel::connect(&cnic, addr, c.clone()) {
+                Err(RpcError::InvalidArgument(text)) => {
+                    assert!(text.contains(field), "{field}: the error should name it: {text}")
+                }
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(server.stats().connections, 0, "no refused config may reach the server");
+    ChannelConfig::new(SERVER_NAME).validate(&caps).expect("the defaults are valid");
+
+    type S = fn(&mut ServerConfig, &hal::DeviceCaps);
+    let server_cases: Vec<(&str, S)> = vec![
+        ("ServerConfig.name", |s, _| s.name = "n".repeat(256)),
+        ("ServerConfig.msg_size", |s, _| s.msg_size = 63),
+        ("ServerConfig.msg_size", |s, caps| s.msg_size = caps.max_msg_size as usize + 1),
+        ("ServerConfig.max_window", |s, _| s.max_window = 0),
+        ("ServerConfig.max_window", |s, _| s.max_window = 5000),
+        ("ServerConfig.max_queues", |s, _| s.max_queues = 0),
+        ("ServerConfig.max_queues", |s, _| s.max_queues = 257),
+        ("ServerConfig.pin", |s, _| s.pin = vec![0, 1 << 20]),
+        ("ServerConfig.handshake_timeout", |s, _| s.handshake_timeout = Duration::ZERO),
+        ("ServerConfig.queue_config.send_depth", |s, _| s.queue_config.send_depth = 0),
+        ("ServerConfig.queue_config.max_inline", |s, caps| s.queue_config.max_inline = caps.max_inline + 1),
+        ("ServerConfig.queue_config.retry_count", |s, _| s.queue_config.retry_count = 9),
+    ];
+    for (field, tweak) in &server_cases {
+        let mut s = ServerConfig::new(SERVER_NAME);
+        tweak(&mut s, &caps);
+        match Server::bind(&nic, "127.0.0.1:0", s, Functions::new()) {
+            Err(RpcError::InvalidArgument(text)) => {
+                assert!(text.contains(field), "{field}: the error should name it: {text}")
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    ServerConfig::new(SERVER_NAME).validate(&caps).expect("the defaults are valid");
+
+    // A device with small queues: a window whose rings do not fit is refused by name.
+    let mut small = sim::FabricConfig::new(Engine::Inline);
+    small.caps.max_queue_depth = 64;
+    let small = Fabric::with_config(small);
+    let snic = small.add_nic();
+    let mut s = ServerConfig::new(SERVER_NAME);
+    s.max_window = 32; // 3 x 32 send contexts > 64
+    match Server::bind(&snic, "127.0.0.1:0", s, Functions::new()) {
+        Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ServerConfig.max_window"), "{text}"),
+        other => panic!("max_window too large for the device: {other:?}"),
+    }
+    let mut c = ChannelConfig::new(SERVER_NAME);
+    c.window = 32; // 2 x 32 fits, 4 x 32 + 16 receive buffers do not
+    match Channel::connect(&small.add_nic(), server.local_addr(), c) {
+        Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ChannelConfig.window"), "{text}"),
+        other => panic!("window too large for the device: {other:?}"),
     }
 }
