@@ -600,19 +600,6 @@ impl Device for VerbsDevice {
         unsafe { ibv_ack_async_event((&mut ev as *mut RawAsyncEvent).cast()) };
         Ok(Some(tables::async_event(t, qpn, port)))
     }
-
-    fn now(&self) -> std::time::Duration {
-        coarse_now()
-    }
-}
-
-/// `CLOCK_MONOTONIC_COARSE`: the kernel's last tick, read from the vDSO's data page.
-fn coarse_now() -> std::time::Duration {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every Linux since
-    // 2.6.32.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 #[cfg(test)]
