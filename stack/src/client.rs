@@ -20,8 +20,8 @@ use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
 use crate::control::{self, ClientHello, CONTROL_VERSION};
 use crate::credits::Credits;
 use crate::endpoint::{
-    bad_field, lock, validate_queue_config, validate_sizes, Endpoint, Sizes, MAX_REPOST_BATCH, MAX_WINDOW,
-    MIN_MSG_SIZE,
+    bad_field, buffer_bytes, fit_window, lock, validate_queue_config, validate_sizes, Endpoint, Sizes,
+    MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE,
 };
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
@@ -59,8 +59,18 @@ pub struct ChannelConfig {
     /// Deadline of a call that does not set its own (`None`: no deadline; `Some(0)` is refused;
     /// a duration too large for the clock, e.g. `Duration::MAX`, is a deadline that never comes).
     pub timeout: Option<Duration>,
-    /// Limit for the whole TCP handshake.
+    /// Limit for the whole of [`Channel::connect`]: creating and registering the endpoint, the
+    /// TCP connection and handshake, and connecting the queues. Registration cannot be
+    /// interrupted; the deadline is checked after it, and a connect that runs out fails with
+    /// [`RpcError::Control`]`(Io)` of kind `TimedOut` naming the step that was slow.
     pub connect_timeout: Duration,
+    /// Most bytes of registered buffer memory for this channel: `queues` × (send contexts +
+    /// receive buffers per queue) × `msg_size`. The per-queue counts grow with the window
+    /// (2 × window and 4 × window + min(16, window)), so for large messages the window is
+    /// scaled down until they fit ([`Channel::window`] tells the window used). A channel that
+    /// does not fit even at a window of 1 is refused, naming this field. Default
+    /// [`DEFAULT_MEMORY_LIMIT`](crate::DEFAULT_MEMORY_LIMIT) (256 MiB).
+    pub memory_limit: u64,
     /// Whether a blocking call polls the channel itself (true), or sleeps until a worker group
     /// the channel was added to delivers (false).
     pub self_poll: bool,
@@ -83,6 +93,7 @@ impl Default for ChannelConfig {
             table_size: crate::req_table::DEFAULT_CAPACITY,
             timeout: Some(Duration::from_secs(10)),
             connect_timeout: Duration::from_secs(5),
+            memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             self_poll: true,
             queue_config: QueueConfig::default(),
         }
@@ -155,6 +166,8 @@ impl ChannelConfig {
             return Err(bad_field(&field("connect_timeout"), "is zero: use a positive duration"));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        // The device's limits apply to the window asked for; the memory limit may scale it down.
+        self.fitted_window()?;
         let (send, recv, _) = client_depths(self.window);
         validate_sizes(
             "use fewer ChannelConfig.queues, a smaller ChannelConfig.window or a smaller ChannelConfig.msg_size",
@@ -164,6 +177,30 @@ impl ChannelConfig {
             self.msg_size,
             caps,
         )
+    }
+}
+
+impl ChannelConfig {
+    /// The window the channel uses: `window`, scaled down until its buffers fit `memory_limit`.
+    fn fitted_window(&self) -> Result<u32, RpcError> {
+        let depths = |w| {
+            let (s, r, _) = client_depths(w);
+            (s, r)
+        };
+        fit_window(self.window, self.queues, self.msg_size, self.memory_limit, depths).ok_or_else(|| {
+            bad_field(
+                "ChannelConfig.memory_limit",
+                format_args!(
+                    "is {} bytes, but {} queue(s) of {}-byte messages need {} bytes of registered buffers even at \
+                     a window of 1: raise ChannelConfig.memory_limit, or use a smaller ChannelConfig.msg_size or \
+                     fewer ChannelConfig.queues",
+                    self.memory_limit,
+                    self.queues,
+                    self.msg_size,
+                    buffer_bytes(self.queues, depths(1), self.msg_size)
+                ),
+            )
+        })
     }
 }
 
@@ -231,6 +268,8 @@ pub struct ChannelStats {
     pub credits: u64,
     /// Queues still READY.
     pub ready_queues: usize,
+    /// Bytes of registered send and receive buffers (at most [`ChannelConfig::memory_limit`]).
+    pub registered_bytes: u64,
     /// Completion callbacks ([`Channel::call_callback`]) that panicked. Each panic was contained:
     /// its call counts as finished and its send context was released; the first one per channel
     /// is also reported on stderr.
@@ -373,8 +412,10 @@ impl<D: Device + Clone> Channel<D> {
     /// ([`ChannelConfig::validate`], checked first, before any I/O); [`RpcError::Control`] (nothing
     /// listens there, version mismatch, wrong server name, refused); [`RpcError::Device`].
     pub fn connect(device: &D, addr: impl ToSocketAddrs, config: ChannelConfig) -> Result<Self, RpcError> {
+        let started = std::time::Instant::now();
         config.validate(&device.caps())?;
-        let (send_depth, recv_depth, repost_batch) = client_depths(config.window);
+        let window = config.fitted_window()?;
+        let (send_depth, recv_depth, repost_batch) = client_depths(window);
         let sizes = Sizes {
             queues: config.queues,
             send_depth,
@@ -384,15 +425,34 @@ impl<D: Device + Clone> Channel<D> {
             queue_config: config.queue_config,
         };
         let ep = Endpoint::new(device, sizes)?;
+        // What is left of the connect timeout after `step`, or a timeout error naming it.
+        let left = |step: &str| -> Result<Duration, RpcError> {
+            let spent = started.elapsed();
+            config.connect_timeout.checked_sub(spent).filter(|d| !d.is_zero()).ok_or_else(|| {
+                RpcError::Control(control::ControlError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "Channel::connect ran out of its ChannelConfig.connect_timeout ({:?}) after {step} \
+                         ({spent:?} so far)",
+                        config.connect_timeout
+                    ),
+                )))
+            })
+        };
+        let remaining = left(&format!(
+            "creating the endpoint and registering {} bytes of buffers ({} queue(s), window {window}, \
+             {}-byte messages)",
+            ep.registered, config.queues, config.msg_size
+        ))?;
         let hello = ClientHello {
             version: CONTROL_VERSION,
             server_name: config.server_name.clone(),
             client_info: config.client_info.clone(),
-            window: config.window,
+            window,
             max_msg: config.msg_size as u32,
             queues: ep.infos(),
         };
-        let (stream, server) = control::connect(addr, &hello, config.connect_timeout)?;
+        let (stream, server) = control::connect_within(addr, &hello, remaining)?;
         if server.credits == 0 || (server.max_msg as usize) < MIN_MSG_SIZE {
             return Err(RpcError::InvalidArgument(format!(
                 "the server granted {} credits and a message size of {} bytes; need at least 1 and {MIN_MSG_SIZE}",
@@ -400,7 +460,8 @@ impl<D: Device + Clone> Channel<D> {
             )));
         }
         ep.connect(&server.queues)?;
-        let credits = server.credits.min(config.window);
+        left("connecting the queues and posting the receive buffers")?;
+        let credits = server.credits.min(window);
         let table = ReqTable::new(config.table_size)
             .map_err(|e| RpcError::InvalidArgument(format!("request table: {e}")))?;
         let slots = (0..ep.tx.capacity())
@@ -446,6 +507,12 @@ impl<D: Device + Clone> Channel<D> {
         &self.inner.server_name
     }
 
+    /// The credit window per queue in use: [`ChannelConfig::window`], scaled down to fit
+    /// [`ChannelConfig::memory_limit`], and limited by what the server granted.
+    pub fn window(&self) -> u32 {
+        self.inner.credits.first().map_or(0, Credits::limit)
+    }
+
     /// Number of queues (READY or not).
     pub fn queues(&self) -> usize {
         self.inner.ep.queues.len()
@@ -477,6 +544,7 @@ impl<D: Device + Clone> Channel<D> {
             table_in_use: t.outstanding,
             credits: i.credits.iter().map(|c| u64::from(c.available())).sum(),
             ready_queues: i.ep.ready_queues(),
+            registered_bytes: i.ep.registered,
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
         }
     }

@@ -778,10 +778,30 @@ pub fn connect(
     hello: &ClientHello,
     timeout: Duration,
 ) -> Result<(TcpStream, ServerHello), ControlError> {
+    exchange(addr, hello, timeout, None)
+}
+
+/// Like [`connect`], but `timeout` bounds the whole of it: the TCP connection attempts and the
+/// exchange together.
+pub fn connect_within(
+    addr: impl ToSocketAddrs,
+    hello: &ClientHello,
+    timeout: Duration,
+) -> Result<(TcpStream, ServerHello), ControlError> {
+    exchange(addr, hello, timeout, Some(Deadline::after(timeout)))
+}
+
+/// [`connect`] (`total` = `None`: each step gets `timeout`) or [`connect_within`].
+fn exchange(
+    addr: impl ToSocketAddrs,
+    hello: &ClientHello,
+    timeout: Duration,
+    total: Option<Deadline>,
+) -> Result<(TcpStream, ServerHello), ControlError> {
     check_timeout(timeout)?;
     let frame = hello.encode()?;
-    let mut stream = open(&addr, timeout)?;
-    let deadline = Deadline::after(timeout);
+    let mut stream = open(&addr, timeout, total)?;
+    let deadline = total.unwrap_or_else(|| Deadline::after(timeout));
     stream.set_nodelay(true)?;
     write_by(&mut stream, &frame, deadline)?;
     let (header, answer) = read_frame(&mut stream, deadline)?;
@@ -814,7 +834,11 @@ pub fn connect(
 /// Opens the TCP connection, trying every address `addr` resolves to. `ToSocketAddrs` is all
 /// that is asked of `addr` (a `(host, port)` tuple has no `Display`), so errors describe it by
 /// the socket addresses it resolved to.
-fn open(addr: &impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream, ControlError> {
+fn open(
+    addr: &impl ToSocketAddrs,
+    timeout: Duration,
+    total: Option<Deadline>,
+) -> Result<TcpStream, ControlError> {
     let addrs: Vec<SocketAddr> = addr
         .to_socket_addrs()
         .map_err(|source| ControlError::Connect {
@@ -825,6 +849,14 @@ fn open(addr: &impl ToSocketAddrs, timeout: Duration) -> Result<TcpStream, Contr
     let described = describe_addrs(&addrs);
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "the address resolves to no socket address");
     for sock_addr in &addrs {
+        let timeout = match total.map(|d| d.left()) {
+            None => timeout,
+            Some(Ok(left)) => left,
+            Some(Err(_)) => {
+                last = io::Error::new(io::ErrorKind::TimedOut, "the connect timeout ran out");
+                break;
+            }
+        };
         match TcpStream::connect_timeout(sock_addr, timeout) {
             Ok(stream) => return Ok(stream),
             Err(e) => last = e,
@@ -893,57 +925,74 @@ pub fn accept(
             our_name.len()
         )));
     }
-    let reject = |stream: &mut TcpStream, code: RejectCode, reason: &str| {
-        let reject = Reject {
-            version: CONTROL_VERSION,
-            code,
-            server_name: our_name.to_owned(),
-            reason: clip(reason, MAX_REASON_LEN).to_owned(),
-        };
-        // Best effort: the error returned to our caller is the one that matters.
-        if let Ok(frame) = reject.encode() {
-            let _ = write_by(stream, &frame, Deadline::after(timeout));
-        }
-    };
-
     let (header, frame) = match read_frame(stream, Deadline::after(timeout)) {
         Ok(read) => read,
         Err(e @ ControlError::Malformed(_)) => {
-            reject(stream, RejectCode::Malformed, &e.to_string());
+            let reply = reject_frame(our_name, RejectCode::Malformed, &e.to_string());
+            // Best effort: the error returned to our caller is the one that matters.
+            let _ = write_by(stream, &reply, Deadline::after(timeout));
             return Err(e);
         }
         Err(e) => return Err(e),
     };
+    let (reply, result) = respond(&header, &frame, our_name, decide);
+    match (&result, write_by(stream, &reply, Deadline::after(timeout))) {
+        (Ok(_), Err(e)) => return Err(e),
+        (Ok(_), Ok(())) => finish_stream(stream)?,
+        (Err(_), _) => {} // a reject, sent best effort
+    }
+    result
+}
+
+/// A reject frame from this server (a reason over [`MAX_REASON_LEN`] is clipped).
+fn reject_frame(our_name: &str, code: RejectCode, reason: &str) -> Vec<u8> {
+    let reject = Reject {
+        version: CONTROL_VERSION,
+        code,
+        server_name: our_name.to_owned(),
+        reason: clip(reason, MAX_REASON_LEN).to_owned(),
+    };
+    // `our_name` was checked against its limit and the reason is clipped: this encodes.
+    reject.encode().unwrap_or_default()
+}
+
+/// The server's decision on a whole client frame, without I/O: the frame to send back (a server
+/// hello, or a reject) and the outcome [`accept`] returns.
+fn respond(
+    header: &Header,
+    frame: &[u8],
+    our_name: &str,
+    decide: impl FnOnce(&ClientHello) -> Result<ServerHello, String>,
+) -> (Vec<u8>, Result<ClientHello, ControlError>) {
+    let fail = |code: RejectCode, e: ControlError| (reject_frame(our_name, code, &e.to_string()), Err(e));
     if header.kind != MsgType::ClientHello {
         let e = malformed(format!("expected a client hello, got a {}", header.kind.name()));
-        reject(stream, RejectCode::Malformed, &e.to_string());
-        return Err(e);
+        return fail(RejectCode::Malformed, e);
     }
     if header.version != CONTROL_VERSION {
-        let e = ControlError::VersionMismatch { ours: CONTROL_VERSION, theirs: header.version };
-        reject(stream, RejectCode::Version, &e.to_string());
-        return Err(e);
+        return fail(
+            RejectCode::Version,
+            ControlError::VersionMismatch { ours: CONTROL_VERSION, theirs: header.version },
+        );
     }
-    let hello = match ClientHello::decode(&frame) {
+    let hello = match ClientHello::decode(frame) {
         Ok(hello) => hello,
-        Err(e) => {
-            reject(stream, RejectCode::Malformed, &e.to_string());
-            return Err(e);
-        }
+        Err(e) => return fail(RejectCode::Malformed, e),
     };
     if hello.server_name != our_name {
         let e = ControlError::WrongServerName {
             expected: hello.server_name.clone(),
             actual: our_name.to_owned(),
         };
-        reject(stream, RejectCode::WrongName, &e.to_string());
-        return Err(e);
+        return fail(RejectCode::WrongName, e);
     }
     let answer = match decide(&hello) {
         Ok(answer) => answer,
         Err(reason) => {
-            reject(stream, RejectCode::Refused, &reason);
-            return Err(ControlError::Rejected(reason));
+            return (
+                reject_frame(our_name, RejectCode::Refused, &reason),
+                Err(ControlError::Rejected(reason)),
+            )
         }
     };
     let checked = if answer.queues.len() != hello.queues.len() {
@@ -957,16 +1006,173 @@ pub fn accept(
     } else {
         answer.encode()
     };
-    let frame = match checked {
-        Ok(frame) => frame,
-        Err(e) => {
-            reject(stream, RejectCode::Refused, &format!("server error: {e}"));
-            return Err(e);
+    match checked {
+        Ok(reply) => (reply, Ok(hello)),
+        Err(e) => (reject_frame(our_name, RejectCode::Refused, &format!("server error: {e}")), Err(e)),
+    }
+}
+
+/// What [`Handshake::advance`] reached.
+#[derive(Debug)]
+pub enum HandshakeStep {
+    /// Waiting for the socket: poll [`Handshake::fd`] for [`Handshake::events`] (until
+    /// [`Handshake::deadline`]) and call `advance` again.
+    Pending,
+    /// Finished: the client's hello, or why the handshake failed (the client was sent a reject
+    /// where [`accept`] would send one). On success the stream is ready for
+    /// [`Handshake::into_stream`].
+    Done(Result<ClientHello, ControlError>),
+}
+
+enum HsState {
+    /// Reading the client's frame: the header, then (once it parsed) the body.
+    Reading { head: [u8; HEADER_LEN], got: usize, frame: Vec<u8>, header: Option<Header> },
+    /// Writing our answer; `result` is what the handshake ends with once it is out.
+    Writing { frame: Vec<u8>, sent: usize, result: Option<Result<ClientHello, ControlError>> },
+}
+
+/// The server side of one handshake on a non-blocking stream, for an event loop that runs many
+/// at once (`poll(2)` over their [`fd`](Handshake::fd)s): the same checks, answers and errors
+/// as [`accept`], but no call ever blocks, so a silent or slow client delays no other. The
+/// client's frame must arrive within the timeout, and the answer must then be written within
+/// another; the loop enforces [`Handshake::deadline`] (an expired handshake is simply dropped,
+/// which closes the stream, as [`accept`] does on a timeout).
+pub struct Handshake {
+    stream: TcpStream,
+    timeout: Duration,
+    deadline: Deadline,
+    state: HsState,
+}
+
+impl fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            HsState::Reading { .. } => "reading",
+            HsState::Writing { .. } => "writing",
+        };
+        f.debug_struct("Handshake")
+            .field("peer", &self.stream.peer_addr().ok())
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl Handshake {
+    /// Starts the handshake on a freshly accepted stream (made non-blocking here) with
+    /// `timeout` for the client's hello. A zero `timeout` is an [`io::ErrorKind::InvalidInput`]
+    /// error.
+    pub fn new(stream: TcpStream, timeout: Duration) -> Result<Self, ControlError> {
+        check_timeout(timeout)?;
+        stream.set_nonblocking(true)?;
+        Ok(Handshake {
+            stream,
+            timeout,
+            deadline: Deadline::after(timeout),
+            state: HsState::Reading { head: [0; HEADER_LEN], got: 0, frame: Vec::new(), header: None },
+        })
+    }
+
+    /// The stream's file descriptor, to poll.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
+    /// Whether the handshake waits to write (else it waits to read).
+    pub fn wants_write(&self) -> bool {
+        matches!(self.state, HsState::Writing { .. })
+    }
+
+    /// Time left before the handshake times out (zero once it has).
+    pub fn time_left(&self) -> Duration {
+        self.deadline.left().unwrap_or(Duration::ZERO)
+    }
+
+    /// The stream (e.g. to clone it while `decide` runs).
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Reads and writes what the socket allows without blocking, and decides once the client's
+    /// whole frame is in (validation, then `decide`, exactly as [`accept`]; `decide` runs at most
+    /// once per handshake, and `our_name` must be the same on every call).
+    pub fn advance(
+        &mut self,
+        our_name: &str,
+        decide: impl FnOnce(&ClientHello, &TcpStream) -> Result<ServerHello, String>,
+    ) -> HandshakeStep {
+        if let HsState::Reading { head, got, frame, header } = &mut self.state {
+            let whole = loop {
+                let buf: &mut [u8] = match header {
+                    None => &mut head[*got..],
+                    Some(_) => &mut frame[*got..],
+                };
+                if buf.is_empty() {
+                    match header {
+                        Some(h) => break Ok((*h, std::mem::take(frame))),
+                        None => match parse_header(head) {
+                            Ok(h) => {
+                                *frame = vec![0u8; HEADER_LEN + h.body_len];
+                                frame[..HEADER_LEN].copy_from_slice(head);
+                                *got = HEADER_LEN;
+                                *header = Some(h);
+                                continue;
+                            }
+                            Err(e) => break Err(e),
+                        },
+                    }
+                }
+                match self.stream.read(buf) {
+                    Ok(0) => return HandshakeStep::Done(Err(ControlError::Closed)),
+                    Ok(n) => *got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HandshakeStep::Pending,
+                    Err(e) => return HandshakeStep::Done(Err(from_io(e))),
+                }
+            };
+            let (reply, result) = match whole {
+                Ok((h, frame)) => {
+                    let stream = &self.stream;
+                    respond(&h, &frame, our_name, |hello| decide(hello, stream))
+                }
+                Err(e) => (reject_frame(our_name, RejectCode::Malformed, &e.to_string()), Err(e)),
+            };
+            self.deadline = Deadline::after(self.timeout);
+            self.state = HsState::Writing { frame: reply, sent: 0, result: Some(result) };
         }
-    };
-    write_by(stream, &frame, Deadline::after(timeout))?;
-    finish_stream(stream)?;
-    Ok(hello)
+        let HsState::Writing { frame, sent, .. } = &mut self.state else {
+            return HandshakeStep::Pending;
+        };
+        while *sent < frame.len() {
+            match self.stream.write(&frame[*sent..]) {
+                Ok(0) => return self.finish_write(Err(ControlError::Closed)),
+                Ok(n) => *sent += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HandshakeStep::Pending,
+                Err(e) => return self.finish_write(Err(from_io(e))),
+            }
+        }
+        self.finish_write(Ok(()))
+    }
+
+    /// The write ended (`written`): a failed reject still returns the reject's error; a failed
+    /// server hello returns the write's error.
+    fn finish_write(&mut self, written: Result<(), ControlError>) -> HandshakeStep {
+        let HsState::Writing { result, .. } = &mut self.state else { return HandshakeStep::Pending };
+        let result = result.take().unwrap_or(Err(ControlError::Closed));
+        HandshakeStep::Done(match (result, written) {
+            (Ok(_), Err(e)) => Err(e),
+            (result, _) => result,
+        })
+    }
+
+    /// The stream of a finished handshake, back in blocking mode with no timeouts and
+    /// `TCP_NODELAY` on; keep it open for as long as the connection lives.
+    pub fn into_stream(self) -> Result<TcpStream, ControlError> {
+        self.stream.set_nonblocking(false)?;
+        finish_stream(&self.stream)?;
+        Ok(self.stream)
+    }
 }
 
 /// Blocks until the peer closes the stream: a read returns end of stream or an error. Clears the

@@ -42,6 +42,43 @@ pub(crate) const MIN_MSG_SIZE: usize = 64;
 /// Largest credit window (calls outstanding per queue) a client may ask for or a server grant.
 pub(crate) const MAX_WINDOW: u32 = 4096;
 
+/// Default limit of the registered buffer memory of one connection, on either side
+/// (`ChannelConfig::memory_limit`, `ServerConfig::memory_limit`): 256 MiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 256 << 20;
+
+/// Bytes of registered buffers of an endpoint of `queues` queues with `send` send contexts and
+/// `recv` receive buffers per queue, of `msg_size` bytes each.
+pub(crate) fn buffer_bytes(queues: usize, (send, recv): (u32, u32), msg_size: usize) -> u64 {
+    (queues as u64).saturating_mul(u64::from(send) + u64::from(recv)).saturating_mul(msg_size as u64)
+}
+
+/// The largest window up to `window` whose buffers (`depths(w)` per queue) fit in `limit` bytes,
+/// or `None` when not even a window of 1 does. The buffers grow with the window, so this is the
+/// window scaled down for large messages.
+pub(crate) fn fit_window(
+    window: u32,
+    queues: usize,
+    msg_size: usize,
+    limit: u64,
+    depths: impl Fn(u32) -> (u32, u32),
+) -> Option<u32> {
+    let fits = |w: u32| buffer_bytes(queues, depths(w), msg_size) <= limit;
+    if !fits(1) {
+        return None;
+    }
+    // Binary search for the largest fitting w in 1..=window (fits(1) holds).
+    let (mut lo, mut hi) = (1u32, window.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    Some(lo)
+}
+
 /// An [`RpcError::InvalidArgument`] naming the configuration field `field`.
 pub(crate) fn bad_field(field: &str, why: impl std::fmt::Display) -> RpcError {
     RpcError::InvalidArgument(format!("{field} {why}"))
@@ -173,6 +210,8 @@ pub(crate) struct Endpoint<D: Device> {
     pub(crate) msg_size: usize,
     recv_depth: u32,
     repost_batch: usize,
+    /// Bytes registered for the send and receive buffers.
+    pub(crate) registered: u64,
     /// Set for good when the connection closes (before its queues are failed), so a post that
     /// finds its queue failed can tell a closed connection ([`RpcError::Closed`]) from a queue
     /// that failed on its own ([`RpcError::Queue`]).
@@ -233,7 +272,9 @@ impl<D: Device + Clone> Endpoint<D> {
             TxSlab::new(tx_capacity).map_err(|e| RpcError::InvalidArgument(format!("send contexts: {e}")))?;
         let send_region = device.register(tx_capacity * s.msg_size, Access::LOCAL_WRITE)?;
         let recv_region = device.register(recv_count * s.msg_size, Access::LOCAL_WRITE)?;
+        let registered = (send_region.len() + recv_region.len()) as u64;
         Ok(Endpoint {
+            registered,
             device: device.clone(),
             send_cq: Mutex::new(send_cq),
             recv_cq: Mutex::new(recv_cq),

@@ -45,8 +45,13 @@
 //!   runtime-agnostic futures ([`Channel::call_future`]), per-call deadlines on the device's
 //!   clock, credit-based flow control ([`RpcError::WouldBlock`] or waiting, per call).
 //! - [`Server`], [`Functions`], [`Request`]: the function table; handlers reply inline or later
-//!   from any thread; [`WorkerGroup`] threads poll, busy or sleeping on CQ events, optionally
-//!   pinned.
+//!   from any thread; [`WorkerGroup`] threads poll, optionally pinned.
+//! - Polling and CPU: by default ([`PollMode::Adaptive`]) a server's worker spins for a short
+//!   while ([`DEFAULT_SPIN`]) after its last completion, then arms its completion queues and
+//!   sleeps on their event fds. Back-to-back calls see busy-polling latency and an idle server
+//!   uses no CPU; the first call after an idle spell pays for waking the worker (typically a
+//!   few to tens of microseconds). [`PollMode::Busy`] never sleeps (lowest latency, one core per
+//!   worker); [`PollMode::Event`] sleeps almost at once (least CPU).
 //! - Building blocks, each tested on its own and model-checked by `loom-tests`:
 //!   [`wire`] (URPC headers byte for byte, golden vectors), [`tx_ctx`] (the send-context double
 //!   release), [`req_table`] (request ids and stale responses), [`credits`], [`control`] (the
@@ -83,6 +88,8 @@ pub use call::{CallFuture, Callback};
 #[cfg(not(loom))]
 pub use client::{CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats};
 #[cfg(not(loom))]
+pub use endpoint::DEFAULT_MEMORY_LIMIT;
+#[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
 pub use server::{Functions, Handler, Request, Server, ServerConfig, ServerStats};
@@ -91,7 +98,9 @@ pub use tx_ctx::CallMode;
 #[cfg(not(loom))]
 pub use wire::{FunctionId, Status};
 #[cfg(not(loom))]
-pub use worker::{pin_current_thread, PollMode, Pollable, WorkerConfig, WorkerGroup};
+pub use worker::{
+    pin_current_thread, PollMode, Pollable, WorkerConfig, WorkerGroup, WorkerStats, DEFAULT_SPIN,
+};
 
 pub mod buf_pool;
 pub mod control;

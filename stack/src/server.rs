@@ -22,8 +22,8 @@
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::endpoint::{
-    bad_field, lock, validate_queue_config, validate_sizes, Endpoint, Sizes, MAX_REPOST_BATCH, MAX_WINDOW,
-    MIN_MSG_SIZE,
+    bad_field, buffer_bytes, fit_window, lock, validate_queue_config, validate_sizes, Endpoint, Sizes,
+    MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE,
 };
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
@@ -106,12 +106,25 @@ pub struct ServerConfig {
     /// Polling threads. 0: none; the application calls [`Server::poll`] (e.g. in tests that step
     /// a simulated fabric by hand).
     pub workers: usize,
-    /// Busy polling or event mode for the workers.
+    /// How the workers poll: [`PollMode::Adaptive`] by default (spin for `spin` after the last
+    /// completion, then sleep on the CQs' event fds); [`PollMode::Busy`] never sleeps.
     pub mode: PollMode,
+    /// [`PollMode::Adaptive`]: how long a worker spins after its last completion before it
+    /// sleeps (default [`crate::DEFAULT_SPIN`]).
+    pub spin: Duration,
     /// CPUs to pin the workers to (empty: no pinning).
     pub pin: Vec<usize>,
-    /// Limit for one client's handshake.
+    /// Limit for one client's handshake: its hello must arrive within it, and the answer be
+    /// written within another. Handshakes run concurrently: a slow or silent client delays no
+    /// other and is dropped when its time is up ([`ServerStats::handshake_timeouts`]).
     pub handshake_timeout: Duration,
+    /// Most bytes of registered buffer memory per connection: queues × (send contexts + receive
+    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue.
+    /// A client's window is scaled down until its connection fits; a client whose queues do not
+    /// fit even at a window of 1 is refused with a reason naming this field, and a config whose
+    /// single queue does not fit is refused by [`Server::bind`]. Default
+    /// [`DEFAULT_MEMORY_LIMIT`](crate::DEFAULT_MEMORY_LIMIT) (256 MiB).
+    pub memory_limit: u64,
     /// Transport settings of the queues. The depths and SGE limits are replaced by the stack's
     /// own (derived from the window), but zero is refused. An ACK timeout of exponent 0
     /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
@@ -127,9 +140,11 @@ impl Default for ServerConfig {
             max_window: 128,
             max_queues: 64,
             workers: 1,
-            mode: PollMode::Busy,
+            mode: PollMode::default(),
+            spin: crate::worker::DEFAULT_SPIN,
             pin: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
+            memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             queue_config: QueueConfig::default(),
         }
     }
@@ -188,6 +203,8 @@ impl ServerConfig {
             ));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        // The device's limits apply to `max_window`; the memory limit may scale it down.
+        self.fitted_window(1, self.max_window)?;
         let (send, recv, _) = server_depths(self.max_window);
         validate_sizes(
             "use a smaller ServerConfig.max_window or ServerConfig.msg_size",
@@ -197,6 +214,30 @@ impl ServerConfig {
             self.msg_size,
             caps,
         )
+    }
+}
+
+impl ServerConfig {
+    /// The window for a connection of `queues` queues asking for `window` (already clamped to
+    /// `max_window`), scaled down until its buffers fit `memory_limit`.
+    fn fitted_window(&self, queues: usize, window: u32) -> Result<u32, RpcError> {
+        let depths = |w| {
+            let (s, r, _) = server_depths(w);
+            (s, r)
+        };
+        fit_window(window, queues, self.msg_size, self.memory_limit, depths).ok_or_else(|| {
+            bad_field(
+                "ServerConfig.memory_limit",
+                format_args!(
+                    "is {} bytes, but {queues} queue(s) of {}-byte messages need {} bytes of registered buffers \
+                     even at a window of 1: raise ServerConfig.memory_limit, or use a smaller \
+                     ServerConfig.msg_size (or fewer queues)",
+                    self.memory_limit,
+                    self.msg_size,
+                    buffer_bytes(queues, depths(1), self.msg_size)
+                ),
+            )
+        })
     }
 }
 
@@ -232,6 +273,9 @@ pub struct ServerStats {
     /// Handlers that panicked. Each panic was contained on the worker: a request the handler
     /// still held was answered SERVER_DECLINE, and the worker went on serving.
     pub handler_panics: u64,
+    /// TCP connections dropped because their handshake did not complete within
+    /// [`ServerConfig::handshake_timeout`] (e.g. a client that connected and sent nothing).
+    pub handshake_timeouts: u64,
 }
 
 #[derive(Default)]
@@ -246,6 +290,7 @@ struct Counters {
     protocol_errors: AtomicU64,
     failed_replies: AtomicU64,
     handler_panics: AtomicU64,
+    handshake_timeouts: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -864,6 +909,8 @@ impl<D: Device + Clone> Server<D> {
         config.validate(&device.caps())?;
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
         let local = listener.local_addr().map_err(control::ControlError::from)?;
+        // The control loop polls it with the pending handshakes and accepts until it would block.
+        listener.set_nonblocking(true).map_err(control::ControlError::from)?;
         let workers = if config.workers == 0 {
             None
         } else {
@@ -871,6 +918,7 @@ impl<D: Device + Clone> Server<D> {
                 WorkerGroup::new(WorkerConfig {
                     threads: config.workers,
                     mode: config.mode,
+                    spin: config.spin,
                     pin: config.pin.clone(),
                     name: format!("bypass-{}", config.name),
                 })
@@ -912,6 +960,18 @@ impl<D: Device + Clone> Server<D> {
         lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).count()
     }
 
+    /// The counters of the server's worker threads (sleeps and wake-ups); all zero with
+    /// `workers: 0`.
+    pub fn worker_stats(&self) -> crate::WorkerStats {
+        self.inner.workers.as_ref().map(WorkerGroup::stats).unwrap_or_default()
+    }
+
+    /// Bytes of registered buffers over all open connections (each at most
+    /// [`ServerConfig::memory_limit`]).
+    pub fn registered_bytes(&self) -> u64 {
+        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered).sum()
+    }
+
     /// Send contexts in use over all open connections (0 when idle: nothing leaked).
     pub fn tx_in_use(&self) -> usize {
         lock(&self.inner.conns).iter().map(|c| c.ep.tx.in_use()).sum()
@@ -932,6 +992,7 @@ impl<D: Device + Clone> Server<D> {
             protocol_errors: l(&c.protocol_errors),
             failed_replies: l(&c.failed_replies),
             handler_panics: l(&c.handler_panics),
+            handshake_timeouts: l(&c.handshake_timeouts),
         }
     }
 
@@ -941,7 +1002,7 @@ impl<D: Device + Clone> Server<D> {
         if self.inner.shutdown.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Wake the acceptor blocked in accept().
+        // Wake the control loop waiting in poll(2).
         let _ = TcpStream::connect_timeout(&self.inner.addr, Duration::from_secs(1));
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
@@ -958,58 +1019,169 @@ impl<D: Device + Clone> Drop for Server<D> {
     }
 }
 
+/// Most handshakes in progress at once. Past it the acceptor stops accepting for a while, and
+/// new connections wait in the kernel's listen backlog until a pending handshake ends (answered,
+/// refused, or timed out).
+const MAX_PENDING_HANDSHAKES: usize = 1024;
+
+/// A handshake in progress, and the connection its `decide` step opened (closed again if the
+/// answer cannot be delivered).
+struct PendingHandshake<D: Device + Clone> {
+    hs: control::Handshake,
+    made: Option<Arc<Conn<D>>>,
+}
+
+/// The control-plane loop of a server: one thread runs every handshake at once over
+/// non-blocking sockets, waiting in `poll(2)` on the listening socket and on each pending
+/// stream, so a client that connects and sends nothing (or trickles its hello) delays nobody; it
+/// is dropped when its `handshake_timeout` runs out. Opening a connection's endpoint (queues,
+/// registration) runs on this thread too: it is bounded local work, not a wait on a peer.
 fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInner<D>>) {
-    for stream in listener.incoming() {
-        let Some(inner) = server.upgrade() else { return };
-        if inner.shutdown.load(Ordering::Acquire) {
+    use std::os::fd::AsRawFd;
+    let mut pending: Vec<PendingHandshake<D>> = Vec::new();
+    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        let listening = pending.len() < MAX_PENDING_HANDSHAKES;
+        pfds.clear();
+        pfds.push(libc::pollfd {
+            fd: if listening { listener.as_raw_fd() } else { -1 },
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        for p in &pending {
+            let events = if p.hs.wants_write() { libc::POLLOUT } else { libc::POLLIN };
+            pfds.push(libc::pollfd { fd: p.hs.fd(), events, revents: 0 });
+        }
+        // Until the first handshake expires (rounded up to a whole millisecond), at most 1 s.
+        let wait = pending.iter().map(|p| p.hs.time_left()).min().unwrap_or(Duration::from_secs(1));
+        let wait_ms = wait.as_micros().div_ceil(1000).clamp(1, 1000) as libc::c_int;
+        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait_ms) };
+        if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            eprintln!(
+                "bypass: the server's control loop failed in poll(2): {}",
+                std::io::Error::last_os_error()
+            );
             return;
         }
-        let Ok(mut stream) = stream else { continue };
-        // Two more handles on the stream: one for the thread that watches it, one to shut it
-        // down when the connection closes.
-        let (Ok(watch), Ok(ctl)) = (stream.try_clone(), stream.try_clone()) else { continue };
-        let mut watch = Some(watch);
-        let mut made: Option<Arc<Conn<D>>> = None;
-        let result =
-            control::accept(&mut stream, &inner.config.name, inner.config.handshake_timeout, |hello| {
-                let conn = inner.open(hello).map_err(|e| e.to_string())?;
-                let reply = ServerHello {
-                    version: CONTROL_VERSION,
-                    server_name: inner.config.name.clone(),
-                    channel_id: conn.channel_id,
-                    credits: conn.window,
-                    max_msg: conn.ep.msg_size as u32,
-                    queues: conn.ep.infos(),
-                };
-                // Everything is in place before the client hears back: its first request may
-                // follow at once.
-                *lock(&conn.control) = Some(ctl);
-                let weak = Arc::downgrade(&conn);
-                let mut watch = watch.take().ok_or("internal: no stream to watch")?;
-                spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
-                    control::wait_closed(&mut watch);
-                    if let Some(c) = weak.upgrade() {
-                        c.close();
-                    }
-                })
-                .map_err(|e| format!("cannot start a thread: {e}"))?;
-                {
-                    let mut conns = lock(&inner.conns);
-                    conns.retain(|c| !c.ep.is_closed());
-                    conns.push(conn.clone());
+        let Some(inner) = server.upgrade() else { return };
+        if inner.shutdown.load(Ordering::Acquire) {
+            for p in pending.drain(..) {
+                if let Some(c) = p.made {
+                    c.close();
                 }
-                if let Some(w) = &inner.workers {
-                    w.add(Arc::new(ConnHandle(conn.clone())));
-                }
-                made = Some(conn);
-                Ok(reply)
-            });
-        let Some(conn) = made else { continue };
-        if result.is_err() {
-            conn.close();
-            continue;
+            }
+            return;
         }
-        bump(&inner.counters.connections);
+        // Streams that became ready (walking backwards: `swap_remove` brings in one already seen).
+        for i in (0..pending.len().min(pfds.len() - 1)).rev() {
+            if rc > 0 && pfds[i + 1].revents != 0 {
+                if let Some(ok) = inner.drive(&mut pending[i]) {
+                    inner.finish(pending.swap_remove(i), ok);
+                }
+            }
+        }
+        // Handshakes out of time: dropping the stream closes it.
+        pending.retain_mut(|p| {
+            if !p.hs.time_left().is_zero() {
+                return true;
+            }
+            bump(&inner.counters.handshake_timeouts);
+            if let Some(c) = p.made.take() {
+                c.close();
+            }
+            false
+        });
+        if rc > 0 && pfds[0].revents != 0 {
+            while pending.len() < MAX_PENDING_HANDSHAKES {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let Ok(hs) = control::Handshake::new(stream, inner.config.handshake_timeout) else {
+                            continue;
+                        };
+                        let mut p = PendingHandshake { hs, made: None };
+                        // Its hello may be there already.
+                        match inner.drive(&mut p) {
+                            None => pending.push(p),
+                            Some(ok) => inner.finish(p, ok),
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // WouldBlock: nothing more to accept now. Other errors (e.g. out of file
+                    // descriptors, a connection reset while queued) concern one connection.
+                    Err(_) => break,
+                }
+            }
+        }
+    }
+}
+
+impl<D: Device + Clone> ServerInner<D> {
+    /// Moves one handshake on as far as its socket allows; its outcome once it is over (then
+    /// hand it to [`ServerInner::finish`]).
+    fn drive(&self, p: &mut PendingHandshake<D>) -> Option<bool> {
+        let made = &mut p.made;
+        match p.hs.advance(&self.config.name, |hello, stream| self.decide(hello, stream, made)) {
+            control::HandshakeStep::Pending => None,
+            control::HandshakeStep::Done(result) => Some(result.is_ok()),
+        }
+    }
+
+    /// Ends a handshake: a connection whose answer went out is watched from now on; one whose
+    /// answer could not be delivered is closed again.
+    fn finish(&self, p: PendingHandshake<D>, ok: bool) {
+        let Some(conn) = p.made else { return };
+        if ok && self.watch(p.hs, &conn).is_ok() {
+            bump(&self.counters.connections);
+        } else {
+            conn.close();
+        }
+    }
+
+    /// Starts the thread that closes `conn` when the client's stream closes.
+    fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
+        let mut stream = hs.into_stream()?;
+        let weak = Arc::downgrade(conn);
+        spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
+            control::wait_closed(&mut stream);
+            if let Some(c) = weak.upgrade() {
+                c.close();
+            }
+        })
+        .map_err(control::ControlError::from)?;
+        Ok(())
+    }
+
+    /// Opens the connection a valid hello asks for and puts it in service (with the workers)
+    /// before the client hears back: its first request may follow the answer at once.
+    fn decide(
+        &self,
+        hello: &control::ClientHello,
+        stream: &TcpStream,
+        made: &mut Option<Arc<Conn<D>>>,
+    ) -> Result<ServerHello, String> {
+        let conn = self.open(hello).map_err(|e| e.to_string())?;
+        let reply = ServerHello {
+            version: CONTROL_VERSION,
+            server_name: self.config.name.clone(),
+            channel_id: conn.channel_id,
+            credits: conn.window,
+            max_msg: conn.ep.msg_size as u32,
+            queues: conn.ep.infos(),
+        };
+        // A handle to shut the stream down when the connection closes.
+        let ctl = stream.try_clone().map_err(|e| format!("cannot clone the control stream: {e}"))?;
+        *lock(&conn.control) = Some(ctl);
+        {
+            let mut conns = lock(&self.conns);
+            conns.retain(|c| !c.ep.is_closed());
+            conns.push(conn.clone());
+        }
+        if let Some(w) = &self.workers {
+            w.add(Arc::new(ConnHandle(conn.clone())));
+        }
+        *made = Some(conn);
+        Ok(reply)
     }
 }
 
@@ -1028,7 +1200,7 @@ impl<D: Device + Clone> ServerInner<D> {
                 hello.max_msg
             )));
         }
-        let window = hello.window.clamp(1, self.config.max_window);
+        let window = self.config.fitted_window(n, hello.window.clamp(1, self.config.max_window))?;
         let (send_depth, recv_depth, repost_batch) = server_depths(window);
         let sizes = Sizes {
             queues: n,

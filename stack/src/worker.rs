@@ -2,16 +2,22 @@
 //!
 //! Each worker owns a list of [`Pollable`]s (new ones are spread round-robin over the workers)
 //! and loops over them. In [`PollMode::Busy`] it never sleeps: lowest latency, one core per
-//! worker. In [`PollMode::Event`] a worker that found nothing to do for a while arms every
+//! worker. In [`PollMode::Event`] a worker that found nothing to do for 64 rounds arms every
 //! completion queue it serves, polls once more (a completion that arrived before the arm raises
-//! no event), and sleeps in `poll(2)` on the CQs' event file descriptors until one fires (or
-//! 10 ms pass, to pick up new connections and notice shutdown).
+//! no event), and sleeps in `poll(2)` on the CQs' event file descriptors until one fires.
+//! [`PollMode::Adaptive`], the default, does the same after spinning for
+//! [`WorkerConfig::spin`] ([`DEFAULT_SPIN`]) since the last completion: back-to-back traffic is
+//! served at busy-polling latency, and an idle worker costs no CPU; the first message after an
+//! idle spell pays for the wake-up. A sleeping worker also wakes when a target is added or the
+//! group stops (its own eventfd), and at the latest after 100 ms. [`WorkerGroup::stats`] counts
+//! the sleeps and wake-ups.
 
 use crate::endpoint::lock;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// Something a worker polls: a client channel or a server connection.
 pub trait Pollable: Send + Sync {
@@ -29,38 +35,132 @@ pub trait Pollable: Send + Sync {
     fn ack_events(&self);
 }
 
-/// Busy polling or sleeping on completion events.
+/// Busy polling, sleeping on completion events, or spinning briefly and then sleeping.
+///
+/// The trade-off is the latency of the first message after an idle spell against the CPU an
+/// idle worker burns. A sleeping worker is woken by the CQ's event fd: the first completion after
+/// a sleep pays for the interrupt/eventfd wake-up and the thread being scheduled again (a few to
+/// tens of microseconds, more on a loaded machine); messages that follow while the worker spins
+/// pay nothing extra.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PollMode {
-    /// Spin on the completion queues (lowest latency; the worker uses a whole core).
-    #[default]
+    /// Spin on the completion queues and never sleep (lowest latency, even after idle spells;
+    /// the worker uses a whole core as long as it has anything to poll).
     Busy,
-    /// Sleep on the completion queues' event fds when idle.
+    /// Sleep on the completion queues' event fds after 64 empty rounds (least CPU; nearly every
+    /// message after a pause pays for a wake-up).
     Event,
+    /// The default: spin for [`WorkerConfig::spin`] (and at least 64 empty rounds) after the
+    /// last completion, then arm the CQs, poll once more and sleep on their event fds. Back-to-
+    /// back traffic stays within the spin phase and sees busy-polling latency; an idle worker
+    /// sleeps.
+    #[default]
+    Adaptive,
 }
 
+/// How long an [`PollMode::Adaptive`] worker spins after its last completion before it sleeps.
+pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
+
+/// Longest a sleeping worker stays in `poll(2)` before it looks again (new targets and shutdown
+/// wake it at once through its own event fd; this bounds the wait for anything else, e.g. a
+/// target whose CQ could not be armed).
+const MAX_SLEEP_MS: libc::c_int = 100;
+
 /// How a [`WorkerGroup`] is set up.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct WorkerConfig {
     /// Number of threads (at least 1).
     pub threads: usize,
-    /// Busy or event mode.
+    /// Busy, event or adaptive mode.
     pub mode: PollMode,
+    /// [`PollMode::Adaptive`]: how long to spin after the last completion before sleeping
+    /// (default [`DEFAULT_SPIN`]). Ignored by the other modes.
+    pub spin: Duration,
     /// CPUs to pin the threads to: thread `i` goes to `pin[i % pin.len()]`; empty: no pinning.
     pub pin: Vec<usize>,
     /// Thread name prefix.
     pub name: String,
 }
 
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            threads: 1,
+            mode: PollMode::default(),
+            spin: DEFAULT_SPIN,
+            pin: Vec::new(),
+            name: String::new(),
+        }
+    }
+}
+
+/// Counters of a [`WorkerGroup`] (all its threads).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// Times a worker went to sleep in `poll(2)` (after arming its CQs and finding nothing).
+    pub sleeps: u64,
+    /// Sleeps ended by an event fd: a completion event, or the group's own wake-up (a new target,
+    /// shutdown).
+    pub wakeups: u64,
+    /// Sleeps that ended at their time limit with no event.
+    pub sleep_timeouts: u64,
+    /// Times a worker armed its CQs but found a completion on its last look, so did not sleep
+    /// (a completion that arrived just before the arm).
+    pub sleeps_avoided: u64,
+}
+
+#[derive(Default)]
+struct StatCounters {
+    sleeps: AtomicU64,
+    wakeups: AtomicU64,
+    sleep_timeouts: AtomicU64,
+    sleeps_avoided: AtomicU64,
+}
+
 struct Slot {
     list: Mutex<Vec<Arc<dyn Pollable>>>,
     version: AtomicU64,
+    /// Written by [`WorkerGroup::add`] and by shutdown, so a sleeping worker looks at once.
+    wake: WakeFd,
 }
 
 struct Shared {
     stop: AtomicBool,
     slots: Vec<Slot>,
     next: AtomicUsize,
+    stats: StatCounters,
+}
+
+/// A non-blocking eventfd a worker sleeps on besides its CQs' event fds.
+struct WakeFd(OwnedFd);
+
+impl WakeFd {
+    fn new() -> std::io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; the flags are valid.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by eventfd, is open, and nothing else owns it.
+        Ok(WakeFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter (EAGAIN)
+        // already means "wake up".
+        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
+    }
+
+    fn clear(&self) {
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own.
+        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
+    }
 }
 
 /// A set of polling threads. Dropping it stops and joins them.
@@ -79,45 +179,66 @@ impl WorkerGroup {
     /// Starts `config.threads` workers.
     pub fn new(config: WorkerConfig) -> std::io::Result<Self> {
         let n = config.threads.max(1);
+        let slots = (0..n)
+            .map(|_| {
+                Ok(Slot { list: Mutex::new(Vec::new()), version: AtomicU64::new(0), wake: WakeFd::new()? })
+            })
+            .collect::<std::io::Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
-            slots: (0..n)
-                .map(|_| Slot { list: Mutex::new(Vec::new()), version: AtomicU64::new(0) })
-                .collect(),
+            slots,
             next: AtomicUsize::new(0),
+            stats: StatCounters::default(),
         });
-        let mut threads = Vec::with_capacity(n);
+        let mut group = WorkerGroup { shared: shared.clone(), threads: Vec::with_capacity(n) };
         for i in 0..n {
             let shared = shared.clone();
             let cpu = (!config.pin.is_empty()).then(|| config.pin[i % config.pin.len()]);
-            let mode = config.mode;
+            let (mode, spin) = (config.mode, config.spin);
             let name = if config.name.is_empty() { "bypass-worker" } else { &config.name };
-            threads.push(
+            // On failure, dropping `group` stops and joins the threads already started.
+            group.threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
-                    .spawn(move || run(&shared, i, mode, cpu))?,
+                    .spawn(move || run(&shared, i, mode, spin, cpu))?,
             );
         }
-        Ok(WorkerGroup { shared, threads })
+        Ok(group)
     }
 
-    /// Hands `target` to one of the workers (round-robin).
+    /// Hands `target` to one of the workers (round-robin), waking it if it sleeps.
     pub fn add(&self, target: Arc<dyn Pollable>) {
         let i = self.shared.next.fetch_add(1, Ordering::Relaxed) % self.shared.slots.len();
         let slot = &self.shared.slots[i];
         lock(&slot.list).push(target);
         slot.version.fetch_add(1, Ordering::Release);
+        slot.wake.signal();
     }
 
     /// Number of worker threads.
     pub fn threads(&self) -> usize {
         self.threads.len()
     }
+
+    /// The counters of all the group's threads.
+    pub fn stats(&self) -> WorkerStats {
+        let s = &self.shared.stats;
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        WorkerStats {
+            sleeps: l(&s.sleeps),
+            wakeups: l(&s.wakeups),
+            sleep_timeouts: l(&s.sleep_timeouts),
+            sleeps_avoided: l(&s.sleeps_avoided),
+        }
+    }
 }
 
 impl Drop for WorkerGroup {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
+        for slot in &self.shared.slots {
+            slot.wake.signal();
+        }
         for t in self.threads.drain(..) {
             t.thread().unpark();
             let _ = t.join();
@@ -154,7 +275,7 @@ pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-fn run(shared: &Shared, i: usize, mode: PollMode, cpu: Option<usize>) {
+fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<usize>) {
     if let Some(cpu) = cpu {
         if let Err(e) = pin_current_thread(cpu) {
             eprintln!("bypass: worker {i} could not be pinned to CPU {cpu}: {e}; running unpinned");
@@ -163,8 +284,10 @@ fn run(shared: &Shared, i: usize, mode: PollMode, cpu: Option<usize>) {
     let slot = &shared.slots[i];
     let mut seen = u64::MAX;
     let mut targets: Vec<Arc<dyn Pollable>> = Vec::new();
-    let mut fds: Vec<RawFd> = Vec::new();
+    let mut sleeper = Sleeper::default();
     let mut idle = 0u32;
+    // Adaptive: when the current idle spell began (set at its 64th empty round).
+    let mut idle_since: Option<Instant> = None;
     while !shared.stop.load(Ordering::Acquire) {
         let v = slot.version.load(Ordering::Acquire);
         if v != seen {
@@ -179,9 +302,10 @@ fn run(shared: &Shared, i: usize, mode: PollMode, cpu: Option<usize>) {
         }
         if n > 0 {
             idle = 0;
+            idle_since = None;
             continue;
         }
-        idle += 1;
+        idle = idle.wrapping_add(1);
         if idle % 64 == 0 {
             for t in &targets {
                 t.progress();
@@ -204,30 +328,64 @@ fn run(shared: &Shared, i: usize, mode: PollMode, cpu: Option<usize>) {
             }
             PollMode::Event if idle >= 64 => {
                 idle = 0;
-                sleep_on_events(&targets, &mut fds);
+                sleeper.sleep(shared, slot, &targets);
             }
-            PollMode::Event => std::hint::spin_loop(),
+            PollMode::Adaptive if idle % 64 == 0 => {
+                // Read the clock only every 64 empty rounds (the spin phase costs no syscall but
+                // a yield, as in busy mode, so a thread sharing the CPU — often the caller whose
+                // next request we wait for — gets to run).
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= spin {
+                    idle = 0;
+                    idle_since = None;
+                    sleeper.sleep(shared, slot, &targets);
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            PollMode::Event | PollMode::Adaptive => std::hint::spin_loop(),
         }
     }
 }
 
-fn sleep_on_events(targets: &[Arc<dyn Pollable>], fds: &mut Vec<RawFd>) {
-    if !targets.iter().all(|t| t.arm()) {
-        return;
-    }
-    // Completions that arrived before arming raise no event: look once more.
-    if targets.iter().map(|t| t.poll()).sum::<usize>() > 0 {
-        return;
-    }
-    fds.clear();
-    for t in targets {
-        t.event_fds(fds);
-    }
-    let mut pfds: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
-    let _ = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 10) };
-    for t in targets {
-        t.ack_events();
+/// The buffers of a worker's sleeps, reused from one to the next.
+#[derive(Default)]
+struct Sleeper {
+    fds: Vec<RawFd>,
+    pfds: Vec<libc::pollfd>,
+}
+
+impl Sleeper {
+    /// Arms every target's CQs, looks once more, and sleeps on their event fds and the worker's
+    /// wake-up fd until one fires or [`MAX_SLEEP_MS`] pass.
+    fn sleep(&mut self, shared: &Shared, slot: &Slot, targets: &[Arc<dyn Pollable>]) {
+        if !targets.iter().all(|t| t.arm()) {
+            return;
+        }
+        // Completions that arrived before arming raise no event (the hal's contract): look once
+        // more, after the arm, so none is left behind while we sleep.
+        if targets.iter().map(|t| t.poll()).sum::<usize>() > 0 {
+            shared.stats.sleeps_avoided.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.fds.clear();
+        for t in targets {
+            t.event_fds(&mut self.fds);
+        }
+        self.fds.push(slot.wake.raw());
+        self.pfds.clear();
+        self.pfds.extend(self.fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
+        let rc = unsafe { libc::poll(self.pfds.as_mut_ptr(), self.pfds.len() as libc::nfds_t, MAX_SLEEP_MS) };
+        if rc > 0 {
+            shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
+        } else if rc == 0 {
+            shared.stats.sleep_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+        slot.wake.clear();
+        for t in targets {
+            t.ack_events();
+        }
     }
 }

@@ -1269,8 +1269,8 @@ fn client_worker_group(eng: Eng) {
     let wg = WorkerGroup::new(WorkerConfig {
         threads: 1,
         mode: if eng == Eng::Stepped { PollMode::Busy } else { PollMode::Event },
-        pin: Vec::new(),
         name: "e2e-client".into(),
+        ..Default::default()
     })
     .expect("client worker group");
     assert_eq!(wg.threads(), 1);
