@@ -423,7 +423,8 @@ impl CompletionQueue for SimCq {
                     self.frees.push((last, recv, cqe.wqe_index.wrapping_add(1)));
                     (id, current)
                 }
-                None => (0, true),
+                // A CQE of a queue already destroyed: nobody can own it (verbs drops these too).
+                None => (0, false),
             };
             if !current {
                 continue;

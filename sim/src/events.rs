@@ -81,9 +81,17 @@ impl AsyncEvents {
         Ok(AsyncEvents { event: EventFd::new()?, pending: Mutex::new(VecDeque::new()) })
     }
 
+    /// Most events kept for a user who never reads them; beyond it the oldest are dropped.
+    const MAX_PENDING: usize = 1024;
+
     /// Device side (cold: only on errors).
     pub(crate) fn push(&self, e: AsyncEvent) {
-        sync::lock(&self.pending).push_back(e);
+        let mut pending = sync::lock(&self.pending);
+        if pending.len() >= Self::MAX_PENDING {
+            pending.pop_front();
+        }
+        pending.push_back(e);
+        drop(pending);
         self.event.signal();
     }
 

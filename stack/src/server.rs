@@ -276,6 +276,9 @@ pub struct ServerStats {
     /// TCP connections dropped because their handshake did not complete within
     /// [`ServerConfig::handshake_timeout`] (e.g. a client that connected and sent nothing).
     pub handshake_timeouts: u64,
+    /// Times accepting paused for 100 ms because the process ran out of file descriptors
+    /// (`EMFILE`/`ENFILE`); the kernel kept the waiting connections in its backlog.
+    pub accept_pauses: u64,
 }
 
 #[derive(Default)]
@@ -291,6 +294,7 @@ struct Counters {
     failed_replies: AtomicU64,
     handler_panics: AtomicU64,
     handshake_timeouts: AtomicU64,
+    accept_pauses: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -993,6 +997,7 @@ impl<D: Device + Clone> Server<D> {
             failed_replies: l(&c.failed_replies),
             handler_panics: l(&c.handler_panics),
             handshake_timeouts: l(&c.handshake_timeouts),
+            accept_pauses: l(&c.accept_pauses),
         }
     }
 
@@ -1040,8 +1045,14 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
     use std::os::fd::AsRawFd;
     let mut pending: Vec<PendingHandshake<D>> = Vec::new();
     let mut pfds: Vec<libc::pollfd> = Vec::new();
+    // Out of file descriptors: the listener stays readable while accept(2) keeps failing, so it
+    // is left out of the poll set until this instant instead of spinning on it.
+    let mut accept_paused_until: Option<std::time::Instant> = None;
     loop {
-        let listening = pending.len() < MAX_PENDING_HANDSHAKES;
+        if accept_paused_until.is_some_and(|t| std::time::Instant::now() >= t) {
+            accept_paused_until = None;
+        }
+        let listening = pending.len() < MAX_PENDING_HANDSHAKES && accept_paused_until.is_none();
         pfds.clear();
         pfds.push(libc::pollfd {
             fd: if listening { listener.as_raw_fd() } else { -1 },
@@ -1052,8 +1063,11 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
             let events = if p.hs.wants_write() { libc::POLLOUT } else { libc::POLLIN };
             pfds.push(libc::pollfd { fd: p.hs.fd(), events, revents: 0 });
         }
-        // Until the first handshake expires (rounded up to a whole millisecond), at most 1 s.
-        let wait = pending.iter().map(|p| p.hs.time_left()).min().unwrap_or(Duration::from_secs(1));
+        // Until the first handshake expires (rounded up to a whole millisecond) or accepting
+        // resumes, at most 1 s.
+        let resume = accept_paused_until.map(|t| t.saturating_duration_since(std::time::Instant::now()));
+        let wait =
+            pending.iter().map(|p| p.hs.time_left()).chain(resume).min().unwrap_or(Duration::from_secs(1));
         let wait_ms = wait.as_micros().div_ceil(1000).clamp(1, 1000) as libc::c_int;
         // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
         let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait_ms) };
@@ -1107,8 +1121,15 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
                         }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    // WouldBlock: nothing more to accept now. Other errors (e.g. out of file
-                    // descriptors, a connection reset while queued) concern one connection.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        // Out of descriptors: pause accepting (the kernel keeps the backlog)
+                        // until handshakes end or 100 ms pass, rather than spin on poll(2).
+                        bump(&inner.counters.accept_pauses);
+                        accept_paused_until = Some(std::time::Instant::now() + Duration::from_millis(100));
+                        break;
+                    }
+                    // WouldBlock: nothing more to accept now. Other errors (a connection reset
+                    // while queued) concern one connection.
                     Err(_) => break,
                 }
             }

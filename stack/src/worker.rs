@@ -9,7 +9,8 @@
 //! [`WorkerConfig::spin`] ([`DEFAULT_SPIN`]) since the last completion: back-to-back traffic is
 //! served at busy-polling latency, and an idle worker costs no CPU; the first message after an
 //! idle spell pays for the wake-up. A sleeping worker also wakes when a target is added or the
-//! group stops (its own eventfd), and at the latest after 100 ms. [`WorkerGroup::stats`] counts
+//! group stops (its own eventfd), and at the latest after 10 ms (so the deadline of a call the
+//! worker delivers is noticed at most that late). [`WorkerGroup::stats`] counts
 //! the sleeps and wake-ups.
 
 use crate::endpoint::lock;
@@ -62,9 +63,10 @@ pub enum PollMode {
 pub const DEFAULT_SPIN: Duration = Duration::from_millis(1);
 
 /// Longest a sleeping worker stays in `poll(2)` before it looks again (new targets and shutdown
-/// wake it at once through its own event fd; this bounds the wait for anything else, e.g. a
-/// target whose CQ could not be armed).
-const MAX_SLEEP_MS: libc::c_int = 100;
+/// wake it at once through its own event fd; this bounds the wait for anything else: a target
+/// whose CQ could not be armed, and the deadlines of callback and future calls a worker delivers,
+/// which it checks when it polls — so such a call's `Timeout` comes at most this late).
+const MAX_SLEEP_MS: libc::c_int = 10;
 
 /// How a [`WorkerGroup`] is set up.
 #[derive(Debug, Clone)]

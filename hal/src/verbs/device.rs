@@ -111,6 +111,18 @@ impl Drop for Context {
     }
 }
 
+/// Whether `qp` is in the ERR state now (cold: only on a fatal async event).
+fn qp_in_error(qp: *mut ibv_qp) -> bool {
+    // SAFETY: plain-old-data out-structs, zero is a valid initial value.
+    let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+    // SAFETY: the QP is alive until its async event is acknowledged (the caller has not yet);
+    // the out-structs are valid.
+    let rc = unsafe { ibv_query_qp(qp, &mut attr, ibv_qp_attr_mask::IBV_QP_STATE.0 as i32, &mut init) };
+    rc == 0 && attr.qp_state == ibv_qp_state::IBV_QPS_ERR
+}
+
 /// The vendor id Soft-RoCE reports (`RXE_VENDOR_ID` in the kernel's `rxe_param.h`).
 const SOFT_ROCE_VENDOR_ID: u32 = 0x00FF_FFFF;
 
@@ -584,7 +596,11 @@ impl Device for VerbsDevice {
                 // SAFETY: as above; the QP's context pointer is the queue's shared state, which the
                 // queue keeps alive until after it destroys the QP.
                 let shared = unsafe { (*qp).qp_context }.cast::<super::qp::QueueShared>();
-                if !shared.is_null() && t != tables::event::QP_LAST_WQE_REACHED {
+                // Only the fatal kinds move a queue to ERROR (COMM_EST, SQ_DRAINED, PATH_MIG and
+                // LAST_WQE_REACHED are informational), and only if the QP really is in ERR now: an
+                // event of a queue's earlier life, read after a reset and reconnect, must not
+                // mark the new one failed.
+                if !shared.is_null() && tables::event::is_fatal_for_qp(t) && qp_in_error(qp) {
                     // SAFETY: see above.
                     unsafe { (*shared).device_error() };
                 }

@@ -191,13 +191,17 @@ impl QueueShared {
         }
         let (user_wr_id, op) = ring.get(index);
         let next = index.wrapping_add(1);
-        // Completions of one side arrive in order; never move the count backwards.
-        if (next.wrapping_sub(retired) as i32) > 0
-            && ring
-                .retired
+        // Completions of one side arrive in order; never move the count backwards. Either way the
+        // epoch is checked again after reading the side ring: a reset in between makes the entry
+        // read a stale one.
+        let moved = if (next.wrapping_sub(retired) as i32) > 0 {
+            ring.retired
                 .compare_exchange(cur, pack(epoch, next), Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
-        {
+        } else {
+            unpack(ring.retired.load(Ordering::Acquire)).0 != epoch
+        };
+        if moved {
             // A reset moved the epoch on between the load and now: the completion is stale.
             return None;
         }
@@ -621,7 +625,9 @@ impl Queue for VerbsQueue {
     fn reset(&mut self) -> Result<()> {
         self.enter_reset()?;
         // A new incarnation: completions of the old one that still arrive are dropped by epoch.
-        self.epoch = self.epoch.wrapping_add(1);
+        // Epochs come from the process-wide counter, so no two incarnations of any queues share
+        // one (a later queue may reuse this QPN on the same CQ).
+        self.epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
         self.send_head = 0;
         self.recv_head = 0;
         self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);

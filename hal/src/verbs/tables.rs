@@ -105,6 +105,11 @@ pub(crate) mod event {
         matches!(t, 1..=7 | QP_LAST_WQE_REACHED)
     }
 
+    /// The QP events that mean the queue went to ERROR.
+    pub fn is_fatal_for_qp(t: u32) -> bool {
+        matches!(t, QP_FATAL | QP_REQ_ERR | QP_ACCESS_ERR)
+    }
+
     /// Events whose element is a port number.
     pub fn has_port(t: u32) -> bool {
         // PORT_ACTIVE 9, PORT_ERR 10, LID_CHANGE 11, PKEY_CHANGE 12, SM_CHANGE 13,
