@@ -36,6 +36,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+mod one_sided;
+pub use one_sided::{LocalRange, OpFuture, OpOptions, MAX_SGES};
+
 const NO_DEADLINE: u64 = u64::MAX;
 const POLL_BATCH: usize = 16;
 
@@ -285,6 +288,8 @@ struct Pending {
     deadline: u64,
     /// When the call started on the trace clock, if recording ([`trace::now`]); else 0.
     traced_at: u64,
+    /// A one-sided operation (not a call): a queue failure leaves it to its own completion.
+    one_sided: bool,
 }
 
 /// The row of the client's trace events: the calling or completing thread, in group "client".
@@ -349,6 +354,9 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     table: ReqTable,
     credits: Box<[Credits]>,
     slots: Box<[CallSlot]>,
+    /// Per send context: the local regions a one-sided operation keeps alive until its work
+    /// request completed (only one-sided operations touch these).
+    held: Box<[Mutex<one_sided::Held<D::Region>>]>,
     channel_id: u32,
     max_request: usize,
     rr: AtomicUsize,
@@ -471,6 +479,14 @@ impl<D: Device + Clone> Channel<D> {
                 deadline: AtomicU64::new(NO_DEADLINE),
             })
             .collect();
+        // One-sided wr_ids tag bit 31 of the context index (see `one_sided`): indexes must stay below.
+        if ep.tx.capacity() as u64 >= one_sided::ONE_SIDED_TAG {
+            return Err(RpcError::InvalidArgument(format!(
+                "{} send contexts: at most 2^31",
+                ep.tx.capacity()
+            )));
+        }
+        let held = (0..ep.tx.capacity()).map(|_| Mutex::new(Default::default())).collect();
         let monitor = stream.try_clone().map_err(control::ControlError::from)?;
         let inner = Arc::new(ChannelInner {
             table,
@@ -479,6 +495,7 @@ impl<D: Device + Clone> Channel<D> {
                 .collect::<Result<_, _>>()
                 .map_err(|e| RpcError::InvalidArgument(e.to_string()))?,
             slots,
+            held,
             channel_id: server.channel_id,
             max_request: config.msg_size.min(server.max_msg as usize),
             rr: AtomicUsize::new(0),
@@ -609,6 +626,112 @@ impl<D: Device + Clone> Channel<D> {
         let shot = Arc::new(Oneshot::default());
         self.inner.start(opts, function, args, Sink::Shot(shot.clone()))?;
         Ok(CallFuture { shot })
+    }
+
+    /// A blocking one-sided RDMA WRITE: gathers `local` (in order) into the peer's region
+    /// `remote` at `remote_offset`, and returns once the peer's NIC has placed the bytes (see
+    /// the `one_sided` section of the crate docs for getting `remote` and for the errors).
+    pub fn write(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<(), RpcError> {
+        self.op_blocking(one_sided::OpKind::Write, local, remote, remote_offset, opts)
+    }
+
+    /// A blocking one-sided RDMA READ of the peer's region `remote` at `remote_offset`,
+    /// scattered into `local` (in order; the regions need [`hal::Access::LOCAL_WRITE`]). The
+    /// bytes are in `local` when this returns `Ok`.
+    pub fn read(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<(), RpcError> {
+        self.op_blocking(one_sided::OpKind::Read, local, remote, remote_offset, opts)
+    }
+
+    /// [`Channel::write`] whose outcome is passed to `callback` on the thread that completes it
+    /// (as for [`Channel::call_callback`]; if this returns an error, `callback` is not run).
+    pub fn write_callback(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+        callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
+    ) -> Result<(), RpcError> {
+        let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
+        self.inner.start_op(one_sided::OpKind::Write, local, remote, remote_offset, opts, Sink::Callback(cb))
+    }
+
+    /// [`Channel::read`] whose outcome is passed to `callback` (see [`Channel::write_callback`]).
+    pub fn read_callback(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+        callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
+    ) -> Result<(), RpcError> {
+        let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
+        self.inner.start_op(one_sided::OpKind::Read, local, remote, remote_offset, opts, Sink::Callback(cb))
+    }
+
+    /// Starts a [`Channel::write`] and returns a `Future` of its outcome ([`OpFuture`]).
+    pub fn write_future(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<OpFuture, RpcError> {
+        self.op_future(one_sided::OpKind::Write, local, remote, remote_offset, opts)
+    }
+
+    /// Starts a [`Channel::read`] and returns a `Future` of its outcome ([`OpFuture`]).
+    pub fn read_future(
+        &self,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<OpFuture, RpcError> {
+        self.op_future(one_sided::OpKind::Read, local, remote, remote_offset, opts)
+    }
+
+    fn op_blocking(
+        &self,
+        kind: one_sided::OpKind,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<(), RpcError> {
+        let shot = call::blocking_shot();
+        let start = self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()));
+        let result = start.and_then(|()| {
+            self.wait(&shot);
+            shot.take_into(&mut Vec::new()).unwrap_or(Err(RpcError::Closed))
+        });
+        call::recycle_shot(shot);
+        result
+    }
+
+    fn op_future(
+        &self,
+        kind: one_sided::OpKind,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+    ) -> Result<OpFuture, RpcError> {
+        let shot = Arc::new(Oneshot::default());
+        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()))?;
+        Ok(OpFuture(CallFuture { shot }))
     }
 
     fn wait(&self, shot: &Oneshot) {
@@ -841,8 +964,16 @@ impl<D: Device + Clone> ChannelInner<D> {
         let slot = &self.slots[h.index as usize];
         let traced_at =
             if trace::is_enabled() { trace_call_start(function, req_id, opts.mode, q) } else { 0 };
-        *lock(&slot.pending) =
-            Some(Pending { sink, req_id, queue: q, function, mode: opts.mode, deadline, traced_at });
+        *lock(&slot.pending) = Some(Pending {
+            sink,
+            req_id,
+            queue: q,
+            function,
+            mode: opts.mode,
+            deadline,
+            traced_at,
+            one_sided: false,
+        });
         slot.handle.store(h.to_u64(), Ordering::Release);
         if let Err(e) = self.ep.post_send(q, h, len) {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
@@ -1052,7 +1183,12 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     fn on_send(&self, c: &Completion) {
-        let h = TxHandle::from_u64(c.wr_id);
+        let (h, one_sided) = one_sided::split_wr_id(c.wr_id);
+        if one_sided {
+            // The device is done with the operation's local memory (before the context can pass
+            // to another user below).
+            self.release_held(h.index);
+        }
         if c.status.is_ok() {
             if self.ep.tx.mode(h) == Ok(CallMode::EarlyRsp) && self.ep.tx.claim_completion(h) == Ok(true) {
                 if let Some(p) = self.take_pending(h) {
@@ -1062,7 +1198,14 @@ impl<D: Device + Clone> ChannelInner<D> {
             let _ = self.ep.tx.complete(h, Event::SendCqe);
             return;
         }
-        let err = if self.ep.is_closed() { RpcError::Closed } else { RpcError::Queue(c.status) };
+        let err = if one_sided && c.status != hal::Status::Flushed {
+            // The operation's own error names its cause even if the channel closed because of it.
+            one_sided::error_of(c.status)
+        } else if self.ep.is_closed() {
+            RpcError::Closed
+        } else {
+            RpcError::Queue(c.status)
+        };
         self.finish_claimed(h, err, None);
         let reason =
             if c.status == hal::Status::Flushed { FailReason::Flushed } else { FailReason::SendError };
@@ -1152,7 +1295,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         let closed = self.ep.is_closed();
         let make = || if closed { RpcError::Closed } else { RpcError::Queue(status) };
-        self.fail_calls(&|p: &Pending| p.queue == q, &make, FailReason::Cancelled);
+        // One-sided operations are left to their own completions: the queue is in ERROR, so the
+        // device completes each (the culprit with its error, the others flushed), which names
+        // the cause rather than whichever completion happened to be polled first.
+        self.fail_calls(&|p: &Pending| p.queue == q && !p.one_sided, &make, FailReason::Cancelled);
         if self.ep.ready_queues() == 0 {
             self.close();
         }
@@ -1162,7 +1308,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         if !self.ep.mark_closed() {
             return;
         }
-        self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
+        // One-sided operations are left to their own completions (collected below: failing the
+        // queues completes every work request, with its error or flushed), so an operation whose
+        // error closed the channel still reports that error; flushed ones end `Closed`.
+        self.fail_calls(&|p| !p.one_sided, &|| RpcError::Closed, FailReason::Cancelled);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
@@ -1179,6 +1328,8 @@ impl<D: Device + Clone> ChannelInner<D> {
                 std::thread::yield_now();
             }
         }
+        // Whatever is still waiting for its own completion ends now, exactly once.
+        self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
     }
 }
 

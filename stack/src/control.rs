@@ -1015,8 +1015,9 @@ fn respond(
 /// What [`Handshake::advance`] reached.
 #[derive(Debug)]
 pub enum HandshakeStep {
-    /// Waiting for the socket: poll [`Handshake::fd`] for [`Handshake::events`] (until
-    /// [`Handshake::deadline`]) and call `advance` again.
+    /// Waiting for the socket: poll [`Handshake::fd`] for reading, or for writing when
+    /// [`Handshake::wants_write`] (for at most [`Handshake::time_left`]), and call `advance`
+    /// again.
     Pending,
     /// Finished: the client's hello, or why the handshake failed (the client was sent a reject
     /// where [`accept`] would send one). On success the stream is ready for
@@ -1035,7 +1036,7 @@ enum HsState {
 /// at once (`poll(2)` over their [`fd`](Handshake::fd)s): the same checks, answers and errors
 /// as [`accept`], but no call ever blocks, so a silent or slow client delays no other. The
 /// client's frame must arrive within the timeout, and the answer must then be written within
-/// another; the loop enforces [`Handshake::deadline`] (an expired handshake is simply dropped,
+/// another; the loop enforces them with [`Handshake::time_left`] (an expired handshake is simply dropped,
 /// which closes the stream, as [`accept`] does on a timeout).
 pub struct Handshake {
     stream: TcpStream,

@@ -22,7 +22,7 @@
 
 use crate::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
-    RecvWr, SendWr, Sge,
+    RecvWr, SendOp, SendWr, Sge, WrFlags,
 };
 use crate::tx_ctx::{TxHandle, TxSlab};
 use crate::RpcError;
@@ -208,6 +208,8 @@ pub(crate) struct Endpoint<D: Device> {
     send_region: D::Region,
     recv_region: D::Region,
     pub(crate) msg_size: usize,
+    /// SGEs per send-side work request the queues were created with.
+    pub(crate) max_send_sge: usize,
     recv_depth: u32,
     repost_batch: usize,
     /// Bytes registered for the send and receive buffers.
@@ -254,7 +256,8 @@ impl<D: Device + Clone> Endpoint<D> {
             let mut c = s.queue_config;
             c.send_depth = tx_capacity as u32;
             c.recv_depth = s.recv_depth;
-            c.max_send_sge = 1;
+            // Gather/scatter lists of one-sided operations; messages use one SGE.
+            c.max_send_sge = caps.max_send_sge.clamp(1, crate::client::MAX_SGES as u32);
             c.max_recv_sge = 1;
             c
         };
@@ -283,6 +286,7 @@ impl<D: Device + Clone> Endpoint<D> {
             send_region,
             recv_region,
             msg_size: s.msg_size,
+            max_send_sge: config.max_send_sge as usize,
             recv_depth: s.recv_depth,
             repost_batch: s.repost_batch.clamp(1, MAX_REPOST_BATCH),
             closed: AtomicBool::new(false),
@@ -410,6 +414,14 @@ impl<D: Device + Clone> Endpoint<D> {
         let sge = self.send_region.sge(tx.index as usize * self.msg_size, len)?;
         let mut queue = lock(&slot.q);
         queue.post_send(&[SendWr::send(tx.to_u64(), &[sge])])?;
+        Ok(())
+    }
+
+    /// Posts one signaled one-sided operation (READ or WRITE of `sges`) on queue `q`.
+    pub(crate) fn post_op(&self, q: usize, wr_id: u64, op: SendOp, sges: &[Sge]) -> Result<(), RpcError> {
+        self.check_ready(q)?;
+        let wr = SendWr { wr_id, op, sges, flags: WrFlags::SIGNALED };
+        lock(&self.queues[q].q).post_send(&[wr])?;
         Ok(())
     }
 

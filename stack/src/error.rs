@@ -22,6 +22,16 @@ pub enum RpcError {
     /// ERROR while the call was outstanding). Other queues of the channel may still work.
     #[error("the call's queue failed ({0:?}); the call was not confirmed")]
     Queue(hal::Status),
+    /// A one-sided READ or WRITE was refused by the peer's NIC: a wrong or stale remote key, a
+    /// range outside the remote region, a missing REMOTE_READ / REMOTE_WRITE right (status
+    /// `RemoteAccess`), or another remote error. On a reliable connection the queue it used is
+    /// failed by this (see [`Channel::write`](crate::Channel::write)).
+    #[error("the peer refused the remote memory access ({0:?}): check the remote region descriptor, offset and length")]
+    RemoteAccess(hal::Status),
+    /// The local NIC refused a one-sided operation's local memory (a key of another device, a
+    /// range outside the region, a missing right). The queue it used is failed by this.
+    #[error("the local NIC refused the operation's local memory ({0:?})")]
+    LocalAccess(hal::Status),
     /// The connection is closed: the peer closed it, the control connection broke, this side
     /// closed it, or no queue of the channel is usable any more.
     #[error("the connection is closed")]

@@ -43,7 +43,8 @@
 //! - [`Channel`] (client): several queues used round-robin, the four [`CallMode`]s (including
 //!   URPC's standalone ACK), blocking calls, callbacks ([`Channel::call_callback`]) and
 //!   runtime-agnostic futures ([`Channel::call_future`]), per-call deadlines on the device's
-//!   clock, credit-based flow control ([`RpcError::WouldBlock`] or waiting, per call).
+//!   clock, credit-based flow control ([`RpcError::WouldBlock`] or waiting, per call), and
+//!   one-sided READ / WRITE of a peer's region ([`Channel::read`], [`Channel::write`]).
 //! - [`Server`], [`Functions`], [`Request`]: the function table; handlers reply inline or later
 //!   from any thread; [`WorkerGroup`] threads poll, optionally pinned.
 //! - Polling and CPU: by default ([`PollMode::Adaptive`]) a server's worker spins for a short
@@ -57,10 +58,62 @@
 //!   release), [`req_table`] (request ids and stale responses), [`credits`], [`control`] (the
 //!   TCP handshake), [`buf_pool`].
 //!
+//! ## One-sided I/O
+//!
+//! [`Channel::write`] and [`Channel::read`] (and their `_callback` / `_future` forms, delivered
+//! like calls) move bytes between registered local memory ([`LocalRange`]s of
+//! `Arc<D::Region>`, gathered or scattered in order) and a region of the peer, named by the
+//! 49-byte [`RemoteRegion`] descriptor the peer hands out, typically in an RPC response. The
+//! peer's NIC checks the key and range: a bad one fails with [`RpcError::RemoteAccess`], and on
+//! a reliable connection it fails the queue used (the channel carries on over its other queues,
+//! and closes when none is left).
+//!
+//! ```
+//! use bypass::hal::Device;
+//! use bypass::sim::{Engine, Fabric};
+//! use bypass::*;
+//! use std::sync::Arc;
+//!
+//! # fn main() -> Result<(), RpcError> {
+//! let fabric = Fabric::new(Engine::Inline);
+//! let (server_nic, client_nic) = (fabric.add_nic(), fabric.add_nic());
+//!
+//! // The server exposes a region and returns its descriptor from a function.
+//! let exposed = Arc::new(server_nic.register(
+//!     4096,
+//!     Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+//! )?);
+//! let get_region = FunctionId::new(0x100, 1, true, 1).expect("fits");
+//! let mut functions = Functions::new();
+//! let r = exposed.clone();
+//! functions.register(get_region, move |req| {
+//!     let _ = req.reply(&r.remote().encode());
+//! });
+//! let server = Server::bind(&server_nic, "127.0.0.1:0", ServerConfig::new("demo"), functions)?;
+//! let channel = Channel::connect(&client_nic, server.local_addr(), ChannelConfig::new("demo"))?;
+//!
+//! // The client gets the descriptor, then WRITEs and READs the region.
+//! let mut rsp = Vec::new();
+//! channel.call(get_region, b"", &mut rsp)?;
+//! let remote = RemoteRegion::decode(&rsp)?;
+//! let mut src = client_nic.register(5, Access::LOCAL_WRITE)?;
+//! src.write(0, b"hello")?;
+//! let src = Arc::new(src); // the operation keeps a clone until the NIC is done with it
+//! channel.write(&[LocalRange::whole(&src)], &remote, 128, &OpOptions::default())?;
+//! let dst = Arc::new(client_nic.register(5, Access::LOCAL_WRITE)?);
+//! channel.read(&[LocalRange::whole(&dst)], &remote, 128, &OpOptions::default())?;
+//! let mut got = [0u8; 5];
+//! dst.read(0, &mut got)?;
+//! assert_eq!(&got, b"hello");
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! The protocol, with sequence diagrams for every call mode, is in `docs/protocol.md`; how to
 //! test without a NIC (engines, seeds, faults) in the README and `docs/sim.md`.
 
 pub use bypass_hal as hal;
+pub use bypass_hal::{Access, MemoryRegion, RemoteKey, RemoteRegion};
 #[cfg(feature = "sim")]
 pub use bypass_sim as sim;
 
@@ -86,7 +139,9 @@ pub use backend::{Backend, WithDevices};
 #[cfg(not(loom))]
 pub use call::{CallFuture, Callback};
 #[cfg(not(loom))]
-pub use client::{CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats};
+pub use client::{
+    CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats, LocalRange, OpFuture, OpOptions, MAX_SGES,
+};
 #[cfg(not(loom))]
 pub use endpoint::DEFAULT_MEMORY_LIMIT;
 #[cfg(not(loom))]
