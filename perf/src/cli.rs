@@ -379,9 +379,14 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
             format!(
                 "{role}: the TCP baseline runs both ends in this process; two-process runs are not supported"
             )
-        } else {
+        } else if a.backend == "sim" {
             format!(
                 "{role}: two processes cannot share a simulated NIC yet (the simulator has no cross-process wire); run without {role} to measure client and server in one process"
+            )
+        } else {
+            format!(
+                "{role}: two-process runs are not built yet; run without {role}: both ends then share {} and connect through its loopback",
+                a.backend
             )
         });
     }
