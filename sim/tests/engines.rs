@@ -279,12 +279,7 @@ fn many_queues_each_get_their_traffic() {
     for engine in [Engine::Inline, Engine::Threaded, Engine::Stepped { seed: 11 }] {
         let fabric = Fabric::new(engine);
         let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-        let cfg = {
-            let mut c = QueueConfig::default();
-            c.send_depth = 8;
-            c.recv_depth = 8;
-            c
-        };
+        let cfg = QueueConfig::default().with_depths(8, 8);
         let (cqa, mut cqb) = (na.create_cq(1024).unwrap(), nb.create_cq(1024).unwrap());
         let mut pairs: Vec<(SimQueue, SimQueue)> = (0..40)
             .map(|_| {
@@ -349,12 +344,7 @@ fn set_error_racing_traffic_completes_everything_exactly_once() {
     for (engine, cut) in cases {
         let fabric = Fabric::new(engine);
         let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-        let cfg = {
-            let mut c = QueueConfig::default();
-            c.send_depth = 64;
-            c.recv_depth = 64;
-            c
-        };
+        let cfg = QueueConfig::default().with_depths(64, 64);
         let (mut a, mut b) = (side(&na, &cfg, 256), side(&nb, &cfg, 256));
         connect(&mut a, &mut b);
         let src = na.register(64 * 1024, Access::LOCAL_WRITE).unwrap();

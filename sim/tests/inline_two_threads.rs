@@ -15,12 +15,7 @@ struct End {
 const DEPTH: u32 = 64;
 
 fn end(nic: &SimNic) -> End {
-    let cfg = {
-        let mut c = QueueConfig::default();
-        c.send_depth = DEPTH;
-        c.recv_depth = DEPTH;
-        c
-    };
+    let cfg = QueueConfig::default().with_depths(DEPTH, DEPTH);
     let cq = nic.create_cq(DEPTH * 4).unwrap();
     let q = nic.create_queue(&cfg, &cq, &cq).unwrap();
     let mr = nic.register(8 * (DEPTH as usize + 1), Access::LOCAL_WRITE).unwrap();

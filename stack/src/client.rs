@@ -664,8 +664,7 @@ impl<D: Device + Clone> Channel<D> {
         opts: &OpOptions,
         callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
     ) -> Result<(), RpcError> {
-        let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
-        self.inner.start_op(one_sided::OpKind::Write, local, remote, remote_offset, opts, Sink::Callback(cb))
+        self.op_callback(one_sided::OpKind::Write, local, remote, remote_offset, opts, callback)
     }
 
     /// [`Channel::read`] whose outcome is passed to `callback` (see [`Channel::write_callback`]).
@@ -677,8 +676,7 @@ impl<D: Device + Clone> Channel<D> {
         opts: &OpOptions,
         callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
     ) -> Result<(), RpcError> {
-        let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
-        self.inner.start_op(one_sided::OpKind::Read, local, remote, remote_offset, opts, Sink::Callback(cb))
+        self.op_callback(one_sided::OpKind::Read, local, remote, remote_offset, opts, callback)
     }
 
     /// Starts a [`Channel::write`] and returns a `Future` of its outcome ([`OpFuture`]).
@@ -732,6 +730,19 @@ impl<D: Device + Clone> Channel<D> {
         let shot = Arc::new(Oneshot::default());
         self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()))?;
         Ok(OpFuture(CallFuture { shot }))
+    }
+
+    fn op_callback(
+        &self,
+        kind: one_sided::OpKind,
+        local: &[LocalRange<'_, D::Region>],
+        remote: &hal::RemoteRegion,
+        remote_offset: u64,
+        opts: &OpOptions,
+        callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
+    ) -> Result<(), RpcError> {
+        let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
+        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Callback(cb))
     }
 
     fn wait(&self, shot: &Oneshot) {

@@ -231,6 +231,32 @@ impl QueueShared {
     }
 }
 
+/// A provider's refusal of a chained post: how many requests before `bad` it posted anyway
+/// (they will complete), and the error to return. `bad` is null or points into the chain that
+/// starts at `base` and has `n` entries.
+fn refused<T>(
+    verb: &str,
+    what: &str,
+    rc: i32,
+    bad: *mut T,
+    base: *const T,
+    n: usize,
+    qpn: u32,
+) -> (u32, Error) {
+    let posted = if bad.is_null() {
+        0
+    } else {
+        // SAFETY: by the contract above `bad` and `base` point into the same array.
+        unsafe { bad.cast_const().offset_from(base) }.clamp(0, n as isize) as usize
+    };
+    let e = verb_error(
+        verb,
+        rc,
+        &format!("{what} {posted} of a batch of {n} on QP {qpn} refused, the {posted} before it were posted"),
+    );
+    (posted as u32, e)
+}
+
 /// A reliable-connected queue on a verbs device.
 pub struct VerbsQueue {
     qp: *mut ibv_qp,
@@ -715,22 +741,10 @@ impl Queue for VerbsQueue {
         let rc = unsafe { ibv_post_send(self.qp, chain, &mut bad) };
         drop(guard);
         if rc != 0 {
-            // Nothing past `bad` was posted; what came before was, and will complete.
-            let posted = if bad.is_null() {
-                0
-            } else {
-                // SAFETY: `bad` points into `send_wrs` (the chain we built).
-                unsafe { bad.offset_from(self.send_wrs.as_ptr()) }.clamp(0, n as isize) as usize
-            };
-            self.send_head = self.send_head.wrapping_add(posted as u32);
-            return Err(verb_error(
-                "ibv_post_send",
-                rc,
-                &format!(
-                    "request {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted",
-                    self.shared.qpn
-                ),
-            ));
+            let (posted, e) =
+                refused("ibv_post_send", "request", rc, bad, self.send_wrs.as_ptr(), n, self.shared.qpn);
+            self.send_head = self.send_head.wrapping_add(posted);
+            return Err(e);
         }
         self.send_head = self.send_head.wrapping_add(n as u32);
         Ok(())
@@ -773,21 +787,10 @@ impl Queue for VerbsQueue {
         // is live. Receive memory is checked by the device through the lkeys.
         let rc = unsafe { ibv_post_recv(self.qp, self.recv_wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            let posted = if bad.is_null() {
-                0
-            } else {
-                // SAFETY: `bad` points into `recv_wrs`.
-                unsafe { bad.offset_from(self.recv_wrs.as_ptr()) }.clamp(0, n as isize) as usize
-            };
-            self.recv_head = self.recv_head.wrapping_add(posted as u32);
-            return Err(verb_error(
-                "ibv_post_recv",
-                rc,
-                &format!(
-                    "receive {posted} of a batch of {n} on QP {} refused, the {posted} before it were posted",
-                    self.shared.qpn
-                ),
-            ));
+            let (posted, e) =
+                refused("ibv_post_recv", "receive", rc, bad, self.recv_wrs.as_ptr(), n, self.shared.qpn);
+            self.recv_head = self.recv_head.wrapping_add(posted);
+            return Err(e);
         }
         self.recv_head = self.recv_head.wrapping_add(n as u32);
         if self.tracked() == QueueState::Error {
