@@ -1,6 +1,36 @@
 //! Packets: what travels on a wire between two NICs. Headers only carry numbers (queue numbers,
 //! sequence numbers, remote addresses and keys) — never a pointer into another host's memory.
 
+/// Packet sequence numbers are 24 bits, as in the InfiniBand BTH, and wrap around.
+pub const PSN_MASK: u32 = 0x00FF_FFFF;
+
+/// At most this many PSNs may be unacknowledged at once: half the sequence space, so every
+/// comparison of two live PSNs has one answer (IBTA 9.7.1 allows 2^23 outstanding).
+pub(crate) const PSN_WINDOW: u32 = 1 << 23;
+
+/// `a + n` in sequence space.
+#[inline]
+pub(crate) const fn psn_add(a: u32, n: u32) -> u32 {
+    a.wrapping_add(n) & PSN_MASK
+}
+
+/// `a - b` in sequence space, as a signed distance (negative: `a` is before `b`).
+#[inline]
+pub(crate) const fn psn_diff(a: u32, b: u32) -> i32 {
+    (a.wrapping_sub(b) << 8) as i32 >> 8
+}
+
+/// How far `psn` is past `first` (0..2^24), e.g. a segment's index in its message.
+#[inline]
+pub(crate) const fn psn_offset(psn: u32, first: u32) -> u32 {
+    psn.wrapping_sub(first) & PSN_MASK
+}
+
+/// The queue number meaning "not carried": frames from a byte wire do not name the sending
+/// queue (the BTH has only the destination), so the receiver accepts any source queue of its
+/// connected peer NIC, as a RoCE NIC does.
+pub const ANY_QPN: u32 = u32::MAX;
+
 /// What a packet is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PacketKind {
@@ -49,7 +79,7 @@ pub struct PacketHeader {
     pub src_nic: u32,
     /// Receiving NIC.
     pub dst_nic: u32,
-    /// Sending queue.
+    /// Sending queue ([`ANY_QPN`] when the wire does not carry it).
     pub src_qpn: u32,
     /// Receiving queue.
     pub dst_qpn: u32,
@@ -63,13 +93,15 @@ pub struct PacketHeader {
     pub has_imm: bool,
     /// The sender asked for a solicited event.
     pub solicited: bool,
-    /// Packet sequence number.
+    /// Packet sequence number (24 bits, [`PSN_MASK`]).
     pub psn: u32,
     /// Immediate data.
     pub imm: u32,
-    /// Byte offset of this segment's payload in its message.
+    /// Byte offset of this segment's payload in its message (for traces: a responder derives
+    /// it from the PSN, since RoCE frames do not carry it).
     pub offset: u32,
-    /// WRITE: where this segment's bytes go; READ request: where to read from.
+    /// WRITE: where this segment's bytes go; READ request: where to read from. A responder
+    /// reads it (with `rkey` and `dma_len`) only from the first segment of a WRITE, as a RETH.
     pub remote_addr: u64,
     /// Remote key for WRITE and READ.
     pub rkey: u32,

@@ -452,7 +452,9 @@ impl DeviceState {
         }
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
-            let from_peer = qp.remote.as_ref().is_some_and(|r| r.nic == hdr.src_nic && r.qpn == hdr.src_qpn);
+            let from_peer = qp.remote.as_ref().is_some_and(|r| {
+                r.nic == hdr.src_nic && (hdr.src_qpn == crate::packet::ANY_QPN || r.qpn == hdr.src_qpn)
+            });
             if !from_peer {
                 return false;
             }

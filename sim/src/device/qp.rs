@@ -18,7 +18,9 @@ use super::keys::KeyFault;
 use super::{Ctx, TxDesc};
 use crate::clock::{Nanos, NEVER};
 use crate::layout::{self, cqe_flags, Cqe, Wqe, WqeOp, BLOCK, MAX_SGE, WQE_HEADER};
-use crate::packet::{PacketHeader, PacketKind, Syndrome};
+use crate::packet::{
+    psn_add, psn_diff, psn_offset, PacketHeader, PacketKind, Syndrome, PSN_MASK, PSN_WINDOW,
+};
 use crate::ring::WorkRing;
 use crate::shared::{CqShared, QueueShared};
 use crate::wire::{Transmit, Wire};
@@ -53,16 +55,11 @@ struct Op {
 
 impl Op {
     fn last_psn(&self) -> u32 {
-        self.first_psn.wrapping_add(self.npkts - 1)
+        psn_add(self.first_psn, self.npkts - 1)
     }
     fn contains(&self, psn: u32) -> bool {
-        psn.wrapping_sub(self.first_psn) < self.npkts
+        psn_offset(psn, self.first_psn) < self.npkts
     }
-}
-
-/// `a - b` in sequence space.
-fn psn_diff(a: u32, b: u32) -> i32 {
-    a.wrapping_sub(b) as i32
 }
 
 fn segments(len: u64, mtu: u32) -> u32 {
@@ -139,7 +136,22 @@ pub(crate) struct QpCtx {
     epsn: u32,
     rq_fetch: u32,
     cur_recv: Option<Wqe>,
+    /// Bytes of the current SEND placed so far (RoCE frames carry no offset: segments arrive
+    /// in PSN order, so the responder counts).
+    recv_off: u32,
+    /// The WRITE in progress: its first segment's RETH (start address, key, length) and the
+    /// bytes placed so far. Middle and last segments carry no RETH.
+    cur_write: Option<WriteState>,
     nak_seq_sent: bool,
+}
+
+/// A WRITE being received (see [`QpCtx::cur_write`]).
+#[derive(Debug, Clone, Copy)]
+struct WriteState {
+    va: u64,
+    rkey: u32,
+    len: u32,
+    off: u32,
 }
 
 impl QpCtx {
@@ -170,6 +182,8 @@ impl QpCtx {
             epsn: 0,
             rq_fetch: 0,
             cur_recv: None,
+            recv_off: 0,
+            cur_write: None,
             nak_seq_sent: false,
             shared,
         }
@@ -346,6 +360,7 @@ impl QpCtx {
             self.send_cqe(&op.wqe, op.len, Status::Flushed);
         }
         self.cur_recv = None;
+        self.cur_write = None;
         self.flush_posted();
         self.retx_deadline = NEVER;
         self.rnr_until = 0;
@@ -433,8 +448,14 @@ impl QpCtx {
         }
         let len = wqe.len;
         let npkts = segments(len, ctx.mtu);
+        if let Some(front) = self.ops.front() {
+            if psn_offset(psn_add(self.next_psn, npkts), front.first_psn) >= PSN_WINDOW {
+                // Too many PSNs unacknowledged: wait for ACKs before starting this message.
+                return false;
+            }
+        }
         self.ops.push_back(Op { wqe, len, first_psn: self.next_psn, npkts, resp_got: 0 });
-        self.next_psn = self.next_psn.wrapping_add(npkts);
+        self.next_psn = psn_add(self.next_psn, npkts);
         self.sq_fetch = idx.wrapping_add(1);
         if wqe.op == WqeOp::Read {
             self.reads_outstanding += 1;
@@ -454,7 +475,9 @@ impl QpCtx {
 
     fn validate(&self, ctx: &Ctx<'_>, wqe: &Wqe) -> Result<(), Status> {
         let cfg = &self.shared.config;
-        if wqe.len > u64::from(ctx.caps.max_msg_size) {
+        if wqe.len > u64::from(ctx.caps.max_msg_size)
+            || u64::from(segments(wqe.len, ctx.mtu)) >= u64::from(PSN_WINDOW / 2)
+        {
             return Err(Status::LocalLength);
         }
         if wqe.flags.contains(WrFlags::INLINE) {
@@ -485,7 +508,7 @@ impl QpCtx {
         };
         let Some(remote) = self.remote.as_ref() else { return false };
         let mtu = u64::from(ctx.mtu);
-        let k = u64::from(psn.wrapping_sub(op.first_psn));
+        let k = u64::from(psn_offset(psn, op.first_psn));
         let off = k * mtu;
         let mut hdr = PacketHeader {
             src_nic: ctx.nic,
@@ -504,7 +527,7 @@ impl QpCtx {
             hdr.remote_addr = w.remote_addr.wrapping_add(off);
             hdr.rkey = w.rkey;
             hdr.dma_len = op.len.saturating_sub(off) as u32;
-            op.first_psn.wrapping_add(op.npkts)
+            psn_add(op.first_psn, op.npkts)
         } else {
             let plen = (op.len - off.min(op.len)).min(mtu);
             hdr.kind = if matches!(w.op, WqeOp::Send | WqeOp::SendImm) {
@@ -521,7 +544,7 @@ impl QpCtx {
                 hdr.rkey = w.rkey;
                 hdr.dma_len = op.len as u32;
             }
-            psn.wrapping_add(1)
+            psn_add(psn, 1)
         };
         let result = if hdr.payload_len == 0 {
             remote.wire.transmit(&hdr, &mut |_| {})
@@ -604,7 +627,7 @@ impl QpCtx {
             if front.wqe.op == WqeOp::Read {
                 // Acknowledged past a READ whose response is incomplete: the response was lost
                 // (an implied NAK). Ask again from the first missing segment.
-                self.send_psn = front.first_psn.wrapping_add(front.resp_got);
+                self.send_psn = psn_add(front.first_psn, front.resp_got);
                 break;
             }
             let op = self.ops.pop_front().expect("front exists");
@@ -617,7 +640,7 @@ impl QpCtx {
     }
 
     fn ack_before(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
-        self.ack_through(ctx, psn.wrapping_sub(1));
+        self.ack_through(ctx, psn_add(psn, PSN_MASK));
     }
 
     /// Bookkeeping after the peer showed progress.
@@ -692,7 +715,7 @@ impl QpCtx {
             self.send_cqe(&op.wqe, op.len, Status::Success);
         }
         let Some(op) = self.ops.front().copied() else { return };
-        if op.wqe.op != WqeOp::Read || hdr.psn.wrapping_sub(op.first_psn) != op.resp_got {
+        if op.wqe.op != WqeOp::Read || psn_offset(hdr.psn, op.first_psn) != op.resp_got {
             return; // a duplicate or a gap: go-back-N recovers
         }
         let off = u64::from(op.resp_got) * u64::from(ctx.mtu);
@@ -734,7 +757,7 @@ impl QpCtx {
         }
         self.retry_left -= 1;
         let front = self.ops[0];
-        self.send_psn = front.first_psn.wrapping_add(front.resp_got);
+        self.send_psn = psn_add(front.first_psn, front.resp_got);
         self.wire_blocked = false;
         self.retx_deadline = ctx.now.saturating_add(self.timeout);
         ctx.stats.timeouts += 1;
@@ -768,7 +791,7 @@ impl QpCtx {
                     self.reply(ctx, Syndrome::NakRemoteAccess, hdr.psn);
                 }
             } else {
-                self.reply(ctx, Syndrome::Ack, self.epsn.wrapping_sub(1));
+                self.reply(ctx, Syndrome::Ack, psn_add(self.epsn, PSN_MASK));
             }
             return;
         }
@@ -784,7 +807,7 @@ impl QpCtx {
             PacketKind::Send => self.on_send(ctx, hdr, payload),
             PacketKind::Write => self.on_write(ctx, hdr, payload),
             PacketKind::ReadRequest => match self.execute_read(ctx, hdr) {
-                Ok(n) => self.epsn = self.epsn.wrapping_add(n),
+                Ok(n) => self.epsn = psn_add(self.epsn, n),
                 Err(_) => self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn),
             },
             PacketKind::ReadResponse | PacketKind::Ack => {}
@@ -814,6 +837,7 @@ impl QpCtx {
             return;
         }
         if hdr.first {
+            self.recv_off = 0;
             match self.fetch_rq() {
                 None => {
                     ctx.stats.rnr_naks_sent += 1;
@@ -835,7 +859,8 @@ impl QpCtx {
         }
         let recv = self.cur_recv.expect("set above");
         let capacity = recv.len;
-        let end = u64::from(hdr.offset) + payload.len() as u64;
+        let off = self.recv_off;
+        let end = u64::from(off) + payload.len() as u64;
         if end > capacity {
             self.fail_recv(ctx, Status::LocalLength, Syndrome::NakInvalidRequest, hdr.psn);
             return;
@@ -844,7 +869,7 @@ impl QpCtx {
         match ctx.resolve_span(
             &self.shared.rq,
             &recv,
-            u64::from(hdr.offset),
+            u64::from(off),
             payload.len() as u64,
             Access::LOCAL_WRITE,
             &mut segs,
@@ -855,7 +880,8 @@ impl QpCtx {
                 return;
             }
         }
-        self.epsn = self.epsn.wrapping_add(1);
+        self.epsn = psn_add(self.epsn, 1);
+        self.recv_off = end as u32;
         if hdr.last {
             let imm = hdr.has_imm.then_some(hdr.imm);
             self.recv_cqe(self.rq_fetch, Status::Success, CqOpcode::Recv, end as u32, imm, hdr.solicited);
@@ -874,14 +900,29 @@ impl QpCtx {
     }
 
     fn on_write(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
-        let dst =
-            match ctx.keys.resolve(hdr.rkey, hdr.remote_addr, payload.len() as u64, Access::REMOTE_WRITE) {
-                Ok(p) => p,
-                Err(_) => {
-                    self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
-                    return;
-                }
-            };
+        if hdr.first != self.cur_write.is_none() {
+            // A middle segment without a first one, or a new WRITE inside another.
+            self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
+        let w = match self.cur_write {
+            Some(w) => w,
+            None => WriteState { va: hdr.remote_addr, rkey: hdr.rkey, len: hdr.dma_len, off: 0 },
+        };
+        let end = u64::from(w.off) + payload.len() as u64;
+        if end > u64::from(w.len) || (hdr.last && end != u64::from(w.len)) {
+            // More (or, at the end, less) data than the RETH announced.
+            self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
+        let addr = w.va.wrapping_add(u64::from(w.off));
+        let dst = match ctx.keys.resolve(w.rkey, addr, payload.len() as u64, Access::REMOTE_WRITE) {
+            Ok(p) => p,
+            Err(_) => {
+                self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
+                return;
+            }
+        };
         let consumes_recv = hdr.last && hdr.has_imm;
         if consumes_recv && self.shared.rq.producer() == self.rq_fetch {
             ctx.stats.rnr_naks_sent += 1;
@@ -891,14 +932,15 @@ impl QpCtx {
         // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live
         // registration with REMOTE_WRITE; `payload` is wire memory, so they do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
-        self.epsn = self.epsn.wrapping_add(1);
+        self.epsn = psn_add(self.epsn, 1);
+        self.cur_write = (!hdr.last).then_some(WriteState { off: end as u32, ..w });
         if hdr.last {
             if consumes_recv {
                 self.recv_cqe(
                     self.rq_fetch,
                     Status::Success,
                     CqOpcode::RecvWriteImm,
-                    hdr.dma_len,
+                    w.len,
                     Some(hdr.imm),
                     hdr.solicited,
                 );
@@ -921,7 +963,7 @@ impl QpCtx {
                 qpn: self.qpn(),
                 hdr: PacketHeader {
                     kind: PacketKind::ReadResponse,
-                    psn: hdr.psn.wrapping_add(k),
+                    psn: psn_add(hdr.psn, k),
                     first: k == 0,
                     last: k + 1 == n,
                     offset: off as u32,
