@@ -85,7 +85,17 @@ impl SimNic {
 
     /// The NIC's counters.
     pub fn stats(&self) -> NicStats {
-        sync::lock(&self.nic.dev).stats
+        let mut s = sync::lock(&self.nic.dev).stats;
+        if let Some(u) = self.nic.udp.get() {
+            s.rx_malformed += u.stats.malformed.load(std::sync::atomic::Ordering::Relaxed);
+            s.tx_wire_dropped += u.stats.send_dropped.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        s
+    }
+
+    /// The NIC's UDP socket address, on a fabric whose wire is UDP ([`crate::WireConfig::Udp`]).
+    pub fn udp_addr(&self) -> Option<std::net::SocketAddrV4> {
+        self.nic.udp.get().map(|u| u.local())
     }
 }
 
@@ -507,6 +517,37 @@ pub struct SimQueue {
 }
 
 impl SimQueue {
+    /// `connect` to a peer on the UDP wire at `to`.
+    fn connect_udp(&mut self, peer: &QueueInfo, to: std::net::SocketAddrV4) -> Result<()> {
+        let Some(port) = self.nic.udp.get().cloned() else {
+            return Err(invalid(format!(
+                "the peer's queue is on a simulated NIC on the UDP wire ({to}), but this NIC's fabric \
+                 is in-process: open this side with the UDP wire too (e.g. sim+udp://127.0.0.1:0)"
+            )));
+        };
+        if to.port() == 0 {
+            return Err(invalid(format!(
+                "the peer's GID is the IP address {} but its queue info names no UDP port: it is not \
+                 a simulated NIC on the UDP wire (a RoCE NIC cannot be reached from the sim yet)",
+                to.ip()
+            )));
+        }
+        if self.shared.state() != QueueState::Reset {
+            return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
+        }
+        port.ping(to).map_err(invalid)?;
+        let id = port.peer_id(to);
+        let link: Arc<dyn crate::wire::Wire> = Arc::new(crate::udp::UdpLink::new(port, to));
+        let wire = self.nic.fabric.with_faults(link, self.shared.nic, self.shared.qpn, id);
+        self.control(|qp, _| match qp.state {
+            QueueState::Reset => {
+                qp.connect(peer, wire, id);
+                Ok(())
+            }
+            state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
+        })
+    }
+
     /// Posting needs a connected queue: READY, or ERROR (whose posts the device flushes).
     fn need_connected(&self, op: &'static str) -> Result<()> {
         match self.shared.state() {
@@ -539,6 +580,15 @@ impl Queue for SimQueue {
     }
 
     fn info(&self) -> QueueInfo {
+        if let Some(u) = self.nic.udp.get() {
+            let mut info = QueueInfo::new(
+                crate::udp::gid_of(*u.local().ip()),
+                self.shared.qpn,
+                self.shared.psn.load(Ordering::Relaxed),
+            );
+            info.lid = u.local().port();
+            return info;
+        }
         let mut gid = [0u8; 16];
         gid[..4].copy_from_slice(&GID_MAGIC);
         gid[4..8].copy_from_slice(&crate::fabric::process_tag().to_le_bytes());
@@ -552,6 +602,15 @@ impl Queue for SimQueue {
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
+        if let Some(ip) = crate::udp::ip_of_gid(&peer.gid) {
+            return self.connect_udp(peer, std::net::SocketAddrV4::new(ip, peer.lid));
+        }
+        if self.nic.udp.get().is_some() {
+            return Err(invalid(
+                "the peer's queue is not on the UDP wire (its GID is no IP address): both ends of a \
+                 connection must use the same wire (e.g. both sim+udp://<address>)",
+            ));
+        }
         if peer.gid[..4] != GID_MAGIC {
             return Err(invalid(
                 "the peer's QueueInfo is not from a simulated NIC (of this version): a sim NIC connects only to sim NICs",

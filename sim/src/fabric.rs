@@ -94,6 +94,39 @@ pub struct FabricConfig {
     pub caps: DeviceCaps,
     /// Faults injected on every connection's link ([`FaultPlan::NONE`]: none, links unwrapped).
     pub faults: FaultPlan,
+    /// What carries packets between the NICs.
+    pub wire: WireConfig,
+}
+
+/// What carries packets between a fabric's NICs (see `docs/sim.md`, "Wires").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WireConfig {
+    /// Straight into the receiving NIC's inbox: NICs of this fabric, in this process. Every
+    /// engine.
+    #[default]
+    InProcess,
+    /// RoCEv2 packets in UDP datagrams, one socket per NIC: NICs in any process on any host that
+    /// can reach this address. NIC `i` of the fabric binds `ip:port+i` (port 0: a free port
+    /// each). Inline and Threaded engines (the Stepped engine's virtual time cannot span
+    /// processes).
+    Udp(std::net::SocketAddrV4),
+}
+
+impl WireConfig {
+    /// Parses the wire part of a backend string: `udp://IP:PORT` (IPv4).
+    pub fn parse(s: &str) -> Result<WireConfig, String> {
+        let Some(addr) = s.strip_prefix("udp://") else {
+            return Err(format!(
+                "unknown simulator wire {s:?}: expected udp://IP:PORT (e.g. udp://127.0.0.1:0), or no wire \
+                 for the in-process one"
+            ));
+        };
+        let addr: std::net::SocketAddrV4 = addr.parse().map_err(|e| {
+            format!("bad UDP wire address {addr:?} ({e}): expected IPv4:port, e.g. 127.0.0.1:0")
+        })?;
+        Ok(WireConfig::Udp(addr))
+    }
 }
 
 impl FabricConfig {
@@ -113,6 +146,7 @@ impl FabricConfig {
                 1 << 40,
             ),
             faults: FaultPlan::NONE,
+            wire: WireConfig::InProcess,
         }
     }
 }
@@ -172,12 +206,17 @@ impl FabricShared {
             Some(w) => Arc::new(crate::pcap::PcapWire::new(nic, w.clone(), self.id)),
             None => nic,
         };
+        Some(self.with_faults(nic, src, src_qpn, dst))
+    }
+
+    /// `wire` behind a fault wire when the fabric has a fault plan (seeded per link).
+    pub(crate) fn with_faults(&self, wire: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
         let plan = self.config.faults;
         if plan.is_none() {
-            return Some(nic);
+            return wire;
         }
         let link_seed = u64::from(src) << 40 ^ u64::from(src_qpn) << 16 ^ u64::from(dst);
-        Some(Arc::new(FaultWire::new(nic, plan, link_seed, self.fault_counters.clone())))
+        Arc::new(FaultWire::new(wire, plan, link_seed, self.fault_counters.clone()))
     }
 
     /// A NIC that waited for inbox room at another NIC may go on.
@@ -278,7 +317,25 @@ impl Fabric {
     }
 
     /// A fabric with explicit settings.
+    ///
+    /// # Panics
+    /// If the settings cannot work together (see [`try_with_config`](Self::try_with_config)).
     pub fn with_config(config: FabricConfig) -> Self {
+        Self::try_with_config(config).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A fabric with explicit settings, or why they cannot work: the Stepped engine runs only on
+    /// the in-process wire.
+    pub fn try_with_config(config: FabricConfig) -> Result<Self, String> {
+        if matches!(config.engine, Engine::Stepped { .. }) && config.wire != WireConfig::InProcess {
+            return Err("the Stepped engine runs only on the in-process wire: its virtual clock and \
+                        scheduler cannot reach NICs in other processes (use Inline or Threaded)"
+                .into());
+        }
+        Ok(Self::build(config))
+    }
+
+    fn build(config: FabricConfig) -> Self {
         let (clock, seed) = match config.engine {
             Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
             _ => (Clock::real(), 0x5EED),
@@ -308,27 +365,48 @@ impl Fabric {
         self.shared().config
     }
 
-    /// Adds a NIC. With the Threaded engine this starts its device thread.
+    /// Adds a NIC. With the Threaded engine this starts its device thread; on the UDP wire it
+    /// binds the NIC's socket and starts its receive thread.
     ///
     /// # Panics
-    /// If the operating system refuses to start that thread (out of threads or memory).
+    /// If that fails (see [`try_add_nic`](Self::try_add_nic)).
     pub fn add_nic(&self) -> SimNic {
+        self.try_add_nic().unwrap_or_else(|e| panic!("cannot add a simulated NIC: {e}"))
+    }
+
+    /// Adds a NIC, or says why it cannot be added: on the UDP wire, its socket could not be
+    /// bound (address in use, not an address of this host, ...).
+    pub fn try_add_nic(&self) -> std::io::Result<SimNic> {
         let shared = self.shared();
         let mut nics = shared.nics.write().unwrap_or_else(|e| e.into_inner());
         let addr = nics.len() as u32;
         let nic = Arc::new(Nic::new(addr, shared.clone(), shared.config.caps));
+        if let WireConfig::Udp(at) = shared.config.wire {
+            let port = if at.port() == 0 { 0 } else { at.port().checked_add(addr as u16).unwrap_or(0) };
+            let udp = Arc::new(crate::udp::UdpPort::bind(
+                std::net::SocketAddrV4::new(*at.ip(), port),
+                shared.config.mtu,
+                shared.pcap.clone(),
+                shared.id,
+            )?);
+            let _ = nic.udp.set(udp.clone());
+            let (weak, mtu) = (Arc::downgrade(&nic), shared.config.mtu);
+            let handle = std::thread::Builder::new()
+                .name(format!("bypass-sim-udp{addr}"))
+                .spawn(move || crate::udp::receive_thread(weak, udp, mtu))?;
+            shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        }
         nics.push(nic.clone());
         drop(nics);
         if shared.config.engine == Engine::Threaded {
             let weak = Arc::downgrade(&nic);
             let handle = std::thread::Builder::new()
                 .name(format!("bypass-sim-nic{addr}"))
-                .spawn(move || device_thread(weak))
-                .expect("spawn a NIC device thread");
+                .spawn(move || device_thread(weak))?;
             let _ = nic.thread.set(handle.thread().clone());
             shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
         }
-        SimNic::new(nic, self.owner.clone())
+        Ok(SimNic::new(nic, self.owner.clone()))
     }
 
     /// Stepped engine: runs one ready unit of device work, chosen by the seeded scheduler.

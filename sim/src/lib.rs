@@ -60,6 +60,7 @@ mod ring;
 pub mod roce;
 mod shared;
 mod sync;
+mod udp;
 pub mod wire;
 
 /// loom only: the ring code of the driver and the device, for the models in `loom-tests/` (built
@@ -255,5 +256,5 @@ pub mod loom_api {
 pub use device::NicStats;
 pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
 pub use events::SimChannel;
-pub use fabric::{Engine, Fabric, FabricConfig};
+pub use fabric::{Engine, Fabric, FabricConfig, WireConfig};
 pub use fault::{FaultPlan, FaultStats};

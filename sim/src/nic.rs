@@ -35,6 +35,8 @@ pub(crate) struct Nic {
     pub caps: DeviceCaps,
     /// Asynchronous events (also reachable from the device state, which pushes them).
     pub events: Arc<AsyncEvents>,
+    /// The NIC's UDP endpoint, on a fabric whose wire is UDP.
+    pub udp: OnceLock<Arc<crate::udp::UdpPort>>,
 }
 
 impl Nic {
@@ -55,6 +57,7 @@ impl Nic {
             armed_cqs: Arc::new(AtomicU32::new(0)),
             caps,
             fabric,
+            udp: OnceLock::new(),
         }
     }
 
@@ -77,6 +80,13 @@ impl Nic {
             }
             Engine::Stepped { .. } => {}
         }
+    }
+
+    /// A byte wire's receiver put packets in the inbox: the same notification as the
+    /// in-process wire's [`flush`](Wire::flush) (the NIC's user takes them at its next poll, or
+    /// the caller runs the device now when that user is about to sleep).
+    pub(crate) fn deliver(&self) {
+        Wire::flush(self, false);
     }
 
     /// Called on every CQ poll of this NIC. The Inline engine has no thread of its own: polls run

@@ -59,6 +59,17 @@ impl Port {
         taken
     }
 
+    /// A byte wire's receiver offers a packet that came from outside the process: like
+    /// [`push`](Self::push), but a full inbox records no waiter (the sender is not a NIC here
+    /// to kick); the caller retries after letting the device drain the inbox.
+    pub(crate) fn push_external(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> bool {
+        let taken = crate::sync::lock(&self.inbox).push_with(hdr, fill, false);
+        if taken {
+            self.queued.fetch_add(1, crate::sync::Ordering::Release);
+        }
+        taken
+    }
+
     /// Receiver side: true if a packet may be queued (a push racing with this may be missed;
     /// its sender flags the NIC afterwards, so it is looked at again).
     pub(crate) fn maybe_nonempty(&self) -> bool {
@@ -96,8 +107,13 @@ impl Inbox {
 
     /// Appends a packet, or records `hdr.src_nic` as a waiter and returns false when full.
     pub(crate) fn push(&mut self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> bool {
+        self.push_with(hdr, fill, true)
+    }
+
+    /// [`push`](Self::push), recording the sender as a waiter when full only if `wait`.
+    fn push_with(&mut self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8]), wait: bool) -> bool {
         if self.len == self.slots.len() {
-            if !self.waiters.contains(&hdr.src_nic) {
+            if wait && !self.waiters.contains(&hdr.src_nic) {
                 self.waiters.push(hdr.src_nic);
             }
             return false;

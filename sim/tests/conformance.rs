@@ -1,7 +1,8 @@
-//! The hal conformance suite on the simulator, in all three engine modes.
+//! The hal conformance suite on the simulator, in all three engine modes, and on the UDP wire
+//! (loopback) with the Inline and Threaded engines.
 
 use bypass_hal::conformance::Env;
-use bypass_sim::{Engine, Fabric, SimNic};
+use bypass_sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
 use std::time::Duration;
 
 /// Two NICs on one fabric.
@@ -13,9 +14,18 @@ struct SimEnv {
 
 impl SimEnv {
     fn new(engine: Engine) -> Self {
-        let fabric = Fabric::new(engine);
+        Self::with_wire(engine, WireConfig::InProcess)
+    }
+
+    fn with_wire(engine: Engine, wire: WireConfig) -> Self {
+        let fabric = Fabric::with_config(FabricConfig { wire, ..FabricConfig::new(engine) });
         let (a, b) = (fabric.add_nic(), fabric.add_nic());
         SimEnv { fabric, a, b }
+    }
+
+    /// Two NICs on the UDP wire, on loopback ports the system picks.
+    fn udp(engine: Engine) -> Self {
+        Self::with_wire(engine, WireConfig::parse("udp://127.0.0.1:0").unwrap())
     }
 }
 
@@ -55,3 +65,5 @@ bypass_hal::conformance_suite!(stepped, || super::SimEnv::new(bypass_sim::Engine
 bypass_hal::conformance_suite!(stepped_seed_2, || super::SimEnv::new(bypass_sim::Engine::Stepped {
     seed: 0xdecaf
 }));
+bypass_hal::conformance_suite!(udp_inline, || super::SimEnv::udp(bypass_sim::Engine::Inline));
+bypass_hal::conformance_suite!(udp_threaded, || super::SimEnv::udp(bypass_sim::Engine::Threaded));

@@ -52,6 +52,11 @@ pub struct NicStats {
     pub seq_naks_received: u64,
     /// Queues that entered ERROR.
     pub queue_errors: u64,
+    /// Byte wires: datagrams or frames that were not valid RoCEv2 packets (short, bad ICRC,
+    /// unknown opcode, bad lengths), dropped before reaching any queue.
+    pub rx_malformed: u64,
+    /// Byte wires: packets the socket would not take (full buffer), lost as on a network.
+    pub tx_wire_dropped: u64,
 }
 
 /// A queued response packet. Its addresses are filled in from the queue when it is sent.

@@ -94,6 +94,40 @@ pub fn encode_udp(
     Frame::of_packet(hdr, payload).encode_udp(ep, out)
 }
 
+/// Encodes sim packet `hdr` as a RoCEv2 UDP payload into `out` like [`encode_udp`], but lets
+/// `fill` write the `hdr.payload_len` payload bytes straight into their place in `out` (a byte
+/// wire gathers from host memory into its send buffer in one copy). Returns the bytes written.
+pub fn encode_udp_with(
+    hdr: &PacketHeader,
+    ep: &Endpoints,
+    out: &mut [u8],
+    fill: &mut dyn FnMut(&mut [u8]),
+) -> Result<usize, EncodeError> {
+    let frame = Frame::of_packet(hdr, &[]);
+    let plen = if frame.opcode.has_payload() { hdr.payload_len as usize } else { 0 };
+    if plen != hdr.payload_len as usize {
+        return Err(EncodeError::PayloadLength { expected: 0, got: hdr.payload_len as usize });
+    }
+    let hl = frame.opcode.header_len();
+    let pad = plen.wrapping_neg() & 3;
+    let n = hl + plen + pad + ICRC_LEN;
+    frame.check()?;
+    if n > MAX_UDP_PAYLOAD {
+        return Err(EncodeError::TooLong(n));
+    }
+    let have = out.len();
+    let out = out.get_mut(..n).ok_or(EncodeError::BufferTooSmall { need: n, have })?;
+    let (body, icrc) = out.split_at_mut(n - ICRC_LEN);
+    // The pad count goes in the BTH: write the header as a frame with `pad` bytes of payload
+    // would, then put the real payload after it.
+    Frame { payload: &[], ..frame }.write_transport(&mut body[..hl]);
+    body[1] = body[1] & !0x30 | (pad as u8) << 4;
+    fill(&mut body[hl..hl + plen]);
+    body[hl + plen..].fill(0);
+    icrc.copy_from_slice(&udp_icrc(ep, body).to_le_bytes());
+    Ok(n)
+}
+
 /// Encodes sim packet `hdr` with its `payload` as a whole Ethernet II / IPv4 / UDP / RoCEv2 frame
 /// (no FCS) into `out`; returns the bytes written. Nothing is allocated.
 pub fn encode_ethernet(

@@ -1,0 +1,494 @@
+//! The UDP wire: simulated NICs in different processes or on different hosts exchange RoCEv2
+//! packets as UDP datagrams, one socket per NIC.
+//!
+//! Each datagram is exactly the UDP payload a RoCEv2 NIC sends — BTH, extension headers, payload,
+//! pad, ICRC ([`crate::roce`]) — between the two NICs' own UDP ports (several sim NICs share a
+//! host, so they cannot all use port 4791). The RC transport recovers from what UDP does (loss,
+//! duplication, reordering) exactly as RoCEv2 does; nothing here retransmits.
+//!
+//! - **Sending** happens under the sending NIC's device lock: [`UdpLink::transmit`] encodes the
+//!   packet into the NIC's send batch (the payload gathered from host memory straight into its
+//!   place in the datagram), and [`UdpLink::flush`] hands the batch to the kernel in one
+//!   `sendmmsg`. A socket buffer that is full drops the datagram, as a congested network would.
+//! - **Receiving**: a thread per NIC sleeps in `recvmmsg` (it takes a burst per call), checks
+//!   each datagram's ICRC and headers, turns it into a [`PacketHeader`] and puts it in the NIC's
+//!   inbox, then notifies the NIC as the in-process wire does (the NIC's own user picks it up at
+//!   its next poll, or the receive thread runs the device when that user sleeps on an event fd).
+//!   Malformed datagrams and datagrams from addresses no queue is connected to are counted
+//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped.
+//! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
+//!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
+//!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
+//!   datagram answered by its receive thread, not by a queue) and fails with the reason when it
+//!   does not answer, rather than "connecting" and timing out later.
+
+use crate::nic::Nic;
+use crate::packet::{PacketHeader, ANY_QPN};
+use crate::pcap::PcapWriter;
+use crate::roce::{self, Endpoints, Link};
+use crate::wire::{Transmit, Wire};
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Datagrams one `sendmmsg` / `recvmmsg` moves at most.
+const BATCH: usize = 32;
+/// Bytes a datagram needs beyond the payload: BTH, RETH (the longest extension), ImmDt, pad, ICRC.
+const OVERHEAD: usize = roce::BTH_LEN + roce::RETH_LEN + roce::IMMDT_LEN + 3 + roce::ICRC_LEN;
+/// A ping or pong: 8 bytes of magic, then a 64-bit nonce. The magic's first byte, 0x42, is no RC
+/// opcode, so it can never be mistaken for a RoCE packet.
+const PING: [u8; 8] = *b"BYPSPING";
+const PONG: [u8; 8] = *b"BYPSPONG";
+/// How long `connect` waits for the peer NIC's pong (each of three pings).
+const PING_WAIT: Duration = Duration::from_millis(300);
+/// How often a receive thread with nothing to do looks whether its NIC is gone.
+const RX_IDLE_CHECK: Duration = Duration::from_millis(100);
+/// The source id of packets from an address no queue of the NIC is connected to: no queue has
+/// it as its peer, so such packets are counted as ignored and dropped.
+const UNKNOWN_PEER: u32 = u32::MAX;
+
+/// What a NIC's UDP port counted.
+#[derive(Debug, Default)]
+pub(crate) struct UdpStats {
+    /// Datagrams that were not RoCEv2 packets of ours (short, bad ICRC, unknown opcode, ...).
+    pub malformed: AtomicU64,
+    /// Datagrams the socket would not take (its buffer was full): lost, as on a network.
+    pub send_dropped: AtomicU64,
+}
+
+/// The send batch: up to [`BATCH`] encoded datagrams waiting for `flush`.
+struct TxBatch {
+    bufs: Vec<Box<[u8]>>,
+    lens: [usize; BATCH],
+    dests: [SocketAddrV4; BATCH],
+    n: usize,
+}
+
+/// One NIC's UDP endpoint: its socket, its peers, its send batch.
+pub(crate) struct UdpPort {
+    sock: UdpSocket,
+    local: SocketAddrV4,
+    /// Peer socket addresses by source id, and the reverse map. A peer keeps its id for the
+    /// NIC's life (one entry per peer NIC, not per connection).
+    peers: RwLock<(Vec<SocketAddrV4>, HashMap<SocketAddrV4, u32>)>,
+    tx: Mutex<TxBatch>,
+    pub stats: UdpStats,
+    /// Pongs received, by nonce, for `connect`'s reachability check.
+    pongs: Mutex<Vec<u64>>,
+    pong_cv: Condvar,
+    pcap: Option<Arc<PcapWriter>>,
+    fabric_id: u32,
+}
+
+impl std::fmt::Debug for UdpPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UdpPort({})", self.local)
+    }
+}
+
+impl UdpPort {
+    /// Binds a NIC's socket at `addr` (port 0: any free port). The address must be one that peers
+    /// can send to: the unspecified address 0.0.0.0 is refused, since it would travel in the
+    /// NIC's queue infos.
+    pub(crate) fn bind(
+        addr: SocketAddrV4,
+        mtu: u32,
+        pcap: Option<Arc<PcapWriter>>,
+        fabric_id: u32,
+    ) -> io::Result<UdpPort> {
+        if addr.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the UDP wire cannot bind {addr}: give the address peers reach this host at \
+                     (e.g. 127.0.0.1 on one host), since it is what the NIC's queue infos carry"
+                ),
+            ));
+        }
+        let sock = UdpSocket::bind(addr)
+            .map_err(|e| io::Error::new(e.kind(), format!("the UDP wire cannot bind {addr}: {e}")))?;
+        sock.set_read_timeout(Some(RX_IDLE_CHECK))?;
+        let local = match sock.local_addr()? {
+            std::net::SocketAddr::V4(a) => a,
+            other => return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("not IPv4: {other}"))),
+        };
+        set_buffer(&sock, libc::SO_RCVBUF, 4 << 20);
+        set_buffer(&sock, libc::SO_SNDBUF, 4 << 20);
+        let size = mtu as usize + OVERHEAD;
+        let zero = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
+        let tx = TxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect(),
+            lens: [0; BATCH],
+            dests: [zero; BATCH],
+            n: 0,
+        };
+        Ok(UdpPort {
+            sock,
+            local,
+            peers: RwLock::new((Vec::new(), HashMap::new())),
+            tx: Mutex::new(tx),
+            stats: UdpStats::default(),
+            pongs: Mutex::new(Vec::new()),
+            pong_cv: Condvar::new(),
+            pcap,
+            fabric_id,
+        })
+    }
+
+    /// The socket address peers send to.
+    pub(crate) fn local(&self) -> SocketAddrV4 {
+        self.local
+    }
+
+    /// The source id of peer `addr`, assigned on first use.
+    pub(crate) fn peer_id(&self, addr: SocketAddrV4) -> u32 {
+        if let Some(&id) = self.peers.read().unwrap_or_else(|e| e.into_inner()).1.get(&addr) {
+            return id;
+        }
+        let mut p = self.peers.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(&id) = p.1.get(&addr) {
+            return id;
+        }
+        let id = p.0.len() as u32;
+        p.0.push(addr);
+        p.1.insert(addr, id);
+        id
+    }
+
+    fn lookup(&self, addr: SocketAddrV4) -> u32 {
+        self.peers.read().unwrap_or_else(|e| e.into_inner()).1.get(&addr).copied().unwrap_or(UNKNOWN_PEER)
+    }
+
+    /// Checks that a sim NIC answers at `peer`: sends a ping and waits for its pong.
+    pub(crate) fn ping(&self, peer: SocketAddrV4) -> Result<(), String> {
+        static NONCE: AtomicU64 = AtomicU64::new(1);
+        let nonce = NONCE.fetch_add(1, AtOrd::Relaxed) ^ u64::from(std::process::id()) << 40;
+        let mut msg = [0u8; 16];
+        msg[..8].copy_from_slice(&PING);
+        msg[8..].copy_from_slice(&nonce.to_le_bytes());
+        for _ in 0..3 {
+            if let Err(e) = self.sock.send_to(&msg, peer) {
+                return Err(format!("cannot send to the peer NIC at {peer}: {e}"));
+            }
+            let deadline = Instant::now() + PING_WAIT;
+            let mut got = self.pongs.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(i) = got.iter().position(|&n| n == nonce) {
+                    got.swap_remove(i);
+                    return Ok(());
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                got = self.pong_cv.wait_timeout(got, left).unwrap_or_else(|e| e.into_inner()).0;
+            }
+        }
+        Err(format!(
+            "no simulated NIC answers at {peer} (UDP) from {}: the peer process is gone, the address \
+             is wrong, or a firewall drops UDP between the hosts",
+            self.local
+        ))
+    }
+
+    /// Encodes one packet into the send batch (sending the batch first if it is full).
+    fn transmit(&self, to: SocketAddrV4, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        if tx.n == BATCH {
+            self.send_batch(&mut tx);
+        }
+        let ep = self.endpoints(to);
+        let i = tx.n;
+        match roce::encode_udp_with(hdr, &ep, &mut tx.bufs[i], fill) {
+            Ok(len) => {
+                tx.lens[i] = len;
+                tx.dests[i] = to;
+                tx.n += 1;
+                if let Some(w) = &self.pcap {
+                    self.capture(w, hdr, to, &tx.bufs[i][..len]);
+                }
+                Transmit::Sent
+            }
+            Err(_) => Transmit::Dropped, // larger than the MTU the socket buffers were sized for
+        }
+    }
+
+    /// The endpoints a datagram to `to` is sent between (what its ICRC covers).
+    fn endpoints(&self, to: SocketAddrV4) -> Endpoints {
+        Endpoints {
+            src_ip: self.local.ip().octets(),
+            dst_ip: to.ip().octets(),
+            src_port: self.local.port(),
+            dst_port: to.port(),
+        }
+    }
+
+    /// Writes a sent packet to the capture as RoCEv2 on port 4791 between the real addresses
+    /// (re-encoded, so its ICRC matches the capture's headers and Wireshark's dissector reads it).
+    #[cold]
+    fn capture(&self, w: &PcapWriter, hdr: &PacketHeader, to: SocketAddrV4, datagram: &[u8]) {
+        let hl = roce::Opcode::of(hdr).header_len();
+        let plen = hdr.payload_len as usize;
+        let Some(payload) = datagram.get(hl..hl + plen) else { return };
+        let ep = Endpoints {
+            src_ip: self.local.ip().octets(),
+            dst_ip: to.ip().octets(),
+            src_port: roce::udp_source_port(hdr.src_qpn, hdr.dst_qpn),
+            dst_port: roce::ROCE_PORT,
+        };
+        let link = Link {
+            src_mac: mac_of(self.fabric_id, self.local),
+            dst_mac: mac_of(self.fabric_id, to),
+            ..Link::of_packet(self.fabric_id, hdr)
+        };
+        let mut frame = vec![0u8; roce::ethernet_len(hdr)];
+        if let Ok(n) = roce::encode_ethernet(hdr, payload, &ep, &link, &mut frame) {
+            w.write_frame(&frame[..n]);
+        }
+    }
+
+    /// Hands the batch to the kernel.
+    fn send_batch(&self, tx: &mut TxBatch) {
+        let n = tx.n;
+        if n == 0 {
+            return;
+        }
+        let mut addrs: [libc::sockaddr_in; BATCH] = [sockaddr_in(tx.dests[0]); BATCH];
+        let mut iovs: [libc::iovec; BATCH] =
+            [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        // SAFETY: an all-zero mmsghdr is a valid (empty) value of this plain C struct.
+        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..n {
+            addrs[i] = sockaddr_in(tx.dests[i]);
+            iovs[i] = libc::iovec { iov_base: tx.bufs[i].as_mut_ptr().cast(), iov_len: tx.lens[i] };
+            msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_in).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        let mut done = 0;
+        while done < n {
+            // SAFETY: msgs[done..n] point at addresses, iovecs and buffers that live in this frame
+            // or in `tx` (borrowed mutably for the call); the kernel only reads them.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    msgs[done..].as_mut_ptr(),
+                    (n - done) as u32,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                done += r as usize;
+                continue;
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Full socket buffer (EAGAIN/ENOBUFS) or an unreachable peer: the first datagram is
+            // lost, as on a network; the transport's retransmission recovers it.
+            self.stats.send_dropped.fetch_add(1, AtOrd::Relaxed);
+            done += 1;
+        }
+        tx.n = 0;
+    }
+
+    fn flush(&self) {
+        let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        self.send_batch(&mut tx);
+    }
+}
+
+/// A locally administered MAC address for a socket address, for captures.
+fn mac_of(fabric: u32, a: SocketAddrV4) -> [u8; 6] {
+    let ip = a.ip().octets();
+    [0x02, fabric as u8, ip[2], ip[3], (a.port() >> 8) as u8, a.port() as u8]
+}
+
+fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: a.port().to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+        sin_zero: [0; 8],
+    }
+}
+
+fn set_buffer(sock: &UdpSocket, opt: libc::c_int, bytes: libc::c_int) {
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes at the pointer, which is a live c_int;
+    // a failure (the size is above the system's limit) leaves the default, which still works.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
+    }
+}
+
+/// The wire from one NIC to one peer NIC on the UDP wire.
+pub(crate) struct UdpLink {
+    port: Arc<UdpPort>,
+    to: SocketAddrV4,
+}
+
+impl UdpLink {
+    pub(crate) fn new(port: Arc<UdpPort>, to: SocketAddrV4) -> UdpLink {
+        UdpLink { port, to }
+    }
+}
+
+impl Wire for UdpLink {
+    fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
+        self.port.transmit(self.to, hdr, fill)
+    }
+
+    fn flush(&self, _eager: bool) {
+        self.port.flush();
+    }
+}
+
+/// Body of a NIC's UDP receive thread: takes bursts of datagrams off the socket, answers pings,
+/// decodes packets into the NIC's inbox and notifies the NIC. Ends when the NIC is gone or its
+/// fabric shuts down.
+pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
+    let size = mtu as usize + OVERHEAD;
+    let mut bufs: Vec<Box<[u8]>> = (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect();
+    // SAFETY (both): all-zero sockaddr_in and mmsghdr values are valid plain C structs.
+    let mut addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
+    let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+    let mut iovs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+    let local = port.local;
+    let mut last_peer: Option<(SocketAddrV4, u32)> = None;
+    loop {
+        match nic.upgrade() {
+            Some(n) if !n.fabric.is_shut_down() => {}
+            _ => return,
+        }
+        for i in 0..BATCH {
+            iovs[i] = libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: size };
+            msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_in).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_len = 0;
+        }
+        // SAFETY: every mmsghdr points at a live sockaddr_in, iovec and buffer of this thread,
+        // sized as declared; the kernel writes at most that much. The socket's receive timeout
+        // bounds the wait.
+        let r = unsafe {
+            libc::recvmmsg(
+                port.sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            continue; // the timeout (look whether the NIC is still there) or EINTR
+        }
+        let Some(n) = nic.upgrade() else { return };
+        let mut delivered = false;
+        for i in 0..r as usize {
+            let len = msgs[i].msg_len as usize;
+            let from = SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(addrs[i].sin_addr.s_addr)),
+                u16::from_be(addrs[i].sin_port),
+            );
+            let dgram = &bufs[i][..len.min(size)];
+            if len > size {
+                port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
+            if dgram.len() == 16 && dgram[..8] == PING {
+                let mut pong = [0u8; 16];
+                pong[..8].copy_from_slice(&PONG);
+                pong[8..].copy_from_slice(&dgram[8..]);
+                let _ = port.sock.send_to(&pong, from);
+                continue;
+            }
+            if dgram.len() == 16 && dgram[..8] == PONG {
+                let nonce = u64::from_le_bytes(dgram[8..].try_into().expect("8 bytes"));
+                port.pongs.lock().unwrap_or_else(|e| e.into_inner()).push(nonce);
+                port.pong_cv.notify_all();
+                continue;
+            }
+            let ep = Endpoints {
+                src_ip: from.ip().octets(),
+                dst_ip: local.ip().octets(),
+                src_port: from.port(),
+                dst_port: local.port(),
+            };
+            let frame = match roce::decode_udp(dgram, &ep) {
+                Ok(f) => f,
+                Err(e) => {
+                    port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                    if bypass_hal::trace::is_enabled() {
+                        trace_malformed(n.addr, from, len, e);
+                    }
+                    continue;
+                }
+            };
+            let src = match last_peer {
+                Some((a, id)) if a == from => id,
+                _ => {
+                    let id = port.lookup(from);
+                    last_peer = Some((from, id));
+                    id
+                }
+            };
+            let rx = roce::RxContext {
+                src_nic: src,
+                dst_nic: n.addr,
+                src_qpn: ANY_QPN,
+                near_psn: frame.psn,
+                offset: 0,
+                write: None,
+            };
+            let hdr = frame.to_header(&rx);
+            let payload = frame.payload;
+            // The inbox is full: let the device drain it, then try again (the socket buffer
+            // holds what arrives meanwhile, and overflows as a congested port would).
+            let mut spins = 0u32;
+            while !n.port.push_external(&hdr, &mut |b: &mut [u8]| b.copy_from_slice(payload)) {
+                n.deliver();
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                }
+                if n.fabric.is_shut_down() {
+                    return;
+                }
+            }
+            delivered = true;
+        }
+        if delivered {
+            n.deliver();
+        }
+    }
+}
+
+#[cold]
+fn trace_malformed(nic: u32, from: SocketAddrV4, len: usize, e: roce::FrameError) {
+    let _ = e;
+    let args = [("from_port", from.port().into()), ("len", len.into())];
+    bypass_hal::trace::instant(bypass_hal::trace::Track::Nic(nic), "malformed frame dropped", &args);
+}
+
+/// The IPv4-mapped GID of an IPv4 address (`::ffff:a.b.c.d`).
+pub(crate) fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
+    ip.to_ipv6_mapped().octets()
+}
+
+/// The IPv4 address of an IPv4-mapped GID, if it is one.
+pub(crate) fn ip_of_gid(gid: &[u8; 16]) -> Option<Ipv4Addr> {
+    std::net::Ipv6Addr::from(*gid).to_ipv4_mapped()
+}
