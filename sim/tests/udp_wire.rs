@@ -1,0 +1,211 @@
+//! The UDP wire as a user meets it: garbage on the socket, peers that are not there, mixed
+//! wires, faults, and a capture of real traffic.
+
+use bypass_hal::*;
+use bypass_sim::{Engine, Fabric, FabricConfig, FaultPlan, SimNic, WireConfig};
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+
+fn udp_fabric(engine: Engine, faults: FaultPlan) -> Fabric {
+    let wire = WireConfig::parse("udp://127.0.0.1:0").unwrap();
+    Fabric::with_config(FabricConfig { wire, faults, ..FabricConfig::new(engine) })
+}
+
+struct Pair {
+    ca: <SimNic as Device>::Cq,
+    cb: <SimNic as Device>::Cq,
+    qa: <SimNic as Device>::Queue,
+    qb: <SimNic as Device>::Queue,
+}
+
+fn pair(a: &SimNic, b: &SimNic, cfg: &QueueConfig) -> Pair {
+    let (ca, cb) = (a.create_cq(256).unwrap(), b.create_cq(256).unwrap());
+    let mut qa = a.create_queue(cfg, &ca, &ca).unwrap();
+    let mut qb = b.create_queue(cfg, &cb, &cb).unwrap();
+    let (ia, ib) = (qa.info(), qb.info());
+    qa.connect(&ib).unwrap();
+    qb.connect(&ia).unwrap();
+    Pair { ca, cb, qa, qb }
+}
+
+/// Sends `n` messages of `len` bytes from a to b and checks every byte arrived, in order.
+fn exchange(fabric: &Fabric, a: &SimNic, b: &SimNic, p: &mut Pair, n: u64, len: usize) {
+    let mut src = a.register(len, Access::empty()).unwrap();
+    let dst = b.register(len * n as usize, Access::LOCAL_WRITE).unwrap();
+    let mut wc = [Completion::default(); 32];
+    for i in 0..n {
+        let off = i as usize * len;
+        p.qb.post_recv(&[RecvWr { wr_id: i, sges: &[dst.sge(off, len).unwrap()] }]).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut got) = (0u64, 0u64);
+    while sent < n || got < n {
+        assert!(Instant::now() < deadline, "exchange stalled: {sent} sent, {got} received");
+        if sent < n {
+            let fill: Vec<u8> = (0..len).map(|k| (k as u64 * 7 + sent) as u8).collect();
+            src.write(0, &fill).unwrap();
+            p.qa.post_send(&[SendWr::send(sent, &[src.sge(0, len).unwrap()])]).unwrap();
+            // One message at a time: the source buffer is rewritten for the next one.
+            loop {
+                assert!(Instant::now() < deadline, "send {sent} never completed");
+                let k = p.ca.poll(&mut wc).unwrap();
+                if k > 0 {
+                    assert_eq!(wc[0].status, Status::Success, "send {sent}");
+                    break;
+                }
+                fabric.progress();
+                got += count_recv(&mut p.cb, &mut wc);
+            }
+            sent += 1;
+        }
+        got += count_recv(&mut p.cb, &mut wc);
+        fabric.progress();
+    }
+    let mut all = vec![0u8; len * n as usize];
+    dst.read(0, &mut all).unwrap();
+    for i in 0..n as usize {
+        for k in 0..len {
+            assert_eq!(all[i * len + k], (k as u64 * 7 + i as u64) as u8, "message {i} byte {k}");
+        }
+    }
+}
+
+fn count_recv(cq: &mut <SimNic as Device>::Cq, wc: &mut [Completion]) -> u64 {
+    let k = cq.poll(wc).unwrap();
+    for c in &wc[..k] {
+        assert_eq!(c.status, Status::Success, "receive {}", c.wr_id);
+    }
+    k as u64
+}
+
+#[test]
+fn garbage_datagrams_are_counted_and_dropped_while_traffic_flows() {
+    let fabric = udp_fabric(Engine::Inline, FaultPlan::NONE);
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let mut p = pair(&a, &b, &QueueConfig::default());
+    let target = b.udp_addr().expect("a NIC on the UDP wire has a socket address");
+    let junk = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let garbage: [&[u8]; 5] = [
+        b"",
+        b"\x04",                             // a SEND ONLY opcode and nothing else
+        &[0u8; 40],                          // zeros: a SEND FIRST whose ICRC is wrong
+        &[0xFFu8; 64],                       // no such opcode
+        b"BYPSPONG\x01\x02\x03\x04\x05\x06", // looks like a pong but is 14 bytes
+    ];
+    for g in garbage {
+        junk.send_to(g, target).unwrap();
+    }
+    exchange(&fabric, &a, &b, &mut p, 20, 3000);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.stats().rx_malformed < 5 {
+        assert!(Instant::now() < deadline, "malformed count stuck at {}", b.stats().rx_malformed);
+        std::thread::yield_now();
+    }
+    assert_eq!(b.stats().rx_malformed, 5, "each garbage datagram counted once");
+    assert_eq!(a.stats().rx_malformed, 0);
+}
+
+#[test]
+fn a_valid_frame_from_a_stranger_is_ignored() {
+    let fabric = udp_fabric(Engine::Inline, FaultPlan::NONE);
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let mut p = pair(&a, &b, &QueueConfig::default());
+    let target = b.udp_addr().unwrap();
+    let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let me = match stranger.local_addr().unwrap() {
+        std::net::SocketAddr::V4(v) => v,
+        _ => unreachable!(),
+    };
+    // A well-formed SEND ONLY to b's queue, with a correct ICRC, from an address no queue of b
+    // is connected to: a NIC drops it rather than placing it.
+    let hdr = bypass_sim::packet::PacketHeader {
+        dst_qpn: p.qb.qpn(),
+        first: true,
+        last: true,
+        psn: 0,
+        payload_len: 4,
+        ..Default::default()
+    };
+    let ep = bypass_sim::roce::Endpoints {
+        src_ip: me.ip().octets(),
+        dst_ip: target.ip().octets(),
+        src_port: me.port(),
+        dst_port: target.port(),
+    };
+    let mut buf = [0u8; 64];
+    let n = bypass_sim::roce::encode_udp(&hdr, b"evil", &ep, &mut buf).unwrap();
+    let before = b.stats().rx_ignored;
+    stranger.send_to(&buf[..n], target).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while b.stats().rx_ignored == before {
+        assert!(Instant::now() < deadline, "the stranger's frame was never looked at");
+        fabric.progress();
+        std::thread::yield_now();
+    }
+    exchange(&fabric, &a, &b, &mut p, 3, 16);
+}
+
+#[test]
+fn connect_to_a_nic_that_is_not_there_says_why() {
+    let fabric = udp_fabric(Engine::Inline, FaultPlan::NONE);
+    let a = fabric.add_nic();
+    let cq = a.create_cq(8).unwrap();
+    let mut q = a.create_queue(&QueueConfig::default(), &cq, &cq).unwrap();
+    // A port nothing listens on (bound, then closed).
+    let gone = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let mut peer = q.info();
+    peer.lid = gone.port();
+    let err = q.connect(&peer).unwrap_err().to_string();
+    assert!(err.contains("no simulated NIC answers") && err.contains(&gone.to_string()), "{err}");
+    assert_eq!(q.state(), QueueState::Reset, "a failed connect leaves the queue as it was");
+}
+
+#[test]
+fn wires_do_not_mix_and_say_so() {
+    let udp = udp_fabric(Engine::Inline, FaultPlan::NONE);
+    let local = Fabric::new(Engine::Inline);
+    let (u, l) = (udp.add_nic(), local.add_nic());
+    let (cu, cl) = (u.create_cq(8).unwrap(), l.create_cq(8).unwrap());
+    let mut qu = u.create_queue(&QueueConfig::default(), &cu, &cu).unwrap();
+    let mut ql = l.create_queue(&QueueConfig::default(), &cl, &cl).unwrap();
+    let e = qu.connect(&ql.info()).unwrap_err().to_string();
+    assert!(e.contains("same wire"), "{e}");
+    let e = ql.connect(&qu.info()).unwrap_err().to_string();
+    assert!(e.contains("UDP wire") && e.contains("sim+udp://"), "{e}");
+}
+
+#[test]
+fn stepped_engine_refuses_the_udp_wire_and_unspecified_addresses_are_refused() {
+    let wire = WireConfig::parse("udp://127.0.0.1:0").unwrap();
+    let e = Fabric::try_with_config(FabricConfig { wire, ..FabricConfig::new(Engine::Stepped { seed: 1 }) })
+        .unwrap_err();
+    assert!(e.contains("in-process wire"), "{e}");
+    let any = WireConfig::parse("udp://0.0.0.0:0").unwrap();
+    let f = Fabric::with_config(FabricConfig { wire: any, ..FabricConfig::new(Engine::Inline) });
+    let e = f.try_add_nic().unwrap_err().to_string();
+    assert!(e.contains("0.0.0.0") && e.contains("peers reach"), "{e}");
+    for bad in ["udp://localhost", "tcp://1.2.3.4:5", "udp://[::1]:0", "udp://1.2.3.4"] {
+        assert!(WireConfig::parse(bad).is_err(), "{bad} parsed");
+    }
+}
+
+#[test]
+fn lossy_udp_links_still_deliver_everything_in_order() {
+    for engine in [Engine::Inline, Engine::Threaded] {
+        let faults = FaultPlan {
+            drop_ppm: 100_000,
+            duplicate_ppm: 50_000,
+            reorder_ppm: 50_000,
+            seed: 9,
+            ..FaultPlan::NONE
+        };
+        let fabric = udp_fabric(engine, faults);
+        let (a, b) = (fabric.add_nic(), fabric.add_nic());
+        let mut cfg = QueueConfig::default();
+        cfg.timeout = AckTimeout::at_least(Duration::from_millis(2));
+        let mut p = pair(&a, &b, &cfg);
+        exchange(&fabric, &a, &b, &mut p, 30, 9000);
+        assert!(fabric.fault_stats().dropped > 0, "{engine:?}: the plan dropped nothing");
+        assert!(a.stats().retransmits > 0, "{engine:?}");
+    }
+}
