@@ -7,7 +7,8 @@
 //!
 //! | string | backend | needs |
 //! |---|---|---|
-//! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine) | feature `sim` (default) |
+//! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
+//! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
@@ -67,12 +68,20 @@ fn not_compiled(kind: &str, feature: &str) -> RpcError {
 impl Backend {
     /// Opens the backend `spec` names (see the module docs).
     pub fn open(spec: &str) -> Result<Backend, RpcError> {
+        if let Some((sim, wire)) = spec.split_once('+') {
+            if sim == "sim" || sim.starts_with("sim:") {
+                return Self::open_sim(sim.strip_prefix("sim:"), Some(wire));
+            }
+            return Err(RpcError::InvalidArgument(format!(
+                "a wire (`+{wire}`) is chosen only for the simulator, as in sim+udp://127.0.0.1:0; {sim:?} has its own"
+            )));
+        }
         let (kind, rest) = match spec.split_once(':') {
             Some((k, r)) => (k, Some(r)),
             None => (spec, None),
         };
         match kind {
-            "sim" => Self::open_sim(rest),
+            "sim" => Self::open_sim(rest, None),
             "verbs" => Self::open_verbs(rest.unwrap_or("")),
             "urma" => Err(RpcError::InvalidArgument(
                 "the urma backend does not exist yet: use sim or verbs".into(),
@@ -84,8 +93,8 @@ impl Backend {
     }
 
     #[cfg(feature = "sim")]
-    fn open_sim(rest: Option<&str>) -> Result<Backend, RpcError> {
-        use bypass_sim::{Engine, Fabric};
+    fn open_sim(rest: Option<&str>, wire: Option<&str>) -> Result<Backend, RpcError> {
+        use bypass_sim::{Engine, Fabric, FabricConfig, WireConfig};
         let engine = match rest {
             None | Some("inline") => Engine::Inline,
             Some("threaded") => Engine::Threaded,
@@ -95,11 +104,17 @@ impl Backend {
                 )))
             }
         };
-        Ok(Backend::Sim { fabric: Fabric::new(engine), engine })
+        let wire = match wire {
+            None => WireConfig::InProcess,
+            Some(w) => WireConfig::parse(w).map_err(RpcError::InvalidArgument)?,
+        };
+        let fabric = Fabric::try_with_config(FabricConfig { wire, ..FabricConfig::new(engine) })
+            .map_err(RpcError::InvalidArgument)?;
+        Ok(Backend::Sim { fabric, engine })
     }
 
     #[cfg(not(feature = "sim"))]
-    fn open_sim(_: Option<&str>) -> Result<Backend, RpcError> {
+    fn open_sim(_: Option<&str>, _: Option<&str>) -> Result<Backend, RpcError> {
         Err(not_compiled("sim", "sim"))
     }
 
@@ -117,9 +132,12 @@ impl Backend {
     pub fn describe(&self) -> String {
         match self {
             #[cfg(feature = "sim")]
-            Backend::Sim { engine, .. } => {
-                format!("sim (the software NIC, in this process), engine {engine:?}")
-            }
+            Backend::Sim { engine, fabric } => match fabric.config().wire {
+                bypass_sim::WireConfig::Udp(at) => {
+                    format!("sim (the software NIC) on the UDP wire at {at}, engine {engine:?}")
+                }
+                _ => format!("sim (the software NIC, in this process), engine {engine:?}"),
+            },
             #[cfg(feature = "verbs")]
             Backend::Verbs(d) => {
                 let (gid_index, _) = d.gid();
@@ -172,6 +190,19 @@ mod tests {
             assert!(b.describe().starts_with("sim"), "{spec}: {}", b.describe());
             assert!(b.run(Caps) > 0);
         }
+    }
+
+    #[test]
+    fn opens_the_simulator_on_the_udp_wire() {
+        for spec in ["sim+udp://127.0.0.1:0", "sim:threaded+udp://127.0.0.1:0"] {
+            let b = Backend::open(spec).unwrap();
+            assert!(b.describe().contains("UDP wire at 127.0.0.1:0"), "{spec}: {}", b.describe());
+            assert!(b.run(Caps) > 0);
+        }
+        let text = |s: &str| Backend::open(s).unwrap_err().to_string();
+        assert!(text("sim+tcp://x").contains("udp://IP:PORT"), "{}", text("sim+tcp://x"));
+        assert!(text("sim+udp://nowhere").contains("IPv4:port"), "{}", text("sim+udp://nowhere"));
+        assert!(text("verbs+udp://1.2.3.4:0").contains("only for the simulator"));
     }
 
     #[test]

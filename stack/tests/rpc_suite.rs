@@ -1,9 +1,9 @@
 //! The RPC conformance suite (`bypass::conformance`) on the simulator, Inline and Threaded
 //! engines: a server NIC and a client NIC on one fabric. (The Stepped engine needs a test that
-//! drives every step; `e2e.rs` covers it.)
+//! drives every step; `e2e.rs` covers it.) And the same on the UDP wire over loopback.
 
 use bypass::conformance::Env;
-use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
 use std::time::Duration;
 
 /// Two NICs on one fabric.
@@ -15,7 +15,15 @@ struct SimEnv {
 
 impl SimEnv {
     fn new(engine: Engine) -> Self {
-        let fabric = Fabric::new(engine);
+        Self::with_wire(engine, WireConfig::InProcess)
+    }
+
+    fn udp(engine: Engine) -> Self {
+        Self::with_wire(engine, WireConfig::parse("udp://127.0.0.1:0").unwrap())
+    }
+
+    fn with_wire(engine: Engine, wire: WireConfig) -> Self {
+        let fabric = Fabric::with_config(FabricConfig { wire, ..FabricConfig::new(engine) });
         let (server, client) = (fabric.add_nic(), fabric.add_nic());
         SimEnv { fabric, server, client }
     }
@@ -43,3 +51,5 @@ impl Env for SimEnv {
 
 bypass::rpc_suite!(inline, || super::SimEnv::new(bypass::sim::Engine::Inline));
 bypass::rpc_suite!(threaded, || super::SimEnv::new(bypass::sim::Engine::Threaded));
+bypass::rpc_suite!(udp_inline, || super::SimEnv::udp(bypass::sim::Engine::Inline));
+bypass::rpc_suite!(udp_threaded, || super::SimEnv::udp(bypass::sim::Engine::Threaded));
