@@ -392,10 +392,15 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
                 std::ptr::null_mut(),
             )
         };
-        if r <= 0 {
-            continue; // the timeout (look whether the NIC is still there) or EINTR
-        }
         let Some(n) = nic.upgrade() else { return };
+        if r <= 0 {
+            // The timeout (or EINTR): run timers that fell due while the NIC's user was not
+            // polling, then look again whether the NIC is still there.
+            if n.fabric.config.engine == crate::Engine::Inline {
+                n.run_if_flagged();
+            }
+            continue;
+        }
         let mut delivered = false;
         for i in 0..r as usize {
             let len = msgs[i].msg_len as usize;
@@ -472,6 +477,13 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
         }
         if delivered {
             n.deliver();
+            // A NIC acknowledges what it receives whether or not its application is polling,
+            // as hardware does: if the NIC's user has not taken the burst by the time this
+            // thread had its turn, run the device here (a user that polls takes it first).
+            if n.fabric.config.engine == crate::Engine::Inline {
+                std::thread::yield_now();
+                n.run_if_flagged();
+            }
         }
     }
 }
