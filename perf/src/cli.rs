@@ -105,11 +105,13 @@ pub struct Args {
     #[arg(long, value_enum, value_name = "ENGINE")]
     pub engine: Option<EngineArg>,
 
-    /// Serve at ADDR for a two-process run (not possible with the sim backend yet)
+    /// Serve at ADDR (TCP control plane) for a two-process RPC run, until killed; the other
+    /// process runs --client ADDR. With the simulator, both need a byte wire:
+    /// --backend sim+udp://IP:0
     #[arg(long, value_name = "ADDR", conflicts_with = "client")]
     pub server: Option<String>,
 
-    /// Connect to a server at ADDR for a two-process run (not possible with the sim backend yet)
+    /// Run the RPC tests against a `bypass-perf --server` at ADDR in another process (or host)
     #[arg(long, value_name = "ADDR")]
     pub client: Option<String>,
 
@@ -248,11 +250,13 @@ impl EngineArg {
 
 /// Checks the backend's kind against what this build has (opening it comes later, in `main`).
 fn parse_backend(s: &str) -> Result<String, String> {
-    let kind = s.split(':').next().unwrap_or("");
+    let kind = s.split([':', '+']).next().unwrap_or("");
     let compiled = bypass::backend::compiled();
     match kind {
+        // The wire is part of the backend (sim+udp://127.0.0.1:0); the engine is --engine.
+        "sim" if s.starts_with("sim+") => Ok(s.to_string()),
         "sim" if s != "sim" => Err(format!(
-            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim`"
+            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim` (or `sim+udp://IP:PORT` for the UDP wire)"
         )),
         k if compiled.contains(&k) => Ok(s.to_string()),
         "verbs" | "urma" | "vfio" => Err(format!(
@@ -334,6 +338,8 @@ pub struct Plan {
     /// Client CPU, server CPU.
     pub pin: (Option<usize>, Option<usize>),
     pub one_thread: bool,
+    /// Two-process runs: this process's side.
+    pub peer: Option<Peer>,
     /// TCP level: spin on non-blocking sockets.
     pub busy_poll: bool,
     pub json: bool,
@@ -341,6 +347,15 @@ pub struct Plan {
     pub bounce_only: bool,
     pub progress: bool,
     pub trace: Option<PathBuf>,
+}
+
+/// One side of a two-process run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// Serve at this control-plane address.
+    Server(String),
+    /// Call the server at this address.
+    Client(String),
 }
 
 /// Trace runs are short: at most this many iterations per measurement.
@@ -373,22 +388,27 @@ fn sweep(max: usize, include_max: bool) -> Vec<usize> {
 
 /// Checks the options and expands them into the measurements to run.
 pub fn plan(a: &Args) -> Result<Plan, String> {
-    if a.server.is_some() || a.client.is_some() {
+    let peer = match (&a.server, &a.client) {
+        (Some(s), _) => Some(Peer::Server(s.clone())),
+        (_, Some(c)) => Some(Peer::Client(c.clone())),
+        _ => None,
+    };
+    if peer.is_some() {
         let role = if a.server.is_some() { "--server" } else { "--client" };
-        return Err(if a.level == Level::Tcp {
-            format!(
-                "{role}: the TCP baseline runs both ends in this process; two-process runs are not supported"
-            )
-        } else if a.backend == "sim" {
-            format!(
-                "{role}: two processes cannot share a simulated NIC yet (the simulator has no cross-process wire); run without {role} to measure client and server in one process"
-            )
-        } else {
-            format!(
-                "{role}: two-process runs are not built yet; run without {role}: both ends then share {} and connect through its loopback",
-                a.backend
-            )
-        });
+        if a.level != Level::Rpc {
+            return Err(format!(
+                "{role}: two-process runs measure the RPC level (the {} level runs both ends in this process)",
+                a.level.name()
+            ));
+        }
+        if a.backend == "sim" {
+            return Err(format!(
+                "{role}: the simulator's in-process wire cannot reach another process; give both processes a byte wire, e.g. --backend sim+udp://127.0.0.1:0"
+            ));
+        }
+        if a.one_thread {
+            return Err(format!("{role}: --one-thread drives both ends from one thread of one process"));
+        }
     }
     let level = a.level;
     if level != Level::Hal && !a.op.is_empty() {
@@ -403,7 +423,8 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     if level != Level::Rpc && a.msg_size.is_some() {
         return Err("--msg-size applies to --level rpc".into());
     }
-    if a.backend != "sim" && a.engine.is_some() {
+    let is_sim = a.backend == "sim" || a.backend.starts_with("sim+");
+    if !is_sim && a.engine.is_some() {
         return Err(format!("--engine applies to the simulator, not to --backend {}", a.backend));
     }
     if level == Level::Tcp {
@@ -564,7 +585,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     Ok(Plan {
         level,
         specs,
-        engine: if level == Level::Tcp || a.backend != "sim" {
+        engine: if level == Level::Tcp || !is_sim {
             None
         } else {
             Some(a.engine.unwrap_or(EngineArg::Inline))
@@ -575,6 +596,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         msg_size,
         pin: (a.pin.first().copied(), a.pin.get(1).copied()),
         one_thread: a.one_thread,
+        peer,
         busy_poll: a.busy_poll,
         json: a.json,
         bounce: !a.no_bounce,
@@ -650,6 +672,9 @@ mod tests {
             &["--op", "read"],
             &["--server", "1.2.3.4:5"],
             &["--client", "localhost:5"],
+            &["--client", "localhost:5", "--backend", "sim+udp://127.0.0.1:0", "--level", "hal"],
+            &["--server", "localhost:5", "--backend", "sim+udp://127.0.0.1:0", "--one-thread"],
+            &["--backend", "sim:threaded"],
             &["--backend", "verbs"],
             &["--pin", "0,1,2"],
             &["-n", "0"],

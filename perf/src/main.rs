@@ -73,7 +73,7 @@ fn run(plan: &Plan) -> Result<(), String> {
         env!("CARGO_PKG_VERSION"),
         plan.level.name()
     ));
-    if plan.bounce {
+    if plan.bounce && !matches!(plan.peer, Some(cli::Peer::Server(_))) {
         report.bounce(stats::bounce(BOUNCE_ITERS, BOUNCE_LIMIT), cpus);
         if plan.bounce_only {
             return Ok(());
@@ -134,6 +134,9 @@ fn open_backend(plan: &Plan) -> Result<Backend, String> {
     let spec = match (plan.backend.as_str(), plan.engine) {
         ("sim", Some(EngineArg::Threaded)) => "sim:threaded".to_string(),
         ("sim", _) => "sim:inline".to_string(),
+        (wire, Some(EngineArg::Threaded)) if wire.starts_with("sim+") => {
+            format!("sim:threaded{}", &wire[3..])
+        }
         (other, _) => other.to_string(),
     };
     Backend::open(&spec).map_err(|e| format!("--backend {}: {e}", plan.backend))
@@ -164,7 +167,11 @@ impl WithDevices for Measure<'_> {
                 }
             }
             Level::Rpc => {
-                let rig = rpc::Rig::new(server, client, plan)?;
+                let rig = match &plan.peer {
+                    Some(cli::Peer::Server(addr)) => return rpc::serve(server, addr, plan, report),
+                    Some(cli::Peer::Client(addr)) => rpc::Rig::connect(client, addr, plan)?,
+                    None => rpc::Rig::new(server, client, plan)?,
+                };
                 for spec in &plan.specs {
                     let progress = Progress::new(plan.progress, label(plan, spec));
                     let m =

@@ -38,38 +38,72 @@ const SINK: FunctionId = match FunctionId::new(0x100, 1, true, 2) {
 
 const TICK: u64 = 4096;
 
-/// A server and a channel to it.
+/// A channel to a server, and the server when it runs in this process.
 pub struct Rig<D: Device + Clone> {
-    server: Server<D>,
+    server: Option<Server<D>>,
     channel: Channel<D>,
     one_thread: bool,
+}
+
+/// The benchmark's server: its functions, on `nic` at `addr`.
+fn start_server<D: Device + Clone>(nic: &D, addr: &str, plan: &Plan) -> Res<Server<D>> {
+    let mut functions = Functions::new();
+    functions.register(ECHO, |req| {
+        let _ = req.reply_with(Status::Success, |args, out| {
+            let n = args.len();
+            out.get_mut(..n).ok_or(n)?.copy_from_slice(args);
+            Ok(n)
+        });
+    });
+    functions.register(SINK, |req| {
+        let _ = req.reply_with(Status::Success, |_, _| Ok(0));
+    });
+    let window = plan.window as u32;
+    let server_config = ServerConfig {
+        msg_size: plan.msg_size,
+        max_window: window.max(128),
+        workers: if plan.one_thread { 0 } else { 1 },
+        pin: plan.pin.1.into_iter().collect(),
+        ..ServerConfig::new("bypass-perf")
+    };
+    Server::bind(nic, addr, server_config, functions).map_err(|e| format!("start the server at {addr}: {e}"))
+}
+
+/// `--server ADDR`: serves the benchmark's functions until the process is killed.
+pub fn serve<D: Device + Clone>(
+    nic: &D,
+    addr: &str,
+    plan: &Plan,
+    report: &mut crate::report::Report,
+) -> Res<()> {
+    let server = start_server(nic, addr, plan)?;
+    report.note(&format!(
+        "serving at {} (message size {} B); run `bypass-perf --client {}` with a matching --backend and --msg-size; stop with Ctrl-C",
+        server.local_addr(),
+        plan.msg_size,
+        server.local_addr()
+    ));
+    loop {
+        std::thread::park();
+    }
 }
 
 impl<D: Device + Clone> Rig<D> {
     /// Starts a server on `server_nic` (one worker, or none with `--one-thread`) and connects a
     /// channel from `client_nic`.
     pub fn new(server_nic: &D, client_nic: &D, plan: &Plan) -> Res<Rig<D>> {
-        let mut functions = Functions::new();
-        functions.register(ECHO, |req| {
-            let _ = req.reply_with(Status::Success, |args, out| {
-                let n = args.len();
-                out.get_mut(..n).ok_or(n)?.copy_from_slice(args);
-                Ok(n)
-            });
-        });
-        functions.register(SINK, |req| {
-            let _ = req.reply_with(Status::Success, |_, _| Ok(0));
-        });
+        let server = start_server(server_nic, "127.0.0.1:0", plan)?;
+        let channel = Self::channel(client_nic, &server.local_addr().to_string(), plan)?;
+        Ok(Rig { server: Some(server), channel, one_thread: plan.one_thread })
+    }
+
+    /// `--client ADDR`: a channel to a `bypass-perf --server` in another process.
+    pub fn connect(client_nic: &D, addr: &str, plan: &Plan) -> Res<Rig<D>> {
+        Ok(Rig { server: None, channel: Self::channel(client_nic, addr, plan)?, one_thread: false })
+    }
+
+    fn channel(client_nic: &D, addr: &str, plan: &Plan) -> Res<Channel<D>> {
         let window = plan.window as u32;
-        let server_config = ServerConfig {
-            msg_size: plan.msg_size,
-            max_window: window.max(128),
-            workers: if plan.one_thread { 0 } else { 1 },
-            pin: plan.pin.1.into_iter().collect(),
-            ..ServerConfig::new("bypass-perf")
-        };
-        let server = Server::bind(server_nic, "127.0.0.1:0", server_config, functions)
-            .map_err(|e| format!("start the server: {e}"))?;
         let channel_config = ChannelConfig {
             window,
             msg_size: plan.msg_size,
@@ -78,9 +112,15 @@ impl<D: Device + Clone> Rig<D> {
             timeout: Some(Duration::from_secs(60)),
             ..ChannelConfig::new("bypass-perf")
         };
-        let channel = Channel::connect(client_nic, server.local_addr(), channel_config)
-            .map_err(|e| format!("connect the channel: {e}"))?;
-        Ok(Rig { server, channel, one_thread: plan.one_thread })
+        Channel::connect(client_nic, addr, channel_config)
+            .map_err(|e| format!("connect the channel to {addr}: {e}"))
+    }
+
+    /// `--one-thread`: this thread also runs the server's work.
+    fn poll_server(&self) {
+        if let Some(s) = &self.server {
+            s.poll();
+        }
     }
 
     /// Largest arguments a call may carry.
@@ -90,12 +130,21 @@ impl<D: Device + Clone> Rig<D> {
 
     /// One line about the counters, for the end of a run: nothing lost, nothing leaked.
     pub fn summary(&self) -> String {
-        let s = self.server.stats();
         let c = self.channel.stats();
-        format!(
-            "server: {} requests, {} responses, {} ACKs, {} protocol errors; client: {} calls, {} timeouts, {} stale, {} contexts in use",
-            s.requests, s.responses, s.acks, s.protocol_errors, c.calls, c.timeouts, c.stale, c.tx_in_use
-        )
+        let client = format!(
+            "client: {} calls, {} timeouts, {} stale, {} contexts in use",
+            c.calls, c.timeouts, c.stale, c.tx_in_use
+        );
+        match &self.server {
+            Some(server) => {
+                let s = server.stats();
+                format!(
+                    "server: {} requests, {} responses, {} ACKs, {} protocol errors; {client}",
+                    s.requests, s.responses, s.acks, s.protocol_errors
+                )
+            }
+            None => format!("server: in another process; {client}"),
+        }
     }
 
     /// Runs one measurement.
@@ -156,7 +205,7 @@ impl<D: Device + Clone> Rig<D> {
                     .call_callback(&opts, ECHO, args, move |r| d.finish(r.map(|_| ())))
                     .map_err(call_err)?;
                 while done.count.load(Ordering::Relaxed) == before {
-                    self.server.poll();
+                    self.poll_server();
                     self.channel.poll();
                 }
                 done.check()?;
@@ -211,7 +260,7 @@ impl<D: Device + Clone> Rig<D> {
                 }
             }
             if self.one_thread {
-                self.server.poll();
+                self.poll_server();
             }
             self.channel.poll();
             if finished >= next_tick {

@@ -227,7 +227,56 @@ fn bad_arguments_give_one_error_line_and_the_usage() {
         assert!(err.contains("Usage: bypass-perf") || err.contains("--help"), "{args:?}: {err}");
     }
     let o = perf(&["--server", "0.0.0.0:18515"]);
-    assert!(stderr(&o).contains("cannot share a simulated NIC"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("in-process wire cannot reach another process"), "{}", stderr(&o));
     let o = perf(&["--backend", "verbs"]);
     assert!(stderr(&o).contains("not compiled in"), "{}", stderr(&o));
+}
+
+/// `--server` in one process, `--client` in another, on the simulator's UDP wire: the client
+/// prints the same table as a one-process run.
+#[test]
+fn two_processes_on_the_udp_wire() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    // Port 0: the server takes a free port and says which.
+    let mut server = Command::new(env!("CARGO_BIN_EXE_bypass-perf"))
+        .args(["--backend", "sim+udp://127.0.0.2:0", "--server", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the server");
+    let mut line = String::new();
+    let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
+    while !line.contains("serving at") {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            let _ = server.kill();
+            panic!("the server exited before serving: {}", stderr(&server.wait_with_output().unwrap()));
+        }
+    }
+    let addr = line.split_whitespace().nth(2).expect("serving at ADDR").to_string();
+    let client = Command::new(env!("CARGO_BIN_EXE_bypass-perf"))
+        .args([
+            "--backend",
+            "sim+udp://127.0.0.3:0",
+            "--client",
+            &addr,
+            "-s",
+            "64",
+            "-n",
+            "2000",
+            "--no-bounce",
+        ])
+        .output()
+        .expect("run the client");
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = stdout(&client);
+    assert!(client.status.success(), "{}\n{text}", stderr(&client));
+    assert!(text.contains("UDP wire at 127.0.0.3:0"), "{text}");
+    for test in ["lat", "rate"] {
+        let r = rows(&text, "rpc", test);
+        assert_eq!(r.len(), 1, "{test}: {text}");
+        assert_eq!((r[0][2], r[0][3], r[0][4]), ("wait", "64", "2000"), "{text}");
+    }
+    assert!(text.contains("server: in another process") && text.contains("0 timeouts"), "{text}");
 }

@@ -361,8 +361,9 @@ impl Wire for UdpLink {
 pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
     let size = mtu as usize + OVERHEAD;
     let mut bufs: Vec<Box<[u8]>> = (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect();
-    // SAFETY (both): all-zero sockaddr_in and mmsghdr values are valid plain C structs.
+    // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
     let mut addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
+    // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid plain C struct.
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
     let mut iovs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
     let local = port.local;
