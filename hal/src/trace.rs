@@ -466,7 +466,7 @@ pub fn write_json(out: &mut dyn Write, events: &[TraceEvent]) -> io::Result<()> 
     order.sort_by_key(|&i| (events[i].ts_ns, u8::from(events[i].kind == Kind::Instant)));
 
     out.write_all(b"{\"displayTimeUnit\":\"ns\",\"otherData\":{\"recorder\":\"bypass\",\"dropped_events\":")?;
-    write!(out, "{}", dropped())?;
+    write!(out, "{},\"os_pid\":{}", dropped(), std::process::id())?;
     out.write_all(b"},\"traceEvents\":[\n")?;
     let mut first = true;
     let mut sep = |out: &mut dyn Write| -> io::Result<()> {
@@ -478,10 +478,13 @@ pub fn write_json(out: &mut dyn Write, events: &[TraceEvent]) -> io::Result<()> 
     // Metadata: names and sort order.
     let mut rows: Vec<(usize, u32)> = Vec::new();
     for (i, &p) in procs.iter().enumerate() {
+        // Each process writes its own file; the suffix tells files of a two-process run apart
+        // when they are opened side by side.
+        let os_pid = std::process::id();
         let name = match p {
-            Proc::Group(g) => g.to_string(),
-            Proc::Nic(a) => format!("NIC {a}"),
-            Proc::Wire(f, t) => format!("wire {f}\u{2192}{t}"),
+            Proc::Group(g) => format!("{g} [pid {os_pid}]"),
+            Proc::Nic(a) => format!("NIC {a} [pid {os_pid}]"),
+            Proc::Wire(f, t) => format!("wire {f}\u{2192}{t} [pid {os_pid}]"),
         };
         for (key, arg, value) in
             [("process_name", "name", None), ("process_sort_index", "sort_index", Some(i))]
@@ -673,9 +676,10 @@ mod tests {
         for needle in [
             "\"traceEvents\":[",
             "\"process_name\"",
-            "\"NIC 1\"",
-            "\"wire 1\u{2192}0\"",
-            "\"server\"",
+            "\"NIC 1 [pid ",
+            "\"wire 1\u{2192}0 [pid ",
+            "\"server [pid ",
+            "\"os_pid\":",
             "\"ph\":\"b\"",
             "\"ph\":\"e\"",
             "\"ph\":\"X\"",
@@ -685,7 +689,7 @@ mod tests {
             assert!(text.contains(needle), "{needle} missing from {text}");
         }
         // The NIC that sent first is listed before the other one.
-        assert!(text.find("\"NIC 1\"").unwrap() < text.find("\"wire 1\u{2192}0\"").unwrap());
+        assert!(text.find("\"NIC 1 [pid ").unwrap() < text.find("\"wire 1\u{2192}0 [pid ").unwrap());
     }
 
     #[test]

@@ -158,7 +158,7 @@ fn one_rpc_inline_in_causal_order_and_valid_json() {
     let pid = |name: &str| {
         processes
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| n.strip_suffix(&format!(" [pid {}]", std::process::id())) == Some(name))
             .unwrap_or_else(|| panic!("no process {name} in {processes:?}"))
             .1
     };
