@@ -260,6 +260,9 @@ impl FabricShared {
             if let Some(t) = n.thread.get() {
                 t.unpark();
             }
+            if let Some(u) = n.udp.get() {
+                u.wake();
+            }
         }
         for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             let _ = t.join();

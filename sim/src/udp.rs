@@ -77,8 +77,9 @@ pub(crate) struct UdpPort {
     peers: RwLock<(Vec<SocketAddrV4>, HashMap<SocketAddrV4, u32>)>,
     tx: Mutex<TxBatch>,
     pub stats: UdpStats,
-    /// Pongs received, by nonce, for `connect`'s reachability check.
-    pongs: Mutex<Vec<u64>>,
+    /// Outstanding pings of `connect`'s reachability check: (nonce, answered). Only pongs to
+    /// these are kept, so a stranger's pongs cannot grow it.
+    pongs: Mutex<Vec<(u64, bool)>>,
     pong_cv: Condvar,
     pcap: Option<Arc<PcapWriter>>,
     fabric_id: u32,
@@ -139,6 +140,12 @@ impl UdpPort {
         })
     }
 
+    /// Wakes the receive thread (an empty datagram to itself), so that it sees a shutdown at once
+    /// rather than at its next idle check.
+    pub(crate) fn wake(&self) {
+        let _ = self.sock.send_to(&[], self.local);
+    }
+
     /// The socket address peers send to.
     pub(crate) fn local(&self) -> SocketAddrV4 {
         self.local
@@ -170,23 +177,30 @@ impl UdpPort {
         let mut msg = [0u8; 16];
         msg[..8].copy_from_slice(&PING);
         msg[8..].copy_from_slice(&nonce.to_le_bytes());
-        for _ in 0..3 {
-            if let Err(e) = self.sock.send_to(&msg, peer) {
-                return Err(format!("cannot send to the peer NIC at {peer}: {e}"));
-            }
-            let deadline = Instant::now() + PING_WAIT;
-            let mut got = self.pongs.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(i) = got.iter().position(|&n| n == nonce) {
-                    got.swap_remove(i);
-                    return Ok(());
+        self.pongs.lock().unwrap_or_else(|e| e.into_inner()).push((nonce, false));
+        let answered = (|| {
+            for _ in 0..3 {
+                if let Err(e) = self.sock.send_to(&msg, peer) {
+                    return Err(format!("cannot send to the peer NIC at {peer}: {e}"));
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
+                let deadline = Instant::now() + PING_WAIT;
+                let mut got = self.pongs.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    if got.iter().any(|&(n, yes)| n == nonce && yes) {
+                        return Ok(true);
+                    }
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    got = self.pong_cv.wait_timeout(got, left).unwrap_or_else(|e| e.into_inner()).0;
                 }
-                got = self.pong_cv.wait_timeout(got, left).unwrap_or_else(|e| e.into_inner()).0;
             }
+            Ok(false)
+        })();
+        self.pongs.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(n, _)| n != nonce);
+        if answered? {
+            return Ok(());
         }
         Err(format!(
             "no simulated NIC answers at {peer} (UDP) from {}: the peer process is gone, the address \
@@ -394,6 +408,9 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
             )
         };
         let Some(n) = nic.upgrade() else { return };
+        if n.fabric.is_shut_down() {
+            return;
+        }
         if r <= 0 {
             // The timeout (or EINTR): run timers that fell due while the NIC's user was not
             // polling, then look again whether the NIC is still there.
@@ -410,7 +427,7 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
                 u16::from_be(addrs[i].sin_port),
             );
             let dgram = &bufs[i][..len.min(size)];
-            if len > size {
+            if len > size || msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
                 port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
                 continue;
             }
@@ -423,8 +440,14 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
             }
             if dgram.len() == 16 && dgram[..8] == PONG {
                 let nonce = u64::from_le_bytes(dgram[8..].try_into().expect("8 bytes"));
-                port.pongs.lock().unwrap_or_else(|e| e.into_inner()).push(nonce);
-                port.pong_cv.notify_all();
+                let mut pongs = port.pongs.lock().unwrap_or_else(|e| e.into_inner());
+                match pongs.iter_mut().find(|(n, _)| *n == nonce) {
+                    Some(p) => {
+                        p.1 = true;
+                        port.pong_cv.notify_all();
+                    }
+                    None => drop(port.stats.malformed.fetch_add(1, AtOrd::Relaxed)),
+                }
                 continue;
             }
             let ep = Endpoints {
