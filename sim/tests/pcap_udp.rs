@@ -6,6 +6,7 @@ use bypass_hal::*;
 use bypass_sim::{pcap, roce, Engine, Fabric, FabricConfig, WireConfig};
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)] // this capture uses only part of the shared tshark helpers
 mod tshark;
 
 #[test]
