@@ -11,6 +11,8 @@
 
 pub(crate) mod keys;
 pub(crate) mod qp;
+#[cfg(all(test, not(loom)))]
+mod transport_tests;
 
 use crate::clock::{Nanos, NEVER};
 use crate::events::AsyncEvents;
@@ -52,6 +54,9 @@ pub struct NicStats {
     pub seq_naks_received: u64,
     /// Queues that entered ERROR.
     pub queue_errors: u64,
+    /// ACKs, NAKs and READ responses for PSNs that are not outstanding (from before a reset, or
+    /// duplicated), dropped.
+    pub stale_responses: u64,
     /// Byte wires: datagrams or frames that were not valid RoCEv2 packets (short, bad ICRC,
     /// unknown opcode, bad lengths), dropped before reaching any queue.
     pub rx_malformed: u64,

@@ -613,6 +613,12 @@ impl QpCtx {
 
     /// A NAK for `psn`: it acknowledges the messages before it, and fails the one containing it.
     fn fail_front_at(&mut self, ctx: &mut Ctx<'_>, psn: u32, status: Status) {
+        if self.implied_nak(ctx, psn) {
+            // The NAK is for a message after an incomplete READ: the READ's response was lost.
+            // Retry the READ (rxe does the same); the NAK, if the responder still means it, comes
+            // again once the READ is complete.
+            return;
+        }
         self.ack_before(ctx, psn);
         self.fail_front(ctx, status);
     }
@@ -627,8 +633,11 @@ impl QpCtx {
             if front.wqe.op == WqeOp::Read {
                 // Acknowledged past a READ whose response is incomplete: the response was lost
                 // (an implied NAK). Ask again from the first missing segment.
-                self.send_psn = psn_add(front.first_psn, front.resp_got);
-                break;
+                if progress {
+                    self.on_progress(ctx);
+                }
+                self.implied_nak(ctx, psn_add(psn, 1));
+                return;
             }
             let op = self.ops.pop_front().expect("front exists");
             self.send_cqe(&op.wqe, op.len, Status::Success);
@@ -658,6 +667,47 @@ impl QpCtx {
         }
     }
 
+    /// The oldest PSN not yet acknowledged (the next PSN when nothing is outstanding).
+    fn oldest_unacked(&self) -> u32 {
+        self.ops.front().map_or(self.next_psn, |o| o.first_psn)
+    }
+
+    /// True if `psn` is outstanding: in [oldest unacknowledged, next PSN). Responses (NAKs, READ
+    /// responses) for anything else are stale — from before a reset, or duplicated by the
+    /// network — and are dropped, never applied to newer messages ("ghost ACKs").
+    fn in_window(&self, psn: u32) -> bool {
+        let una = self.oldest_unacked();
+        psn_diff(psn, una) >= 0 && psn_diff(psn, self.next_psn) < 0
+    }
+
+    /// An implied NAK or a sequence NAK asks for a retransmission: it spends one unit of the
+    /// retry budget, as rxe does (`retry_cnt`). Returns false, having failed the oldest message
+    /// with `RetryExceeded`, when the budget is spent.
+    fn spend_retry(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if self.retry_left == 0 {
+            self.fail_front(ctx, Status::RetryExceeded);
+            return false;
+        }
+        self.retry_left -= 1;
+        true
+    }
+
+    /// An incomplete READ older than `psn`: a response at `psn` means the READ's response was
+    /// lost (an implied NAK), so the READ is asked again from its first missing segment.
+    /// Returns true if it was (the caller then applies nothing else of the response).
+    fn implied_nak(&mut self, ctx: &mut Ctx<'_>, psn: u32) -> bool {
+        let Some(read) = self.ops.iter().find(|o| o.wqe.op == WqeOp::Read && psn_diff(o.last_psn(), psn) < 0)
+        else {
+            return false;
+        };
+        let again = psn_add(read.first_psn, read.resp_got);
+        if self.spend_retry(ctx) {
+            self.send_psn = again;
+            self.wire_blocked = false;
+        }
+        true
+    }
+
     /// Rewinds to resend from `psn` if it is outstanding.
     fn rewind(&mut self, psn: u32) {
         if self.ops.iter().any(|o| o.contains(psn)) {
@@ -671,15 +721,37 @@ impl QpCtx {
         if self.state != QueueState::Ready {
             return;
         }
+        // An ACK may repeat the last acknowledged PSN (una - 1); a NAK names an outstanding one.
+        let valid = match hdr.syndrome {
+            Syndrome::Ack => {
+                self.in_window(psn_add(hdr.psn, 1)) || hdr.psn == psn_add(self.next_psn, PSN_MASK)
+            }
+            _ => self.in_window(hdr.psn),
+        };
+        if !valid {
+            ctx.stats.stale_responses += 1;
+            return;
+        }
         match hdr.syndrome {
             Syndrome::Ack => self.ack_through(ctx, hdr.psn),
             Syndrome::NakSequence => {
                 ctx.stats.seq_naks_received += 1;
+                if self.implied_nak(ctx, hdr.psn) {
+                    return;
+                }
                 self.ack_before(ctx, hdr.psn);
-                self.rewind(hdr.psn);
+                if self.state == QueueState::Ready
+                    && self.ops.iter().any(|o| o.contains(hdr.psn))
+                    && self.spend_retry(ctx)
+                {
+                    self.rewind(hdr.psn);
+                }
             }
             Syndrome::RnrNak(wait) => {
                 ctx.stats.rnr_naks_received += 1;
+                if self.implied_nak(ctx, hdr.psn) {
+                    return;
+                }
                 self.ack_before(ctx, hdr.psn);
                 if self.shared.config.rnr_retry != 7 {
                     if self.rnr_left == 0 {
@@ -701,6 +773,10 @@ impl QpCtx {
     /// Handles a READ response segment.
     pub(crate) fn on_read_response(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
         if self.state != QueueState::Ready {
+            return;
+        }
+        if !self.in_window(hdr.psn) {
+            ctx.stats.stale_responses += 1;
             return;
         }
         // Responses come in order, so every message before the READ is complete.

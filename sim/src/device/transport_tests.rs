@@ -1,0 +1,143 @@
+//! Regression tests for transport bugs found by reading the simulator against rxe (issue 13):
+//! a NIC's requester receives crafted responses injected into its receive port, from a peer
+//! queue that never answers by itself (it stays in RESET, so it ignores everything), under the
+//! Stepped engine: nothing happens but what the test injects.
+
+use crate::packet::{PacketHeader, PacketKind, Syndrome, PSN_MASK};
+use crate::{Engine, Fabric, SimNic};
+use bypass_hal::*;
+
+struct Rig {
+    fabric: Fabric,
+    a: SimNic,
+    b: SimNic,
+    cq: <SimNic as Device>::Cq,
+    q: <SimNic as Device>::Queue,
+    peer_qpn: u32,
+    /// The first PSN the requester sends.
+    first: u32,
+    target: <SimNic as Device>::Region,
+    local: <SimNic as Device>::Region,
+}
+
+fn rig(cfg: QueueConfig) -> Rig {
+    let fabric = Fabric::new(Engine::Stepped { seed: 3 });
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let cq = a.create_cq(64).unwrap();
+    let mut q = a.create_queue(&cfg, &cq, &cq).unwrap();
+    let cqb = b.create_cq(64).unwrap();
+    let peer = b.create_queue(&cfg, &cqb, &cqb).unwrap(); // stays in RESET: ignores packets
+    q.connect(&peer.info()).unwrap();
+    let first = q.info().psn;
+    let target = b.register(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+    let local = a.register(1 << 16, Access::LOCAL_WRITE).unwrap();
+    let peer_qpn = peer.qpn();
+    std::mem::forget((cqb, peer)); // keep b's queue alive for the test's life
+    Rig { fabric, a, b, cq, q, peer_qpn, first, target, local }
+}
+
+impl Rig {
+    /// Injects a response from the peer queue with `psn` and `syndrome`, then runs to idle.
+    fn respond(&self, psn: u32, syndrome: Syndrome) {
+        let hdr = PacketHeader {
+            src_nic: self.b.addr(),
+            dst_nic: self.a.addr(),
+            src_qpn: self.peer_qpn,
+            dst_qpn: self.q.qpn(),
+            kind: PacketKind::Ack,
+            syndrome,
+            psn: psn & PSN_MASK,
+            ..Default::default()
+        };
+        assert!(self.a.nic.port.push(&hdr, &mut |_| {}));
+        self.fabric.run_until_idle();
+    }
+
+    fn psn(&self, k: u32) -> u32 {
+        self.first.wrapping_add(k) & PSN_MASK
+    }
+
+    fn completions(&mut self) -> Vec<(u64, Status)> {
+        let mut wc = [Completion::default(); 16];
+        let n = self.cq.poll(&mut wc).unwrap();
+        wc[..n].iter().map(|c| (c.wr_id, c.status)).collect()
+    }
+}
+
+/// Bug 2: an ACK outside [oldest unacknowledged, next PSN) — from before a reset — must not
+/// complete messages the responder never executed.
+#[test]
+fn a_ghost_ack_completes_nothing() {
+    let mut r = rig(QueueConfig::default());
+    let sge = r.local.sge(0, 8).unwrap();
+    r.q.post_send(&[SendWr::send(1, &[sge]), SendWr::send(2, &[sge]), SendWr::send(3, &[sge])]).unwrap();
+    r.fabric.run_until_idle();
+    assert!(r.completions().is_empty());
+    // Far ahead of anything sent (PSNs first..first+2 are outstanding).
+    r.respond(r.psn(1000), Syndrome::Ack);
+    // Far behind.
+    r.respond(r.psn(0).wrapping_sub(5000) & PSN_MASK, Syndrome::Ack);
+    assert_eq!(r.completions(), [], "a stale ACK completed never-executed messages");
+    assert_eq!(r.a.stats().stale_responses, 2);
+    // The positive control: an ACK inside the window completes what it covers.
+    r.respond(r.psn(1), Syndrome::Ack);
+    assert_eq!(r.completions(), [(1, Status::Success), (2, Status::Success)]);
+}
+
+/// Bug 1: a NAK for a message behind an incomplete READ means the READ's response was lost; the
+/// READ is asked again, and the NAK's error is not pinned on it.
+#[test]
+fn a_nak_past_an_incomplete_read_retries_the_read() {
+    let mut r = rig(QueueConfig::default());
+    let remote = r.target.remote();
+    let (big, small) = ([r.local.sge(0, 6000).unwrap()], [r.local.sge(0, 8).unwrap()]);
+    let read = SendWr::send(1, &big).with_op(SendOp::Read(remote.at(0)));
+    let write = SendWr::send(2, &small).with_op(SendOp::Write(remote.at(0)));
+    r.q.post_send(&[read, write]).unwrap();
+    r.fabric.run_until_idle();
+    let sent = r.a.stats().tx_packets;
+    // The READ holds PSNs first..first+1 (two response segments); the WRITE is first+2.
+    r.respond(r.psn(2), Syndrome::NakRemoteAccess);
+    assert_eq!(r.completions(), [], "the NAK's error was reported on the READ");
+    assert_eq!(r.q.state(), QueueState::Ready);
+    assert!(r.a.stats().tx_packets > sent, "the READ request was sent again");
+}
+
+/// Bug 4: sequence NAKs spend the retry budget: after `retry_count` of them the next one fails
+/// the message with `RetryExceeded`.
+#[test]
+fn sequence_naks_spend_the_retry_budget() {
+    let mut cfg = QueueConfig::default();
+    cfg.retry_count = 3;
+    let mut r = rig(cfg);
+    r.q.post_send(&[SendWr::send(1, &[r.local.sge(0, 8).unwrap()])]).unwrap();
+    r.fabric.run_until_idle();
+    for i in 0..3 {
+        r.respond(r.psn(0), Syndrome::NakSequence);
+        assert_eq!(r.completions(), [], "failed after {} sequence NAK(s)", i + 1);
+    }
+    r.respond(r.psn(0), Syndrome::NakSequence);
+    assert_eq!(r.completions(), [(1, Status::RetryExceeded)]);
+    assert_eq!(r.q.state(), QueueState::Error);
+}
+
+/// Bug 4, implied NAKs: an ACK past an incomplete READ spends the retry budget too.
+#[test]
+fn implied_naks_spend_the_retry_budget() {
+    let mut cfg = QueueConfig::default();
+    cfg.retry_count = 2;
+    let mut r = rig(cfg);
+    let remote = r.target.remote();
+    let (big, small) = ([r.local.sge(0, 100).unwrap()], [r.local.sge(0, 8).unwrap()]);
+    let read = SendWr::send(1, &big).with_op(SendOp::Read(remote.at(0)));
+    let write = SendWr::send(2, &small).with_op(SendOp::Write(remote.at(0)));
+    r.q.post_send(&[read, write]).unwrap();
+    r.fabric.run_until_idle();
+    for _ in 0..2 {
+        r.respond(r.psn(1), Syndrome::Ack); // acknowledges the WRITE, past the READ (PSN first)
+        assert_eq!(r.completions(), []);
+    }
+    r.respond(r.psn(1), Syndrome::Ack);
+    let got = r.completions();
+    assert_eq!(got.first(), Some(&(1, Status::RetryExceeded)), "{got:?}");
+}
