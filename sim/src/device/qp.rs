@@ -126,7 +126,9 @@ pub(crate) struct QpCtx {
     /// While the peer said "receiver not ready": when to try again (0 = not waiting).
     rnr_until: Nanos,
     reads_outstanding: u32,
-    fence_blocked: bool,
+    /// Waiting for an outstanding READ to complete before fetching the next WQE: a FENCE, or
+    /// the queue's `max_rd_atomic` limit of READs in flight.
+    read_blocked: bool,
     pub wire_blocked: bool,
     /// Listed in the device's to-flush list.
     pub pending_flush: bool,
@@ -175,7 +177,7 @@ impl QpCtx {
             retx_deadline: NEVER,
             rnr_until: 0,
             reads_outstanding: 0,
-            fence_blocked: false,
+            read_blocked: false,
             wire_blocked: false,
             pending_flush: false,
             listed: false,
@@ -241,7 +243,7 @@ impl QpCtx {
         self.send_psn != self.next_psn
             || (self.shared.sq.producer() != self.sq_fetch
                 && self.ops.len() < self.shared.sq.depth() as usize
-                && !self.fence_blocked)
+                && !self.read_blocked)
     }
 
     /// True when the retransmission timer is due.
@@ -366,7 +368,7 @@ impl QpCtx {
         self.rnr_until = 0;
         self.send_psn = self.next_psn;
         self.reads_outstanding = 0;
-        self.fence_blocked = false;
+        self.read_blocked = false;
         self.wire_blocked = false;
         self.nak_seq_sent = false;
     }
@@ -416,7 +418,7 @@ impl QpCtx {
         }
         if self.shared.sq.producer() == self.sq_fetch
             || self.ops.len() >= self.shared.sq.depth() as usize
-            || self.fence_blocked
+            || self.read_blocked
         {
             return false;
         }
@@ -430,7 +432,13 @@ impl QpCtx {
             }
         };
         if wqe.flags.contains(WrFlags::FENCE) && self.reads_outstanding > 0 {
-            self.fence_blocked = true;
+            self.read_blocked = true;
+            return false;
+        }
+        if wqe.op == WqeOp::Read && self.reads_outstanding >= self.read_limit(ctx) {
+            // As many READs in flight as the queue may have (verbs max_rd_atomic, clamped to
+            // the device's): this one waits until one completes. Nothing after it overtakes it.
+            self.read_blocked = true;
             return false;
         }
         if trace::is_enabled() {
@@ -462,6 +470,13 @@ impl QpCtx {
         }
         self.emit(ctx, self.send_psn);
         true
+    }
+
+    /// Most READs this queue may have outstanding: its `max_rd_atomic`, clamped to the device's,
+    /// and at least 1 (a limit of 0 would stall every READ forever, as rxe does; the sim lets
+    /// one through instead).
+    fn read_limit(&self, ctx: &Ctx<'_>) -> u32 {
+        u32::from(self.shared.config.max_rd_atomic.min(ctx.caps.max_rd_atomic)).max(1)
     }
 
     /// A WQE failed before it started: flush older outstanding ones, report it, flush the rest.
@@ -816,7 +831,7 @@ impl QpCtx {
             let op = self.ops.pop_front().expect("front exists");
             self.send_cqe(&op.wqe, op.len, Status::Success);
             self.reads_outstanding -= 1;
-            self.fence_blocked = false;
+            self.read_blocked = false;
         }
         self.on_progress(ctx);
     }

@@ -29,7 +29,8 @@ fn rig(cfg: QueueConfig) -> Rig {
     let peer = b.create_queue(&cfg, &cqb, &cqb).unwrap(); // stays in RESET: ignores packets
     q.connect(&peer.info()).unwrap();
     let first = q.info().psn;
-    let target = b.register(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+    let target =
+        b.register(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
     let local = a.register(1 << 16, Access::LOCAL_WRITE).unwrap();
     let peer_qpn = peer.qpn();
     std::mem::forget((cqb, peer)); // keep b's queue alive for the test's life
@@ -140,4 +141,37 @@ fn implied_naks_spend_the_retry_budget() {
     r.respond(r.psn(1), Syndrome::Ack);
     let got = r.completions();
     assert_eq!(got.first(), Some(&(1, Status::RetryExceeded)), "{got:?}");
+}
+
+/// The requester keeps at most `max_rd_atomic` READs in flight: the next READ (and everything
+/// after it) waits until one completes.
+#[test]
+fn reads_in_flight_stop_at_max_rd_atomic() {
+    let mut cfg = QueueConfig::default();
+    cfg.max_rd_atomic = 2;
+    let mut r = rig(cfg);
+    let remote = r.target.remote();
+    let sges: Vec<[Sge; 1]> = (0..4).map(|i| [r.local.sge(i * 64, 64).unwrap()]).collect();
+    let wrs: Vec<SendWr<'_>> =
+        (0..4).map(|i| SendWr::send(i as u64, &sges[i]).with_op(SendOp::Read(remote.at(0)))).collect();
+    r.q.post_send(&wrs).unwrap();
+    r.fabric.run_until_idle();
+    assert_eq!(r.a.stats().tx_packets, 2, "two READ requests, then the limit");
+    // The first READ's response (one segment, PSN first) completes it; the third READ goes out.
+    let hdr = PacketHeader {
+        src_nic: r.b.addr(),
+        dst_nic: r.a.addr(),
+        src_qpn: r.peer_qpn,
+        dst_qpn: r.q.qpn(),
+        kind: PacketKind::ReadResponse,
+        first: true,
+        last: true,
+        psn: r.psn(0),
+        payload_len: 64,
+        ..Default::default()
+    };
+    assert!(r.a.nic.port.push(&hdr, &mut |b: &mut [u8]| b.fill(7)));
+    r.fabric.run_until_idle();
+    assert_eq!(r.completions(), [(0, Status::Success)]);
+    assert_eq!(r.a.stats().tx_packets, 3, "one more READ request once one completed");
 }
