@@ -124,15 +124,25 @@ impl CqShared {
         }
     }
 
-    /// Device side: appends a CQE (or records an overflow) and raises the event if armed for it.
-    pub(crate) fn push(&self, cqe: &Cqe) {
+    /// Device side: appends a CQE and raises the event if armed for it. Returns false when the
+    /// ring was full (a CQ overflow): the CQE is lost, the overflow is recorded for the poller,
+    /// and the caller must fail the queue, as hardware does.
+    pub(crate) fn push(&self, cqe: &Cqe) -> bool {
         let pi = self.pi.load(Ordering::Relaxed);
         // SAFETY: the device lock makes the device the ring's only producer.
         if unsafe { self.ring.write(pi, cqe) } {
             self.pi.store(pi.wrapping_add(1), Ordering::Relaxed);
         } else {
             self.overflow.store(true, Ordering::Release);
-            return;
+            // A waiter on the CQ's event must learn of it too (its next poll reports it).
+            if self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
+                self.nic_armed.fetch_sub(1, Ordering::AcqRel);
+                match &self.channel {
+                    Some(c) => c.fire(self.id),
+                    None => self.event.signal(),
+                }
+            }
+            return false;
         }
         let mode = self.armed.load(Ordering::Acquire);
         if mode != armed::NO {
@@ -147,5 +157,6 @@ impl CqShared {
                 }
             }
         }
+        true
     }
 }

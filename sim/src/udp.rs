@@ -117,8 +117,16 @@ impl UdpPort {
             std::net::SocketAddr::V4(a) => a,
             other => return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("not IPv4: {other}"))),
         };
-        set_buffer(&sock, libc::SO_RCVBUF, 4 << 20);
-        set_buffer(&sock, libc::SO_SNDBUF, 4 << 20);
+        // Big buffers absorb bursts (a 4 MiB message is ~1,000 datagrams). The plain options are
+        // capped by net.core.rmem_max / wmem_max (often 208 KiB); the FORCE ones, allowed with
+        // CAP_NET_ADMIN, are not. Either may fail: the defaults still work, with more loss.
+        for (force, plain) in
+            [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)]
+        {
+            if !set_buffer(&sock, force, 8 << 20) {
+                set_buffer(&sock, plain, 8 << 20);
+            }
+        }
         let size = mtu as usize + OVERHEAD;
         let zero = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0);
         let tx = TxBatch {
@@ -333,18 +341,20 @@ fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
-fn set_buffer(sock: &UdpSocket, opt: libc::c_int, bytes: libc::c_int) {
+/// Sets a socket buffer size option; false if the kernel refused it.
+fn set_buffer(sock: &UdpSocket, opt: libc::c_int, bytes: libc::c_int) -> bool {
     // SAFETY: setsockopt reads `size_of::<c_int>()` bytes at the pointer, which is a live c_int;
-    // a failure (the size is above the system's limit) leaves the default, which still works.
-    unsafe {
+    // a failure leaves the socket as it was.
+    let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
             libc::SOL_SOCKET,
             opt,
             (&bytes as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as u32,
-        );
-    }
+        )
+    };
+    r == 0
 }
 
 /// The wire from one NIC to one peer NIC on the UDP wire.

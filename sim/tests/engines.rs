@@ -117,7 +117,9 @@ fn retry_exhaustion_happens_on_the_virtual_clock() {
     assert_eq!(stats.retransmits, 3 * 2, "each timeout resends both outstanding messages");
 }
 
-/// A CQ too small for what completes reports the overflow instead of losing entries silently.
+/// A CQ too small for what completes reports the overflow instead of losing entries silently,
+/// and the overrun is fatal, as on hardware: a CQ error event, and the queue that lost a
+/// completion goes to ERROR with its own fatal event (it accepts posts only to flush them).
 #[test]
 fn cq_overflow_is_reported() {
     let fabric = Fabric::new(Engine::Stepped { seed: 5 });
@@ -141,6 +143,12 @@ fn cq_overflow_is_reported() {
         Err(Error::CqOverflow { depth: 2 }) => {}
         other => panic!("expected CqOverflow, got {other:?}"),
     }
+    assert_eq!(a.q.state(), QueueState::Error, "a queue that lost a completion cannot stay READY");
+    let mut events = Vec::new();
+    while let Some(e) = na.poll_async_event().unwrap() {
+        events.push(e);
+    }
+    assert_eq!(events, [AsyncEvent::CqError, AsyncEvent::QueueFatal { qpn: a.q.qpn() }]);
     drop(b);
 }
 

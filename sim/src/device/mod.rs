@@ -271,7 +271,9 @@ impl DeviceState {
     ) -> Option<R> {
         let (qps, mut ctx) = self.split(now);
         let qp = qps.get_mut(qpn as usize)?.as_mut()?;
-        Some(f(qp, &mut ctx))
+        let r = f(qp, &mut ctx);
+        qp.take_cq_overflow(&mut ctx);
+        Some(r)
     }
 
     /// Flushes the wire of every queue that transmitted since the last call (one notification

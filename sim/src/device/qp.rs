@@ -122,6 +122,9 @@ pub(crate) struct QpCtx {
     sent_high: u32,
     retry_left: u8,
     rnr_left: u8,
+    /// The highest PSN the peer acknowledged (`oldest unacknowledged − 1` within a message too):
+    /// an ACK that moves it is progress, and a retransmission starts after it.
+    acked: u32,
     retx_deadline: Nanos,
     /// While the peer said "receiver not ready": when to try again (0 = not waiting).
     rnr_until: Nanos,
@@ -145,7 +148,16 @@ pub(crate) struct QpCtx {
     /// bytes placed so far. Middle and last segments carry no RETH.
     cur_write: Option<WriteState>,
     nak_seq_sent: bool,
+    /// Segments of the current multi-segment message received since the last ACK: the responder
+    /// acknowledges every [`ACK_EVERY`] of them, not only the last, so a long message over a
+    /// lossy wire shows progress (rxe asks for an ACK every 128 packets the same way).
+    segs_unacked: u32,
+    /// A CQE of this queue found its CQ full (see `take_cq_overflow`).
+    cq_overflowed: std::cell::Cell<bool>,
 }
+
+/// A responder acknowledges at least every this many segments of a long SEND or WRITE.
+const ACK_EVERY: u32 = 64;
 
 /// A WRITE being received (see [`QpCtx::cur_write`]).
 #[derive(Debug, Clone, Copy)]
@@ -174,6 +186,7 @@ impl QpCtx {
             sent_high: 0,
             retry_left: cfg.retry_count,
             rnr_left: cfg.rnr_retry,
+            acked: 0,
             retx_deadline: NEVER,
             rnr_until: 0,
             reads_outstanding: 0,
@@ -187,6 +200,8 @@ impl QpCtx {
             recv_off: 0,
             cur_write: None,
             nak_seq_sent: false,
+            segs_unacked: 0,
+            cq_overflowed: std::cell::Cell::new(false),
             shared,
         }
     }
@@ -203,7 +218,9 @@ impl QpCtx {
         self.send_psn = psn;
         self.next_psn = psn;
         self.sent_high = psn;
+        self.acked = psn_add(psn, PSN_MASK);
         self.epsn = peer.psn;
+        self.segs_unacked = 0;
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
         self.nak_seq_sent = false;
@@ -278,7 +295,7 @@ impl QpCtx {
         if trace::is_enabled() {
             self.trace_cqe("cqe send", wqe.index, status, len as u32);
         }
-        self.send_cq.push(&Cqe {
+        let pushed = self.send_cq.push(&Cqe {
             flags: 0,
             status,
             opcode: send_opcode(wqe.op),
@@ -288,6 +305,7 @@ impl QpCtx {
             imm: 0,
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
+        self.note_push(pushed);
     }
 
     fn recv_cqe(
@@ -309,7 +327,7 @@ impl QpCtx {
         if trace::is_enabled() {
             self.trace_cqe("cqe recv", index, status, len);
         }
-        self.recv_cq.push(&Cqe {
+        let pushed = self.recv_cq.push(&Cqe {
             flags,
             status,
             opcode,
@@ -319,6 +337,28 @@ impl QpCtx {
             imm: imm.unwrap_or(0),
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
+        self.note_push(pushed);
+    }
+
+    /// Records a CQE the CQ had no room for: the queue fails once the current unit is done
+    /// ([`take_cq_overflow`](Self::take_cq_overflow)).
+    fn note_push(&self, pushed: bool) {
+        if !pushed {
+            self.cq_overflowed.set(true);
+        }
+    }
+
+    /// After a unit of device work: if a CQE of this queue was lost to a full CQ, the queue
+    /// enters ERROR with a `QueueFatal` event, after the CQ's own `CqError` event — a CQ overrun
+    /// is fatal to the queues feeding it on hardware, never a silent loss.
+    pub(crate) fn take_cq_overflow(&mut self, ctx: &mut Ctx<'_>) {
+        if !self.cq_overflowed.take() || self.state == QueueState::Error {
+            return;
+        }
+        ctx.events.push(AsyncEvent::CqError);
+        ctx.events.push(AsyncEvent::QueueFatal { qpn: self.qpn() });
+        self.enter_error(ctx);
+        self.cq_overflowed.set(false); // the flushes just lost to the same full CQ
     }
 
     /// Completes the send WQE at `idx` (never turned into a message) with `status`, always
@@ -327,7 +367,7 @@ impl QpCtx {
         if trace::is_enabled() {
             self.trace_cqe("cqe send", idx, status, 0);
         }
-        self.send_cq.push(&Cqe {
+        let pushed = self.send_cq.push(&Cqe {
             flags: 0,
             status,
             opcode: send_opcode(op),
@@ -337,6 +377,7 @@ impl QpCtx {
             imm: 0,
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
         });
+        self.note_push(pushed);
         self.sq_fetch = idx.wrapping_add(1);
     }
 
@@ -658,6 +699,11 @@ impl QpCtx {
             self.send_cqe(&op.wqe, op.len, Status::Success);
             progress = true;
         }
+        // Part of a long message acknowledged is progress too.
+        if psn_diff(psn, self.acked) > 0 {
+            self.acked = psn;
+            progress = true;
+        }
         if progress {
             self.on_progress(ctx);
         }
@@ -674,11 +720,26 @@ impl QpCtx {
         self.rnr_left = cfg.rnr_retry;
         self.retx_deadline = if self.ops.is_empty() { NEVER } else { ctx.now.saturating_add(self.timeout) };
         if let Some(front) = self.ops.front() {
-            if psn_diff(self.send_psn, front.first_psn) < 0 {
-                self.send_psn = front.first_psn;
+            let from = self.resume_psn(front);
+            if psn_diff(self.send_psn, from) < 0 {
+                self.send_psn = from;
             }
         } else {
             self.send_psn = self.next_psn;
+        }
+    }
+
+    /// Where a retransmission of `front` (the oldest message) starts: a READ from its first
+    /// missing response segment, anything else after its last acknowledged segment.
+    fn resume_psn(&self, front: &Op) -> u32 {
+        if front.wqe.op == WqeOp::Read {
+            return psn_add(front.first_psn, front.resp_got);
+        }
+        let after = psn_add(self.acked, 1);
+        if front.contains(after) {
+            after
+        } else {
+            front.first_psn
         }
     }
 
@@ -825,6 +886,7 @@ impl QpCtx {
                 return;
             }
         }
+        self.acked = hdr.psn;
         let front = self.ops.front_mut().expect("front exists");
         front.resp_got += 1;
         if front.resp_got == front.npkts {
@@ -848,7 +910,7 @@ impl QpCtx {
         }
         self.retry_left -= 1;
         let front = self.ops[0];
-        self.send_psn = psn_add(front.first_psn, front.resp_got);
+        self.send_psn = self.resume_psn(&front);
         self.wire_blocked = false;
         self.retx_deadline = ctx.now.saturating_add(self.timeout);
         ctx.stats.timeouts += 1;
@@ -978,7 +1040,19 @@ impl QpCtx {
             self.recv_cqe(self.rq_fetch, Status::Success, CqOpcode::Recv, end as u32, imm, hdr.solicited);
             self.rq_fetch = self.rq_fetch.wrapping_add(1);
             self.cur_recv = None;
+            self.segs_unacked = 0;
             self.reply(ctx, Syndrome::Ack, hdr.psn);
+        } else {
+            self.ack_some(ctx, hdr.psn);
+        }
+    }
+
+    /// A middle segment placed: acknowledge it if [`ACK_EVERY`] have gone unacknowledged.
+    fn ack_some(&mut self, ctx: &mut Ctx<'_>, psn: u32) {
+        self.segs_unacked += 1;
+        if self.segs_unacked >= ACK_EVERY {
+            self.segs_unacked = 0;
+            self.reply(ctx, Syndrome::Ack, psn);
         }
     }
 
@@ -1025,7 +1099,11 @@ impl QpCtx {
         unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
         self.epsn = psn_add(self.epsn, 1);
         self.cur_write = (!hdr.last).then_some(WriteState { off: end as u32, ..w });
+        if !hdr.last {
+            self.ack_some(ctx, hdr.psn);
+        }
         if hdr.last {
+            self.segs_unacked = 0;
             if consumes_recv {
                 self.recv_cqe(
                     self.rq_fetch,
