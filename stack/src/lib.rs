@@ -161,6 +161,7 @@ pub mod buf_pool;
 pub mod control;
 pub mod credits;
 pub mod req_table;
+pub mod tls;
 pub mod tx_ctx;
 pub mod wire;
 
