@@ -95,6 +95,8 @@ pub enum CertProblem {
     WrongName,
     /// None was presented (a client without a certificate; the server requires one).
     Missing,
+    /// The verify hook ([`TlsConfigBuilder::verify_peer`]) refused it, for this reason.
+    RefusedByHook(String),
     /// Something else (bad signature, unsupported algorithm, bad encoding, ...).
     Other(String),
 }
@@ -111,6 +113,7 @@ impl fmt::Display for CertProblem {
             }
             CertProblem::WrongName => f.write_str("it is not valid for the server's name or address"),
             CertProblem::Missing => f.write_str("none was presented (a client certificate is required)"),
+            CertProblem::RefusedByHook(reason) => write!(f, "the verify hook refused it: {reason}"),
             CertProblem::Other(text) => f.write_str(text),
         }
     }
@@ -252,8 +255,23 @@ impl fmt::Debug for Passphrase {
     }
 }
 
+/// The peer's certificates as the verify hook ([`TlsConfigBuilder::verify_peer`]) sees them,
+/// after rustls has verified them.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerChain<'a> {
+    /// Whose certificates these are: [`Role::Server`] on a client, [`Role::Client`] on a server.
+    pub peer: Role,
+    /// The end-entity certificate (DER).
+    pub end_entity: &'a [u8],
+    /// The intermediate certificates the peer sent (DER), in its order.
+    pub intermediates: &'a [&'a [u8]],
+}
+
+/// A verify hook: `Ok` accepts the peer, `Err(reason)` refuses it.
+pub type VerifyHook = std::sync::Arc<dyn Fn(&PeerChain<'_>) -> Result<(), String> + Send + Sync>;
+
 /// Collects the TLS material; [`build`](TlsConfigBuilder::build) loads and checks it.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct TlsConfigBuilder {
     ca: Vec<PemSource>,
     chain: Option<PemSource>,
@@ -261,6 +279,21 @@ pub struct TlsConfigBuilder {
     passphrase: Option<Passphrase>,
     crls: Vec<PemSource>,
     server_name: Option<String>,
+    verify: Option<VerifyHook>,
+}
+
+impl fmt::Debug for TlsConfigBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsConfigBuilder")
+            .field("ca", &self.ca)
+            .field("chain", &self.chain)
+            .field("key", &self.key)
+            .field("passphrase", &self.passphrase)
+            .field("crls", &self.crls)
+            .field("server_name", &self.server_name)
+            .field("verify", &self.verify.as_ref().map(|_| "<hook>"))
+            .finish()
+    }
 }
 
 impl TlsConfigBuilder {
@@ -308,6 +341,20 @@ impl TlsConfigBuilder {
     /// it, the certificate must name the IP address the client connected to.
     pub fn server_name(mut self, name: impl Into<String>) -> Self {
         self.server_name = Some(name.into());
+        self
+    }
+
+    /// An extra check of the peer, after rustls has verified its chain (CA, validity period,
+    /// CRLs, and on a client the server's name): `hook` gets the peer's certificates in DER and
+    /// may refuse them with a reason, which both sides then see
+    /// ([`CertProblem::RefusedByHook`] here; the peer hears "bad certificate"). It runs on the
+    /// connecting thread (client) or the server's control loop (server): keep it short. This is
+    /// what the C API's verify callback will be given, instead of OpenSSL's `X509_STORE_CTX`.
+    pub fn verify_peer(
+        mut self,
+        hook: impl Fn(&PeerChain<'_>) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        self.verify = Some(std::sync::Arc::new(hook));
         self
     }
 
@@ -557,7 +604,15 @@ mod imp {
     }
 
     pub(super) fn build(b: TlsConfigBuilder) -> Result<TlsConfig, TlsError> {
-        let TlsConfigBuilder { ca, chain, key: key_source, passphrase, crls: crl_sources, server_name } = b;
+        let TlsConfigBuilder {
+            ca,
+            chain,
+            key: key_source,
+            passphrase,
+            crls: crl_sources,
+            server_name,
+            verify,
+        } = b;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         if ca.is_empty() {
             return Err(config_err("no CA bundle given (TlsConfigBuilder::ca): the peer cannot be verified"));
@@ -618,7 +673,11 @@ mod imp {
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| config_err(format!("TLS 1.3: {e}")))?
-            .with_webpki_verifier(server_verifier.build().map_err(verifier_err)?);
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Hooked {
+                inner: server_verifier.build().map_err(verifier_err)?,
+                hook: verify.clone(),
+            }));
         let mut client = match &identity {
             Some((chain, key)) => {
                 builder.with_client_auth_cert(chain.clone(), key.clone_key()).map_err(identity_err)?
@@ -638,7 +697,10 @@ mod imp {
                 let mut server = rustls::ServerConfig::builder_with_provider(provider)
                     .with_protocol_versions(&[&rustls::version::TLS13])
                     .map_err(|e| config_err(format!("TLS 1.3: {e}")))?
-                    .with_client_cert_verifier(client_verifier.build().map_err(verifier_err)?)
+                    .with_client_cert_verifier(Arc::new(Hooked {
+                        inner: client_verifier.build().map_err(verifier_err)?,
+                        hook: verify,
+                    }))
                     .with_single_cert(chain, key)
                     .map_err(identity_err)?;
                 server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
@@ -685,8 +747,145 @@ mod imp {
             .map_err(|e| TlsError::Handshake { peer: Role::Client, detail: e.to_string() })
     }
 
+    /// rustls's verifier, then the application's hook.
+    struct Hooked<V: ?Sized> {
+        inner: Arc<V>,
+        hook: Option<VerifyHook>,
+    }
+
+    impl<V: ?Sized> fmt::Debug for Hooked<V> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("Hooked").field("hook", &self.hook.is_some()).finish()
+        }
+    }
+
+    /// A refusal by the hook, carried through rustls as a certificate error.
+    #[derive(Debug)]
+    struct HookRefusal(String);
+
+    impl fmt::Display for HookRefusal {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for HookRefusal {}
+
+    impl<V: ?Sized> Hooked<V> {
+        fn check(
+            &self,
+            peer: Role,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+        ) -> Result<(), rustls::Error> {
+            let Some(hook) = &self.hook else { return Ok(()) };
+            let intermediates: Vec<&[u8]> = intermediates.iter().map(|c| c.as_ref()).collect();
+            let chain = PeerChain { peer, end_entity: end_entity.as_ref(), intermediates: &intermediates };
+            let verdict = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&chain)))
+                .unwrap_or_else(|_| Err("the verify hook panicked".into()));
+            verdict.map_err(|reason| {
+                rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(Arc::new(
+                    HookRefusal(reason),
+                ))))
+            })
+        }
+    }
+
+    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+    use rustls::pki_types::UnixTime;
+    use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+    use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
+
+    impl ServerCertVerifier for Hooked<WebPkiServerVerifier> {
+        fn verify_server_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            server_name: &ServerName<'_>,
+            ocsp_response: &[u8],
+            now: UnixTime,
+        ) -> Result<ServerCertVerified, rustls::Error> {
+            let verified =
+                self.inner.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)?;
+            self.check(Role::Server, end_entity, intermediates)?;
+            Ok(verified)
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    }
+
+    impl ClientCertVerifier for Hooked<dyn ClientCertVerifier> {
+        fn offer_client_auth(&self) -> bool {
+            true
+        }
+
+        fn client_auth_mandatory(&self) -> bool {
+            true
+        }
+
+        fn root_hint_subjects(&self) -> &[DistinguishedName] {
+            self.inner.root_hint_subjects()
+        }
+
+        fn verify_client_cert(
+            &self,
+            end_entity: &CertificateDer<'_>,
+            intermediates: &[CertificateDer<'_>],
+            now: UnixTime,
+        ) -> Result<ClientCertVerified, rustls::Error> {
+            let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+            self.check(Role::Client, end_entity, intermediates)?;
+            Ok(verified)
+        }
+
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls12_signature(message, cert, dss)
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            self.inner.verify_tls13_signature(message, cert, dss)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.inner.supported_verify_schemes()
+        }
+    }
+
     fn problem_of(e: &CertificateError) -> CertProblem {
         match e {
+            CertificateError::Other(other) if other.0.downcast_ref::<HookRefusal>().is_some() => {
+                CertProblem::RefusedByHook(other.0.to_string())
+            }
             CertificateError::UnknownIssuer => CertProblem::UnknownCa,
             CertificateError::Expired | CertificateError::ExpiredContext { .. } => CertProblem::Expired,
             CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
