@@ -7,6 +7,11 @@
 //! runs on the queues, and the TCP stream stays open but silent: **its closure means the connection
 //! is closed** (see [`wait_closed`], run by a monitor thread).
 //!
+//! The stream may be TLS 1.3 ([`ControlStream`], [`connect_with`], [`Handshake::with_tls`];
+//! see [`crate::tls`]): then a TLS handshake comes first and every frame below travels inside
+//! the TLS session. A server that requires TLS refuses a plaintext client, and a plaintext
+//! server a TLS client, with a plaintext reject of code 5 ([`RejectCode::Tls`]).
+//!
 //! ## Frames
 //!
 //! Every message is one frame: a 12-byte header, then a body. All multi-byte integers are
@@ -54,7 +59,7 @@
 //!
 //! | field | encoding | limit |
 //! |---|---|---|
-//! | `code` | u8: 1 = version, 2 = wrong server name, 3 = refused, 4 = malformed | |
+//! | `code` | u8: 1 = version, 2 = wrong server name, 3 = refused, 4 = malformed, 5 = TLS mismatch | |
 //! | `server_name` | string: the server's own name | [`MAX_NAME_LEN`] bytes |
 //! | `reason` | string: readable text | [`MAX_REASON_LEN`] bytes |
 //!
