@@ -1440,6 +1440,7 @@ mod tests {
             RejectCode::WrongName,
             RejectCode::Refused,
             RejectCode::Malformed,
+            RejectCode::Tls,
             RejectCode::Other(0),
             RejectCode::Other(200),
         ] {

@@ -50,7 +50,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
 use zeroize::Zeroizing;
 
@@ -437,15 +436,18 @@ pub struct TlsRefusal {
 }
 
 /// How many refusals a server keeps.
+#[cfg(not(loom))]
 const KEPT_REFUSALS: usize = 64;
 
 /// A server's recent TLS refusals, and their count; each is also reported on stderr (the
 /// first 16, then every power of two).
+#[cfg(not(loom))]
 #[derive(Debug, Default)]
 pub(crate) struct RefusalLog {
-    recent: Mutex<(u64, std::collections::VecDeque<TlsRefusal>)>,
+    recent: std::sync::Mutex<(u64, std::collections::VecDeque<TlsRefusal>)>,
 }
 
+#[cfg(not(loom))]
 impl RefusalLog {
     pub(crate) fn record(&self, peer: Option<SocketAddr>, error: TlsError) {
         let mut guard = self.recent.lock().unwrap_or_else(|e| e.into_inner());
