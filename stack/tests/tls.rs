@@ -252,6 +252,31 @@ fn stalled_handshakes_do_not_block_a_tls_client() {
 }
 
 #[test]
+fn a_stalled_tls_handshake_ends_at_the_handshake_timeout() {
+    use std::io::Read;
+    let ca = Ca::new("test CA");
+    let fabric = Fabric::new(Engine::Inline);
+    let nic = fabric.add_nic();
+    let config = ServerConfig {
+        tls: Some(config(&ca, &ca.leaf("server"))),
+        handshake_timeout: Duration::from_millis(200),
+        ..ServerConfig::new(NAME)
+    };
+    let server = Server::bind(&nic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let mut stall = TcpStream::connect(server.local_addr()).unwrap();
+    stall.write_all(&[0x16, 0x03, 0x01]).unwrap();
+    until("the stalled handshake to time out", || server.stats().handshake_timeouts == 1);
+    // The server dropped it: the stream ends (no answer was sent).
+    stall.set_read_timeout(Some(WAIT_LIMIT)).unwrap();
+    let mut buf = [0u8; 16];
+    match stall.read(&mut buf) {
+        Ok(0) => {}
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}"),
+        Ok(n) => panic!("the server sent {n} bytes to a stalled handshake"),
+    }
+}
+
+#[test]
 fn encrypted_key_with_the_right_passphrase() {
     let ca = Ca::new("test CA");
     let leaf = ca.leaf("server");
