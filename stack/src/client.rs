@@ -17,7 +17,7 @@
 //! the call's context ([`crate::tx_ctx::TxSlab::claim_completion`]); only the winner delivers.
 
 use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
-use crate::control::{self, ClientHello, CONTROL_VERSION};
+use crate::control::{self, ClientHello, ControlIo, CONTROL_VERSION};
 use crate::credits::Credits;
 use crate::endpoint::{
     bad_field, buffer_bytes, fit_window, lock, validate_queue_config, validate_sizes, Endpoint, Sizes,
@@ -83,6 +83,10 @@ pub struct ChannelConfig {
     /// lost packet is then never retransmitted, and a call waiting for it ends only at its own
     /// deadline (`timeout` here or [`CallOptions::timeout`]; with no deadline it may wait forever).
     pub queue_config: QueueConfig,
+    /// TLS 1.3 on the control connection (mutual: this side's certificate is presented, the
+    /// server's checked against the CA bundle). `None`: plain TCP. It must match the server:
+    /// a TLS server refuses a plaintext client and the reverse ([`crate::tls`]).
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl Default for ChannelConfig {
@@ -99,6 +103,7 @@ impl Default for ChannelConfig {
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             self_poll: true,
             queue_config: QueueConfig::default(),
+            tls: None,
         }
     }
 }
@@ -460,7 +465,7 @@ impl<D: Device + Clone> Channel<D> {
             max_msg: config.msg_size as u32,
             queues: ep.infos(),
         };
-        let (stream, server) = control::connect_within(addr, &hello, remaining)?;
+        let (stream, server) = control::connect_with(addr, &hello, remaining, config.tls.as_ref())?;
         if server.credits == 0 || (server.max_msg as usize) < MIN_MSG_SIZE {
             return Err(RpcError::InvalidArgument(format!(
                 "the server granted {} credits and a message size of {} bytes; need at least 1 and {MIN_MSG_SIZE}",
@@ -487,7 +492,8 @@ impl<D: Device + Clone> Channel<D> {
             )));
         }
         let held = (0..ep.tx.capacity()).map(|_| Mutex::new(Default::default())).collect();
-        let monitor = stream.try_clone().map_err(control::ControlError::from)?;
+        // The monitor thread owns the stream (TLS or not); a clone of its socket shuts it down.
+        let shutdown = stream.tcp().try_clone().map_err(control::ControlError::from)?;
         let inner = Arc::new(ChannelInner {
             table,
             credits: (0..config.queues)
@@ -504,12 +510,12 @@ impl<D: Device + Clone> Channel<D> {
             handles: AtomicUsize::new(1),
             counters: Counters::default(),
             server_name: server.server_name,
-            control: Mutex::new(Some(stream)),
+            control: Mutex::new(Some(shutdown)),
             config,
             ep,
         });
         let weak = Arc::downgrade(&inner);
-        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || watch_control(monitor, weak))
+        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || watch_control(stream, weak))
             .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
@@ -818,7 +824,7 @@ impl<D: Device + Clone> Channel<D> {
     }
 }
 
-fn watch_control<D: Device + Clone>(mut stream: TcpStream, channel: Weak<ChannelInner<D>>) {
+fn watch_control<D: Device + Clone>(mut stream: control::ControlStream, channel: Weak<ChannelInner<D>>) {
     control::wait_closed(&mut stream);
     if let Some(inner) = channel.upgrade() {
         inner.close();

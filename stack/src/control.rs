@@ -7,6 +7,11 @@
 //! runs on the queues, and the TCP stream stays open but silent: **its closure means the connection
 //! is closed** (see [`wait_closed`], run by a monitor thread).
 //!
+//! The stream may be TLS 1.3 ([`ControlStream`], [`connect_with`], [`Handshake::with_tls`];
+//! see [`crate::tls`]): then a TLS handshake comes first and every frame below travels inside
+//! the TLS session. A server that requires TLS refuses a plaintext client, and a plaintext
+//! server a TLS client, with a plaintext reject of code 5 ([`RejectCode::Tls`]).
+//!
 //! ## Frames
 //!
 //! Every message is one frame: a 12-byte header, then a body. All multi-byte integers are
@@ -54,7 +59,7 @@
 //!
 //! | field | encoding | limit |
 //! |---|---|---|
-//! | `code` | u8: 1 = version, 2 = wrong server name, 3 = refused, 4 = malformed | |
+//! | `code` | u8: 1 = version, 2 = wrong server name, 3 = refused, 4 = malformed, 5 = TLS mismatch | |
 //! | `server_name` | string: the server's own name | [`MAX_NAME_LEN`] bytes |
 //! | `reason` | string: readable text | [`MAX_REASON_LEN`] bytes |
 //!
@@ -101,6 +106,11 @@ use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use bypass_hal::QueueInfo;
+
+mod stream;
+pub use stream::{connect_with, ControlIo, ControlStream};
+
+use crate::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
 pub const CONTROL_VERSION: u16 = 2;
@@ -190,6 +200,10 @@ pub enum ControlError {
     /// too many queues, a channel id over 24 bits, ...). Nothing was sent for it.
     #[error("cannot encode control message: {0}")]
     Unencodable(String),
+    /// TLS failed or was refused: the two sides disagree on using it, a certificate was refused
+    /// (the error says whose and why), or the TLS material could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// The readable text of [`ControlError::Connect`].
@@ -250,6 +264,10 @@ pub enum RejectCode {
     Refused,
     /// The client's hello did not parse (wire value 4).
     Malformed,
+    /// The client and the server disagree on TLS (wire value 5): the server requires it and the
+    /// client sent plaintext, or the server does not use it and the client opened a TLS
+    /// handshake. Always sent in plaintext.
+    Tls,
     /// A code this version does not know (from a newer peer); treated like [`RejectCode::Refused`].
     /// Encoding `Other(n)` writes `n` as is.
     Other(u8),
@@ -263,6 +281,7 @@ impl RejectCode {
             RejectCode::WrongName => 2,
             RejectCode::Refused => 3,
             RejectCode::Malformed => 4,
+            RejectCode::Tls => 5,
             RejectCode::Other(n) => n,
         }
     }
@@ -274,6 +293,7 @@ impl RejectCode {
             2 => RejectCode::WrongName,
             3 => RejectCode::Refused,
             4 => RejectCode::Malformed,
+            5 => RejectCode::Tls,
             n => RejectCode::Other(n),
         }
     }
@@ -286,6 +306,7 @@ impl fmt::Display for RejectCode {
             RejectCode::WrongName => f.write_str("wrong server name"),
             RejectCode::Refused => f.write_str("refused"),
             RejectCode::Malformed => f.write_str("malformed"),
+            RejectCode::Tls => f.write_str("TLS mismatch"),
             RejectCode::Other(n) => write!(f, "unknown code {n}"),
         }
     }
@@ -657,6 +678,9 @@ fn clip(text: &str, max: usize) -> &str {
 /// An I/O error as a control error: the peer going away is [`ControlError::Closed`], a timeout
 /// is an [`io::ErrorKind::TimedOut`] error whatever the platform reports.
 fn from_io(err: io::Error) -> ControlError {
+    if let Some(tls) = err.get_ref().and_then(|inner| inner.downcast_ref::<TlsError>()) {
+        return ControlError::Tls(tls.clone());
+    }
     match err.kind() {
         io::ErrorKind::UnexpectedEof
         | io::ErrorKind::ConnectionReset
@@ -703,10 +727,14 @@ impl Deadline {
 
 /// Fills `buf` from the stream before `deadline` (a slow peer cannot stretch the budget by
 /// trickling bytes). End of stream is [`ControlError::Closed`].
-fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Deadline) -> Result<(), ControlError> {
+fn read_exact_by(
+    stream: &mut impl ControlIo,
+    buf: &mut [u8],
+    deadline: Deadline,
+) -> Result<(), ControlError> {
     let mut filled = 0;
     while let Some(rest) = buf.get_mut(filled..).filter(|rest| !rest.is_empty()) {
-        stream.set_read_timeout(Some(deadline.left()?))?;
+        stream.tcp().set_read_timeout(Some(deadline.left()?))?;
         match stream.read(rest) {
             Ok(0) => return Err(ControlError::Closed),
             Ok(n) => filled += n,
@@ -719,7 +747,7 @@ fn read_exact_by(stream: &mut TcpStream, buf: &mut [u8], deadline: Deadline) -> 
 
 /// Reads one frame: header first (checked, so a bad length is refused before any allocation),
 /// then exactly the declared body. Returns the header and the whole frame's bytes.
-fn read_frame(stream: &mut TcpStream, deadline: Deadline) -> Result<(Header, Vec<u8>), ControlError> {
+fn read_frame(stream: &mut impl ControlIo, deadline: Deadline) -> Result<(Header, Vec<u8>), ControlError> {
     let mut head = [0u8; HEADER_LEN];
     read_exact_by(stream, &mut head, deadline)?;
     let header = parse_header(&head)?;
@@ -733,9 +761,9 @@ fn read_frame(stream: &mut TcpStream, deadline: Deadline) -> Result<(Header, Vec
     Ok((header, frame))
 }
 
-fn write_by(stream: &mut TcpStream, frame: &[u8], deadline: Deadline) -> Result<(), ControlError> {
-    stream.set_write_timeout(Some(deadline.left()?))?;
-    stream.write_all(frame).map_err(from_io)
+fn write_by(stream: &mut impl ControlIo, frame: &[u8], deadline: Deadline) -> Result<(), ControlError> {
+    stream.tcp().set_write_timeout(Some(deadline.left()?))?;
+    stream.write_all(frame).and_then(|()| stream.flush()).map_err(from_io)
 }
 
 /// Back to a plain blocking stream for after the handshake.
@@ -803,8 +831,20 @@ fn exchange(
     let mut stream = open(&addr, timeout, total)?;
     let deadline = total.unwrap_or_else(|| Deadline::after(timeout));
     stream.set_nodelay(true)?;
-    write_by(&mut stream, &frame, deadline)?;
-    let (header, answer) = read_frame(&mut stream, deadline)?;
+    let server = say_hello(&mut stream, hello, &frame, deadline)?;
+    finish_stream(&stream)?;
+    Ok((stream, server))
+}
+
+/// Sends the client's hello (`frame`, encoded from `hello`) and reads and checks the answer.
+fn say_hello(
+    stream: &mut impl ControlIo,
+    hello: &ClientHello,
+    frame: &[u8],
+    deadline: Deadline,
+) -> Result<ServerHello, ControlError> {
+    write_by(stream, frame, deadline)?;
+    let (header, answer) = read_frame(stream, deadline)?;
     let server = match header.kind {
         MsgType::Reject => return Err(rejected(hello, &Reject::decode(&answer)?)),
         MsgType::ClientHello => {
@@ -827,8 +867,7 @@ fn exchange(
             server: server.queues.len(),
         });
     }
-    finish_stream(&stream)?;
-    Ok((stream, server))
+    Ok(server)
 }
 
 /// Opens the TCP connection, trying every address `addr` resolves to. `ToSocketAddrs` is all
@@ -888,6 +927,9 @@ fn rejected(hello: &ClientHello, reject: &Reject) -> ControlError {
         RejectCode::Malformed => {
             malformed(format!("the server could not parse our client hello: {}", reject.reason))
         }
+        // Only a server that requires TLS says so to a plaintext client (a TLS client never
+        // parses a plaintext reject: `connect_with` recognises the frame's magic instead).
+        RejectCode::Tls => ControlError::Tls(TlsError::ServerRequiresTls),
         RejectCode::Refused | RejectCode::Other(_) => ControlError::Rejected(reject.reason.clone()),
     }
 }
@@ -1038,11 +1080,22 @@ enum HsState {
 /// client's frame must arrive within the timeout, and the answer must then be written within
 /// another; the loop enforces them with [`Handshake::time_left`] (an expired handshake is simply dropped,
 /// which closes the stream, as [`accept`] does on a timeout).
+///
+/// With [`Handshake::with_tls`] the server requires TLS: the handshake looks at the client's
+/// first byte, runs the TLS handshake over the non-blocking socket (inside the same `advance`
+/// calls, bounded by the same timeout) and then reads the hello through it.
 pub struct Handshake {
-    stream: TcpStream,
+    stream: ControlStream,
     timeout: Duration,
     deadline: Deadline,
     state: HsState,
+    /// What the server requires: `Some` TLS (until the client's first byte decides), `None`
+    /// plaintext.
+    tls: Option<TlsConfig>,
+    /// Whether the client's first byte is still to be looked at.
+    detect: bool,
+    /// The server requires TLS and the client sent plaintext: read its frame, then refuse.
+    refuse_plain: bool,
 }
 
 impl fmt::Debug for Handshake {
@@ -1052,8 +1105,9 @@ impl fmt::Debug for Handshake {
             HsState::Writing { .. } => "writing",
         };
         f.debug_struct("Handshake")
-            .field("peer", &self.stream.peer_addr().ok())
+            .field("peer", &self.stream.tcp().peer_addr().ok())
             .field("state", &state)
+            .field("tls", &self.stream.is_tls())
             .finish()
     }
 }
@@ -1063,25 +1117,41 @@ impl Handshake {
     /// `timeout` for the client's hello. A zero `timeout` is an [`io::ErrorKind::InvalidInput`]
     /// error.
     pub fn new(stream: TcpStream, timeout: Duration) -> Result<Self, ControlError> {
+        Self::with_tls(stream, timeout, None)
+    }
+
+    /// Like [`Handshake::new`]; with `tls`, the server requires TLS 1.3 with a client
+    /// certificate. A client that opens a TLS handshake on a server without `tls`, or sends
+    /// plaintext to one with it, is sent a plaintext [`Reject`] of code [`RejectCode::Tls`] and
+    /// the handshake ends with [`TlsError::TlsClient`] / [`TlsError::PlaintextClient`].
+    pub fn with_tls(
+        stream: TcpStream,
+        timeout: Duration,
+        tls: Option<&TlsConfig>,
+    ) -> Result<Self, ControlError> {
         check_timeout(timeout)?;
         stream.set_nonblocking(true)?;
         Ok(Handshake {
-            stream,
+            stream: ControlStream::Plain(stream),
             timeout,
             deadline: Deadline::after(timeout),
             state: HsState::Reading { head: [0; HEADER_LEN], got: 0, frame: Vec::new(), header: None },
+            tls: tls.cloned(),
+            detect: true,
+            refuse_plain: false,
         })
     }
 
     /// The stream's file descriptor, to poll.
     pub fn fd(&self) -> std::os::fd::RawFd {
         use std::os::fd::AsRawFd;
-        self.stream.as_raw_fd()
+        self.stream.tcp().as_raw_fd()
     }
 
-    /// Whether the handshake waits to write (else it waits to read).
+    /// Whether the handshake waits to write (else it waits to read): its answer, or TLS output
+    /// the socket did not take yet.
     pub fn wants_write(&self) -> bool {
-        matches!(self.state, HsState::Writing { .. })
+        matches!(self.state, HsState::Writing { .. }) || self.stream.wants_write()
     }
 
     /// Time left before the handshake times out (zero once it has).
@@ -1089,9 +1159,49 @@ impl Handshake {
         self.deadline.left().unwrap_or(Duration::ZERO)
     }
 
-    /// The stream (e.g. to clone it while `decide` runs).
+    /// The TCP stream (e.g. to clone it while `decide` runs, as a handle to shut it down).
     pub fn stream(&self) -> &TcpStream {
-        &self.stream
+        self.stream.tcp()
+    }
+
+    /// Looks at the client's first byte (without consuming it): a TLS ClientHello on a server
+    /// that requires TLS starts the TLS session; one on a plaintext server is refused at once;
+    /// plaintext on a TLS server is read to the end of its frame, then refused. `None` once
+    /// decided, else the step to return.
+    fn detect(&mut self, our_name: &str) -> Option<HandshakeStep> {
+        let mut first = [0u8; 1];
+        loop {
+            match self.stream.tcp().peek(&mut first) {
+                Ok(0) => return Some(HandshakeStep::Done(Err(ControlError::Closed))),
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(HandshakeStep::Pending),
+                Err(e) => return Some(HandshakeStep::Done(Err(from_io(e)))),
+            }
+        }
+        self.detect = false;
+        match (stream::opens_tls(first[0]), self.tls.take()) {
+            (true, Some(tls)) => {
+                let tcp = match self.stream.tcp().try_clone() {
+                    Ok(tcp) => tcp,
+                    Err(e) => return Some(HandshakeStep::Done(Err(e.into()))),
+                };
+                match ControlStream::accept_tls(tcp, &tls) {
+                    Ok(tls_stream) => self.stream = tls_stream,
+                    Err(e) => return Some(HandshakeStep::Done(Err(e))),
+                }
+            }
+            (true, None) => {
+                stream::drain(self.stream.tcp());
+                let e = ControlError::Tls(TlsError::TlsClient);
+                let reply = reject_frame(our_name, RejectCode::Tls, &e.to_string());
+                self.deadline = Deadline::after(self.timeout);
+                self.state = HsState::Writing { frame: reply, sent: 0, result: Some(Err(e)) };
+            }
+            (false, Some(_)) => self.refuse_plain = true,
+            (false, None) => {}
+        }
+        None
     }
 
     /// Reads and writes what the socket allows without blocking, and decides once the client's
@@ -1102,6 +1212,11 @@ impl Handshake {
         our_name: &str,
         decide: impl FnOnce(&ClientHello, &TcpStream) -> Result<ServerHello, String>,
     ) -> HandshakeStep {
+        if self.detect {
+            if let Some(step) = self.detect(our_name) {
+                return step;
+            }
+        }
         if let HsState::Reading { head, got, frame, header } = &mut self.state {
             let whole = loop {
                 let buf: &mut [u8] = match header {
@@ -1124,16 +1239,27 @@ impl Handshake {
                     }
                 }
                 match self.stream.read(buf) {
-                    Ok(0) => return HandshakeStep::Done(Err(ControlError::Closed)),
+                    Ok(0) => return HandshakeStep::Done(Err(stream::closed_early(&self.stream))),
                     Ok(n) => *got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => return HandshakeStep::Pending,
-                    Err(e) => return HandshakeStep::Done(Err(from_io(e))),
+                    Err(e) => {
+                        // A failed TLS handshake: rustls sent its alert; let the peer read it.
+                        stream::drain(self.stream.tcp());
+                        return HandshakeStep::Done(Err(match from_io(e) {
+                            ControlError::Closed => stream::closed_early(&self.stream),
+                            other => other,
+                        }));
+                    }
                 }
             };
             let (reply, result) = match whole {
+                _ if self.refuse_plain => {
+                    let e = ControlError::Tls(TlsError::PlaintextClient);
+                    (reject_frame(our_name, RejectCode::Tls, &e.to_string()), Err(e))
+                }
                 Ok((h, frame)) => {
-                    let stream = &self.stream;
+                    let stream = self.stream.tcp();
                     respond(&h, &frame, our_name, |hello| decide(hello, stream))
                 }
                 Err(e) => (reject_frame(our_name, RejectCode::Malformed, &e.to_string()), Err(e)),
@@ -1153,7 +1279,14 @@ impl Handshake {
                 Err(e) => return self.finish_write(Err(from_io(e))),
             }
         }
-        self.finish_write(Ok(()))
+        // TLS output (the records of the answer) may still wait for the socket.
+        match self.stream.flush() {
+            Ok(()) => self.finish_write(Ok(())),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {
+                HandshakeStep::Pending
+            }
+            Err(e) => self.finish_write(Err(from_io(e))),
+        }
     }
 
     /// The write ended (`written`): a failed reject still returns the reject's error; a failed
@@ -1169,9 +1302,9 @@ impl Handshake {
 
     /// The stream of a finished handshake, back in blocking mode with no timeouts and
     /// `TCP_NODELAY` on; keep it open for as long as the connection lives.
-    pub fn into_stream(self) -> Result<TcpStream, ControlError> {
-        self.stream.set_nonblocking(false)?;
-        finish_stream(&self.stream)?;
+    pub fn into_stream(self) -> Result<ControlStream, ControlError> {
+        self.stream.tcp().set_nonblocking(false)?;
+        finish_stream(self.stream.tcp())?;
         Ok(self.stream)
     }
 }
@@ -1183,14 +1316,14 @@ impl Handshake {
 /// error and count as closure too: the stream is then shut down in both directions (which the
 /// peer sees as closure, and any clone of the stream as well) and the function returns. Meant for
 /// a monitor thread holding a [`TcpStream::try_clone`] of the connection's stream.
-pub fn wait_closed(stream: &mut TcpStream) {
-    let _ = stream.set_read_timeout(None);
+pub fn wait_closed(stream: &mut impl ControlIo) {
+    let _ = stream.tcp().set_read_timeout(None);
     let mut buf = [0u8; 64];
     loop {
         match stream.read(&mut buf) {
             Ok(0) => return,
             Ok(_) => {
-                let _ = stream.shutdown(Shutdown::Both);
+                let _ = stream.tcp().shutdown(Shutdown::Both);
                 return;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -1307,6 +1440,7 @@ mod tests {
             RejectCode::WrongName,
             RejectCode::Refused,
             RejectCode::Malformed,
+            RejectCode::Tls,
             RejectCode::Other(0),
             RejectCode::Other(200),
         ] {

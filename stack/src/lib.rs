@@ -57,6 +57,11 @@
 //!   [`wire`] (URPC headers byte for byte, golden vectors), [`tx_ctx`] (the send-context double
 //!   release), [`req_table`] (request ids and stale responses), [`credits`], [`control`] (the
 //!   TCP handshake), [`buf_pool`].
+//! - [`tls`]: mutual TLS 1.3 on the control connection ([`ChannelConfig::tls`],
+//!   [`ServerConfig::tls`]; crate feature `tls`, on by default). The queue infos and their
+//!   tokens then travel only inside the TLS session; a TLS server refuses plaintext clients and
+//!   the reverse; a refused certificate is named (unknown CA, expired, revoked, missing) on both
+//!   sides. See `examples/tls.rs`.
 //!
 //! ## One-sided I/O
 //!
@@ -161,6 +166,7 @@ pub mod buf_pool;
 pub mod control;
 pub mod credits;
 pub mod req_table;
+pub mod tls;
 pub mod tx_ctx;
 pub mod wire;
 

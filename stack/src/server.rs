@@ -130,6 +130,10 @@ pub struct ServerConfig {
     /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
     /// [`ChannelConfig::queue_config`](crate::ChannelConfig::queue_config)).
     pub queue_config: QueueConfig,
+    /// TLS 1.3 on the control connections, required of every client (mutual: each client must
+    /// present a certificate the CA bundle vouches for; it needs a certificate chain and key of
+    /// its own). `None`: plain TCP, and TLS clients are refused ([`crate::tls`]).
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -146,6 +150,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             queue_config: QueueConfig::default(),
+            tls: None,
         }
     }
 }
@@ -203,6 +208,13 @@ impl ServerConfig {
             ));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        if self.tls.as_ref().is_some_and(|t| !t.has_identity()) {
+            return Err(bad_field(
+                &field("tls"),
+                "has no certificate chain and private key: a TLS server must present one \
+                 (TlsConfigBuilder::cert_chain, private_key)",
+            ));
+        }
         // The device's limits apply to `max_window`; the memory limit may scale it down.
         self.fitted_window(1, self.max_window)?;
         let (send, recv, _) = server_depths(self.max_window);
@@ -883,6 +895,8 @@ struct ServerInner<D: Device + Clone> {
     shutdown: AtomicBool,
     addr: SocketAddr,
     workers: Option<WorkerGroup>,
+    /// Handshakes refused for TLS reasons (see [`Server::tls_refusals`]).
+    tls_refusals: crate::tls::RefusalLog,
 }
 
 /// An RPC server on one device: listens on TCP for clients and serves their requests with the
@@ -939,6 +953,7 @@ impl<D: Device + Clone> Server<D> {
             shutdown: AtomicBool::new(false),
             addr: local,
             workers,
+            tls_refusals: Default::default(),
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -979,6 +994,14 @@ impl<D: Device + Clone> Server<D> {
     /// Send contexts in use over all open connections (0 when idle: nothing leaked).
     pub fn tx_in_use(&self) -> usize {
         lock(&self.inner.conns).iter().map(|c| c.ep.tx.in_use()).sum()
+    }
+
+    /// The most recent (up to 64) client connections refused for TLS reasons: a plaintext
+    /// client on a TLS server or the reverse, a client certificate refused (and why), a TLS
+    /// handshake that failed. Each is also reported on stderr (the first 16, then every power
+    /// of two); none contains a secret.
+    pub fn tls_refusals(&self) -> Vec<crate::tls::TlsRefusal> {
+        self.inner.tls_refusals.recent()
     }
 
     /// The counters.
@@ -1110,7 +1133,11 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
             while pending.len() < MAX_PENDING_HANDSHAKES {
                 match listener.accept() {
                     Ok((stream, _)) => {
-                        let Ok(hs) = control::Handshake::new(stream, inner.config.handshake_timeout) else {
+                        let Ok(hs) = control::Handshake::with_tls(
+                            stream,
+                            inner.config.handshake_timeout,
+                            inner.config.tls.as_ref(),
+                        ) else {
                             continue;
                         };
                         let mut p = PendingHandshake { hs, made: None };
@@ -1144,6 +1171,10 @@ impl<D: Device + Clone> ServerInner<D> {
         let made = &mut p.made;
         match p.hs.advance(&self.config.name, |hello, stream| self.decide(hello, stream, made)) {
             control::HandshakeStep::Pending => None,
+            control::HandshakeStep::Done(Err(control::ControlError::Tls(e))) => {
+                self.tls_refusals.record(p.hs.stream().peer_addr().ok(), e);
+                Some(false)
+            }
             control::HandshakeStep::Done(result) => Some(result.is_ok()),
         }
     }
@@ -1164,6 +1195,7 @@ impl<D: Device + Clone> ServerInner<D> {
         let mut stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
         spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
+            // The stream, TLS or not; `conn.control` holds a clone of its socket to shut it.
             control::wait_closed(&mut stream);
             if let Some(c) = weak.upgrade() {
                 c.close();
