@@ -59,6 +59,7 @@ pub mod pcap;
 mod ring;
 pub mod roce;
 mod shared;
+mod shm;
 mod sync;
 mod udp;
 pub mod wire;
