@@ -93,6 +93,7 @@ impl SimNic {
         #[cfg(not(loom))]
         if let Some(p) = self.nic.shm.get() {
             s.rx_malformed += p.malformed.load(std::sync::atomic::Ordering::Relaxed);
+            s.tx_wakeups += p.wakes_sent.load(std::sync::atomic::Ordering::Relaxed);
         }
         s
     }

@@ -219,6 +219,7 @@ impl FabricShared {
 
     /// A byte wire's link from queue `src_qpn` of NIC `src` to peer `dst` (a source id), behind a
     /// capture wire when `BYPASS_PCAP` is set and a fault wire when the fabric has a fault plan.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wrap_link(&self, link: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
         let link: Arc<dyn Wire> = match &self.pcap {
             Some(w) => Arc::new(crate::pcap::PcapWire::new(link, w.clone(), self.id)),

@@ -58,6 +58,12 @@ pub struct NicStats {
     pub rx_malformed: u64,
     /// Byte wires: packets the socket would not take (full buffer), lost as on a network.
     pub tx_wire_dropped: u64,
+    /// Packets a full wire refused (`Transmit::Busy`: a full inbox or shared-memory ring), sent
+    /// again once the receiver made room.
+    pub tx_wire_busy: u64,
+    /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
+    /// it sleeps (the only system call on that wire's send path).
+    pub tx_wakeups: u64,
 }
 
 /// A queued response packet. Its addresses are filled in from the queue when it is sent.
@@ -542,6 +548,7 @@ impl DeviceState {
         };
         if result == Transmit::Busy {
             self.outbox_blocked = true;
+            self.stats.tx_wire_busy += 1;
             return false;
         }
         self.stats.tx_responses += 1;

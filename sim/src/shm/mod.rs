@@ -29,7 +29,7 @@
 #[cfg(not(loom))]
 pub(crate) mod segment;
 
-pub(crate) mod ring;
+pub mod ring;
 
 #[cfg(not(loom))]
 pub(crate) use port::*;
@@ -134,6 +134,8 @@ mod port {
         rx: Mutex<Vec<RingRx>>,
         /// Frames that were not valid RoCEv2 packets (or had an impossible length), dropped.
         pub malformed: AtomicU64,
+        /// FUTEX_WAKEs this NIC's links issued to sleeping receivers.
+        pub wakes_sent: Arc<AtomicU64>,
         /// Passes of [`drain`](Self::drain) that found something: lets the receive thread tell
         /// frames left untaken from frames taken and replaced.
         drains: AtomicU64,
@@ -165,6 +167,7 @@ mod port {
                     (0..layout.rings).map(|_| RingRx { src: UNKNOWN_PEER, ..Default::default() }).collect(),
                 ),
                 malformed: AtomicU64::new(0),
+                wakes_sent: Arc::new(AtomicU64::new(0)),
                 drains: AtomicU64::new(0),
                 ticking: AtomicBool::new(false),
             })
@@ -269,7 +272,7 @@ mod port {
                     path.display()
                 )
             })?;
-            let link = Arc::new(ShmLink { seg: seg.clone(), ring });
+            let link = Arc::new(ShmLink { seg: seg.clone(), ring, wakes: self.wakes_sent.clone() });
             links.insert((pid, fabric, nic), Arc::downgrade(&link));
             let id = self.peer_id(key_of(&seg.owner));
             Ok((link, id))
@@ -470,6 +473,8 @@ mod port {
     pub(crate) struct ShmLink {
         seg: Arc<Segment>,
         ring: u32,
+        /// The sending NIC's count of wakes issued.
+        wakes: Arc<AtomicU64>,
     }
 
     impl std::fmt::Debug for ShmLink {
@@ -497,6 +502,7 @@ mod port {
             if ring::wake_needed(bell) {
                 ring::ring_doorbell(bell);
                 futex_wake(&bell.doorbell);
+                self.wakes.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
