@@ -75,6 +75,15 @@ fn child_role() {
 /// Starts a child NIC, reads what it reports, and kills it with SIGKILL. Returns its queue info
 /// and segment path.
 fn dead_child() -> (QueueInfo, std::path::PathBuf) {
+    let (mut child, info, path) = live_child();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    (info, path)
+}
+
+/// Starts a child NIC and reads what it reports: the child (kill it), its queue info and its
+/// segment path.
+fn live_child() -> (std::process::Child, QueueInfo, std::path::PathBuf) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_role", "--nocapture", "--test-threads=1"])
         .env(ROLE, "nic")
@@ -89,12 +98,52 @@ fn dead_child() -> (QueueInfo, std::path::PathBuf) {
             break l[i + 4..].to_string();
         }
     };
-    child.kill().unwrap();
-    child.wait().unwrap();
     let f: Vec<&str> = line.split(' ').collect();
     let gid: [u8; 16] = unhex(f[0]).try_into().unwrap();
     let info = QueueInfo::new(gid, f[1].parse().unwrap(), f[2].parse().unwrap());
-    (info, f[3].into())
+    (child, info, f[3].into())
+}
+
+/// A peer process killed after the connect: nobody drains the ring into its segment. The ring
+/// fills, the sender is refused (Busy), its retransmission timer runs out, and the queue errors —
+/// it does not hang.
+#[test]
+fn the_ring_into_a_killed_peer_fills_and_the_queue_errors() {
+    let _serial = serial();
+    for engine in [Engine::Inline, Engine::Threaded] {
+        let fabric = Fabric::with_config(FabricConfig {
+            wire: WireConfig::Shm,
+            inbox_depth: 4,
+            ..FabricConfig::new(engine)
+        });
+        let nic = fabric.add_nic();
+        let (mut child, info, _) = live_child();
+        // The child's rings hold 256 frames: 64 messages of 16 frames overflow it.
+        let mut cfg = QueueConfig::default().with_depths(128, 16);
+        cfg.timeout = AckTimeout::at_least(Duration::from_millis(1));
+        cfg.retry_count = 2;
+        let mut cq = nic.create_cq(256).unwrap();
+        let mut q = nic.create_queue(&cfg, &cq, &cq).unwrap();
+        q.connect(&info).expect("the child is alive");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let src = nic.register(65536, Access::empty()).unwrap();
+        let sges: Vec<[Sge; 1]> = (0..64).map(|_| [src.sge(0, 65536).unwrap()]).collect();
+        let wrs: Vec<_> = (0..64).map(|i| SendWr::send(i, &sges[i as usize])).collect();
+        q.post_send(&wrs).unwrap();
+        let mut wc = [Completion::default(); 32];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let first = loop {
+            assert!(Instant::now() < deadline, "{engine:?}: the queue hangs: {:?}", nic.stats());
+            if cq.poll(&mut wc).unwrap() > 0 {
+                break wc[0];
+            }
+            fabric.progress();
+        };
+        assert_eq!(first.status, Status::RetryExceeded, "{engine:?}");
+        assert_eq!(q.state(), QueueState::Error, "{engine:?}");
+        assert!(nic.stats().tx_wire_busy > 0, "{engine:?}: the ring never filled: {:?}", nic.stats());
+    }
 }
 
 #[test]
