@@ -229,8 +229,10 @@ fn full_model() {
     });
     producer.join().unwrap();
     consumer.join().unwrap();
-    let (blocked, told) =
-        (blocked.load(loom::sync::atomic::Ordering::Relaxed), told.load(loom::sync::atomic::Ordering::Relaxed));
+    let (blocked, told) = (
+        blocked.load(loom::sync::atomic::Ordering::Relaxed),
+        told.load(loom::sync::atomic::Ordering::Relaxed),
+    );
     assert!(!blocked || told, "lost unblock: the producer waits for room nobody tells it about");
 }
 
