@@ -440,3 +440,61 @@ fn a_user_asleep_on_an_event_fd_is_woken_by_a_frame() {
         assert!(a.stats().tx_wakeups > 0, "{engine:?}: no FUTEX_WAKE was issued: {:?}", a.stats());
     }
 }
+
+/// The fault plan wraps shared-memory links as it wraps every link: drops, duplicates and
+/// reordering on the wire, recovered by the transport, every byte delivered in order.
+#[test]
+fn the_fault_plan_wraps_shared_memory_links() {
+    let _serial = serial();
+    let faults = bypass_sim::FaultPlan {
+        drop_ppm: 50_000,
+        duplicate_ppm: 50_000,
+        reorder_ppm: 50_000,
+        seed: 11,
+        ..bypass_sim::FaultPlan::NONE
+    };
+    let fabric = Fabric::with_config(FabricConfig {
+        wire: WireConfig::Shm,
+        faults,
+        ..FabricConfig::new(Engine::Inline)
+    });
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let mut cfg = QueueConfig::default().with_depths(64, 64);
+    cfg.timeout = AckTimeout::at_least(Duration::from_millis(2));
+    let mut p = pair_with(&a, &b, &cfg);
+    const N: usize = 50;
+    const LEN: usize = 10_000;
+    let mut src = a.register(LEN * N, Access::empty()).unwrap();
+    let fill: Vec<u8> = (0..LEN * N).map(|k| (k * 13 + k / LEN) as u8).collect();
+    src.write(0, &fill).unwrap();
+    let dst = b.register(LEN * N, Access::LOCAL_WRITE).unwrap();
+    for i in 0..N {
+        p.qb.post_recv(&[RecvWr { wr_id: i as u64, sges: &[dst.sge(i * LEN, LEN).unwrap()] }]).unwrap();
+    }
+    let sges: Vec<[Sge; 1]> = (0..N).map(|i| [src.sge(i * LEN, LEN).unwrap()]).collect();
+    let wrs: Vec<_> = (0..N).map(|i| SendWr::send(i as u64, &sges[i])).collect();
+    p.qa.post_send(&wrs).unwrap();
+    let mut wc = [Completion::default(); 64];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut got) = (0, 0);
+    while sent < N || got < N {
+        assert!(Instant::now() < deadline, "{sent} sent, {got} received: {:?}", a.stats());
+        let k = p.ca.poll(&mut wc).unwrap();
+        for c in &wc[..k] {
+            assert_eq!((c.wr_id, c.status), (sent as u64, Status::Success));
+            sent += 1;
+        }
+        let k = p.cb.poll(&mut wc).unwrap();
+        for c in &wc[..k] {
+            assert_eq!((c.wr_id, c.status), (got as u64, Status::Success));
+            got += 1;
+        }
+        fabric.progress();
+    }
+    let mut all = vec![0u8; LEN * N];
+    dst.read(0, &mut all).unwrap();
+    assert!(all == fill, "the bytes arrived as sent");
+    let f = fabric.fault_stats();
+    assert!(f.dropped > 0 && f.duplicated > 0, "the fault plan acted on the links: {f:?}");
+    assert!(a.stats().retransmits > 0, "{:?}", a.stats());
+}
