@@ -12,6 +12,7 @@
 //! | `tests/slab.rs` | the free list, through `TxSlab` and `bypass::buf_pool::BufPool` | get / put from several threads never hands one slot or buffer to two holders nor loses one (ABA included); a token is recovered once |
 //! | `tests/credits.rs` | `bypass::credits::Credits` | credits never go negative or above the limit, every take is returned; a blocked `take_wait` is woken by `give` |
 //! | `tests/rings.rs` | the sim's rings and doorbells | see that file |
+//! | `tests/shm_ring.rs` | the sim's shared-memory ring (`sim/src/shm/ring.rs`) | frames cross a full ring once, in order, intact; a sleeping consumer and a waiting producer are never left without their wake-up |
 //!
 //! Every model has a **broken twin**: the same model with one deliberate bug switched on in the
 //! production code through the loom-only mutation switch (`bypass::mutation`, which does not

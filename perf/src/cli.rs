@@ -107,7 +107,7 @@ pub struct Args {
 
     /// Serve at ADDR (TCP control plane) for a two-process RPC run, until killed; the other
     /// process runs --client ADDR. With the simulator, both need a byte wire:
-    /// --backend sim+udp://IP:0
+    /// --backend sim+shm (one host) or sim+udp://IP:0
     #[arg(long, value_name = "ADDR", conflicts_with = "client")]
     pub server: Option<String>,
 
@@ -256,7 +256,7 @@ fn parse_backend(s: &str) -> Result<String, String> {
         // The wire is part of the backend (sim+udp://127.0.0.1:0); the engine is --engine.
         "sim" if s.starts_with("sim+") => Ok(s.to_string()),
         "sim" if s != "sim" => Err(format!(
-            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim` (or `sim+udp://IP:PORT` for the UDP wire)"
+            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim` (or `sim+udp://IP:PORT` for the UDP wire, `sim+shm` for shared memory)"
         )),
         k if compiled.contains(&k) => Ok(s.to_string()),
         "verbs" | "urma" | "vfio" => Err(format!(
@@ -403,7 +403,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         }
         if a.backend == "sim" {
             return Err(format!(
-                "{role}: the simulator's in-process wire cannot reach another process; give both processes a byte wire, e.g. --backend sim+udp://127.0.0.1:0"
+                "{role}: the simulator's in-process wire cannot reach another process; give both processes a byte wire, e.g. --backend sim+shm (one host) or sim+udp://127.0.0.1:0"
             ));
         }
         if a.one_thread {

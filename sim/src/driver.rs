@@ -90,7 +90,25 @@ impl SimNic {
             s.rx_malformed += u.stats.malformed.load(std::sync::atomic::Ordering::Relaxed);
             s.tx_wire_dropped += u.stats.send_dropped.load(std::sync::atomic::Ordering::Relaxed);
         }
+        #[cfg(not(loom))]
+        if let Some(p) = self.nic.shm.get() {
+            s.rx_malformed += p.malformed.load(std::sync::atomic::Ordering::Relaxed);
+            s.tx_wakeups += p.wakes_sent.load(std::sync::atomic::Ordering::Relaxed);
+        }
         s
+    }
+
+    /// The NIC's shared-memory segment, on a fabric whose wire is shared memory
+    /// ([`crate::WireConfig::Shm`]).
+    pub fn shm_path(&self) -> Option<std::path::PathBuf> {
+        #[cfg(not(loom))]
+        {
+            self.nic.shm.get().map(|p| p.path().to_path_buf())
+        }
+        #[cfg(loom)]
+        {
+            None
+        }
     }
 
     /// The NIC's UDP socket address, on a fabric whose wire is UDP ([`crate::WireConfig::Udp`]).
@@ -482,6 +500,11 @@ impl CompletionQueue for SimCq {
             ArmMode::Solicited => armed::SOLICITED,
         };
         self.shared.arm(v);
+        // The shared-memory wire's receive thread must raise its sleeping flag now.
+        #[cfg(not(loom))]
+        if let Some(p) = self.nic.shm.get() {
+            p.attention();
+        }
         Ok(())
     }
 
@@ -522,7 +545,8 @@ impl SimQueue {
         let Some(port) = self.nic.udp.get().cloned() else {
             return Err(invalid(format!(
                 "the peer's queue is on a simulated NIC on the UDP wire ({to}), but this NIC's fabric \
-                 is in-process: open this side with the UDP wire too (e.g. sim+udp://127.0.0.1:0)"
+                 is on the {} wire: open this side with the UDP wire too (e.g. sim+udp://127.0.0.1:0)",
+                self.wire_name()
             )));
         };
         if to.port() == 0 {
@@ -546,6 +570,46 @@ impl SimQueue {
             }
             state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
         })
+    }
+
+    /// This NIC's wire, for error messages.
+    fn wire_name(&self) -> &'static str {
+        match self.nic.fabric.config.wire {
+            crate::WireConfig::Udp(_) => "UDP",
+            crate::WireConfig::Shm => "shared-memory",
+            _ => "in-process",
+        }
+    }
+
+    /// `connect` to a peer on the shared-memory wire: NIC `nic` of fabric `fabric` of process
+    /// `pid`.
+    #[cfg(not(loom))]
+    fn connect_shm(&mut self, peer: &QueueInfo, (pid, fabric, nic): (u32, u32, u32)) -> Result<()> {
+        let Some(port) = self.nic.shm.get().cloned() else {
+            return Err(invalid(format!(
+                "the peer's queue is on a simulated NIC on the shared-memory wire (process {pid}), but \
+                 this NIC's fabric is on the {} wire: open this side with the shared-memory wire too \
+                 (sim+shm)",
+                self.wire_name()
+            )));
+        };
+        if self.shared.state() != QueueState::Reset {
+            return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
+        }
+        let (link, id) = port.link_to(pid, fabric, nic).map_err(invalid)?;
+        let wire = self.nic.fabric.wrap_link(link, self.shared.nic, self.shared.qpn, id);
+        self.control(|qp, _| match qp.state {
+            QueueState::Reset => {
+                qp.connect(peer, wire, id);
+                Ok(())
+            }
+            state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
+        })
+    }
+
+    #[cfg(loom)]
+    fn connect_shm(&mut self, _: &QueueInfo, _: (u32, u32, u32)) -> Result<()> {
+        Err(invalid("the shared-memory wire does not exist under loom"))
     }
 
     /// Posting needs a connected queue: READY, or ERROR (whose posts the device flushes).
@@ -580,6 +644,10 @@ impl Queue for SimQueue {
     }
 
     fn info(&self) -> QueueInfo {
+        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
+            let gid = crate::shm::gid_of(self.nic.fabric.id, self.shared.nic);
+            return QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
+        }
         if let Some(u) = self.nic.udp.get() {
             let mut info = QueueInfo::new(
                 crate::udp::gid_of(*u.local().ip()),
@@ -602,6 +670,9 @@ impl Queue for SimQueue {
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
+        if let Some(at) = crate::shm::peer_of_gid(&peer.gid) {
+            return self.connect_shm(peer, at);
+        }
         if let Some(ip) = crate::udp::ip_of_gid(&peer.gid) {
             return self.connect_udp(peer, std::net::SocketAddrV4::new(ip, peer.lid));
         }
@@ -609,6 +680,12 @@ impl Queue for SimQueue {
             return Err(invalid(
                 "the peer's queue is not on the UDP wire (its GID is no IP address): both ends of a \
                  connection must use the same wire (e.g. both sim+udp://<address>)",
+            ));
+        }
+        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
+            return Err(invalid(
+                "the peer's queue is not on the shared-memory wire: both ends of a connection must use \
+                 the same wire (e.g. both sim+shm)",
             ));
         }
         if peer.gid[..4] != GID_MAGIC {

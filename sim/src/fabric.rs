@@ -111,15 +111,23 @@ pub enum WireConfig {
     /// each). Inline and Threaded engines (the Stepped engine's virtual time cannot span
     /// processes).
     Udp(std::net::SocketAddrV4),
+    /// RoCEv2 packets through single-producer/single-consumer rings in shared memory
+    /// (`/dev/shm`): NICs in any process on this host. Each NIC creates a segment named from its
+    /// process, fabric and address. Inline and Threaded engines.
+    Shm,
 }
 
 impl WireConfig {
-    /// Parses the wire part of a backend string: `udp://IP:PORT` (IPv4).
+    /// Parses the wire part of a backend string: `shm` (shared memory, one host) or
+    /// `udp://IP:PORT` (IPv4).
     pub fn parse(s: &str) -> Result<WireConfig, String> {
+        if s == "shm" {
+            return Ok(WireConfig::Shm);
+        }
         let Some(addr) = s.strip_prefix("udp://") else {
             return Err(format!(
-                "unknown simulator wire {s:?}: expected udp://IP:PORT (e.g. udp://127.0.0.1:0), or no wire \
-                 for the in-process one"
+                "unknown simulator wire {s:?}: expected shm (processes on one host) or udp://IP:PORT \
+                 (e.g. udp://127.0.0.1:0), or no wire for the in-process one"
             ));
         };
         let addr: std::net::SocketAddrV4 = addr.parse().map_err(|e| {
@@ -209,6 +217,17 @@ impl FabricShared {
         Some(self.with_faults(nic, src, src_qpn, dst))
     }
 
+    /// A byte wire's link from queue `src_qpn` of NIC `src` to peer `dst` (a source id), behind a
+    /// capture wire when `BYPASS_PCAP` is set and a fault wire when the fabric has a fault plan.
+    #[cfg_attr(loom, allow(dead_code))]
+    pub(crate) fn wrap_link(&self, link: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
+        let link: Arc<dyn Wire> = match &self.pcap {
+            Some(w) => Arc::new(crate::pcap::PcapWire::new(link, w.clone(), self.id)),
+            None => link,
+        };
+        self.with_faults(link, src, src_qpn, dst)
+    }
+
     /// `wire` behind a fault wire when the fabric has a fault plan (seeded per link).
     pub(crate) fn with_faults(&self, wire: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
         let plan = self.config.faults;
@@ -235,9 +254,9 @@ impl FabricShared {
         let now = self.clock.now();
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
-        let pending = nics
-            .iter()
-            .filter(|x| x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now);
+        let pending = nics.iter().filter(|x| {
+            x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now || x.shm_pending()
+        });
         for (slot, nic) in flagged.iter_mut().zip(pending) {
             *slot = Some(nic.clone());
         }
@@ -272,6 +291,12 @@ impl FabricShared {
             dev.outbox.clear();
             for qp in dev.qps.iter_mut().flatten() {
                 qp.remote = None;
+            }
+            drop(dev);
+            // Peers can no longer connect to it (the mapping lives on until the NIC is dropped).
+            #[cfg(not(loom))]
+            if let Some(p) = n.shm.get() {
+                p.seg.unlink();
             }
         }
         self.step.lock().unwrap_or_else(|e| e.into_inner()).nics.clear();
@@ -343,6 +368,11 @@ impl Fabric {
             Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
             _ => (Clock::real(), 0x5EED),
         };
+        #[cfg(not(loom))]
+        if config.wire == WireConfig::Shm {
+            // Segments left by processes that died without cleaning up (kill -9).
+            crate::shm::clean_stale();
+        }
         static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         let shared = Arc::new(FabricShared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -369,7 +399,8 @@ impl Fabric {
     }
 
     /// Adds a NIC. With the Threaded engine this starts its device thread; on the UDP wire it
-    /// binds the NIC's socket and starts its receive thread.
+    /// binds the NIC's socket and starts its receive thread; on the shared-memory wire it creates
+    /// the NIC's segment and starts its receive thread.
     ///
     /// # Panics
     /// If that fails (see [`try_add_nic`](Self::try_add_nic)).
@@ -397,6 +428,21 @@ impl Fabric {
             let handle = std::thread::Builder::new()
                 .name(format!("bypass-sim-udp{addr}"))
                 .spawn(move || crate::udp::receive_thread(weak, udp, mtu))?;
+            shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        }
+        #[cfg(not(loom))]
+        if shared.config.wire == WireConfig::Shm {
+            let port = Arc::new(crate::shm::ShmPort::create(
+                shared.id,
+                addr,
+                shared.config.mtu,
+                shared.config.inbox_depth,
+            )?);
+            let _ = nic.shm.set(port.clone());
+            let weak = Arc::downgrade(&nic);
+            let handle = std::thread::Builder::new()
+                .name(format!("bypass-sim-shm{addr}"))
+                .spawn(move || crate::shm::receive_thread(weak, port))?;
             shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
         }
         nics.push(nic.clone());

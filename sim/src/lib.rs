@@ -59,6 +59,7 @@ pub mod pcap;
 mod ring;
 pub mod roce;
 mod shared;
+mod shm;
 mod sync;
 mod udp;
 pub mod wire;
@@ -78,6 +79,10 @@ pub mod loom_api {
     use std::sync::Arc;
 
     pub use crate::sync::mutation;
+
+    /// The shared-memory wire's ring and doorbell protocol (`RingCtl`, `Bell`, `push`, `pop`,
+    /// `wake_needed`, `prepare_sleep`, ...), over loom atomics.
+    pub use crate::shm::ring as shm_ring;
 
     /// A READY queue's send side as the driver and the device share it (`QueueShared`): the send
     /// ring with its doorbell, the `wr_id` side table, and the consumer index the poller publishes.

@@ -37,6 +37,8 @@ pub(crate) struct Nic {
     pub events: Arc<AsyncEvents>,
     /// The NIC's UDP endpoint, on a fabric whose wire is UDP.
     pub udp: OnceLock<Arc<crate::udp::UdpPort>>,
+    /// The NIC's shared-memory endpoint (its segment), on a fabric whose wire is shared memory.
+    pub shm: OnceLock<Arc<crate::shm::ShmPort>>,
 }
 
 impl Nic {
@@ -58,6 +60,7 @@ impl Nic {
             caps,
             fabric,
             udp: OnceLock::new(),
+            shm: OnceLock::new(),
         }
     }
 
@@ -101,16 +104,23 @@ impl Nic {
             let d = self.deadline.load(Ordering::Relaxed);
             d != NEVER && d <= self.now()
         };
-        if due || self.work.load(Ordering::Relaxed) {
+        if due || self.work.load(Ordering::Relaxed) || self.shm_pending() {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
     }
 
+    /// Shared-memory wire: frames may wait in this NIC's inbound rings (one load of the
+    /// segment's pending mask: no lock, no system call).
+    #[inline]
+    pub(crate) fn shm_pending(&self) -> bool {
+        self.shm.get().is_some_and(|s| s.pending())
+    }
+
     /// Runs the device if work is flagged or a timer is due (Inline engine: an idle poller helps).
     pub(crate) fn run_if_flagged(&self) {
         let d = self.deadline.load(Ordering::Relaxed);
-        if self.work.load(Ordering::SeqCst) || (d != NEVER && d <= self.now()) {
+        if self.work.load(Ordering::SeqCst) || (d != NEVER && d <= self.now()) || self.shm_pending() {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
@@ -145,7 +155,8 @@ impl Nic {
             dev.unblock();
         }
         let now = self.now();
-        dev.run_all(now, &self.port, &self.bells, &mut |w| self.fabric.kick_waiter(w));
+        let shm = self.shm.get().map(|s| &**s);
+        dev.run_all(now, &self.port, shm, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         if let Some(t) = traced {
@@ -256,7 +267,11 @@ pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
         }
         let now = n.now();
         let due = n.deadline.load(Ordering::Acquire) <= now;
-        if n.work.swap(false, Ordering::SeqCst) || due || n.unblocked.load(Ordering::Relaxed) {
+        if n.work.swap(false, Ordering::SeqCst)
+            || due
+            || n.unblocked.load(Ordering::Relaxed)
+            || n.shm_pending()
+        {
             let mut dev = sync::lock(&n.dev);
             n.run_all(&mut dev);
             idle = 0;
@@ -274,7 +289,7 @@ pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
             continue;
         }
         n.sleeping.store(true, Ordering::SeqCst);
-        if n.work.load(Ordering::SeqCst) {
+        if n.work.load(Ordering::SeqCst) || n.shm_pending() {
             n.sleeping.store(false, Ordering::SeqCst);
             continue;
         }

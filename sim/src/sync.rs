@@ -7,12 +7,12 @@
 #[cfg(loom)]
 pub(crate) use loom::cell::UnsafeCell;
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
 
@@ -91,6 +91,14 @@ pub mod mutation {
         CiRecordRelaxed = 103,
         /// `CqRing::write` ignores the CI record and overwrites entries the driver has not consumed.
         CqFullCheckSkipped = 104,
+        /// `shm::ring::push` publishes the producer index `Relaxed`, not `Release`.
+        ShmPublishRelaxed = 105,
+        /// `shm::ring::wake_needed` skips the SeqCst fence between publishing a frame and reading
+        /// the consumer's sleeping flag (the lost wake-up).
+        ShmNoFenceBeforeSleepCheck = 106,
+        /// `shm::ring::push` skips the SeqCst fence between raising its waiting flag and
+        /// re-reading the consumer index (the lost unblock).
+        ShmNoFenceBeforeFullRecheck = 107,
     }
 
     pub use bypass_hal::mutation::Guard;

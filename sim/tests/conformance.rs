@@ -1,5 +1,5 @@
 //! The hal conformance suite on the simulator, in all three engine modes, and on the UDP wire
-//! (loopback) with the Inline and Threaded engines.
+//! (loopback) and the shared-memory wire with the Inline and Threaded engines.
 
 use bypass_hal::conformance::Env;
 use bypass_sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
@@ -26,6 +26,11 @@ impl SimEnv {
     /// Two NICs on the UDP wire, on loopback ports the system picks.
     fn udp(engine: Engine) -> Self {
         Self::with_wire(engine, WireConfig::parse("udp://127.0.0.1:0").unwrap())
+    }
+
+    /// Two NICs on the shared-memory wire (two segments of this process).
+    fn shm(engine: Engine) -> Self {
+        Self::with_wire(engine, WireConfig::Shm)
     }
 }
 
@@ -67,3 +72,5 @@ bypass_hal::conformance_suite!(stepped_seed_2, || super::SimEnv::new(bypass_sim:
 }));
 bypass_hal::conformance_suite!(udp_inline, || super::SimEnv::udp(bypass_sim::Engine::Inline));
 bypass_hal::conformance_suite!(udp_threaded, || super::SimEnv::udp(bypass_sim::Engine::Threaded));
+bypass_hal::conformance_suite!(shm_inline, || super::SimEnv::shm(bypass_sim::Engine::Inline));
+bypass_hal::conformance_suite!(shm_threaded, || super::SimEnv::shm(bypass_sim::Engine::Threaded));

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
 //! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
+//! | `sim+shm`, `sim:threaded+shm` | simulated NICs on the shared-memory wire (segments in `/dev/shm`), reachable from other processes on this host | feature `sim` |
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
@@ -136,6 +137,9 @@ impl Backend {
                 bypass_sim::WireConfig::Udp(at) => {
                     format!("sim (the software NIC) on the UDP wire at {at}, engine {engine:?}")
                 }
+                bypass_sim::WireConfig::Shm => {
+                    format!("sim (the software NIC) on the shared-memory wire (this host), engine {engine:?}")
+                }
                 _ => format!("sim (the software NIC, in this process), engine {engine:?}"),
             },
             #[cfg(feature = "verbs")]
@@ -203,6 +207,18 @@ mod tests {
         assert!(text("sim+tcp://x").contains("udp://IP:PORT"), "{}", text("sim+tcp://x"));
         assert!(text("sim+udp://nowhere").contains("IPv4:port"), "{}", text("sim+udp://nowhere"));
         assert!(text("verbs+udp://1.2.3.4:0").contains("only for the simulator"));
+    }
+
+    #[test]
+    fn opens_the_simulator_on_the_shared_memory_wire() {
+        for spec in ["sim+shm", "sim:threaded+shm"] {
+            let b = Backend::open(spec).unwrap();
+            assert!(b.describe().contains("shared-memory wire"), "{spec}: {}", b.describe());
+            assert!(b.run(Caps) > 0);
+        }
+        let text = |s: &str| Backend::open(s).unwrap_err().to_string();
+        assert!(text("sim+shmem").contains("expected shm"), "{}", text("sim+shmem"));
+        assert!(text("verbs+shm").contains("only for the simulator"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::events::AsyncEvents;
 use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
+use crate::shm::ShmPort;
 use crate::wire::{Port, Transmit};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{Access, DeviceCaps};
@@ -62,6 +63,12 @@ pub struct NicStats {
     pub rx_malformed: u64,
     /// Byte wires: packets the socket would not take (full buffer), lost as on a network.
     pub tx_wire_dropped: u64,
+    /// Packets a full wire refused (`Transmit::Busy`: a full inbox or shared-memory ring), sent
+    /// again once the receiver made room.
+    pub tx_wire_busy: u64,
+    /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
+    /// it sleeps (the only system call on that wire's send path).
+    pub tx_wakeups: u64,
 }
 
 /// A queued response packet. Its addresses are filled in from the queue when it is sent.
@@ -411,12 +418,20 @@ impl DeviceState {
         &mut self,
         now: Nanos,
         port: &Port,
+        shm: Option<&ShmPort>,
         bells: &Bells,
         kick_waiter: &mut dyn FnMut(u32),
     ) {
         loop {
             self.take_bells(bells);
             while self.rx_one(now, port, kick_waiter) {}
+            if let Some(shm) = shm {
+                // Frames are decoded in place in the shared rings: no copy through the inbox.
+                let nic = self.addr;
+                shm.drain(nic, &mut |hdr, payload| {
+                    self.receive(now, hdr, payload);
+                });
+            }
             // Send work only grows from doorbells and received packets (ACKs open the window,
             // NAKs rewind), so after this sweep a queue has more only if it hit the per-round bound.
             let mut bounded = false;
@@ -446,7 +461,7 @@ impl DeviceState {
             self.prune(now);
             // Go round again only if packets arrived meanwhile (from a NIC run nested in our
             // flushes, or another thread) or a queue was cut short.
-            if !bounded && !port.maybe_nonempty() {
+            if !bounded && !port.maybe_nonempty() && !shm.is_some_and(|s| s.pending()) {
                 return;
             }
         }
@@ -462,26 +477,7 @@ impl DeviceState {
         if trace::is_enabled() {
             trace_flight(&hdr, ib.front_sent_at());
         }
-        self.stats.rx_packets += 1;
-        let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
-            let from_peer = qp.remote.as_ref().is_some_and(|r| {
-                r.nic == hdr.src_nic && (hdr.src_qpn == crate::packet::ANY_QPN || r.qpn == hdr.src_qpn)
-            });
-            if !from_peer {
-                return false;
-            }
-            match hdr.kind {
-                PacketKind::Ack => qp.on_ack(ctx, &hdr),
-                PacketKind::ReadResponse => qp.on_read_response(ctx, &hdr, payload),
-                _ => qp.on_request(ctx, &hdr, payload),
-            }
-            true
-        });
-        if handled == Some(true) {
-            self.list(hdr.dst_qpn); // what arrived may have opened its window or rewound it
-        } else {
-            self.stats.rx_ignored += 1;
-        }
+        self.receive(now, &hdr, payload);
         ib.pop();
         port.queued.fetch_sub(1, crate::sync::Ordering::AcqRel);
         // One freed slot wakes one waiter; the next pop wakes the next. (Waking every waiter in a
@@ -492,6 +488,32 @@ impl DeviceState {
             kick_waiter(w);
         }
         true
+    }
+
+    /// Handles one inbound packet, wherever it was received (the inbox, or a byte wire's ring
+    /// read in place): hands it to its queue if the queue is connected to the packet's sender,
+    /// else counts it as ignored.
+    pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: &[u8]) {
+        self.stats.rx_packets += 1;
+        let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
+            let from_peer = qp.remote.as_ref().is_some_and(|r| {
+                r.nic == hdr.src_nic && (hdr.src_qpn == crate::packet::ANY_QPN || r.qpn == hdr.src_qpn)
+            });
+            if !from_peer {
+                return false;
+            }
+            match hdr.kind {
+                PacketKind::Ack => qp.on_ack(ctx, hdr),
+                PacketKind::ReadResponse => qp.on_read_response(ctx, hdr, payload),
+                _ => qp.on_request(ctx, hdr, payload),
+            }
+            true
+        });
+        if handled == Some(true) {
+            self.list(hdr.dst_qpn); // what arrived may have opened its window or rewound it
+        } else {
+            self.stats.rx_ignored += 1;
+        }
     }
 
     fn tx_one(&mut self) -> bool {
@@ -533,6 +555,7 @@ impl DeviceState {
         };
         if result == Transmit::Busy {
             self.outbox_blocked = true;
+            self.stats.tx_wire_busy += 1;
             return false;
         }
         self.stats.tx_responses += 1;

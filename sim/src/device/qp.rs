@@ -630,6 +630,7 @@ impl QpCtx {
         match result {
             Transmit::Busy => {
                 self.wire_blocked = true;
+                ctx.stats.tx_wire_busy += 1;
                 return false;
             }
             Transmit::Sent => ctx.stats.tx_packets += 1,
