@@ -25,6 +25,7 @@ use crate::endpoint::{
 };
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::liveness::{CloseReason, Keepalive, Live};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
@@ -33,10 +34,12 @@ use crate::RpcError;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod monitor;
 mod one_sided;
+mod recovery;
 pub use one_sided::{LocalRange, OpFuture, OpOptions, MAX_SGES};
 
 const NO_DEADLINE: u64 = u64::MAX;
@@ -83,6 +86,10 @@ pub struct ChannelConfig {
     /// lost packet is then never retransmitted, and a call waiting for it ends only at its own
     /// deadline (`timeout` here or [`CallOptions::timeout`]; with no deadline it may wait forever).
     pub queue_config: QueueConfig,
+    /// Keepalive (see [`Keepalive`]): a channel that received nothing for `interval` is probed,
+    /// and one that received nothing for `interval × misses` is broken. `None`: no probes; only
+    /// the control stream's closure (and queue errors) end the connection. Default 1 s × 5.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for ChannelConfig {
@@ -99,6 +106,7 @@ impl Default for ChannelConfig {
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             self_poll: true,
             queue_config: QueueConfig::default(),
+            keepalive: Some(Keepalive::default()),
         }
     }
 }
@@ -169,6 +177,9 @@ impl ChannelConfig {
             return Err(bad_field(&field("connect_timeout"), "is zero: use a positive duration"));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        if let Some(k) = &self.keepalive {
+            k.validate(&field("keepalive"))?;
+        }
         // The device's limits apply to the window asked for; the memory limit may scale it down.
         self.fitted_window()?;
         let (send, recv, _) = client_depths(self.window);
@@ -277,6 +288,8 @@ pub struct ChannelStats {
     /// its call counts as finished and its send context was released; the first one per channel
     /// is also reported on stderr.
     pub callback_panics: u64,
+    /// Keepalive probes sent (not counted in `calls`).
+    pub keepalive_probes: u64,
 }
 
 struct Pending {
@@ -368,6 +381,19 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     counters: Counters,
     server_name: String,
     control: Mutex<Option<TcpStream>>,
+    /// Keepalive state, close reason and the application's context.
+    live: Live,
+    /// The break callback, and the reason once the channel closed.
+    on_break: Mutex<BreakSlot>,
+    /// Wakes the monitor thread (a queue to recover).
+    wake: Arc<crate::worker::WakeFd>,
+}
+
+/// A channel's break callback (until it ran) and the reason it closed (once it did).
+#[derive(Default)]
+struct BreakSlot {
+    callback: Option<Box<dyn FnOnce(CloseReason) + Send>>,
+    fired: Option<CloseReason>,
 }
 
 /// A client's connection to one server: several queue pairs, one request table, and the calls.
@@ -488,6 +514,8 @@ impl<D: Device + Clone> Channel<D> {
         }
         let held = (0..ep.tx.capacity()).map(|_| Mutex::new(Default::default())).collect();
         let monitor = stream.try_clone().map_err(control::ControlError::from)?;
+        let wake = Arc::new(crate::worker::WakeFd::new().map_err(control::ControlError::from)?);
+        let keepalive = config.keepalive;
         let inner = Arc::new(ChannelInner {
             table,
             credits: (0..config.queues)
@@ -507,10 +535,15 @@ impl<D: Device + Clone> Channel<D> {
             control: Mutex::new(Some(stream)),
             config,
             ep,
+            live: Live::new(),
+            on_break: Mutex::default(),
+            wake: wake.clone(),
         });
         let weak = Arc::downgrade(&inner);
-        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || watch_control(monitor, weak))
-            .map_err(control::ControlError::from)?;
+        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || {
+            monitor::run(monitor, weak, wake, keepalive)
+        })
+        .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
 
@@ -563,6 +596,7 @@ impl<D: Device + Clone> Channel<D> {
             ready_queues: i.ep.ready_queues(),
             registered_bytes: i.ep.registered,
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
+            keepalive_probes: i.live.probes.load(Ordering::Relaxed),
         }
     }
 
@@ -816,12 +850,48 @@ impl<D: Device + Clone> Channel<D> {
     pub fn pollable(&self) -> Arc<dyn Pollable> {
         self.inner.clone()
     }
-}
 
-fn watch_control<D: Device + Clone>(mut stream: TcpStream, channel: Weak<ChannelInner<D>>) {
-    control::wait_closed(&mut stream);
-    if let Some(inner) = channel.upgrade() {
-        inner.close();
+    /// Sets the callback that runs once when the channel closes, with the reason: the peer went
+    /// away (closed, or stopped answering keepalive probes), the queues failed past recovery, or
+    /// this side closed it. It runs on the thread that closes the channel (its monitor thread, a
+    /// poller, or the one calling [`Channel::close`] or dropping the last handle), after every
+    /// outstanding call got its outcome; if the channel is closed already, it runs at once on
+    /// this thread. A panic in it is contained. Replaces a callback set earlier that has not run.
+    pub fn set_break_callback(&self, callback: impl FnOnce(CloseReason) + Send + 'static) {
+        let mut slot = lock(&self.inner.on_break);
+        match slot.fired {
+            Some(reason) => {
+                drop(slot);
+                run_break_callback(self.inner.channel_id, Box::new(callback), reason);
+            }
+            None => slot.callback = Some(Box::new(callback)),
+        }
+    }
+
+    /// Why the channel closed (`None` while it is open).
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        if self.is_closed() {
+            self.inner.live.reason()
+        } else {
+            None
+        }
+    }
+
+    /// Stores the application's value for this channel (0 until set), as `OckRpcSetUpCtx` does.
+    pub fn set_context(&self, value: u64) {
+        self.inner.live.context.store(value, Ordering::Release);
+    }
+
+    /// The value stored by [`Channel::set_context`].
+    pub fn context(&self) -> u64 {
+        self.inner.live.context.load(Ordering::Acquire)
+    }
+
+    /// Test hook: with `true`, this channel's keepalive neither probes nor judges, as if its
+    /// process were frozen (the server stops hearing from it; the TCP stream stays open).
+    #[doc(hidden)]
+    pub fn freeze_keepalive_for_tests(&self, frozen: bool) {
+        self.inner.live.frozen.store(frozen, Ordering::Release);
     }
 }
 
@@ -1002,7 +1072,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             drop(pending);
             return if claimed { Err(e) } else { Ok(()) };
         }
-        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        if !crate::liveness::is_probe(function) {
+            self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        }
         if deadline != NO_DEADLINE {
             slot.deadline.store(deadline, Ordering::SeqCst);
             self.next_scan.fetch_min(deadline, Ordering::SeqCst);
@@ -1066,6 +1138,9 @@ impl<D: Device + Clone> ChannelInner<D> {
     fn poll_recv(&self) -> usize {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_recv(&mut wc);
+        if n > 0 {
+            self.live.mark_heard();
+        }
         for c in &wc[..n] {
             self.on_recv(c);
         }
@@ -1311,18 +1386,25 @@ impl<D: Device + Clone> ChannelInner<D> {
         // the cause rather than whichever completion happened to be polled first.
         self.fail_calls(&|p: &Pending| p.queue == q && !p.one_sided, &make, FailReason::Cancelled);
         if self.ep.ready_queues() == 0 {
-            self.close();
+            self.close_with(CloseReason::QueuesFailed);
         }
     }
 
     pub(crate) fn close(&self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
+    /// with `reason`'s error, then the break callback runs, once.
+    pub(crate) fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
         }
+        let reason = self.live.set_reason(reason);
         // One-sided operations are left to their own completions (collected below: failing the
         // queues completes every work request, with its error or flushed), so an operation whose
         // error closed the channel still reports that error; flushed ones end `Closed`.
-        self.fail_calls(&|p| !p.one_sided, &|| RpcError::Closed, FailReason::Cancelled);
+        self.fail_calls(&|p| !p.one_sided, &|| reason.call_error(), FailReason::Cancelled);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
@@ -1340,7 +1422,30 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         }
         // Whatever is still waiting for its own completion ends now, exactly once.
-        self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
+        self.fail_calls(&|_| true, &|| reason.call_error(), FailReason::Cancelled);
+        self.wake.signal();
+        self.fire_break(reason);
+    }
+
+    /// Runs the break callback (if one is set) once, contained like a completion callback.
+    fn fire_break(&self, reason: CloseReason) {
+        let callback = {
+            let mut slot = lock(&self.on_break);
+            slot.fired = Some(reason);
+            slot.callback.take()
+        };
+        if let Some(cb) = callback {
+            run_break_callback(self.channel_id, cb, reason);
+        }
+    }
+}
+
+/// Runs a break callback; a panic in it is contained (and reported on stderr).
+fn run_break_callback(channel_id: u32, cb: Box<dyn FnOnce(CloseReason) + Send>, reason: CloseReason) {
+    // AssertUnwindSafe: the callback is consumed; nothing of it is used after a panic.
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(reason))) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+        eprintln!("bypass: the break callback of channel {channel_id} panicked; the panic was contained");
     }
 }
 

@@ -130,6 +130,8 @@ mod endpoint;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod liveness;
+#[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
 mod worker;
@@ -147,7 +149,11 @@ pub use endpoint::DEFAULT_MEMORY_LIMIT;
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use server::{Functions, Handler, Request, Server, ServerConfig, ServerStats};
+pub use liveness::{CloseReason, Keepalive};
+#[cfg(not(loom))]
+pub use server::{
+    Connection, ConnectionEvents, Functions, Handler, Request, Server, ServerConfig, ServerStats,
+};
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]

@@ -27,6 +27,7 @@ use crate::endpoint::{
 };
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::liveness::{self, CloseReason, Keepalive, Live};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{spawn_started, PollMode, Pollable, WorkerConfig, WorkerGroup};
@@ -39,6 +40,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+mod events;
+mod monitor;
+mod recovery;
+pub use events::{Connection, ConnectionEvents};
 
 const POLL_BATCH: usize = 16;
 
@@ -130,6 +136,14 @@ pub struct ServerConfig {
     /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
     /// [`ChannelConfig::queue_config`](crate::ChannelConfig::queue_config)).
     pub queue_config: QueueConfig,
+    /// Keepalive (see [`Keepalive`]): once a client has sent its first keepalive probe (which
+    /// announces its own settings), a connection that received nothing for the larger of
+    /// `interval × misses` and the client's `interval × (misses + 1)` is closed as broken
+    /// ([`CloseReason::KeepaliveTimeout`]). The server answers probes whatever this is. `None`:
+    /// only the control stream's closure (and queue errors) end connections. Default 1 s × 5.
+    /// The data path must be polled for traffic to count: with `workers: 0`, call
+    /// [`Server::poll`] more often than that.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for ServerConfig {
@@ -146,6 +160,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             queue_config: QueueConfig::default(),
+            keepalive: Some(Keepalive::default()),
         }
     }
 }
@@ -203,6 +218,9 @@ impl ServerConfig {
             ));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        if let Some(k) = &self.keepalive {
+            k.validate(&field("keepalive"))?;
+        }
         // The device's limits apply to `max_window`; the memory limit may scale it down.
         self.fitted_window(1, self.max_window)?;
         let (send, recv, _) = server_depths(self.max_window);
@@ -352,6 +370,13 @@ pub(crate) struct Conn<D: Device + Clone> {
     outbox: Box<[Mutex<Outbox>]>,
     window: u32,
     control: Mutex<Option<TcpStream>>,
+    /// Keepalive state, close reason and the application's context.
+    live: Live,
+    /// This connection (for the connection events, which get a [`Connection`]).
+    me: Weak<Conn<D>>,
+    events: Arc<ConnectionEvents<D>>,
+    /// The new-connection callback accepted it (so the break callback runs when it closes).
+    accepted: AtomicBool,
 }
 
 /// A request being handled. Read its arguments with [`Request::args`]; answer with
@@ -397,6 +422,16 @@ impl<D: Device + Clone> Request<D> {
     /// The info string the client sent when it connected.
     pub fn client_info(&self) -> &str {
         &self.conn.client_info
+    }
+
+    /// The connection's context value ([`Connection::set_context`]; 0 until set).
+    pub fn context(&self) -> u64 {
+        self.conn.live.context.load(Ordering::Acquire)
+    }
+
+    /// The connection the request came on (e.g. to read or set its context, or close it).
+    pub fn connection(&self) -> Connection<D> {
+        Connection { conn: self.conn.clone() }
     }
 
     /// Whether the client waits for a response (`WAIT_RSP` and `ACK` modes). For the other
@@ -715,6 +750,7 @@ impl<D: Device + Clone> Conn<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_recv(&mut wc);
         if n > 0 {
+            self.live.mark_heard();
             let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
             for c in &wc[..n] {
                 self.on_recv(c);
@@ -774,6 +810,9 @@ impl<D: Device + Clone> Conn<D> {
         }
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
         let request = Request { conn: self.clone(), buf, queue, args, header, done: false };
+        if liveness::is_probe(header.function) {
+            return self.on_probe(request);
+        }
         match self.functions.get(header.function) {
             Some(handler) => {
                 // A panicking handler must not take the worker (and every connection on it)
@@ -819,23 +858,43 @@ impl<D: Device + Clone> Conn<D> {
         }
     }
 
+    /// A keepalive probe: the stack answers it (its arguments announce the client's settings).
+    #[cold]
+    fn on_probe(&self, request: Request<D>) {
+        self.live.on_probe(request.args());
+        if self.live.ignore_probes.load(Ordering::Relaxed) {
+            return drop(request); // test hook: a peer that stops answering
+        }
+        let _ = request.reply(&[]);
+    }
+
     /// A queue failed: with no queue left, the connection is closed (the client sees it close).
     fn queue_failed(&self, q: usize) {
         self.ep.fail_queue(q);
         if self.ep.ready_queues() == 0 {
-            self.close();
+            self.close_with(CloseReason::QueuesFailed);
         }
     }
 
     fn close(&self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Closes the connection for `reason` (the first close's reason stands); the break callback
+    /// runs once, for a connection the new-connection callback accepted.
+    fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
         }
+        let reason = self.live.set_reason(reason);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        if self.accepted.load(Ordering::Acquire) {
+            self.fire_break(reason);
         }
     }
 }
@@ -883,6 +942,7 @@ struct ServerInner<D: Device + Clone> {
     shutdown: AtomicBool,
     addr: SocketAddr,
     workers: Option<WorkerGroup>,
+    events: Arc<ConnectionEvents<D>>,
 }
 
 /// An RPC server on one device: listens on TCP for clients and serves their requests with the
@@ -909,6 +969,19 @@ impl<D: Device + Clone> Server<D> {
         addr: impl ToSocketAddrs,
         config: ServerConfig,
         functions: Functions<D>,
+    ) -> Result<Self, RpcError> {
+        Self::bind_with(device, addr, config, functions, ConnectionEvents::new())
+    }
+
+    /// [`Server::bind`] with connection callbacks: `events` decides on new connections (it sees
+    /// the client's info string and may refuse, with a reason the client receives) and hears of
+    /// connections that end (see [`ConnectionEvents`]).
+    pub fn bind_with(
+        device: &D,
+        addr: impl ToSocketAddrs,
+        config: ServerConfig,
+        functions: Functions<D>,
+        events: ConnectionEvents<D>,
     ) -> Result<Self, RpcError> {
         config.validate(&device.caps())?;
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
@@ -939,6 +1012,7 @@ impl<D: Device + Clone> Server<D> {
             shutdown: AtomicBool::new(false),
             addr: local,
             workers,
+            events: Arc::new(events),
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -1159,15 +1233,14 @@ impl<D: Device + Clone> ServerInner<D> {
         }
     }
 
-    /// Starts the thread that closes `conn` when the client's stream closes.
+    /// Starts the thread that watches the client's stream (its closure closes `conn`; it carries
+    /// queue resets) and runs keepalive.
     fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
-        let mut stream = hs.into_stream()?;
+        let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
+        let keepalive = self.config.keepalive;
         spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
-            control::wait_closed(&mut stream);
-            if let Some(c) = weak.upgrade() {
-                c.close();
-            }
+            monitor::run(stream, weak, keepalive)
         })
         .map_err(control::ControlError::from)?;
         Ok(())
@@ -1182,6 +1255,12 @@ impl<D: Device + Clone> ServerInner<D> {
         made: &mut Option<Arc<Conn<D>>>,
     ) -> Result<ServerHello, String> {
         let conn = self.open(hello).map_err(|e| e.to_string())?;
+        // The application's say (it may set the connection's context); a refused connection
+        // was never served and gets no break callback.
+        if let Err(reason) = conn.run_on_connect() {
+            conn.close();
+            return Err(reason);
+        }
         let reply = ServerHello {
             version: CONTROL_VERSION,
             server_name: self.config.name.clone(),
@@ -1234,7 +1313,7 @@ impl<D: Device + Clone> ServerInner<D> {
         let ep = Endpoint::new(&self.device, sizes)?;
         ep.connect(&hello.queues)?;
         let channel_id = self.next_channel.fetch_add(1, Ordering::Relaxed) & wire::MAX_CHANNEL_ID;
-        Ok(Arc::new(Conn {
+        Ok(Arc::new_cyclic(|me| Conn {
             ep,
             channel_id,
             client_info: hello.client_info.clone(),
@@ -1245,6 +1324,10 @@ impl<D: Device + Clone> ServerInner<D> {
             outbox: (0..n).map(|_| Mutex::default()).collect(),
             control: Mutex::new(None),
             window,
+            live: Live::new(),
+            me: me.clone(),
+            events: self.events.clone(),
+            accepted: AtomicBool::new(false),
         }))
     }
 }
