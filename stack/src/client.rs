@@ -90,6 +90,11 @@ pub struct ChannelConfig {
     /// and one that received nothing for `interval × misses` is broken. `None`: no probes; only
     /// the control stream's closure (and queue errors) end the connection. Default 1 s × 5.
     pub keepalive: Option<Keepalive>,
+    /// Queue recovery (see [`Recovery`](crate::Recovery)): a queue that fails is reset and
+    /// re-exchanged with the server over the control stream, and serves calls again; a queue
+    /// failing past the budget closes the channel. `None`: a failed queue stays failed, and the
+    /// channel closes when none is left. Default 3 recoveries per queue per 60 s.
+    pub recovery: Option<crate::Recovery>,
 }
 
 impl Default for ChannelConfig {
@@ -107,6 +112,7 @@ impl Default for ChannelConfig {
             self_poll: true,
             queue_config: QueueConfig::default(),
             keepalive: Some(Keepalive::default()),
+            recovery: Some(crate::Recovery::default()),
         }
     }
 }
@@ -179,6 +185,9 @@ impl ChannelConfig {
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
         if let Some(k) = &self.keepalive {
             k.validate(&field("keepalive"))?;
+        }
+        if let Some(r) = &self.recovery {
+            r.validate(&field("recovery"))?;
         }
         // The device's limits apply to the window asked for; the memory limit may scale it down.
         self.fitted_window()?;
@@ -290,6 +299,8 @@ pub struct ChannelStats {
     pub callback_panics: u64,
     /// Keepalive probes sent (not counted in `calls`).
     pub keepalive_probes: u64,
+    /// Queues recovered (brought back from ERROR to READY).
+    pub recoveries: u64,
 }
 
 struct Pending {
@@ -387,6 +398,8 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     on_break: Mutex<BreakSlot>,
     /// Wakes the monitor thread (a queue to recover).
     wake: Arc<crate::worker::WakeFd>,
+    /// Queues waiting for recovery.
+    recovery: recovery::State,
 }
 
 /// A channel's break callback (until it ran) and the reason it closed (once it did).
@@ -516,6 +529,7 @@ impl<D: Device + Clone> Channel<D> {
         let monitor = stream.try_clone().map_err(control::ControlError::from)?;
         let wake = Arc::new(crate::worker::WakeFd::new().map_err(control::ControlError::from)?);
         let keepalive = config.keepalive;
+        let recovery_state = recovery::State::new(config.queues);
         let inner = Arc::new(ChannelInner {
             table,
             credits: (0..config.queues)
@@ -538,6 +552,7 @@ impl<D: Device + Clone> Channel<D> {
             live: Live::new(),
             on_break: Mutex::default(),
             wake: wake.clone(),
+            recovery: recovery_state,
         });
         let weak = Arc::downgrade(&inner);
         spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || {
@@ -597,6 +612,7 @@ impl<D: Device + Clone> Channel<D> {
             registered_bytes: i.ep.registered,
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
             keepalive_probes: i.live.probes.load(Ordering::Relaxed),
+            recoveries: i.recovery.recovered.load(Ordering::Relaxed),
         }
     }
 
@@ -830,8 +846,11 @@ impl<D: Device + Clone> Channel<D> {
     }
 
     /// Moves queue `queue` to ERROR as if the NIC had failed it: its outstanding calls fail with
-    /// [`RpcError::Queue`], later calls use the other queues, and the channel closes once no
-    /// queue is left. For tests and operators.
+    /// [`RpcError::Queue`] and later calls use the other queues. With
+    /// [`ChannelConfig::recovery`] the queue is then recovered (READY again after a round trip
+    /// on the control stream; [`ChannelStats::recoveries`] counts it) until its budget is spent;
+    /// without, it stays failed and the channel closes once no queue is left. For tests and
+    /// operators.
     pub fn fail_queue(&self, queue: usize) -> Result<(), RpcError> {
         if queue >= self.queues() {
             return Err(RpcError::InvalidArgument(format!("queue {queue} of {}", self.queues())));
@@ -908,10 +927,10 @@ impl<D: Device + Clone> ChannelInner<D> {
             return Ok(q);
         }
         let start = if n == 1 { 0 } else { self.rr.fetch_add(1, Ordering::Relaxed) };
-        (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&q| self.ep.queues[q].ready.load(Ordering::Acquire))
-            .ok_or(RpcError::Closed)
+        (0..n).map(|k| (start + k) % n).find(|&q| self.ep.queues[q].ready.load(Ordering::Acquire)).ok_or_else(
+            // None READY on an open channel: its queues are being recovered.
+            || if self.ep.is_closed() { RpcError::Closed } else { RpcError::Queue(hal::Status::Flushed) },
+        )
     }
 
     fn deadline_of(&self, opts: &CallOptions) -> u64 {
@@ -1158,6 +1177,9 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     fn on_recv(&self, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, true);
+            }
             protocol_error(
                 &self.counters,
                 &format_args!("a receive completion with unknown wr_id {}", c.wr_id),
@@ -1168,7 +1190,8 @@ impl<D: Device + Clone> ChannelInner<D> {
         let q = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
             self.queue_failed(q, c.status);
-            return;
+            // Kept for the queue's recovery.
+            return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; we re-post it only after the last use of
         // `bytes` below.
@@ -1269,6 +1292,11 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     fn on_send(&self, c: &Completion) {
+        if !c.status.is_ok() {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, false);
+            }
+        }
         let (h, one_sided) = one_sided::split_wr_id(c.wr_id);
         if one_sided {
             // The device is done with the operation's local memory (before the context can pass
@@ -1385,6 +1413,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         // device completes each (the culprit with its error, the others flushed), which names
         // the cause rather than whichever completion happened to be polled first.
         self.fail_calls(&|p: &Pending| p.queue == q && !p.one_sided, &make, FailReason::Cancelled);
+        if self.config.recovery.is_some() && !self.ep.is_closed() {
+            // The monitor thread brings it back (or closes the channel past the budget).
+            return self.recovery.request(q, &self.wake);
+        }
         if self.ep.ready_queues() == 0 {
             self.close_with(CloseReason::QueuesFailed);
         }

@@ -132,6 +132,8 @@ mod error;
 #[cfg(not(loom))]
 mod liveness;
 #[cfg(not(loom))]
+mod recovery;
+#[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
 mod worker;
@@ -150,6 +152,8 @@ pub use endpoint::DEFAULT_MEMORY_LIMIT;
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
 pub use liveness::{CloseReason, Keepalive};
+#[cfg(not(loom))]
+pub use recovery::Recovery;
 #[cfg(not(loom))]
 pub use server::{
     Connection, ConnectionEvents, Functions, Handler, Request, Server, ServerConfig, ServerStats,

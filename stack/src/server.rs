@@ -387,6 +387,8 @@ pub struct Request<D: Device + Clone> {
     conn: Arc<Conn<D>>,
     buf: u32,
     queue: usize,
+    /// The queue's life it arrived in (a request of an earlier life gets no reply).
+    epoch: u32,
     args: (u32, u32),
     header: RequestHeader,
     done: bool,
@@ -489,6 +491,13 @@ impl<D: Device + Clone> Request<D> {
     ) -> Result<(), RpcError> {
         self.done = true;
         let conn = &self.conn;
+        if self.stale() {
+            // Its queue was recovered since: the client failed this call already, and the
+            // buffer (but no credit) belongs to the queue's new life.
+            conn.release(self.buf, false);
+            bump(&conn.counters.failed_replies);
+            return Err(RpcError::Queue(hal::Status::Flushed));
+        }
         if self.header.no_response {
             conn.release(self.buf, true);
             return Ok(());
@@ -590,7 +599,15 @@ impl<D: Device + Clone> Drop for Request<D> {
             trace("request dropped", &[("req_id", self.header.req_id.into())]);
         }
         bump(&self.conn.counters.dropped);
-        self.conn.release(self.buf, true);
+        let grant = !self.stale();
+        self.conn.release(self.buf, grant);
+    }
+}
+
+impl<D: Device + Clone> Request<D> {
+    /// Whether the request's queue was recovered since it arrived.
+    fn stale(&self) -> bool {
+        self.conn.ep.queues[self.queue].epoch.load(Ordering::Acquire) != self.epoch
     }
 }
 
@@ -720,6 +737,8 @@ impl<D: Device + Clone> Conn<D> {
             let tx = TxHandle::from_u64(c.wr_id);
             if c.status.is_ok() {
                 let _ = self.ep.tx.complete(tx, Event::SendCqe);
+            } else if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                self.ep.mark_drained(q, false);
             } else {
                 let reason = if c.status == hal::Status::Flushed {
                     FailReason::Flushed
@@ -766,13 +785,17 @@ impl<D: Device + Clone> Conn<D> {
 
     fn on_recv(self: &Arc<Self>, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, true);
+            }
             return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
         }
         let buf = c.wr_id as u32;
         let queue = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
             self.queue_failed(queue);
-            return;
+            // Kept for the queue's recovery.
+            return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
         // `Request` built below) only after `bytes` is last used.
@@ -809,7 +832,8 @@ impl<D: Device + Clone> Conn<D> {
             }
         }
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
-        let request = Request { conn: self.clone(), buf, queue, args, header, done: false };
+        let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
+        let request = Request { conn: self.clone(), buf, queue, epoch, args, header, done: false };
         if liveness::is_probe(header.function) {
             return self.on_probe(request);
         }
@@ -868,12 +892,10 @@ impl<D: Device + Clone> Conn<D> {
         let _ = request.reply(&[]);
     }
 
-    /// A queue failed: with no queue left, the connection is closed (the client sees it close).
+    /// A queue failed. The connection stays open even with no queue left: the client recovers
+    /// its queues (a queue reset on the control stream) or closes the connection.
     fn queue_failed(&self, q: usize) {
         self.ep.fail_queue(q);
-        if self.ep.ready_queues() == 0 {
-            self.close_with(CloseReason::QueuesFailed);
-        }
     }
 
     fn close(&self) {
