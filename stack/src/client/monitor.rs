@@ -52,9 +52,13 @@ pub(super) fn run<D: Device + Clone>(
             inner.close_with(CloseReason::PeerClosed);
             return;
         }
-        inner.recover_pending(&mut stream);
+        let recovered = inner.recover_pending(&mut stream);
         if let Some(k) = ka.as_mut() {
             let now = Instant::now();
+            if recovered {
+                // The data path was down meanwhile, by our own doing: silence counts from now.
+                k.silence.restart(now);
+            }
             if now >= k.next_look {
                 k.next_look = now + k.keepalive.tick();
                 inner.keepalive_look(k, now);

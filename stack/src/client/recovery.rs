@@ -59,20 +59,24 @@ impl From<RpcError> for Failed {
 }
 
 impl<D: Device + Clone> ChannelInner<D> {
-    /// Recovers the queues that asked for it, each within its budget (monitor thread).
-    pub(super) fn recover_pending(&self, stream: &mut TcpStream) {
-        let Some(policy) = self.config.recovery else { return };
+    /// Recovers the queues that asked for it, each within its budget (monitor thread). Returns
+    /// whether it tried any.
+    pub(super) fn recover_pending(&self, stream: &mut TcpStream) -> bool {
+        let Some(policy) = self.config.recovery else { return false };
+        let mut tried = false;
         while let Some(q) = self.recovery.next() {
+            tried = true;
             loop {
                 if self.ep.is_closed() {
-                    return;
+                    return tried;
                 }
                 if !lock(&self.recovery.budgets)[q].take(&policy, Instant::now()) {
                     eprintln!(
                         "bypass: channel {}: queue {q} failed past its recovery budget ({} per {:?}); closing",
                         self.channel_id, policy.attempts, policy.window
                     );
-                    return self.close_with(CloseReason::RecoveryExhausted);
+                    self.close_with(CloseReason::RecoveryExhausted);
+                    return tried;
                 }
                 match self.recover_queue(q, stream, &policy) {
                     Ok(()) => {
@@ -89,7 +93,8 @@ impl<D: Device + Clone> ChannelInner<D> {
                              closing",
                             self.channel_id
                         );
-                        return self.close_with(reason);
+                        self.close_with(reason);
+                        return tried;
                     }
                     Err(Failed::Attempt(e)) => {
                         eprintln!(
@@ -100,6 +105,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 }
             }
         }
+        tried
     }
 
     /// One attempt: drain, reset, exchange, reconnect, refill the credits.

@@ -25,7 +25,13 @@ impl<D: Device + Clone> Conn<D> {
         // completion of its old life.
         self.ep.fail_queue(q);
         let deadline = Instant::now() + super::monitor::FRAME_TIMEOUT;
-        self.ep.drain(q, deadline, || self.ep.device.progress())?;
+        // The worker (or the application's `Server::poll`) collects the receive side; the send
+        // side is safe to poll here too (no handler runs there).
+        self.ep.drain(q, deadline, || {
+            if self.poll_send() == 0 {
+                self.ep.device.progress();
+            }
+        })?;
         // Credits owed on the old queue: the client refills its own to the window.
         self.grants[q].store(0, Ordering::Release);
         let info = self.ep.reset_queue(q)?;
