@@ -1108,7 +1108,9 @@ impl<D: Device + Clone> Server<D> {
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
-        for c in lock(&self.inner.conns).drain(..) {
+        // Closed outside the lock: each close runs the break callback.
+        let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).drain(..).collect();
+        for c in conns {
             c.close();
         }
     }

@@ -71,7 +71,10 @@ impl<D: Device + Clone> ConnectionEvents<D> {
 }
 
 /// One client's connection on the server, as the application sees it. Cheap to clone; holding
-/// one keeps the connection's memory (not the connection) alive after it closed.
+/// one keeps the connection's memory (not the connection) alive after it closed. An
+/// application that keeps handles (e.g. in a map the callbacks share) should drop them in
+/// `on_break`: a handle kept in the callbacks' own captures forever would keep the connection's
+/// memory, and the callbacks, alive with it.
 pub struct Connection<D: Device + Clone> {
     pub(super) conn: Arc<Conn<D>>,
 }
