@@ -19,13 +19,13 @@
 //! | `queue` | u16: the request's `queue` |
 //! | `status` | u8: 0 = done (the server queue is READY, connected to `info` of the request), 1 = refused |
 //! | `info` | one queue info: the server queue after its reset (all zero when refused) |
-//! | `reason` | string ([`MAX_REASON_LEN`](super::MAX_REASON_LEN) bytes): why it was refused, else empty |
+//! | `reason` | string ([`MAX_REASON_LEN`] bytes): why it was refused, else empty |
 //!
 //! A frame of another type or version after the handshake, or one that does not parse, is a
 //! protocol error: the reader closes the connection.
 //!
-//! All reading and writing of the stream after the handshake goes through [`read_frame`] and
-//! [`write_frame`] (and the monitor's readiness wait, `liveness::wait_readable`), so that a
+//! All reading and writing of the stream after the handshake goes through `read_frame` and
+//! `write_frame` here (and the monitor's readiness wait, `liveness::wait_readable`), so that a
 //! different stream (TLS) changes only them.
 
 use super::{
