@@ -248,6 +248,10 @@ impl Rig {
         tweak(&mut ccfg, &mut scfg);
         if !eng.real() {
             scfg.workers = 0;
+            // Keepalive runs on real time; on the Stepped engine its probes would be device work
+            // the test did not schedule (tests/liveness.rs covers keepalive).
+            ccfg.keepalive = None;
+            scfg.keepalive = None;
         }
         let window = ccfg.window.min(scfg.max_window);
         let server = Server::bind(&snic, "127.0.0.1:0", scfg, f).expect("bind the server");
