@@ -77,6 +77,24 @@ impl Keepalive {
         (self.interval / 4).max(Duration::from_micros(250))
     }
 
+    /// Whether `quiet` (from [`Silence::look`], which may count from up to one look before the
+    /// last message) has reached `limit`. Judged one look early, so a connection is declared
+    /// broken no later than `limit` after its last message (and no sooner than `limit` minus
+    /// two looks).
+    pub(crate) fn expired(&self, quiet: Duration, limit: Duration) -> bool {
+        quiet.saturating_add(self.tick()) >= limit
+    }
+
+    /// The silence after which the client probes: `interval`; with `misses` 1, half of it, so
+    /// that the probe can be answered before the limit.
+    pub(crate) fn probe_after(&self) -> Duration {
+        if self.misses > 1 {
+            self.interval
+        } else {
+            self.interval / 2
+        }
+    }
+
     /// The probe's arguments.
     pub(crate) fn probe_args(&self) -> [u8; 8] {
         let ms = u32::try_from(self.interval.as_millis()).unwrap_or(u32::MAX);
@@ -317,6 +335,16 @@ mod tests {
         // Heard between the looks at 10 and 20: counted from 10.
         assert_eq!(s.look(&live, t0 + ms(20)), ms(10));
         assert_eq!(s.look(&live, t0 + ms(30)), ms(20));
+    }
+
+    #[test]
+    fn judged_one_look_early_and_misses_1_probes_at_half_the_interval() {
+        let k = Keepalive { interval: Duration::from_millis(100), misses: 3 };
+        let ms = Duration::from_millis;
+        assert!(!k.expired(ms(274), k.limit()));
+        assert!(k.expired(ms(275), k.limit()), "one look (25 ms) before 300 ms");
+        assert_eq!(k.probe_after(), ms(100));
+        assert_eq!(Keepalive { misses: 1, ..k }.probe_after(), ms(50));
     }
 
     #[test]

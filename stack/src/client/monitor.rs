@@ -86,7 +86,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         k.last_polls = self.polls.load(Ordering::Relaxed);
         let quiet = k.silence.look(&self.live, now);
-        if quiet >= k.keepalive.limit() {
+        if k.keepalive.expired(quiet, k.keepalive.limit()) {
             self.close_with(CloseReason::KeepaliveTimeout);
             return;
         }
@@ -95,7 +95,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 call::recycle_shot(p);
             }
         }
-        if quiet >= k.keepalive.interval && k.probe.is_none() {
+        if quiet >= k.keepalive.probe_after() && k.probe.is_none() {
             let shot = call::blocking_shot();
             let opts = CallOptions {
                 mode: CallMode::WaitRsp,

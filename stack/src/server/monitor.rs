@@ -56,7 +56,7 @@ pub(super) fn run<D: Device + Clone>(
                     continue;
                 }
                 let quiet = silence.look(&c.live, now);
-                if c.live.server_limit(&k).is_some_and(|limit| quiet >= limit) {
+                if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
                     c.close_with(CloseReason::KeepaliveTimeout);
                     return;
                 }
