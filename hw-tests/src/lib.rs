@@ -27,8 +27,6 @@
 //! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_rpc-… --test-threads=1
 //! ```
 
-use std::time::Duration;
-
 /// The environment variable naming the device under test.
 pub const ENV_VAR: &str = "BYPASS_HW";
 
@@ -59,6 +57,7 @@ pub fn skip(test: &str, why: &str) {
 pub mod verbs {
     use super::*;
     use bypass_hal::verbs::{device_names, VerbsDevice};
+    use std::time::Duration;
 
     /// The verbs device spec `BYPASS_HW` asks for (`"rxe0,gid=1"`, or `""` for the first
     /// device), or `None` (after printing why `test` is skipped) when it asks for none, for

@@ -25,6 +25,7 @@ use crate::endpoint::{
 };
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::liveness::{CloseReason, Keepalive, Live};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
@@ -33,10 +34,12 @@ use crate::RpcError;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod monitor;
 mod one_sided;
+mod recovery;
 pub use one_sided::{LocalRange, OpFuture, OpOptions, MAX_SGES};
 
 const NO_DEADLINE: u64 = u64::MAX;
@@ -87,6 +90,15 @@ pub struct ChannelConfig {
     /// server's checked against the CA bundle). `None`: plain TCP. It must match the server:
     /// a TLS server refuses a plaintext client and the reverse ([`crate::tls`]).
     pub tls: Option<crate::tls::TlsConfig>,
+    /// Keepalive (see [`Keepalive`]): a channel that received nothing for `interval` is probed,
+    /// and one that received nothing for `interval × misses` is broken. `None`: no probes; only
+    /// the control stream's closure (and queue errors) end the connection. Default 1 s × 5.
+    pub keepalive: Option<Keepalive>,
+    /// Queue recovery (see [`Recovery`](crate::Recovery)): a queue that fails is reset and
+    /// re-exchanged with the server over the control stream, and serves calls again; a queue
+    /// failing past the budget closes the channel. `None`: a failed queue stays failed, and the
+    /// channel closes when none is left. Default 3 recoveries per queue per 60 s.
+    pub recovery: Option<crate::Recovery>,
 }
 
 impl Default for ChannelConfig {
@@ -104,6 +116,8 @@ impl Default for ChannelConfig {
             self_poll: true,
             queue_config: QueueConfig::default(),
             tls: None,
+            keepalive: Some(Keepalive::default()),
+            recovery: Some(crate::Recovery::default()),
         }
     }
 }
@@ -174,6 +188,12 @@ impl ChannelConfig {
             return Err(bad_field(&field("connect_timeout"), "is zero: use a positive duration"));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
+        if let Some(k) = &self.keepalive {
+            k.validate(&field("keepalive"))?;
+        }
+        if let Some(r) = &self.recovery {
+            r.validate(&field("recovery"))?;
+        }
         // The device's limits apply to the window asked for; the memory limit may scale it down.
         self.fitted_window()?;
         let (send, recv, _) = client_depths(self.window);
@@ -282,6 +302,10 @@ pub struct ChannelStats {
     /// its call counts as finished and its send context was released; the first one per channel
     /// is also reported on stderr.
     pub callback_panics: u64,
+    /// Keepalive probes sent (not counted in `calls`).
+    pub keepalive_probes: u64,
+    /// Queues recovered (brought back from ERROR to READY).
+    pub recoveries: u64,
 }
 
 struct Pending {
@@ -373,6 +397,21 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     counters: Counters,
     server_name: String,
     control: Mutex<Option<TcpStream>>,
+    /// Keepalive state, close reason and the application's context.
+    live: Live,
+    /// The break callback, and the reason once the channel closed.
+    on_break: Mutex<BreakSlot>,
+    /// Wakes the monitor thread (a queue to recover).
+    wake: Arc<crate::worker::WakeFd>,
+    /// Queues waiting for recovery.
+    recovery: recovery::State,
+}
+
+/// A channel's break callback (until it ran) and the reason it closed (once it did).
+#[derive(Default)]
+struct BreakSlot {
+    callback: Option<Box<dyn FnOnce(CloseReason) + Send>>,
+    fired: Option<CloseReason>,
 }
 
 /// A client's connection to one server: several queue pairs, one request table, and the calls.
@@ -492,8 +531,12 @@ impl<D: Device + Clone> Channel<D> {
             )));
         }
         let held = (0..ep.tx.capacity()).map(|_| Mutex::new(Default::default())).collect();
-        // The monitor thread owns the stream (TLS or not); a clone of its socket shuts it down.
+        // The monitor thread owns the stream (TLS or not): it alone reads and writes it after the
+        // handshake (keepalive, queue re-exchange); a clone of its socket shuts it down.
         let shutdown = stream.tcp().try_clone().map_err(control::ControlError::from)?;
+        let wake = Arc::new(crate::worker::WakeFd::new().map_err(control::ControlError::from)?);
+        let keepalive = config.keepalive;
+        let recovery_state = recovery::State::new(config.queues);
         let inner = Arc::new(ChannelInner {
             table,
             credits: (0..config.queues)
@@ -513,10 +556,16 @@ impl<D: Device + Clone> Channel<D> {
             control: Mutex::new(Some(shutdown)),
             config,
             ep,
+            live: Live::new(),
+            on_break: Mutex::default(),
+            wake: wake.clone(),
+            recovery: recovery_state,
         });
         let weak = Arc::downgrade(&inner);
-        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || watch_control(stream, weak))
-            .map_err(control::ControlError::from)?;
+        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || {
+            monitor::run(stream, weak, wake, keepalive)
+        })
+        .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
 
@@ -569,6 +618,8 @@ impl<D: Device + Clone> Channel<D> {
             ready_queues: i.ep.ready_queues(),
             registered_bytes: i.ep.registered,
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
+            keepalive_probes: i.live.probes.load(Ordering::Relaxed),
+            recoveries: i.recovery.recovered.load(Ordering::Relaxed),
         }
     }
 
@@ -802,8 +853,11 @@ impl<D: Device + Clone> Channel<D> {
     }
 
     /// Moves queue `queue` to ERROR as if the NIC had failed it: its outstanding calls fail with
-    /// [`RpcError::Queue`], later calls use the other queues, and the channel closes once no
-    /// queue is left. For tests and operators.
+    /// [`RpcError::Queue`] and later calls use the other queues. With
+    /// [`ChannelConfig::recovery`] the queue is then recovered (READY again after a round trip
+    /// on the control stream; [`ChannelStats::recoveries`] counts it) until its budget is spent;
+    /// without, it stays failed and the channel closes once no queue is left. For tests and
+    /// operators.
     pub fn fail_queue(&self, queue: usize) -> Result<(), RpcError> {
         if queue >= self.queues() {
             return Err(RpcError::InvalidArgument(format!("queue {queue} of {}", self.queues())));
@@ -822,12 +876,48 @@ impl<D: Device + Clone> Channel<D> {
     pub fn pollable(&self) -> Arc<dyn Pollable> {
         self.inner.clone()
     }
-}
 
-fn watch_control<D: Device + Clone>(mut stream: control::ControlStream, channel: Weak<ChannelInner<D>>) {
-    control::wait_closed(&mut stream);
-    if let Some(inner) = channel.upgrade() {
-        inner.close();
+    /// Sets the callback that runs once when the channel closes, with the reason: the peer went
+    /// away (closed, or stopped answering keepalive probes), the queues failed past recovery, or
+    /// this side closed it. It runs on the thread that closes the channel (its monitor thread, a
+    /// poller, or the one calling [`Channel::close`] or dropping the last handle), after every
+    /// outstanding call got its outcome; if the channel is closed already, it runs at once on
+    /// this thread. A panic in it is contained. Replaces a callback set earlier that has not run.
+    pub fn set_break_callback(&self, callback: impl FnOnce(CloseReason) + Send + 'static) {
+        let mut slot = lock(&self.inner.on_break);
+        match slot.fired {
+            Some(reason) => {
+                drop(slot);
+                run_break_callback(self.inner.channel_id, Box::new(callback), reason);
+            }
+            None => slot.callback = Some(Box::new(callback)),
+        }
+    }
+
+    /// Why the channel closed (`None` while it is open).
+    pub fn close_reason(&self) -> Option<CloseReason> {
+        if self.is_closed() {
+            self.inner.live.reason()
+        } else {
+            None
+        }
+    }
+
+    /// Stores the application's value for this channel (0 until set), as `OckRpcSetUpCtx` does.
+    pub fn set_context(&self, value: u64) {
+        self.inner.live.context.store(value, Ordering::Release);
+    }
+
+    /// The value stored by [`Channel::set_context`].
+    pub fn context(&self) -> u64 {
+        self.inner.live.context.load(Ordering::Acquire)
+    }
+
+    /// Test hook: with `true`, this channel's keepalive neither probes nor judges, as if its
+    /// process were frozen (the server stops hearing from it; the TCP stream stays open).
+    #[doc(hidden)]
+    pub fn freeze_keepalive_for_tests(&self, frozen: bool) {
+        self.inner.live.frozen.store(frozen, Ordering::Release);
     }
 }
 
@@ -844,10 +934,10 @@ impl<D: Device + Clone> ChannelInner<D> {
             return Ok(q);
         }
         let start = if n == 1 { 0 } else { self.rr.fetch_add(1, Ordering::Relaxed) };
-        (0..n)
-            .map(|k| (start + k) % n)
-            .find(|&q| self.ep.queues[q].ready.load(Ordering::Acquire))
-            .ok_or(RpcError::Closed)
+        (0..n).map(|k| (start + k) % n).find(|&q| self.ep.queues[q].ready.load(Ordering::Acquire)).ok_or_else(
+            // None READY on an open channel: its queues are being recovered.
+            || if self.ep.is_closed() { RpcError::Closed } else { RpcError::Queue(hal::Status::Flushed) },
+        )
     }
 
     fn deadline_of(&self, opts: &CallOptions) -> u64 {
@@ -1008,7 +1098,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             drop(pending);
             return if claimed { Err(e) } else { Ok(()) };
         }
-        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        if !crate::liveness::is_probe(function) {
+            self.counters.calls.fetch_add(1, Ordering::Relaxed);
+        }
         if deadline != NO_DEADLINE {
             slot.deadline.store(deadline, Ordering::SeqCst);
             self.next_scan.fetch_min(deadline, Ordering::SeqCst);
@@ -1072,6 +1164,9 @@ impl<D: Device + Clone> ChannelInner<D> {
     fn poll_recv(&self) -> usize {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_recv(&mut wc);
+        if n > 0 {
+            self.live.mark_heard();
+        }
         for c in &wc[..n] {
             self.on_recv(c);
         }
@@ -1089,6 +1184,9 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     fn on_recv(&self, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, true);
+            }
             protocol_error(
                 &self.counters,
                 &format_args!("a receive completion with unknown wr_id {}", c.wr_id),
@@ -1099,7 +1197,8 @@ impl<D: Device + Clone> ChannelInner<D> {
         let q = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
             self.queue_failed(q, c.status);
-            return;
+            // Kept for the queue's recovery.
+            return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; we re-post it only after the last use of
         // `bytes` below.
@@ -1200,6 +1299,11 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     fn on_send(&self, c: &Completion) {
+        if !c.status.is_ok() {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, false);
+            }
+        }
         let (h, one_sided) = one_sided::split_wr_id(c.wr_id);
         if one_sided {
             // The device is done with the operation's local memory (before the context can pass
@@ -1316,19 +1420,30 @@ impl<D: Device + Clone> ChannelInner<D> {
         // device completes each (the culprit with its error, the others flushed), which names
         // the cause rather than whichever completion happened to be polled first.
         self.fail_calls(&|p: &Pending| p.queue == q && !p.one_sided, &make, FailReason::Cancelled);
+        if self.config.recovery.is_some() && !self.ep.is_closed() {
+            // The monitor thread brings it back (or closes the channel past the budget).
+            return self.recovery.request(q, &self.wake);
+        }
         if self.ep.ready_queues() == 0 {
-            self.close();
+            self.close_with(CloseReason::QueuesFailed);
         }
     }
 
     pub(crate) fn close(&self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
+    /// with `reason`'s error, then the break callback runs, once.
+    pub(crate) fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
         }
+        let reason = self.live.set_reason(reason);
         // One-sided operations are left to their own completions (collected below: failing the
         // queues completes every work request, with its error or flushed), so an operation whose
         // error closed the channel still reports that error; flushed ones end `Closed`.
-        self.fail_calls(&|p| !p.one_sided, &|| RpcError::Closed, FailReason::Cancelled);
+        self.fail_calls(&|p| !p.one_sided, &|| reason.call_error(), FailReason::Cancelled);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
@@ -1346,7 +1461,30 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         }
         // Whatever is still waiting for its own completion ends now, exactly once.
-        self.fail_calls(&|_| true, &|| RpcError::Closed, FailReason::Cancelled);
+        self.fail_calls(&|_| true, &|| reason.call_error(), FailReason::Cancelled);
+        self.wake.signal();
+        self.fire_break(reason);
+    }
+
+    /// Runs the break callback (if one is set) once, contained like a completion callback.
+    fn fire_break(&self, reason: CloseReason) {
+        let callback = {
+            let mut slot = lock(&self.on_break);
+            slot.fired = Some(reason);
+            slot.callback.take()
+        };
+        if let Some(cb) = callback {
+            run_break_callback(self.channel_id, cb, reason);
+        }
+    }
+}
+
+/// Runs a break callback; a panic in it is contained (and reported on stderr).
+fn run_break_callback(channel_id: u32, cb: Box<dyn FnOnce(CloseReason) + Send>, reason: CloseReason) {
+    // AssertUnwindSafe: the callback is consumed; nothing of it is used after a panic.
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || cb(reason))) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(payload)));
+        eprintln!("bypass: the break callback of channel {channel_id} panicked; the panic was contained");
     }
 }
 

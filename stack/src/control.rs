@@ -4,8 +4,9 @@
 //! [`QueueInfo`]s (queue number, GID, PSN, ...) and a few connection parameters. They agree on
 //! them over an ordinary TCP connection: the client sends a [`ClientHello`], the server answers
 //! with a [`ServerHello`] or refuses with a [`Reject`]. After a successful handshake the data path
-//! runs on the queues, and the TCP stream stays open but silent: **its closure means the connection
-//! is closed** (see [`wait_closed`], run by a monitor thread).
+//! runs on the queues, and the TCP stream stays open: **its closure means the connection is
+//! closed**. Since version 3 it also carries the [`session`] frames (queue reset and its answer,
+//! for queue recovery) and nothing else; a monitor thread on each side reads it.
 //!
 //! The stream may be TLS 1.3 ([`ControlStream`], [`connect_with`], [`Handshake::with_tls`];
 //! see [`crate::tls`]): then a TLS handshake comes first and every frame below travels inside
@@ -20,9 +21,9 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0-3 | magic `"BYPC"` (`42 59 50 43`) |
-//! | 4 | message type: 1 = client hello, 2 = server hello, 3 = reject |
+//! | 4 | message type: 1 = client hello, 2 = server hello, 3 = reject, 4 = queue reset, 5 = queue reset answer ([`session`]) |
 //! | 5 | reserved, must be 0 |
-//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 1) |
+//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 3) |
 //! | 8-11 | body length in bytes (u32), at most [`MAX_BODY_LEN`] (64 KiB) |
 //! | 12.. | body |
 //!
@@ -80,9 +81,12 @@
 //! 4. The server sends its [`ServerHello`]: one queue per client queue, in the same order.
 //! 5. The client checks the answer's version, server name and queue count.
 //!
-//! Both sides then connect their queues to the peer's. Neither side sends anything more on the
-//! stream; a byte arriving after the handshake is a protocol error and [`wait_closed`] treats it as
-//! closure.
+//! Both sides then connect their queues to the peer's. After that only the [`session`] frames
+//! travel on the stream (version 3): the client's [`QueueReset`] and the server's
+//! [`QueueResetDone`], which re-exchange one queue's [`QueueInfo`] when that queue is recovered
+//! from ERROR. Anything else after the handshake is a protocol error that closes the connection
+//! (the stack's monitor threads; [`wait_closed`] is the plain form that treats any byte as
+//! closure).
 //!
 //! ## Errors
 //!
@@ -107,13 +111,19 @@ use std::time::{Duration, Instant};
 
 use bypass_hal::QueueInfo;
 
+pub mod session;
 mod stream;
+pub use session::{QueueReset, QueueResetDone};
 pub use stream::{connect_with, ControlIo, ControlStream};
 
 use crate::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
-pub const CONTROL_VERSION: u16 = 2;
+///
+/// Version 3 added the frames exchanged after the handshake (queue reset and its answer, for
+/// queue recovery; see [`session`]); versions 1 and 2 allowed no byte after it. A server refuses
+/// a client of another version with a *version* reject, as before.
+pub const CONTROL_VERSION: u16 = 3;
 
 /// Longest server name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
@@ -331,6 +341,10 @@ enum MsgType {
     ClientHello = 1,
     ServerHello = 2,
     Reject = 3,
+    /// After the handshake, client → server: re-exchange one queue (`session.rs`).
+    QueueReset = 4,
+    /// After the handshake, server → client: the answer to a [`MsgType::QueueReset`].
+    QueueResetDone = 5,
 }
 
 impl MsgType {
@@ -339,6 +353,8 @@ impl MsgType {
             1 => Some(MsgType::ClientHello),
             2 => Some(MsgType::ServerHello),
             3 => Some(MsgType::Reject),
+            4 => Some(MsgType::QueueReset),
+            5 => Some(MsgType::QueueResetDone),
             _ => None,
         }
     }
@@ -348,6 +364,8 @@ impl MsgType {
             MsgType::ClientHello => "client hello",
             MsgType::ServerHello => "server hello",
             MsgType::Reject => "reject",
+            MsgType::QueueReset => "queue reset",
+            MsgType::QueueResetDone => "queue reset answer",
         }
     }
 }
@@ -375,7 +393,7 @@ fn parse_header(b: &[u8; HEADER_LEN]) -> Result<Header, ControlError> {
         )));
     }
     let kind = MsgType::from_u8(kind).ok_or_else(|| {
-        malformed(format!("unknown message type {kind} (known: 1 client hello, 2 server hello, 3 reject)"))
+        malformed(format!("unknown message type {kind} (known: 1 client hello, 2 server hello, 3 reject, 4 queue reset, 5 queue reset answer)"))
     })?;
     if reserved != 0 {
         return Err(malformed(format!("reserved header byte is {reserved}, must be 0")));
@@ -847,8 +865,11 @@ fn say_hello(
     let (header, answer) = read_frame(stream, deadline)?;
     let server = match header.kind {
         MsgType::Reject => return Err(rejected(hello, &Reject::decode(&answer)?)),
-        MsgType::ClientHello => {
-            return Err(malformed("expected a server hello or a reject, got a client hello"))
+        MsgType::ClientHello | MsgType::QueueReset | MsgType::QueueResetDone => {
+            return Err(malformed(format!(
+                "expected a server hello or a reject, got a {}",
+                header.kind.name()
+            )))
         }
         MsgType::ServerHello if header.version != hello.version => {
             return Err(ControlError::VersionMismatch { ours: hello.version, theirs: header.version })
@@ -1535,7 +1556,7 @@ mod tests {
     #[test]
     fn unknown_type_and_reserved_byte() {
         let frame = client_hello("a", 1).encode().unwrap();
-        for kind in [0u8, 4, 5, 0x7f, 0xff] {
+        for kind in [0u8, 6, 0x7f, 0xff] {
             let mut bad = frame.clone();
             bad[4] = kind;
             let text = malformed_text(ClientHello::decode(&bad));
@@ -1876,16 +1897,28 @@ mod tests {
     #[test]
     fn version_mismatch_on_both_sides() {
         let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-        // A version-1 client (before queue infos were versioned) meets a version-2 server.
+        // A version-1 client (before queue infos were versioned) meets a version-3 server.
         let hello = ClientHello { version: 1, ..client_hello("alpha", 1) };
         match connect(addr, &hello, T) {
-            Err(ControlError::VersionMismatch { ours: 1, theirs: 2 }) => {}
-            other => panic!("client: expected VersionMismatch {{ 1, 2 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 1, theirs: 3 }) => {}
+            other => panic!("client: expected VersionMismatch {{ 1, 3 }}, got {other:?}"),
         }
         match server.join().unwrap().0 {
-            Err(ControlError::VersionMismatch { ours: 2, theirs: 1 }) => {}
-            other => panic!("server: expected VersionMismatch {{ 2, 1 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 3, theirs: 1 }) => {}
+            other => panic!("server: expected VersionMismatch {{ 3, 1 }}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_version_2_client_is_refused_by_a_version_3_server() {
+        // Version 2 allowed no frame after the handshake; version 3 has queue resets.
+        let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
+        let hello = ClientHello { version: 2, ..client_hello("alpha", 1) };
+        match connect(addr, &hello, T) {
+            Err(ControlError::VersionMismatch { ours: 2, theirs: CONTROL_VERSION }) => {}
+            other => panic!("client: expected VersionMismatch, got {other:?}"),
+        }
+        assert!(matches!(server.join().unwrap().0, Err(ControlError::VersionMismatch { .. })));
     }
 
     #[test]

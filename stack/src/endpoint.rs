@@ -26,7 +26,7 @@ use crate::hal::{
 };
 use crate::tx_ctx::{TxHandle, TxSlab};
 use crate::RpcError;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Locks a mutex; a poisoned mutex (a thread panicked while holding it) is still usable here
@@ -174,6 +174,14 @@ pub(crate) struct QueueSlot<Q> {
     pub(crate) ready: AtomicBool,
     /// Receive buffers given back but not re-posted yet (see [`Endpoint::repost`]).
     deferred: Mutex<Deferred>,
+    /// Receive buffers kept while the queue is not READY (flushed, or given back meanwhile), to
+    /// be re-posted when it is recovered ([`Endpoint::reconnect_queue`]). Its capacity is the
+    /// receive depth: each buffer is in one place (posted, owned, deferred or here).
+    parked: Mutex<Vec<u32>>,
+    /// Which drain markers of a recovery have completed (bit 0 send, bit 1 receive).
+    drained: AtomicU8,
+    /// The queue's life: incremented by each recovery, so work of an earlier life is told apart.
+    pub(crate) epoch: AtomicU32,
 }
 
 /// Most receive buffers re-posted with one doorbell.
@@ -269,6 +277,9 @@ impl<D: Device + Clone> Endpoint<D> {
                 q: Mutex::new(q),
                 ready: AtomicBool::new(false),
                 deferred: Mutex::default(),
+                parked: Mutex::new(Vec::with_capacity(s.recv_depth as usize)),
+                drained: AtomicU8::new(0),
+                epoch: AtomicU32::new(0),
             });
         }
         let tx =
@@ -346,7 +357,7 @@ impl<D: Device + Clone> Endpoint<D> {
     pub(crate) fn repost(&self, buf: u32) {
         let slot = &self.queues[self.queue_of_buf(buf)];
         if !slot.ready.load(Ordering::Acquire) {
-            return;
+            return self.park(buf);
         }
         let mut batch = [0u32; MAX_REPOST_BATCH];
         let n = {
@@ -373,7 +384,106 @@ impl<D: Device + Clone> Endpoint<D> {
         });
         if lock(&slot.q).post_recv(&wrs[..n]).is_err() {
             slot.ready.store(false, Ordering::Release);
+            for &b in &batch[..n] {
+                self.park(b);
+            }
         }
+    }
+
+    /// Keeps receive buffer `buf` for re-posting when its queue is recovered; if the queue is
+    /// READY again by now, re-posts it at once.
+    pub(crate) fn park(&self, buf: u32) {
+        let slot = &self.queues[self.queue_of_buf(buf)];
+        let mut parked = lock(&slot.parked);
+        if slot.ready.load(Ordering::Acquire) {
+            drop(parked);
+            return self.repost(buf);
+        }
+        parked.push(buf);
+    }
+
+    /// Posts the drain markers of queue `q` (a queue in ERROR flushes them behind everything
+    /// posted before) and waits until both completions have been seen (`mark_drained`), calling
+    /// `turn` between looks (it should poll). A queue in RESET holds nothing and is drained.
+    pub(crate) fn drain(
+        &self,
+        q: usize,
+        deadline: std::time::Instant,
+        mut turn: impl FnMut(),
+    ) -> Result<(), RpcError> {
+        use crate::recovery::drain_wr_id;
+        let slot = &self.queues[q];
+        slot.drained.store(0, Ordering::Release);
+        if lock(&slot.q).state() == QueueState::Reset {
+            return Ok(());
+        }
+        let (mut send, mut recv) = (false, false);
+        loop {
+            if !send {
+                let wr = SendWr {
+                    wr_id: drain_wr_id(q, false),
+                    op: SendOp::Send,
+                    sges: &[],
+                    flags: WrFlags::SIGNALED,
+                };
+                match lock(&slot.q).post_send(&[wr]) {
+                    Ok(()) => send = true,
+                    Err(e) if e.is_would_block() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !recv {
+                match lock(&slot.q).post_recv(&[RecvWr { wr_id: drain_wr_id(q, true), sges: &[] }]) {
+                    Ok(()) => recv = true,
+                    Err(e) if e.is_would_block() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if slot.drained.load(Ordering::Acquire) == 3 {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(RpcError::Timeout);
+            }
+            turn();
+            std::thread::yield_now();
+        }
+    }
+
+    /// A drain marker's completion was polled.
+    pub(crate) fn mark_drained(&self, q: usize, recv: bool) {
+        if let Some(slot) = self.queues.get(q) {
+            slot.drained.fetch_or(if recv { 2 } else { 1 }, Ordering::AcqRel);
+        }
+    }
+
+    /// Moves queue `q` to RESET (it must be drained: a reset discards what it holds) and
+    /// returns its new [`QueueInfo`].
+    pub(crate) fn reset_queue(&self, q: usize) -> Result<QueueInfo, RpcError> {
+        let mut queue = lock(&self.queues[q].q);
+        queue.reset()?;
+        Ok(queue.info())
+    }
+
+    /// Connects the reset queue `q` to `peer`, re-posts its parked (and deferred) receive
+    /// buffers, starts its next life and marks it READY.
+    pub(crate) fn reconnect_queue(&self, q: usize, peer: &QueueInfo) -> Result<(), RpcError> {
+        let slot = &self.queues[q];
+        let mut queue = lock(&slot.q);
+        queue.connect(peer)?;
+        let mut parked = lock(&slot.parked);
+        {
+            let mut d = lock(&slot.deferred);
+            let n = std::mem::take(&mut d.len);
+            parked.extend_from_slice(&d.bufs[..n]);
+        }
+        while let Some(&b) = parked.last() {
+            self.post_recv_locked(&mut queue, b)?;
+            parked.pop();
+        }
+        slot.epoch.fetch_add(1, Ordering::AcqRel);
+        slot.ready.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// The first `len` bytes of receive buffer `buf`.

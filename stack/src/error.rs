@@ -36,6 +36,13 @@ pub enum RpcError {
     /// closed it, or no queue of the channel is usable any more.
     #[error("the connection is closed")]
     Closed,
+    /// The connection broke: the peer stopped answering (keepalive: nothing was received from it
+    /// for the configured `interval × misses`, as with a frozen process or a cut link), or a
+    /// queue kept failing past its recovery budget. Calls outstanding at that moment fail with
+    /// this; the channel is closed, later calls get [`RpcError::Closed`], and the break callback
+    /// runs once ([`CloseReason`](crate::CloseReason) says which).
+    #[error("the connection is broken ({0})")]
+    ConnectionBroken(crate::CloseReason),
     /// Nothing can be sent now without waiting (no credit left on the chosen queue, request
     /// table full, all send contexts busy). Retry after some calls complete, or call with
     /// `wait_for_credit` set.

@@ -53,6 +53,13 @@
 //!   uses no CPU; the first call after an idle spell pays for waking the worker (typically a
 //!   few to tens of microseconds). [`PollMode::Busy`] never sleeps (lowest latency, one core per
 //!   worker); [`PollMode::Event`] sleeps almost at once (least CPU).
+//! - Liveness and recovery: keepalive probes on the data path find a frozen or cut-off peer
+//!   ([`Keepalive`]; outstanding calls then fail with [`RpcError::ConnectionBroken`]); a break
+//!   callback per channel ([`Channel::set_break_callback`]) and per server connection, a
+//!   new-connection callback that may refuse a client ([`ConnectionEvents`],
+//!   [`Server::bind_with`]), a `u64` context on both sides ([`Channel::set_context`],
+//!   [`Connection::set_context`], [`Request::context`]); a failed queue is reset, re-exchanged
+//!   over the control stream and READY again, within a budget ([`Recovery`]).
 //! - Building blocks, each tested on its own and model-checked by `loom-tests`:
 //!   [`wire`] (URPC headers byte for byte, golden vectors), [`tx_ctx`] (the send-context double
 //!   release), [`req_table`] (request ids and stale responses), [`credits`], [`control`] (the
@@ -135,6 +142,10 @@ mod endpoint;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod liveness;
+#[cfg(not(loom))]
+mod recovery;
+#[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
 mod worker;
@@ -152,7 +163,13 @@ pub use endpoint::DEFAULT_MEMORY_LIMIT;
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use server::{Functions, Handler, Request, Server, ServerConfig, ServerStats};
+pub use liveness::{CloseReason, Keepalive};
+#[cfg(not(loom))]
+pub use recovery::Recovery;
+#[cfg(not(loom))]
+pub use server::{
+    Connection, ConnectionEvents, Functions, Handler, Request, Server, ServerConfig, ServerStats,
+};
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]

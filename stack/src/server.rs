@@ -27,6 +27,7 @@ use crate::endpoint::{
 };
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::liveness::{self, CloseReason, Keepalive, Live};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{spawn_started, PollMode, Pollable, WorkerConfig, WorkerGroup};
@@ -39,6 +40,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+mod events;
+mod monitor;
+mod recovery;
+pub use events::{Connection, ConnectionEvents};
 
 const POLL_BATCH: usize = 16;
 
@@ -134,6 +140,14 @@ pub struct ServerConfig {
     /// present a certificate the CA bundle vouches for; it needs a certificate chain and key of
     /// its own). `None`: plain TCP, and TLS clients are refused ([`crate::tls`]).
     pub tls: Option<crate::tls::TlsConfig>,
+    /// Keepalive (see [`Keepalive`]): once a client has sent its first keepalive probe (which
+    /// announces its own settings), a connection that received nothing for the larger of
+    /// `interval × misses` and the client's `interval × (misses + 1)` is closed as broken
+    /// ([`CloseReason::KeepaliveTimeout`]). The server answers probes whatever this is. `None`:
+    /// only the control stream's closure (and queue errors) end connections. Default 1 s × 5.
+    /// The data path must be polled for traffic to count: with `workers: 0`, call
+    /// [`Server::poll`] more often than that.
+    pub keepalive: Option<Keepalive>,
 }
 
 impl Default for ServerConfig {
@@ -151,6 +165,7 @@ impl Default for ServerConfig {
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             queue_config: QueueConfig::default(),
             tls: None,
+            keepalive: Some(Keepalive::default()),
         }
     }
 }
@@ -214,6 +229,9 @@ impl ServerConfig {
                 "has no certificate chain and private key: a TLS server must present one \
                  (TlsConfigBuilder::cert_chain, private_key)",
             ));
+        }
+        if let Some(k) = &self.keepalive {
+            k.validate(&field("keepalive"))?;
         }
         // The device's limits apply to `max_window`; the memory limit may scale it down.
         self.fitted_window(1, self.max_window)?;
@@ -364,6 +382,13 @@ pub(crate) struct Conn<D: Device + Clone> {
     outbox: Box<[Mutex<Outbox>]>,
     window: u32,
     control: Mutex<Option<TcpStream>>,
+    /// Keepalive state, close reason and the application's context.
+    live: Live,
+    /// This connection (for the connection events, which get a [`Connection`]).
+    me: Weak<Conn<D>>,
+    events: Arc<ConnectionEvents<D>>,
+    /// The new-connection callback accepted it (so the break callback runs when it closes).
+    accepted: AtomicBool,
 }
 
 /// A request being handled. Read its arguments with [`Request::args`]; answer with
@@ -374,6 +399,8 @@ pub struct Request<D: Device + Clone> {
     conn: Arc<Conn<D>>,
     buf: u32,
     queue: usize,
+    /// The queue's life it arrived in (a request of an earlier life gets no reply).
+    epoch: u32,
     args: (u32, u32),
     header: RequestHeader,
     done: bool,
@@ -409,6 +436,16 @@ impl<D: Device + Clone> Request<D> {
     /// The info string the client sent when it connected.
     pub fn client_info(&self) -> &str {
         &self.conn.client_info
+    }
+
+    /// The connection's context value ([`Connection::set_context`]; 0 until set).
+    pub fn context(&self) -> u64 {
+        self.conn.live.context.load(Ordering::Acquire)
+    }
+
+    /// The connection the request came on (e.g. to read or set its context, or close it).
+    pub fn connection(&self) -> Connection<D> {
+        Connection { conn: self.conn.clone() }
     }
 
     /// Whether the client waits for a response (`WAIT_RSP` and `ACK` modes). For the other
@@ -466,6 +503,13 @@ impl<D: Device + Clone> Request<D> {
     ) -> Result<(), RpcError> {
         self.done = true;
         let conn = &self.conn;
+        if self.stale() {
+            // Its queue was recovered since: the client failed this call already, and the
+            // buffer (but no credit) belongs to the queue's new life.
+            conn.release(self.buf, false);
+            bump(&conn.counters.failed_replies);
+            return Err(RpcError::Queue(hal::Status::Flushed));
+        }
         if self.header.no_response {
             conn.release(self.buf, true);
             return Ok(());
@@ -567,7 +611,15 @@ impl<D: Device + Clone> Drop for Request<D> {
             trace("request dropped", &[("req_id", self.header.req_id.into())]);
         }
         bump(&self.conn.counters.dropped);
-        self.conn.release(self.buf, true);
+        let grant = !self.stale();
+        self.conn.release(self.buf, grant);
+    }
+}
+
+impl<D: Device + Clone> Request<D> {
+    /// Whether the request's queue was recovered since it arrived.
+    fn stale(&self) -> bool {
+        self.conn.ep.queues[self.queue].epoch.load(Ordering::Acquire) != self.epoch
     }
 }
 
@@ -697,6 +749,8 @@ impl<D: Device + Clone> Conn<D> {
             let tx = TxHandle::from_u64(c.wr_id);
             if c.status.is_ok() {
                 let _ = self.ep.tx.complete(tx, Event::SendCqe);
+            } else if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                self.ep.mark_drained(q, false);
             } else {
                 let reason = if c.status == hal::Status::Flushed {
                     FailReason::Flushed
@@ -727,6 +781,7 @@ impl<D: Device + Clone> Conn<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_recv(&mut wc);
         if n > 0 {
+            self.live.mark_heard();
             let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
             for c in &wc[..n] {
                 self.on_recv(c);
@@ -742,13 +797,17 @@ impl<D: Device + Clone> Conn<D> {
 
     fn on_recv(self: &Arc<Self>, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
+            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+                return self.ep.mark_drained(q, true);
+            }
             return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
         }
         let buf = c.wr_id as u32;
         let queue = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
             self.queue_failed(queue);
-            return;
+            // Kept for the queue's recovery.
+            return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
         // `Request` built below) only after `bytes` is last used.
@@ -785,7 +844,11 @@ impl<D: Device + Clone> Conn<D> {
             }
         }
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
-        let request = Request { conn: self.clone(), buf, queue, args, header, done: false };
+        let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
+        let request = Request { conn: self.clone(), buf, queue, epoch, args, header, done: false };
+        if liveness::is_probe(header.function) {
+            return self.on_probe(request);
+        }
         match self.functions.get(header.function) {
             Some(handler) => {
                 // A panicking handler must not take the worker (and every connection on it)
@@ -831,23 +894,41 @@ impl<D: Device + Clone> Conn<D> {
         }
     }
 
-    /// A queue failed: with no queue left, the connection is closed (the client sees it close).
+    /// A keepalive probe: the stack answers it (its arguments announce the client's settings).
+    #[cold]
+    fn on_probe(&self, request: Request<D>) {
+        self.live.on_probe(request.args());
+        if self.live.ignore_probes.load(Ordering::Relaxed) {
+            return drop(request); // test hook: a peer that stops answering
+        }
+        let _ = request.reply(&[]);
+    }
+
+    /// A queue failed. The connection stays open even with no queue left: the client recovers
+    /// its queues (a queue reset on the control stream) or closes the connection.
     fn queue_failed(&self, q: usize) {
         self.ep.fail_queue(q);
-        if self.ep.ready_queues() == 0 {
-            self.close();
-        }
     }
 
     fn close(&self) {
+        self.close_with(CloseReason::Local);
+    }
+
+    /// Closes the connection for `reason` (the first close's reason stands); the break callback
+    /// runs once, for a connection the new-connection callback accepted.
+    fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
         }
+        let reason = self.live.set_reason(reason);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
+        }
+        if self.accepted.load(Ordering::Acquire) {
+            self.fire_break(reason);
         }
     }
 }
@@ -897,6 +978,7 @@ struct ServerInner<D: Device + Clone> {
     workers: Option<WorkerGroup>,
     /// Handshakes refused for TLS reasons (see [`Server::tls_refusals`]).
     tls_refusals: crate::tls::RefusalLog,
+    events: Arc<ConnectionEvents<D>>,
 }
 
 /// An RPC server on one device: listens on TCP for clients and serves their requests with the
@@ -923,6 +1005,19 @@ impl<D: Device + Clone> Server<D> {
         addr: impl ToSocketAddrs,
         config: ServerConfig,
         functions: Functions<D>,
+    ) -> Result<Self, RpcError> {
+        Self::bind_with(device, addr, config, functions, ConnectionEvents::new())
+    }
+
+    /// [`Server::bind`] with connection callbacks: `events` decides on new connections (it sees
+    /// the client's info string and may refuse, with a reason the client receives) and hears of
+    /// connections that end (see [`ConnectionEvents`]).
+    pub fn bind_with(
+        device: &D,
+        addr: impl ToSocketAddrs,
+        config: ServerConfig,
+        functions: Functions<D>,
+        events: ConnectionEvents<D>,
     ) -> Result<Self, RpcError> {
         config.validate(&device.caps())?;
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
@@ -954,6 +1049,7 @@ impl<D: Device + Clone> Server<D> {
             addr: local,
             workers,
             tls_refusals: Default::default(),
+            events: Arc::new(events),
         });
         let weak = Arc::downgrade(&inner);
         let acceptor = std::thread::Builder::new()
@@ -1035,7 +1131,9 @@ impl<D: Device + Clone> Server<D> {
         if let Some(t) = self.acceptor.take() {
             let _ = t.join();
         }
-        for c in lock(&self.inner.conns).drain(..) {
+        // Closed outside the lock: each close runs the break callback.
+        let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).drain(..).collect();
+        for c in conns {
             c.close();
         }
     }
@@ -1190,16 +1288,14 @@ impl<D: Device + Clone> ServerInner<D> {
         }
     }
 
-    /// Starts the thread that closes `conn` when the client's stream closes.
+    /// Starts the thread that watches the client's stream (its closure closes `conn`; it carries
+    /// queue resets) and runs keepalive.
     fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
-        let mut stream = hs.into_stream()?;
+        let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
+        let keepalive = self.config.keepalive;
         spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
-            // The stream, TLS or not; `conn.control` holds a clone of its socket to shut it.
-            control::wait_closed(&mut stream);
-            if let Some(c) = weak.upgrade() {
-                c.close();
-            }
+            monitor::run(stream, weak, keepalive)
         })
         .map_err(control::ControlError::from)?;
         Ok(())
@@ -1214,6 +1310,12 @@ impl<D: Device + Clone> ServerInner<D> {
         made: &mut Option<Arc<Conn<D>>>,
     ) -> Result<ServerHello, String> {
         let conn = self.open(hello).map_err(|e| e.to_string())?;
+        // The application's say (it may set the connection's context); a refused connection
+        // was never served and gets no break callback.
+        if let Err(reason) = conn.run_on_connect() {
+            conn.close();
+            return Err(reason);
+        }
         let reply = ServerHello {
             version: CONTROL_VERSION,
             server_name: self.config.name.clone(),
@@ -1266,7 +1368,7 @@ impl<D: Device + Clone> ServerInner<D> {
         let ep = Endpoint::new(&self.device, sizes)?;
         ep.connect(&hello.queues)?;
         let channel_id = self.next_channel.fetch_add(1, Ordering::Relaxed) & wire::MAX_CHANNEL_ID;
-        Ok(Arc::new(Conn {
+        Ok(Arc::new_cyclic(|me| Conn {
             ep,
             channel_id,
             client_info: hello.client_info.clone(),
@@ -1277,6 +1379,10 @@ impl<D: Device + Clone> ServerInner<D> {
             outbox: (0..n).map(|_| Mutex::default()).collect(),
             control: Mutex::new(None),
             window,
+            live: Live::new(),
+            me: me.clone(),
+            events: self.events.clone(),
+            accepted: AtomicBool::new(false),
         }))
     }
 }

@@ -134,10 +134,10 @@ struct Shared {
 }
 
 /// A non-blocking eventfd a worker sleeps on besides its CQs' event fds.
-struct WakeFd(OwnedFd);
+pub(crate) struct WakeFd(OwnedFd);
 
 impl WakeFd {
-    fn new() -> std::io::Result<Self> {
+    pub(crate) fn new() -> std::io::Result<Self> {
         // SAFETY: eventfd takes no pointers; the flags are valid.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
@@ -147,18 +147,18 @@ impl WakeFd {
         Ok(WakeFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
-    fn raw(&self) -> RawFd {
+    pub(crate) fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
 
-    fn signal(&self) {
+    pub(crate) fn signal(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter (EAGAIN)
         // already means "wake up".
         let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
     }
 
-    fn clear(&self) {
+    pub(crate) fn clear(&self) {
         let mut v: u64 = 0;
         // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own.
         let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };

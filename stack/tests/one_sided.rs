@@ -81,6 +81,9 @@ impl Rig {
         let server = Server::bind(&snic, "127.0.0.1:0", scfg, f).unwrap();
         let mut ccfg = ChannelConfig::new(NAME);
         ccfg.queues = queues;
+        // A queue failed by a remote access error stays failed here (the RC semantics these
+        // tests check); `tests/recovery.rs` brings such a queue back.
+        ccfg.recovery = None;
         let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
         Rig { eng, fabric, cnic, exposed, channel, server }
     }

@@ -50,7 +50,15 @@ impl Rig {
         });
         let server_config = ServerConfig { workers: 0, ..ServerConfig::new("orders") };
         let server = Server::bind(&snic, "127.0.0.1:0", server_config, functions).unwrap();
-        let channel_config = ChannelConfig { window: WINDOW, timeout: None, ..ChannelConfig::new("orders") };
+        // Exact orders on the Stepped engine: no keepalive probes (real time) and no queue
+        // recovery (a failed queue stays failed), which would add device work of their own.
+        let channel_config = ChannelConfig {
+            window: WINDOW,
+            timeout: None,
+            keepalive: None,
+            recovery: None,
+            ..ChannelConfig::new("orders")
+        };
         let channel = Channel::connect(&cnic, server.local_addr(), channel_config).unwrap();
         Rig { fabric, server, channel, outcomes: Arc::default() }
     }

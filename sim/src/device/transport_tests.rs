@@ -185,7 +185,8 @@ fn a_long_message_over_a_lossy_wire_keeps_its_retry_budget() {
     use crate::{FabricConfig, FaultPlan};
     for seed in 1..=8u64 {
         let faults = FaultPlan { drop_ppm: 50_000, seed, ..FaultPlan::NONE };
-        let fabric = Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(Engine::Stepped { seed }) });
+        let fabric =
+            Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(Engine::Stepped { seed }) });
         let (a, b) = (fabric.add_nic(), fabric.add_nic());
         let mut cfg = QueueConfig::default();
         cfg.retry_count = 3;

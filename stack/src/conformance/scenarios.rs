@@ -545,8 +545,13 @@ pub fn client_close_mid_call<E: Env>(env: &E) {
 /// The server's replies to the failed queue can only end by retry exhaustion (with the default
 /// `retry_count` 7, which Soft-RoCE would read as "forever" if the verbs backend did not give it
 /// 6: see `bypass_hal::conformance::retry_exceeded_when_the_peer_is_gone`).
+///
+/// Without queue recovery (`ChannelConfig::recovery` = `None`): a failed queue stays failed.
 pub fn queue_error_mid_flight<E: Env>(env: &E) {
-    let rig = Rig::with(env, |c, _| c.queues = 2);
+    let rig = Rig::with(env, |c, _| {
+        c.queues = 2;
+        c.recovery = None;
+    });
     let log = Log::default();
     for i in 0..3 {
         rig.channel.call_callback(&on_queue(0), HOLD, &[i as u8], log.cb(i)).expect("start");

@@ -76,6 +76,24 @@ impl ControlStream {
         }
     }
 
+    /// Decrypted bytes already waiting inside the TLS session (0 for plain TCP): a reader that
+    /// polls the socket must look here first, since those bytes will not make it readable again.
+    /// A session that cannot process what it holds reports 1, so that the next read surfaces the
+    /// error.
+    pub fn buffered(&mut self) -> usize {
+        match self {
+            ControlStream::Plain(_) => 0,
+            #[cfg(feature = "tls")]
+            ControlStream::TlsClient(s) => {
+                s.conn.process_new_packets().map_or(1, |st| st.plaintext_bytes_to_read())
+            }
+            #[cfg(feature = "tls")]
+            ControlStream::TlsServer(s) => {
+                s.conn.process_new_packets().map_or(1, |st| st.plaintext_bytes_to_read())
+            }
+        }
+    }
+
     /// The peer's certificate chain (DER, leaf first), once a TLS handshake has verified it;
     /// `None` for plain TCP or before then.
     pub fn peer_certificates(&self) -> Option<Vec<Vec<u8>>> {

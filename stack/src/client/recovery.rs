@@ -1,0 +1,148 @@
+//! Queue recovery on the client (see [`crate::recovery`] for the sequence): the monitor thread,
+//! which owns the control stream, brings failed queues back.
+
+use super::ChannelInner;
+use crate::control::session::{self, SessionFrame};
+use crate::control::{ControlError, QueueReset};
+use crate::endpoint::lock;
+use crate::hal::Device;
+use crate::liveness::CloseReason;
+use crate::recovery::{Budget, Recovery};
+use crate::worker::WakeFd;
+use crate::RpcError;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Which queues wait for recovery, and the budget of each.
+pub(super) struct State {
+    needs: Box<[AtomicBool]>,
+    budgets: Mutex<Vec<Budget>>,
+    seq: AtomicU32,
+    pub(super) recovered: AtomicU64,
+}
+
+impl State {
+    pub(super) fn new(queues: usize) -> Self {
+        State {
+            needs: (0..queues).map(|_| AtomicBool::new(false)).collect(),
+            budgets: Mutex::new(vec![Budget::new(); queues]),
+            seq: AtomicU32::new(0),
+            recovered: AtomicU64::new(0),
+        }
+    }
+
+    /// Queue `q` failed: the monitor is to recover it.
+    pub(super) fn request(&self, q: usize, wake: &WakeFd) {
+        self.needs[q].store(true, Ordering::Release);
+        wake.signal();
+    }
+
+    fn next(&self) -> Option<usize> {
+        self.needs.iter().position(|n| n.swap(false, Ordering::AcqRel))
+    }
+}
+
+/// Why an attempt failed.
+enum Failed {
+    /// The control stream broke (or went out of step): the connection is over.
+    Stream(ControlError),
+    /// This attempt failed; another may succeed.
+    Attempt(RpcError),
+}
+
+impl From<RpcError> for Failed {
+    fn from(e: RpcError) -> Self {
+        Failed::Attempt(e)
+    }
+}
+
+impl<D: Device + Clone> ChannelInner<D> {
+    /// Recovers the queues that asked for it, each within its budget (monitor thread). Returns
+    /// whether it tried any.
+    pub(super) fn recover_pending(&self, stream: &mut crate::control::ControlStream) -> bool {
+        let Some(policy) = self.config.recovery else { return false };
+        let mut tried = false;
+        while let Some(q) = self.recovery.next() {
+            tried = true;
+            loop {
+                if self.ep.is_closed() {
+                    return tried;
+                }
+                if !lock(&self.recovery.budgets)[q].take(&policy, Instant::now()) {
+                    eprintln!(
+                        "bypass: channel {}: queue {q} failed past its recovery budget ({} per {:?}); closing",
+                        self.channel_id, policy.attempts, policy.window
+                    );
+                    self.close_with(CloseReason::RecoveryExhausted);
+                    return tried;
+                }
+                match self.recover_queue(q, stream, &policy) {
+                    Ok(()) => {
+                        self.recovery.recovered.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(Failed::Stream(e)) => {
+                        let reason = match e {
+                            ControlError::Closed => CloseReason::PeerClosed,
+                            _ => CloseReason::RecoveryExhausted,
+                        };
+                        eprintln!(
+                            "bypass: channel {}: the control stream failed while recovering queue {q} ({e}); \
+                             closing",
+                            self.channel_id
+                        );
+                        self.close_with(reason);
+                        return tried;
+                    }
+                    Err(Failed::Attempt(e)) => {
+                        eprintln!(
+                            "bypass: channel {}: recovering queue {q} failed ({e}); trying again within its budget",
+                            self.channel_id
+                        );
+                    }
+                }
+            }
+        }
+        tried
+    }
+
+    /// One attempt: drain, reset, exchange, reconnect, refill the credits.
+    fn recover_queue(
+        &self,
+        q: usize,
+        stream: &mut crate::control::ControlStream,
+        policy: &Recovery,
+    ) -> Result<(), Failed> {
+        let started = Instant::now();
+        let deadline = started + policy.timeout;
+        let left =
+            || deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1));
+        self.ep.fail_queue(q);
+        self.ep.drain(q, deadline, || {
+            if self.poll() == 0 {
+                self.ep.device.progress();
+            }
+        })?;
+        let info = self.ep.reset_queue(q)?;
+        let seq = self.recovery.seq.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        let queue = u16::try_from(q).map_err(|_| RpcError::InvalidArgument(format!("queue {q}")))?;
+        let frame = QueueReset { seq, queue, info }.encode().map_err(RpcError::from)?;
+        session::write_frame(stream, &frame, left()).map_err(Failed::Stream)?;
+        let answer = match session::read_frame(stream, left()).map_err(Failed::Stream)? {
+            SessionFrame::QueueResetDone(a) if a.seq == seq && a.queue == queue => a,
+            other => {
+                return Err(Failed::Stream(ControlError::Malformed(format!(
+                    "expected the answer to queue reset {seq} of queue {q}, got {other:?}"
+                ))))
+            }
+        };
+        let peer = answer.result.map_err(|reason| RpcError::Control(ControlError::Rejected(reason)))?;
+        // Every call of the old queue life has failed and the server re-posted its buffers. (No
+        // call takes this queue's credits before it is READY.)
+        let c = &self.credits[q];
+        let _ = c.give(c.limit().saturating_sub(c.available()));
+        self.ep.reconnect_queue(q, &peer)?;
+        Ok(())
+    }
+}

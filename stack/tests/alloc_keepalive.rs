@@ -1,0 +1,80 @@
+//! Keepalive allocates nothing in steady state: an idle channel whose monitor thread probes the
+//! server over and over (the probe, the server's answer, collecting it) allocates nothing on any
+//! thread. Counted with a global allocator (its own test binary, so no other test's allocations
+//! mix in); the waits end on the probe counter, bounded, with no timing assertion.
+
+use bypass::sim::{Engine, Fabric};
+use bypass::{Channel, ChannelConfig, Functions, Keepalive, Server, ServerConfig};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Waits (bounded, allocation-free unless it gives up) until the channel sent `n` probes.
+fn until_probes(channel: &Channel<bypass::sim::SimNic>, n: u64) {
+    let start = Instant::now();
+    while channel.stats().keepalive_probes < n {
+        if start.elapsed() > Duration::from_secs(30) {
+            COUNTING.store(false, Ordering::SeqCst);
+            panic!("gave up waiting for {n} probes: {:?}", channel.stats());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn keepalive_probes_do_not_allocate_in_steady_state() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    // Probes every 10 ms of silence; a limit (10 s) that a loaded machine does not reach.
+    let keepalive = Some(Keepalive { interval: Duration::from_millis(10), misses: 1000 });
+    let server = Server::bind(
+        &snic,
+        "127.0.0.1:0",
+        ServerConfig { keepalive, ..ServerConfig::new("ka") },
+        Functions::new(),
+    )
+    .unwrap();
+    let config = ChannelConfig { keepalive, ..ChannelConfig::new("ka") };
+    let channel = Channel::connect(&cnic, server.local_addr(), config).unwrap();
+    // Warm up: the monitor thread's reusable call slots, the server's first answers.
+    until_probes(&channel, 5);
+    let before = channel.stats().keepalive_probes;
+    COUNTING.store(true, Ordering::SeqCst);
+    until_probes(&channel, before + 50);
+    COUNTING.store(false, Ordering::SeqCst);
+    let n = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(!channel.is_closed());
+    assert_eq!(n, 0, "{n} allocations during 50 keepalive probes");
+}

@@ -1,0 +1,372 @@
+//! Liveness and connection events: keepalive probes on the data path keep an idle connection
+//! up and find a peer that stopped answering (a frozen process, a cut link); the break callback
+//! runs exactly once on each side; the server's new-connection callback sees the client's info
+//! and may refuse it; per-connection contexts on both sides.
+//!
+//! Keepalive runs on short configured intervals here. Every wait is bounded ([`WAIT_LIMIT`])
+//! and ends on observable state (a callback that ran, a counter); no test asserts timing or
+//! sleeps to "wait enough".
+
+use bypass::sim::{Engine, Fabric, FabricConfig, FaultPlan, SimNic};
+use bypass::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+/// Keeps the request (the call stays outstanding) until the test replies.
+const HOLD: FunctionId = match FunctionId::new(0x30, 0x1, true, 2) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+/// Answers the connection's context (8 bytes, little-endian).
+const CONTEXT: FunctionId = match FunctionId::new(0x30, 0x1, true, 3) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+const NAME: &str = "live";
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+/// Short keepalive for the side under test: probes every 20 ms of silence, broken after 100 ms.
+fn short() -> Keepalive {
+    Keepalive { interval: Duration::from_millis(20), misses: 5 }
+}
+
+/// Frequent probes but a patient limit (2 s), for the side that must not give up first even on
+/// a loaded machine.
+fn patient() -> Keepalive {
+    Keepalive { interval: Duration::from_millis(20), misses: 100 }
+}
+
+type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
+/// A callback call's outcome, once it arrived.
+type Outcome = Arc<Mutex<Option<Result<Vec<u8>, RpcError>>>>;
+
+fn functions(held: &Held) -> Functions<SimNic> {
+    let mut f = Functions::new();
+    f.register(ECHO, |req| {
+        let args = req.args().to_vec();
+        let _ = req.reply(&args);
+    });
+    let h = held.clone();
+    f.register(HOLD, move |req| h.lock().unwrap().push(req));
+    f.register(CONTEXT, |req| {
+        let ctx = req.context().to_le_bytes();
+        let _ = req.reply(&ctx);
+    });
+    f
+}
+
+/// Waits (bounded) until `cond` holds; panics naming `what`.
+fn until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
+        fabric.progress();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Break callbacks seen, in order.
+#[derive(Clone, Default)]
+struct Breaks(Arc<Mutex<Vec<(u32, CloseReason)>>>);
+
+impl Breaks {
+    fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    fn all(&self) -> Vec<(u32, CloseReason)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Rig {
+    fabric: Fabric,
+    cnic: SimNic,
+    server: Server<SimNic>,
+    held: Held,
+    server_breaks: Breaks,
+    conns: Arc<Mutex<Vec<Connection<SimNic>>>>,
+}
+
+impl Rig {
+    fn new(engine: Engine, server_ka: Option<Keepalive>) -> Rig {
+        Self::with_fabric(Fabric::new(engine), server_ka)
+    }
+
+    fn with_fabric(fabric: Fabric, server_ka: Option<Keepalive>) -> Rig {
+        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+        let held = Held::default();
+        let server_breaks = Breaks::default();
+        let conns: Arc<Mutex<Vec<Connection<SimNic>>>> = Arc::default();
+        let (b, c) = (server_breaks.clone(), conns.clone());
+        let events = ConnectionEvents::new()
+            .on_connect(move |conn| {
+                if conn.client_info().starts_with("refuse") {
+                    return Err(format!("not today, {}", conn.client_info()));
+                }
+                if conn.client_info() == "panic" {
+                    panic!("on_connect panics (contained)");
+                }
+                conn.set_context(conn.client_info().len() as u64 * 1000 + u64::from(conn.channel_id()));
+                c.lock().unwrap().push(conn.clone());
+                Ok(())
+            })
+            .on_break(move |conn, reason| b.0.lock().unwrap().push((conn.channel_id(), reason)));
+        let config = ServerConfig { keepalive: server_ka, ..ServerConfig::new(NAME) };
+        let server = Server::bind_with(&snic, "127.0.0.1:0", config, functions(&held), events).expect("bind");
+        Rig { fabric, cnic, server, held, server_breaks, conns }
+    }
+
+    fn connect(&self, keepalive: Option<Keepalive>, info: &str) -> Result<Channel<SimNic>, RpcError> {
+        let config = ChannelConfig { keepalive, client_info: info.into(), ..ChannelConfig::new(NAME) };
+        Channel::connect(&self.cnic, self.server.local_addr(), config)
+    }
+
+    fn conn(&self, channel_id: u32) -> Connection<SimNic> {
+        let conns = self.conns.lock().unwrap();
+        conns.iter().find(|c| c.channel_id() == channel_id).cloned().expect("the server-side connection")
+    }
+}
+
+/// Records the channel's break callback.
+fn watch(channel: &Channel<SimNic>) -> Breaks {
+    let breaks = Breaks::default();
+    let b = breaks.clone();
+    let id = channel.channel_id();
+    channel.set_break_callback(move |reason| b.0.lock().unwrap().push((id, reason)));
+    breaks
+}
+
+/// An idle channel is probed (by its monitor thread; nothing else polls it) and stays up; the
+/// server answers the probes itself; calls go on working; probes are not counted as calls.
+fn idle_connection_is_probed_and_stays_up(engine: Engine) {
+    let rig = Rig::new(engine, Some(patient()));
+    let channel = rig.connect(Some(patient()), "idle").expect("connect");
+    let breaks = watch(&channel);
+    let mut rsp = Vec::new();
+    channel.call(ECHO, b"before", &mut rsp).expect("call");
+    until("several probes on the idle channel", &rig.fabric, || channel.stats().keepalive_probes >= 5);
+    assert!(!channel.is_closed(), "{engine:?}: an answering peer is not declared broken");
+    assert_eq!(breaks.count(), 0);
+    assert_eq!(rig.server_breaks.count(), 0);
+    channel.call(ECHO, b"after", &mut rsp).expect("call after idling");
+    assert_eq!(rsp, b"after");
+    assert_eq!(channel.stats().calls, 2, "{engine:?}: probes are not calls");
+    assert_eq!(channel.close_reason(), None);
+}
+
+/// A server that stops answering (a frozen process, as the client sees it): the outstanding
+/// call fails with ConnectionBroken, the channel closes, its break callback runs exactly once.
+fn frozen_server_breaks_the_channel(engine: Engine) {
+    let rig = Rig::new(engine, None);
+    let channel = rig.connect(Some(short()), "frozen-server").expect("connect");
+    let breaks = watch(&channel);
+    let mut rsp = Vec::new();
+    channel.call(ECHO, b"alive", &mut rsp).expect("call");
+    rig.conn(channel.channel_id()).ignore_probes_for_tests(true);
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { timeout: None, ..Default::default() };
+    channel
+        .call_callback(&opts, HOLD, b"held", move |r| *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec)))
+        .expect("start");
+    until("the break callback", &rig.fabric, || breaks.count() > 0);
+    assert_eq!(breaks.all(), vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)], "{engine:?}");
+    assert!(channel.is_closed());
+    assert_eq!(channel.close_reason(), Some(CloseReason::KeepaliveTimeout));
+    let got = outcome.lock().unwrap().take();
+    match got {
+        Some(Err(RpcError::ConnectionBroken(CloseReason::KeepaliveTimeout))) => {}
+        other => panic!("{engine:?}: the outstanding call: {other:?}"),
+    }
+    assert!(matches!(channel.call(ECHO, b"later", &mut rsp), Err(RpcError::Closed)));
+    // Exactly once, whatever else closes it later; a callback set now runs at once.
+    channel.close();
+    drop(rig.held.lock().unwrap().drain(..));
+    assert_eq!(breaks.count(), 1);
+    let late = Breaks::default();
+    let l = late.clone();
+    channel.set_break_callback(move |r| l.0.lock().unwrap().push((0, r)));
+    assert_eq!(late.all(), vec![(0, CloseReason::KeepaliveTimeout)]);
+    // The server hears the client close.
+    until("the server's break callback", &rig.fabric, || rig.server_breaks.count() > 0);
+    assert_eq!(rig.server_breaks.all(), vec![(channel.channel_id(), CloseReason::PeerClosed)]);
+}
+
+/// A cut link (the fault plan drops every packet; the TCP control stream still works): the
+/// channel is declared broken by keepalive.
+fn cut_wire_breaks_the_channel(engine: Engine) {
+    let faults = FaultPlan { drop_ppm: 1_000_000, seed: 7, ..FaultPlan::NONE };
+    let fabric = Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(engine) });
+    let rig = Rig::with_fabric(fabric, None);
+    let channel = rig.connect(Some(short()), "cut").expect("connect (TCP works)");
+    let breaks = watch(&channel);
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { timeout: None, ..Default::default() };
+    channel
+        .call_callback(&opts, ECHO, b"lost", move |r| *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec)))
+        .expect("start");
+    until("the break callback", &rig.fabric, || breaks.count() > 0);
+    assert_eq!(breaks.all(), vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)], "{engine:?}");
+    assert!(channel.is_closed());
+    let got = outcome.lock().unwrap().take();
+    match got {
+        Some(Err(RpcError::ConnectionBroken(_))) => {}
+        other => panic!("{engine:?}: the outstanding call: {other:?}"),
+    }
+}
+
+/// A client that stops probing and answering (frozen): the server declares the connection
+/// broken, its break callback runs once, and the client sees the server close it.
+fn frozen_client_is_dropped_by_the_server(engine: Engine) {
+    // The server's limit follows the client's announcement (20 ms × 101 here).
+    let rig = Rig::new(engine, Some(short()));
+    let channel = rig.connect(Some(patient()), "frozen-client").expect("connect");
+    let breaks = watch(&channel);
+    // The first probe announces the client's keepalive to the server.
+    until("a probe", &rig.fabric, || channel.stats().keepalive_probes >= 1);
+    let mut rsp = Vec::new();
+    channel.call(ECHO, b"x", &mut rsp).expect("call");
+    channel.freeze_keepalive_for_tests(true);
+    until("the server's break callback", &rig.fabric, || rig.server_breaks.count() > 0);
+    assert_eq!(
+        rig.server_breaks.all(),
+        vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)],
+        "{engine:?}"
+    );
+    assert_eq!(rig.conn(channel.channel_id()).close_reason(), Some(CloseReason::KeepaliveTimeout));
+    until("the client's break callback", &rig.fabric, || breaks.count() > 0);
+    assert_eq!(breaks.all(), vec![(channel.channel_id(), CloseReason::PeerClosed)], "{engine:?}");
+    assert_eq!(rig.server.connections(), 0);
+}
+
+/// The new-connection callback sees the client's info, refuses with a reason the client gets,
+/// sets the context the handlers see; the break callback runs once per accepted connection
+/// (client close, server shutdown), never for a refused one.
+fn connection_callbacks_and_contexts(engine: Engine) {
+    let mut rig = Rig::new(engine, None);
+    match rig.connect(None, "refuse-me") {
+        Err(RpcError::Control(control::ControlError::Rejected(reason))) => {
+            assert_eq!(reason, "not today, refuse-me", "{engine:?}")
+        }
+        other => panic!("{engine:?}: expected a refusal, got {other:?}"),
+    }
+    match rig.connect(None, "panic") {
+        Err(RpcError::Control(control::ControlError::Rejected(reason))) => {
+            assert!(reason.contains("callback"), "{reason}")
+        }
+        other => panic!("{engine:?}: expected a refusal, got {other:?}"),
+    }
+    let a = rig.connect(None, "alpha").expect("connect a");
+    let b = rig.connect(None, "beta-client").expect("connect b");
+    let mut rsp = Vec::new();
+    for (ch, info) in [(&a, "alpha"), (&b, "beta-client")] {
+        ch.call(CONTEXT, b"", &mut rsp).expect("context call");
+        let want = info.len() as u64 * 1000 + u64::from(ch.channel_id());
+        assert_eq!(rsp, want.to_le_bytes(), "{engine:?}: the handler sees the context set on connect");
+        assert_eq!(rig.conn(ch.channel_id()).context(), want);
+    }
+    // The client side has its own context.
+    assert_eq!(a.context(), 0);
+    a.set_context(42);
+    assert_eq!(a.context(), 42);
+    assert_eq!(b.context(), 0);
+    // A server-side context set later is what later requests see.
+    rig.conn(b.channel_id()).set_context(7);
+    b.call(CONTEXT, b"", &mut rsp).expect("context call");
+    assert_eq!(rsp, 7u64.to_le_bytes());
+    assert_eq!(rig.server_breaks.count(), 0, "{engine:?}: refused connections get no break callback");
+    let a_breaks = watch(&a);
+    a.close();
+    assert_eq!(a_breaks.all(), vec![(a.channel_id(), CloseReason::Local)]);
+    until("the server's break callback for a", &rig.fabric, || rig.server_breaks.count() == 1);
+    assert_eq!(rig.server_breaks.all(), vec![(a.channel_id(), CloseReason::PeerClosed)]);
+    let b_breaks = watch(&b);
+    rig.server.shutdown();
+    assert_eq!(
+        rig.server_breaks.all(),
+        vec![(a.channel_id(), CloseReason::PeerClosed), (b.channel_id(), CloseReason::Local)],
+        "{engine:?}"
+    );
+    until("b's break callback", &rig.fabric, || b_breaks.count() > 0);
+    assert_eq!(b_breaks.all(), vec![(b.channel_id(), CloseReason::PeerClosed)]);
+}
+
+/// A break callback that panics is contained, on both sides.
+fn panicking_break_callbacks_are_contained(engine: Engine) {
+    let fabric = Fabric::new(engine);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = ran.clone();
+    let events = ConnectionEvents::new().on_break(move |_, _| {
+        r.fetch_add(1, Ordering::SeqCst);
+        panic!("server break callback panics (contained)");
+    });
+    let held = Held::default();
+    let server = Server::bind_with(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions(&held), events)
+        .expect("bind");
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let r = ran.clone();
+    channel.set_break_callback(move |_| {
+        r.fetch_add(1, Ordering::SeqCst);
+        panic!("client break callback panics (contained)");
+    });
+    drop(channel);
+    until("both break callbacks", &fabric, || ran.load(Ordering::SeqCst) == 2);
+    // The server goes on serving.
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let mut rsp = Vec::new();
+    channel.call(ECHO, b"still serving", &mut rsp).expect("call");
+    assert_eq!(rsp, b"still serving");
+}
+
+#[test]
+fn keepalive_config_is_validated_by_name() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let bad = ServerConfig {
+        keepalive: Some(Keepalive { interval: Duration::ZERO, misses: 3 }),
+        ..ServerConfig::new(NAME)
+    };
+    match Server::bind(&snic, "127.0.0.1:0", bad, Functions::new()) {
+        Err(RpcError::InvalidArgument(t)) => assert!(t.starts_with("ServerConfig.keepalive.interval"), "{t}"),
+        other => panic!("{other:?}"),
+    }
+    let bad = ChannelConfig {
+        keepalive: Some(Keepalive { interval: Duration::from_secs(1), misses: 0 }),
+        ..ChannelConfig::new(NAME)
+    };
+    match Channel::connect(&cnic, "127.0.0.1:1", bad) {
+        Err(RpcError::InvalidArgument(t)) => assert!(t.starts_with("ChannelConfig.keepalive.misses"), "{t}"),
+        other => panic!("{other:?}"),
+    }
+    let d = Keepalive::default();
+    assert_eq!((d.interval, d.misses), (Duration::from_secs(1), 5), "seconds-scale defaults");
+    assert_eq!(ChannelConfig::default().keepalive, Some(d));
+    assert_eq!(ServerConfig::default().keepalive, Some(d));
+}
+
+macro_rules! per_engine {
+    ($($name:ident),* $(,)?) => {
+        mod inline {
+            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
+        }
+        mod threaded {
+            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
+        }
+    };
+}
+
+per_engine!(
+    idle_connection_is_probed_and_stays_up,
+    frozen_server_breaks_the_channel,
+    cut_wire_breaks_the_channel,
+    frozen_client_is_dropped_by_the_server,
+    connection_callbacks_and_contexts,
+    panicking_break_callbacks_are_contained,
+);

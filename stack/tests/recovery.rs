@@ -1,0 +1,244 @@
+//! Queue recovery: a queue forced to ERROR (`Channel::fail_queue`, or a remote access error of a
+//! one-sided WRITE) fails its outstanding calls once with the queue error, is reset and
+//! re-exchanged with the server over the control stream, and serves calls again; past the retry
+//! budget the channel closes (`RecoveryExhausted`).
+//!
+//! Every wait is bounded ([`WAIT_LIMIT`]) and ends on observable state; no timing assertions.
+
+use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::*;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+const HOLD: FunctionId = match FunctionId::new(0x31, 0x1, true, 2) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+const REGION: FunctionId = match FunctionId::new(0x31, 0x1, true, 3) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+const NAME: &str = "recover";
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+const REGION_LEN: usize = 4096;
+
+type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
+type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
+
+struct Rig {
+    fabric: Fabric,
+    cnic: SimNic,
+    server: Server<SimNic>,
+    channel: Channel<SimNic>,
+    held: Held,
+    breaks: Arc<Mutex<Vec<CloseReason>>>,
+    _exposed: Arc<<SimNic as hal::Device>::Region>,
+}
+
+impl Rig {
+    fn new(engine: Engine, queues: usize, recovery: Recovery) -> Rig {
+        let fabric = Fabric::new(engine);
+        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+        let held = Held::default();
+        let exposed = Arc::new(
+            hal::Device::register(&snic, REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+                .expect("register"),
+        );
+        let mut f = Functions::new();
+        f.register(ECHO, |req| {
+            let args = req.args().to_vec();
+            let _ = req.reply(&args);
+        });
+        let h = held.clone();
+        f.register(HOLD, move |req| h.lock().unwrap().push(req));
+        let e = exposed.clone();
+        f.register(REGION, move |req| {
+            let _ = req.reply(&e.remote().encode());
+        });
+        let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), f).expect("bind");
+        let config = ChannelConfig { queues, recovery: Some(recovery), ..ChannelConfig::new(NAME) };
+        let channel = Channel::connect(&cnic, server.local_addr(), config).expect("connect");
+        let breaks: Arc<Mutex<Vec<CloseReason>>> = Arc::default();
+        let b = breaks.clone();
+        channel.set_break_callback(move |r| b.lock().unwrap().push(r));
+        Rig { fabric, cnic, server, channel, held, breaks, _exposed: exposed }
+    }
+
+    fn until(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < WAIT_LIMIT,
+                "gave up waiting for {what}: channel {:?}, closed {}",
+                self.channel.stats(),
+                self.channel.is_closed()
+            );
+            self.fabric.progress();
+            self.channel.poll();
+            std::thread::yield_now();
+        }
+    }
+
+    fn echo(&self, opts: &CallOptions, what: &[u8]) {
+        let mut rsp = Vec::new();
+        self.channel.call_with(opts, ECHO, what, &mut rsp).unwrap_or_else(|e| panic!("echo {what:?}: {e}"));
+        assert_eq!(rsp, what);
+    }
+
+    /// Starts `n` HOLD calls on `queue`; returns where their outcomes land.
+    fn hold(&self, queue: usize, n: usize) -> Outcomes {
+        let outcomes: Outcomes = Arc::new(Mutex::new((0..n).map(|_| None).collect()));
+        let before = self.held.lock().unwrap().len();
+        for i in 0..n {
+            let o = outcomes.clone();
+            let opts = CallOptions { queue: Some(queue), timeout: None, ..Default::default() };
+            self.channel
+                .call_callback(&opts, HOLD, &[i as u8], move |r| {
+                    let slot = &mut o.lock().unwrap()[i];
+                    assert!(slot.is_none(), "call {i} completed twice");
+                    *slot = Some(r.map(<[u8]>::to_vec));
+                })
+                .expect("start");
+        }
+        self.until("the server to hold the calls", || self.held.lock().unwrap().len() == before + n);
+        outcomes
+    }
+
+    fn recovered(&self, n: u64) {
+        self.until(&format!("recovery {n}"), || {
+            let s = self.channel.stats();
+            s.recoveries >= n && s.ready_queues == self.channel.queues()
+        });
+    }
+}
+
+fn all_failed_once(outcomes: &Outcomes, ok: impl Fn(&RpcError) -> bool) -> bool {
+    outcomes.lock().unwrap().iter().all(|o| matches!(o, Some(Err(e)) if ok(e)))
+}
+
+/// fail_queue on the only queue with calls outstanding: they fail once with the queue error,
+/// the queue comes back, new calls (named or round-robin) succeed, late replies to the old calls
+/// change nothing, nothing leaks, no break callback.
+fn failed_queue_comes_back(engine: Engine) {
+    let rig = Rig::new(engine, 1, Recovery::default());
+    rig.echo(&CallOptions::default(), b"before");
+    let outcomes = rig.hold(0, 3);
+    rig.channel.fail_queue(0).expect("fail queue 0");
+    rig.until("the held calls to fail", || all_failed_once(&outcomes, |e| matches!(e, RpcError::Queue(_))));
+    rig.recovered(1);
+    assert!(!rig.channel.is_closed(), "{engine:?}");
+    for i in 0..10u8 {
+        rig.echo(&CallOptions::default(), &[b'a', i]);
+        rig.echo(&CallOptions { queue: Some(0), ..Default::default() }, &[b'q', i]);
+    }
+    // The server's handlers still hold the old life's requests: their replies go nowhere.
+    for r in rig.held.lock().unwrap().drain(..) {
+        assert!(r.reply(b"zombie").is_err(), "{engine:?}: a reply into the queue's old life");
+    }
+    rig.echo(&CallOptions::default(), b"after the zombies");
+    assert!(all_failed_once(&outcomes, |e| matches!(e, RpcError::Queue(_))), "{engine:?}: still once each");
+    rig.until("nothing in use", || {
+        let s = rig.channel.stats();
+        s.tx_in_use == 0 && s.table_in_use == 0 && rig.server.tx_in_use() == 0
+    });
+    assert_eq!(rig.channel.stats().credits, u64::from(rig.channel.window()), "{engine:?}: credits refilled");
+    assert!(rig.breaks.lock().unwrap().is_empty());
+    assert_eq!(rig.server.connections(), 1);
+}
+
+/// Two queues: queue 1 fails and recovers while queue 0 keeps serving; then both work.
+fn one_of_two_queues_comes_back(engine: Engine) {
+    let rig = Rig::new(engine, 2, Recovery::default());
+    let outcomes = rig.hold(1, 2);
+    rig.channel.fail_queue(1).expect("fail queue 1");
+    rig.until("the held calls to fail", || all_failed_once(&outcomes, |e| matches!(e, RpcError::Queue(_))));
+    rig.echo(&CallOptions { queue: Some(0), ..Default::default() }, b"queue 0 meanwhile");
+    rig.recovered(1);
+    for q in [0, 1, 0, 1] {
+        rig.echo(&CallOptions { queue: Some(q), ..Default::default() }, &[q as u8]);
+    }
+    drop(rig.held.lock().unwrap().drain(..));
+    assert!(!rig.channel.is_closed());
+}
+
+/// A one-sided WRITE out of the peer's region fails with RemoteAccess and fails its queue (RC);
+/// the queue is recovered and calls and operations go on on it.
+fn remote_access_error_is_recovered(engine: Engine) {
+    let rig = Rig::new(engine, 1, Recovery::default());
+    let mut rsp = Vec::new();
+    rig.channel.call(REGION, b"", &mut rsp).expect("region");
+    let remote = RemoteRegion::decode(&rsp).expect("descriptor");
+    let mut src = hal::Device::register(&rig.cnic, 16, Access::LOCAL_WRITE).expect("register");
+    src.write(0, &[9; 16]).expect("fill");
+    let src = Arc::new(src);
+    let r =
+        rig.channel.write(&[LocalRange::whole(&src)], &remote, REGION_LEN as u64 - 8, &OpOptions::default());
+    assert!(matches!(r, Err(RpcError::RemoteAccess(_))), "{engine:?}: {r:?}");
+    rig.recovered(1);
+    rig.echo(&CallOptions::default(), b"after the remote error");
+    rig.channel.write(&[LocalRange::whole(&src)], &remote, 0, &OpOptions::default()).expect("a good write");
+    assert!(!rig.channel.is_closed());
+    assert!(rig.breaks.lock().unwrap().is_empty());
+}
+
+/// The budget: two recoveries within the window work, the third failure closes the channel
+/// with RecoveryExhausted; its outstanding calls failed with the queue error first, the break
+/// callback runs once, later calls get Closed, and the server sees the connection end.
+fn budget_exhaustion_closes_the_channel(engine: Engine) {
+    let policy = Recovery { attempts: 2, window: Duration::from_secs(3600), ..Recovery::default() };
+    let rig = Rig::new(engine, 1, policy);
+    for n in 1..=2 {
+        rig.channel.fail_queue(0).expect("fail");
+        rig.recovered(n);
+        rig.echo(&CallOptions::default(), &[n as u8]);
+    }
+    let outcomes = rig.hold(0, 2);
+    rig.channel.fail_queue(0).expect("fail a third time");
+    rig.until("the channel to close", || rig.channel.is_closed());
+    rig.until("the break callback", || !rig.breaks.lock().unwrap().is_empty());
+    assert_eq!(*rig.breaks.lock().unwrap(), [CloseReason::RecoveryExhausted], "{engine:?}");
+    assert_eq!(rig.channel.close_reason(), Some(CloseReason::RecoveryExhausted));
+    assert!(all_failed_once(&outcomes, |e| matches!(e, RpcError::Queue(_))), "{engine:?}");
+    let mut rsp = Vec::new();
+    assert!(matches!(rig.channel.call(ECHO, b"x", &mut rsp), Err(RpcError::Closed)));
+    drop(rig.held.lock().unwrap().drain(..));
+    rig.until("the server to drop the connection", || rig.server.connections() == 0);
+    assert_eq!(rig.channel.stats().recoveries, 2);
+}
+
+#[test]
+fn recovery_config_is_validated_by_name() {
+    let fabric = Fabric::new(Engine::Inline);
+    let cnic = fabric.add_nic();
+    let bad = ChannelConfig {
+        recovery: Some(Recovery { attempts: 0, ..Recovery::default() }),
+        ..ChannelConfig::new(NAME)
+    };
+    match Channel::connect(&cnic, "127.0.0.1:1", bad) {
+        Err(RpcError::InvalidArgument(t)) => assert!(t.starts_with("ChannelConfig.recovery.attempts"), "{t}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ChannelConfig::default().recovery, Some(Recovery::default()));
+}
+
+macro_rules! per_engine {
+    ($($name:ident),* $(,)?) => {
+        mod inline {
+            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
+        }
+        mod threaded {
+            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
+        }
+    };
+}
+
+per_engine!(
+    failed_queue_comes_back,
+    one_of_two_queues_comes_back,
+    remote_access_error_is_recovered,
+    budget_exhaustion_closes_the_channel,
+);
