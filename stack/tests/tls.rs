@@ -675,3 +675,31 @@ fn the_verify_hook_sees_the_verified_peer_chain_and_may_refuse() {
 fn rig_with(tls: TlsConfig) -> Rig {
     rig(Some(tls))
 }
+
+// ---- the control stream after the handshake ----
+
+/// Queue recovery exchanges QueueInfos on the control stream after the handshake: over TLS it
+/// goes through the same session, and keepalive probes (on the data path) keep the channel up.
+#[test]
+fn queue_recovery_runs_over_the_tls_stream() {
+    let ca = Ca::new("test CA");
+    let rig = rig(Some(config(&ca, &ca.leaf("server"))));
+    let mut cfg = ChannelConfig {
+        tls: Some(config(&ca, &ca.leaf("client"))),
+        connect_timeout: Duration::from_secs(20),
+        ..ChannelConfig::new(NAME)
+    };
+    cfg.keepalive = Some(bypass::Keepalive { interval: Duration::from_millis(50), misses: 40 });
+    let channel = Channel::connect(&rig.client_nic, rig.server.local_addr(), cfg).expect("connect over TLS");
+    echo(&channel);
+    for round in 1..=2u64 {
+        channel.fail_queue(0).expect("fail queue 0");
+        until("the queue to be recovered over TLS", || {
+            let s = channel.stats();
+            s.recoveries >= round && s.ready_queues == channel.queues()
+        });
+        echo(&channel);
+    }
+    assert!(!channel.is_closed());
+    assert_eq!(rig.server.connections(), 1);
+}
