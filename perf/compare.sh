@@ -15,7 +15,9 @@
 #     sockets both threads spin on, as UCX's tcp transport and every bypass test do).
 # bypass itself: bypass-perf --level rpc (blocking calls, WAIT_RSP; echo calls with 32 in flight)
 # and --level hal (send/recv ping-pong; one-way sends, window 32, batch 32), simulator, Inline
-# engine, client and server on two threads.
+# engine, client and server on two threads; and the same RPC tests with client and server in two
+# processes (bypass-perf --server / --client) over the simulator's byte wires: shared memory
+# (sim+shm) and UDP over loopback (sim+udp://127.0.0.1:0).
 #
 # ucx_perftest reports half the round trip of a ping-pong ("latency" = one-way) and its 50th
 # percentile over the last 2048 iterations; the table doubles it. All other figures are medians
@@ -97,6 +99,28 @@ bypass() {
     bypass_hal
 }
 
+# bypass RPC with client and server in two processes on wire $1 (shm or udp), series $2.
+bypass_xproc() {
+    local backend=sim+shm out addr line
+    [[ $1 == udp ]] && backend=sim+udp://127.0.0.1:0
+    "$BIN" --backend "$backend" --server 127.0.0.1:0 --no-bounce >"$tmp/server.out" 2>&1 &
+    server_pid=$!
+    for _ in $(seq 200); do
+        grep -q "serving at" "$tmp/server.out" 2>/dev/null && break
+        sleep 0.05
+    done
+    addr=$(sed -n 's/.*serving at \([0-9.:]*\).*/\1/p' "$tmp/server.out")
+    [[ -n $addr ]] || { cat "$tmp/server.out" >&2; echo "compare.sh: the $1 server did not start" >&2; exit 1; }
+    bounce "$2"
+    out=$(timeout 600 "$BIN" --backend "$backend" --client "$addr" -t lat -s 64 -n "$LAT_N" --json --no-progress --no-bounce)
+    sample "${2}_lat" "$(field "$out" p50_us lat)"
+    out=$(timeout 600 "$BIN" --backend "$backend" --client "$addr" -t rate -s 64 -n "$RATE_N" --json --no-progress --no-bounce)
+    sample "${2}_rate" "$(awk "BEGIN {print $(field "$out" msgs_per_sec rate) / 1e6}")"
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+    server_pid=
+}
+
 port=$((20000 + $$ % 20000))
 # ucx_perftest with UCX_TLS=$1, test $2, $3 iterations: prints its final line (8 numbers:
 # iterations, latency 50%ile / average / overall in us, MB/s average / overall, msg/s average /
@@ -140,7 +164,7 @@ tcp() {
 
 start=$(date +%s)
 for r in $(seq "$ROUNDS"); do
-    echo "round $r of $ROUNDS: bypass, ucx shm, bypass, ucx tcp, bypass, tcp, bypass, tcp busy-poll ..." >&2
+    echo "round $r of $ROUNDS: bypass, ucx shm, bypass, ucx tcp, bypass, tcp, bypass, tcp busy-poll, bypass two processes (shm, udp) ..." >&2
     bypass
     ucx shm ucx_shm
     bypass
@@ -149,6 +173,9 @@ for r in $(seq "$ROUNDS"); do
     tcp blocking
     bypass
     tcp busy
+    bypass
+    bypass_xproc shm xp_shm
+    bypass_xproc udp xp_udp
 done
 
 # median, min and max of a series
@@ -166,7 +193,7 @@ row() {
     local bounce_med
     bounce_med=$(printf "%.3f" "$(med "${key}_bounce")")
     read -r rm rmin rmax < <(stats "${key}_rate")
-    if [[ $key != rpc && $key != hal ]]; then
+    if [[ $key != rpc && $key != hal && $key != xp_* ]]; then
         ratios=$(printf "%-12s %s" "$(ratio "$(med rpc_lat)" "$lm") $(ratio "$(med rpc_rate)" "$rm")" \
             "$(ratio "$(med hal_lat)" "$lm") $(ratio "$(med hal_rate)" "$rm")")
     fi
@@ -189,6 +216,12 @@ table() {
     row "UCX tag, TCP over loopback (UCX_TLS=tcp)" ucx_tcp
     row "plain TCP, blocking (--level tcp)" tcp
     row "plain TCP, busy-polled (--busy-poll)" tcp_busy
+    row "bypass RPC, two processes, sim+shm" xp_shm
+    row "bypass RPC, two processes, sim+udp (loopback)" xp_udp
+    echo
+    echo "Two processes / one process (two threads), bypass RPC: shm $(ratio "$(med xp_shm_lat)" "$(med rpc_lat)") round trip,"
+    echo "$(ratio "$(med xp_shm_rate)" "$(med rpc_rate)") rate; udp $(ratio "$(med xp_udp_lat)" "$(med rpc_lat)") round trip, $(ratio "$(med xp_udp_rate)" "$(med rpc_rate)") rate."
+    echo "bypass RPC over UDP / UCX tcp: $(ratio "$(med xp_udp_lat)" "$(med ucx_tcp_lat)") round trip, $(ratio "$(med xp_udp_rate)" "$(med ucx_tcp_rate)") rate; / busy-polled TCP: $(ratio "$(med xp_udp_lat)" "$(med tcp_busy_lat)") round trip."
     echo
     echo "Ratios are bypass / peer: for the round trip below 1 means bypass is faster, for the rate above 1."
     echo "Rates: bypass RPC counts echo calls (request and response, 32 in flight); the others count one-way"
