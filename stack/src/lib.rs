@@ -132,6 +132,8 @@ mod error;
 #[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
+mod rndv;
+#[cfg(not(loom))]
 mod worker;
 
 #[cfg(not(loom))]
@@ -147,7 +149,9 @@ pub use endpoint::DEFAULT_MEMORY_LIMIT;
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use server::{Functions, Handler, Request, Server, ServerConfig, ServerStats};
+pub use server::{Functions, Handler, Request, RndvStats, Server, ServerConfig, ServerStats};
+#[cfg(not(loom))]
+pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]
