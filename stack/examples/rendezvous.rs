@@ -19,7 +19,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut functions = Functions::new();
     functions.register(REVERSE, |mut req| {
         let n = req.args().len();
-        println!("server: {n} bytes arrived by rendezvous: {}, in {} segment(s)", req.is_rendezvous(), req.segments().count());
+        println!(
+            "server: {n} bytes arrived by rendezvous: {}, in {} segment(s)",
+            req.is_rendezvous(),
+            req.segments().count()
+        );
         // Work on the gathered buffer in place, then write it back without a copy.
         if let Some(args) = req.args_mut() {
             args.reverse();

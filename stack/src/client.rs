@@ -575,7 +575,8 @@ impl<D: Device + Clone> Channel<D> {
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start = self.inner.start_args(opts, function, rndv::Args::Segments(segments), Sink::Shot(shot.clone()));
+        let start =
+            self.inner.start_args(opts, function, rndv::Args::Segments(segments), Sink::Shot(shot.clone()));
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
@@ -988,9 +989,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
         }
-        let use_rndv = self.rndv_wanted(opts, &args)?;
+        let plan = self.rndv_wanted(opts, &args)?;
         let inline: &[u8] = match args {
-            rndv::Args::Bytes(b) if !use_rndv => b,
+            rndv::Args::Bytes(b) if !plan.args => b,
             _ => &[],
         };
         let len = RequestHeader::LEN + inline.len();
@@ -1019,8 +1020,8 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         };
         let mut descs = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
-        let (ndesc, response_descriptor) = if use_rndv {
-            match self.rndv_prepare(h, opts, &args, &mut descs) {
+        let (ndesc, response_descriptor) = if plan.any() {
+            match self.rndv_prepare(h, opts, plan, &args, &mut descs) {
                 Ok(x) => x,
                 Err(e) => {
                     drop(self.rndv_take(h));

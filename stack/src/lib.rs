@@ -130,9 +130,9 @@ mod endpoint;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-mod server;
-#[cfg(not(loom))]
 mod rndv;
+#[cfg(not(loom))]
+mod server;
 #[cfg(not(loom))]
 mod worker;
 
@@ -149,9 +149,9 @@ pub use endpoint::DEFAULT_MEMORY_LIMIT;
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use server::{Functions, Handler, Request, RndvStats, Server, ServerConfig, ServerStats};
-#[cfg(not(loom))]
 pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};
+#[cfg(not(loom))]
+pub use server::{Functions, Handler, Request, RndvStats, Server, ServerConfig, ServerStats};
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]

@@ -4,7 +4,9 @@
 //! spin with a deadline); nothing sleeps.
 
 use bypass::control::{self, ClientHello, CONTROL_VERSION};
-use bypass::hal::{Completion, CompletionQueue, CqOpcode, Device, MemoryRegion, Queue, QueueConfig, RecvWr, SendWr};
+use bypass::hal::{
+    Completion, CompletionQueue, CqOpcode, Device, MemoryRegion, Queue, QueueConfig, RecvWr, SendWr,
+};
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::wire::{self, DmaDescriptor, RequestHeader};
 use bypass::*;
@@ -32,7 +34,9 @@ const NAME: &str = "rndv";
 const LIMIT: Duration = Duration::from_secs(30);
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed ^ (i >> 12) as u8).collect()
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[1] ^ seed ^ (i >> 12) as u8)
+        .collect()
 }
 
 fn checksum(b: &[u8]) -> u32 {
@@ -93,7 +97,11 @@ impl Rig {
     fn server_settles(&self) {
         let start = Instant::now();
         while self.server.rndv_stats().bytes_in_use != 0 {
-            assert!(start.elapsed() < LIMIT, "the server kept {} bytes", self.server.rndv_stats().bytes_in_use);
+            assert!(
+                start.elapsed() < LIMIT,
+                "the server kept {} bytes",
+                self.server.rndv_stats().bytes_in_use
+            );
             self.fabric.progress();
             self.channel.poll();
             std::thread::yield_now();
@@ -122,7 +130,10 @@ fn echo_keeps_every_byte_from_1_byte_to_16_mib_across_the_eager_limit() {
     for engine in engines() {
         let rig = Rig::new(engine, |_| {}, None);
         let eager = rig.channel.max_request_args();
-        for (i, len) in [1, 100, eager - 1, eager, eager + 1, 3 * eager + 7, 1 << 20, (16 << 20) + 5].into_iter().enumerate() {
+        for (i, len) in [1, 100, eager - 1, eager, eager + 1, 3 * eager + 7, 1 << 20, (16 << 20) + 5]
+            .into_iter()
+            .enumerate()
+        {
             let args = pattern(len, i as u8);
             let got = echo(&rig.channel, &args).unwrap_or_else(|e| panic!("{engine:?} {len}: {e}"));
             assert_eq!(got.len(), len, "{engine:?} {len}");
@@ -201,11 +212,16 @@ fn up_to_31_registered_segments_are_gathered_in_order() {
         for (i, b) in all[..31].iter().enumerate() {
             let at = 2 + i * 8;
             assert_eq!(u32::from_le_bytes(out[at..at + 4].try_into().unwrap()) as usize, b.len());
-            assert_eq!(u32::from_le_bytes(out[at + 4..at + 8].try_into().unwrap()), checksum(b), "segment {i}");
+            assert_eq!(
+                u32::from_le_bytes(out[at + 4..at + 8].try_into().unwrap()),
+                checksum(b),
+                "segment {i}"
+            );
         }
         let gathered: Vec<u8> = all[..31].concat();
         assert_eq!(u32::from_le_bytes(out[out.len() - 4..].try_into().unwrap()), checksum(&gathered));
-        let e = rig.channel.call_segments_with(&CallOptions::default(), SHAPE, &ranges, &mut out).unwrap_err();
+        let e =
+            rig.channel.call_segments_with(&CallOptions::default(), SHAPE, &ranges, &mut out).unwrap_err();
         assert!(matches!(e, RpcError::InvalidArgument(_)), "32 segments: {e}");
         // A region the server may not READ is refused before anything is sent.
         let private = Arc::new(rig.cnic.register(64, Access::LOCAL_WRITE).unwrap());
@@ -246,7 +262,10 @@ fn concurrent_calls_wait_for_memory_under_the_limit_and_all_succeed() {
                         let mut out = Vec::new();
                         let opts = CallOptions::default();
                         ch.call_with(&opts, SHAPE, &args, &mut out).unwrap();
-                        assert_eq!(u32::from_le_bytes(out[out.len() - 4..].try_into().unwrap()), checksum(&args));
+                        assert_eq!(
+                            u32::from_le_bytes(out[out.len() - 4..].try_into().unwrap()),
+                            checksum(&args)
+                        );
                     }
                 })
             })
@@ -281,7 +300,11 @@ fn a_timed_out_rendezvous_call_frees_its_memory() {
     for engine in engines() {
         let held = Arc::new(std::sync::Mutex::new(None));
         let rig = Rig::new(engine, |_| {}, Some(functions(held.clone())));
-        let opts = CallOptions { timeout: Some(Duration::from_millis(200)), max_response: 1 << 20, ..Default::default() };
+        let opts = CallOptions {
+            timeout: Some(Duration::from_millis(200)),
+            max_response: 1 << 20,
+            ..Default::default()
+        };
         let e = rig.channel.call_with(&opts, HOLD, &pattern(100_000, 1), &mut Vec::new()).unwrap_err();
         assert!(matches!(e, RpcError::Timeout), "{e}");
         assert_eq!(rig.channel.rndv_in_use(), 0, "{engine:?}: the timed-out call's memory is released");
@@ -317,7 +340,8 @@ fn a_caller_provided_allocator_gets_every_buffer_back() {
     for engine in engines() {
         let fabric = Fabric::new(engine);
         let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let alloc = Arc::new(Counting { nic: snic.clone(), allocs: 0.into(), frees: 0.into(), bytes: 0.into() });
+        let alloc =
+            Arc::new(Counting { nic: snic.clone(), allocs: 0.into(), frees: 0.into(), bytes: 0.into() });
         let mut f = functions(Default::default());
         f.rndv_allocator(alloc.clone());
         let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), f).unwrap();

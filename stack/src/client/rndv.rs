@@ -47,6 +47,21 @@ impl<R> Args<'_, '_, R> {
     }
 }
 
+/// How a call uses rendezvous.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// The arguments go as descriptors.
+    pub(crate) args: bool,
+    /// The call names a response buffer.
+    pub(crate) response: bool,
+}
+
+impl Plan {
+    pub(crate) fn any(self) -> bool {
+        self.args || self.response
+    }
+}
+
 /// What a rendezvous call holds until its outcome.
 pub(crate) struct CallRndv<R: 'static> {
     args: Option<RndvMem<R>>,
@@ -61,7 +76,8 @@ impl<R: MemoryRegion + 'static> CallRndv<R> {
     /// response buffer.
     pub(crate) fn response<'a>(&'a self, data: &'a [u8]) -> Result<&'a [u8], RpcError> {
         let Some(mem) = &self.response else { return Ok(data) };
-        let malformed = || RpcError::InvalidArgument("a malformed rendezvous response from the server".into());
+        let malformed =
+            || RpcError::InvalidArgument("a malformed rendezvous response from the server".into());
         let (prefix, inline) = data.split_first_chunk::<RNDV_PREFIX_LEN>().ok_or_else(malformed)?;
         let written = u32::from_le_bytes(*prefix) as usize;
         if written == 0 {
@@ -101,14 +117,22 @@ pub(crate) struct State<D: Device> {
 impl<D: Device + Clone> State<D> {
     pub(crate) fn new(device: &D, contexts: usize) -> Self {
         let args_pool = Arc::new(RegionPool::new(device, Access::REMOTE_READ, CLIENT_CACHE, u64::MAX));
-        let rsp_pool =
-            Arc::new(RegionPool::new(device, Access::LOCAL_WRITE | Access::REMOTE_WRITE, CLIENT_CACHE, u64::MAX));
+        let rsp_pool = Arc::new(RegionPool::new(
+            device,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+            CLIENT_CACHE,
+            u64::MAX,
+        ));
         // A registration tells whether keys are 32-bit; do it without allocating: look at a tiny
         // region once.
-        let supported =
-            device.register(64, Access::REMOTE_READ).map(|r| token_of(&r.remote_key()).is_some()).unwrap_or(false);
+        let supported = device
+            .register(64, Access::REMOTE_READ)
+            .map(|r| token_of(&r.remote_key()).is_some())
+            .unwrap_or(false);
         State {
-            slots: (0..contexts).map(|_| Slot { active: AtomicBool::new(false), data: Mutex::new(None) }).collect(),
+            slots: (0..contexts)
+                .map(|_| Slot { active: AtomicBool::new(false), data: Mutex::new(None) })
+                .collect(),
             args_alloc: args_pool.clone(),
             rsp_alloc: rsp_pool.clone(),
             args_pool,
@@ -129,14 +153,22 @@ impl<D: Device + Clone> ChannelInner<D> {
         self.max_request.saturating_sub(ResponseHeader::LEN + if prefix { RNDV_PREFIX_LEN } else { 0 })
     }
 
-    /// Whether the call goes by rendezvous; refuses what cannot.
-    pub(crate) fn rndv_wanted<R>(&self, opts: &CallOptions, args: &Args<'_, '_, R>) -> Result<bool, RpcError> {
+    /// Whether the call's arguments go by rendezvous, and whether it names a response buffer;
+    /// refuses what cannot.
+    pub(crate) fn rndv_wanted<R>(
+        &self,
+        opts: &CallOptions,
+        args: &Args<'_, '_, R>,
+    ) -> Result<Plan, RpcError> {
         let len = args.len();
         let big_args = len > 0
-            && (opts.rendezvous || RequestHeader::LEN + len > self.max_request || matches!(args, Args::Segments(_)));
+            && (opts.rendezvous
+                || RequestHeader::LEN + len > self.max_request
+                || matches!(args, Args::Segments(_)));
         let big_rsp = opts.max_response > self.inline_response(false);
+        let plan = Plan { args: big_args, response: big_rsp };
         if !big_args && !big_rsp {
-            return Ok(false);
+            return Ok(plan);
         }
         if matches!(opts.mode, CallMode::EarlyRsp | CallMode::AckEarlyRsp) {
             return Err(RpcError::InvalidArgument(format!(
@@ -147,10 +179,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         if !self.rndv.supported {
             return Err(RpcError::InvalidArgument(
-                "this device's remote keys do not fit URPC's 32-bit DMA descriptor token: no rendezvous".into(),
+                "this device's remote keys do not fit URPC's 32-bit DMA descriptor token: no rendezvous"
+                    .into(),
             ));
         }
-        Ok(true)
+        Ok(plan)
     }
 
     /// Allocates and fills the call's memory, writes its descriptors into `descs` and keeps the
@@ -160,11 +193,12 @@ impl<D: Device + Clone> ChannelInner<D> {
         &self,
         h: TxHandle,
         opts: &CallOptions,
+        plan: Plan,
         args: &Args<'_, '_, D::Region>,
         descs: &mut [DmaDescriptor; MAX_DMA_DESCRIPTORS],
     ) -> Result<(usize, bool), RpcError> {
         let len = args.len();
-        let want_rsp = opts.max_response > self.inline_response(false);
+        let want_rsp = plan.response;
         let mut call = CallRndv { args: None, held: Vec::new(), response: None, response_cap: 0 };
         let mut n = 0usize;
         let room = MAX_DMA_DESCRIPTORS - usize::from(want_rsp);
@@ -184,7 +218,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 .ok_or_else(|| RpcError::InvalidArgument("a remote key wider than 32 bits".into()))
         };
         match args {
-            Args::Bytes(bytes) if !bytes.is_empty() => {
+            Args::Bytes(bytes) if plan.args => {
                 let mem = RndvMem::allocate(&self.rndv.args_alloc, len).ok_or_else(|| {
                     RpcError::WouldBlock("could not register memory for the rendezvous arguments")
                 })?;
@@ -212,7 +246,10 @@ impl<D: Device + Clone> ChannelInner<D> {
                         .region
                         .sge(s.offset, s.len)
                         .map_err(|e| RpcError::InvalidArgument(format!("argument segment {i}: {e}")))?;
-                    push(DmaDescriptor { size: sge.len, address: sge.addr, token: token(s.region)? }, &mut n)?;
+                    push(
+                        DmaDescriptor { size: sge.len, address: sge.addr, token: token(s.region)? },
+                        &mut n,
+                    )?;
                     call.held.push(Arc::clone(s.region));
                 }
             }

@@ -180,7 +180,9 @@ impl<D: Device + Clone> ConnRndv<D> {
             chunk: chunk_size(caps.max_msg_size),
             rd_limit: u32::from(queue_config.max_rd_atomic.min(caps.max_rd_atomic).max(1)),
             op_limit: window.max(1),
-            queues: (0..queues).map(|_| Mutex::new(QueueOps { fifo: VecDeque::new(), reads: 0, inflight: 0 })).collect(),
+            queues: (0..queues)
+                .map(|_| Mutex::new(QueueOps { fifo: VecDeque::new(), reads: 0, inflight: 0 }))
+                .collect(),
             slots: (0..tx_capacity).map(|_| Mutex::new(None)).collect(),
             pending: AtomicUsize::new(0),
             waiting: Mutex::new(VecDeque::new()),
@@ -195,35 +197,36 @@ impl<D: Device + Clone> ConnRndv<D> {
 
     fn try_charge(&self, bytes: u64) -> bool {
         self.in_use
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(bytes).filter(|&t| t <= self.limit))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(bytes).filter(|&t| t <= self.limit)
+            })
             .is_ok()
     }
 }
 
 impl<D: Device + Clone> Request<D> {
-    /// The arguments when this is a rendezvous request (gathered), else `None`.
+    /// The gathered arguments of a rendezvous request with argument descriptors, else `None`
+    /// (the arguments are inline).
     pub(super) fn rndv_args(&self) -> Option<&[u8]> {
-        self.rndv.as_ref().map(|r| r.args())
+        self.rndv.as_ref().filter(|r| r.mem.is_some()).map(|r| r.args())
     }
 
     /// The descriptors' parts of the arguments: one slice per argument descriptor, in order (the
     /// gathered buffer cut at the descriptors' boundaries, no copy). An eager request has one
     /// part, its inline arguments (none if they are empty).
     pub fn segments(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let (args, parts): (&[u8], &[(usize, usize)]) = match &self.rndv {
+        let gathered = self.rndv.as_ref().filter(|r| r.mem.is_some());
+        let (args, parts): (&[u8], &[(usize, usize)]) = match gathered {
             Some(r) => (r.args(), &r.parts),
             None => (self.args(), &[]),
         };
-        let eager = self.rndv.is_none() && !args.is_empty();
-        parts
-            .iter()
-            .map(move |&(o, l)| args.get(o..o + l).unwrap_or(&[]))
-            .chain(eager.then_some(args))
+        let eager = gathered.is_none() && !args.is_empty();
+        parts.iter().map(move |&(o, l)| args.get(o..o + l).unwrap_or(&[])).chain(eager.then_some(args))
     }
 
     /// Whether the arguments came by rendezvous (RDMA READ from the client's memory).
     pub fn is_rendezvous(&self) -> bool {
-        self.rndv.is_some()
+        self.rndv_args().is_some()
     }
 
     /// The gathered rendezvous arguments, writable in place (e.g. to transform them and answer
@@ -248,7 +251,8 @@ impl<D: Device + Clone> Request<D> {
     /// buffer itself (no copy: an echo costs one READ and one WRITE); otherwise as
     /// [`Request::reply`].
     pub fn reply_args(mut self, len: usize) -> Result<(), RpcError> {
-        let zero_copy = self.rndv.as_ref().is_some_and(|r| r.response.is_some() && r.mem.is_some() && len <= r.total);
+        let zero_copy =
+            self.rndv.as_ref().is_some_and(|r| r.response.is_some() && r.mem.is_some() && len <= r.total);
         if zero_copy && len > self.inline_max() {
             let mem = self.rndv.as_mut().and_then(|r| r.mem.take());
             if let Some(mem) = mem {
@@ -257,8 +261,12 @@ impl<D: Device + Clone> Request<D> {
         }
         let args = self.rndv.as_mut().and_then(|r| r.mem.take());
         let Some(mem) = args else {
-            let data = self.args().get(..len).map(<[u8]>::to_vec).unwrap_or_default();
-            return self.reply(&data);
+            // Eager: copied from the receive buffer into the send buffer, no allocation.
+            return self.reply_with(Status::Success, |args, out| {
+                let src = args.get(..len).ok_or(len)?;
+                out.get_mut(..len).ok_or(len)?.copy_from_slice(src);
+                Ok(len)
+            });
         };
         // SAFETY: as in `args_mut`; the memory is ours alone now.
         let data = unsafe { mem.bytes(len) };
@@ -318,7 +326,9 @@ pub(super) fn reply_large<D: Device + Clone>(
             let Some(mem) = mem else {
                 bump(&conn.counters.rndv.refused);
                 let _ = req.reply_status(Status::ServerDecline, &[]);
-                return Err(RpcError::WouldBlock("no rendezvous memory for the response (ServerConfig.rndv_memory_limit)"));
+                return Err(RpcError::WouldBlock(
+                    "no rendezvous memory for the response (ServerConfig.rndv_memory_limit)",
+                ));
             };
             // SAFETY: freshly allocated, not posted anywhere: ours alone.
             unsafe { mem.bytes_mut(len) }.copy_from_slice(data);
@@ -374,7 +384,11 @@ impl<D: Device + Clone> Conn<D> {
         let bad = |why: &str| -> Option<String> { Some(why.to_string()) };
         let problem = if request.header.response_descriptor && response.is_none() {
             bad("a response descriptor flag with no descriptor")
-        } else if descs.iter().chain(response.iter()).any(|d| d.address.checked_add(u64::from(d.size)).is_none()) {
+        } else if descs
+            .iter()
+            .chain(response.iter())
+            .any(|d| d.address.checked_add(u64::from(d.size)).is_none())
+        {
             bad("a descriptor whose range overflows")
         } else if descs.iter().any(|d| d.size == 0) {
             bad("an empty argument descriptor")
@@ -394,7 +408,8 @@ impl<D: Device + Clone> Conn<D> {
             let _ = request.reply_status(Status::RemoteLenErr, &[]);
             return;
         }
-        request.rndv = Some(Box::new(ReqRndv { mem: None, total: total as usize, parts: Vec::new(), response }));
+        request.rndv =
+            Some(Box::new(ReqRndv { mem: None, total: total as usize, parts: Vec::new(), response }));
         if descs.is_empty() {
             // Only a response buffer: nothing to pull.
             let conn = request.conn.clone();
@@ -564,7 +579,8 @@ impl<D: Device + Clone> Conn<D> {
             self.drop_tx(tx);
             return false;
         }
-        out[ResponseHeader::LEN..ResponseHeader::LEN + RNDV_PREFIX_LEN].copy_from_slice(&job.written.to_le_bytes());
+        out[ResponseHeader::LEN..ResponseHeader::LEN + RNDV_PREFIX_LEN]
+            .copy_from_slice(&job.written.to_le_bytes());
         match self.send(q, tx, ResponseHeader::LEN + RNDV_PREFIX_LEN) {
             Ok(()) => {
                 bump(&self.counters.responses);
@@ -577,15 +593,16 @@ impl<D: Device + Clone> Conn<D> {
     /// A send completion of a tagged READ or WRITE (its context is already released).
     pub(super) fn rndv_completed(&self, index: u32, status: hal::Status) {
         let rndv = &self.rndv;
+        if !status.is_ok() && status != hal::Status::Flushed {
+            // Counted even if the connection closed meanwhile (the queue failed with it).
+            bump(&self.counters.rndv.failed);
+        }
         let Some(op) = rndv.slots.get(index as usize).and_then(|s| lock(s).take()) else { return };
         let (q, is_read) = match &op {
             Op::Read { q, .. } => (*q, true),
             Op::Write { q, .. } => (*q, false),
             Op::Rsp { .. } => return,
         };
-        if !status.is_ok() {
-            bump(&self.counters.rndv.failed);
-        }
         let done = complete(op, status);
         {
             let mut st = lock(&rndv.queues[q]);
