@@ -116,13 +116,11 @@ pub(crate) struct State<D: Device> {
 
 impl<D: Device + Clone> State<D> {
     pub(crate) fn new(device: &D, contexts: usize) -> Self {
-        let args_pool = Arc::new(RegionPool::new(device, Access::REMOTE_READ, CLIENT_CACHE, u64::MAX));
-        let rsp_pool = Arc::new(RegionPool::new(
-            device,
-            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
-            CLIENT_CACHE,
-            u64::MAX,
-        ));
+        // Argument copies are READ by the server, response buffers written by it, and a call
+        // with both uses one region for both (see `rndv_prepare`): one pool serves all.
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let args_pool = Arc::new(RegionPool::new(device, access, CLIENT_CACHE, u64::MAX));
+        let rsp_pool = args_pool.clone();
         // A registration tells whether keys are 32-bit; do it without allocating: look at a tiny
         // region once.
         let supported = device
@@ -143,7 +141,7 @@ impl<D: Device + Clone> State<D> {
 
     /// Bytes of rendezvous memory held by calls right now (0 when idle: nothing leaked).
     pub(crate) fn in_use(&self) -> u64 {
-        self.args_pool.in_use() + self.rsp_pool.in_use()
+        self.args_pool.in_use()
     }
 }
 
@@ -217,9 +215,20 @@ impl<D: Device + Clone> ChannelInner<D> {
             token_of(&r.remote_key())
                 .ok_or_else(|| RpcError::InvalidArgument("a remote key wider than 32 bits".into()))
         };
+        let cap = if want_rsp {
+            u32::try_from(opts.max_response).map_err(|_| {
+                RpcError::InvalidArgument(format!("max_response {} is above 4 GiB - 1", opts.max_response))
+            })? as usize
+        } else {
+            0
+        };
         match args {
             Args::Bytes(bytes) if plan.args => {
-                let mem = RndvMem::allocate(&self.rndv.args_alloc, len).ok_or_else(|| {
+                // With a response buffer too, one region serves both: a bypass server writes the
+                // response only after it has READ every argument (it replies once its READs
+                // completed), so the response may overwrite the argument copy. That halves the
+                // memory (and the page faults) of large echo-like calls.
+                let mem = RndvMem::allocate(&self.rndv.args_alloc, len.max(cap)).ok_or_else(|| {
                     RpcError::WouldBlock("could not register memory for the rendezvous arguments")
                 })?;
                 // SAFETY: freshly allocated and not posted: ours alone.
@@ -255,20 +264,19 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         }
         if want_rsp {
-            let cap = u32::try_from(opts.max_response).map_err(|_| {
-                RpcError::InvalidArgument(format!("max_response {} is above 4 GiB - 1", opts.max_response))
-            })?;
-            let mem = RndvMem::allocate(&self.rndv.rsp_alloc, cap as usize)
-                .ok_or(RpcError::WouldBlock("could not register memory for the rendezvous response"))?;
-            let d = DmaDescriptor {
-                size: cap,
+            let mem = match call.args.take() {
+                Some(shared) => shared,
+                None => RndvMem::allocate(&self.rndv.rsp_alloc, cap)
+                    .ok_or(RpcError::WouldBlock("could not register memory for the rendezvous response"))?,
+            };
+            descs[n] = DmaDescriptor {
+                size: cap as u32,
                 address: mem.region().addr() + mem.offset() as u64,
                 token: token(mem.region())?,
             };
-            descs[n] = d;
             n += 1;
             call.response = Some(mem);
-            call.response_cap = cap as usize;
+            call.response_cap = cap;
         }
         let need = RequestHeader::LEN + n * DmaDescriptor::LEN;
         if need > self.max_request {
