@@ -533,7 +533,6 @@ fn descriptors_from_a_rogue_peer_get_error_statuses_and_leak_nothing() {
     // An empty descriptor, a range that wraps around: HDR_ERR.
     expect(4, &[DmaDescriptor { size: 0, ..good }], Status::HdrErr);
     expect(5, &[DmaDescriptor { address: u64::MAX - 4, ..good }], Status::HdrErr);
-    drop(expect);
     assert_eq!(server.rndv_stats().refused, 4);
     // A bad key: the READ fails, which fails the queue (RC): the peer's queue fails too, and the
     // server frees everything the request held.

@@ -106,10 +106,8 @@ struct Slot<R: 'static> {
 /// A channel's rendezvous state: per send context, the call's memory; the pools.
 pub(crate) struct State<D: Device> {
     slots: Box<[Slot<D::Region>]>,
-    args_pool: Arc<RegionPool<D>>,
-    rsp_pool: Arc<RegionPool<D>>,
-    args_alloc: Arc<dyn RndvAllocator<D::Region>>,
-    rsp_alloc: Arc<dyn RndvAllocator<D::Region>>,
+    pool: Arc<RegionPool<D>>,
+    alloc: Arc<dyn RndvAllocator<D::Region>>,
     /// Whether the device's keys fit URPC's 32-bit descriptor token.
     pub(crate) supported: bool,
 }
@@ -119,8 +117,7 @@ impl<D: Device + Clone> State<D> {
         // Argument copies are READ by the server, response buffers written by it, and a call
         // with both uses one region for both (see `rndv_prepare`): one pool serves all.
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-        let args_pool = Arc::new(RegionPool::new(device, access, CLIENT_CACHE, u64::MAX));
-        let rsp_pool = args_pool.clone();
+        let pool = Arc::new(RegionPool::new(device, access, CLIENT_CACHE, u64::MAX));
         // A registration tells whether keys are 32-bit; do it without allocating: look at a tiny
         // region once.
         let supported = device
@@ -131,17 +128,15 @@ impl<D: Device + Clone> State<D> {
             slots: (0..contexts)
                 .map(|_| Slot { active: AtomicBool::new(false), data: Mutex::new(None) })
                 .collect(),
-            args_alloc: args_pool.clone(),
-            rsp_alloc: rsp_pool.clone(),
-            args_pool,
-            rsp_pool,
+            alloc: pool.clone(),
+            pool,
             supported,
         }
     }
 
     /// Bytes of rendezvous memory held by calls right now (0 when idle: nothing leaked).
     pub(crate) fn in_use(&self) -> u64 {
-        self.args_pool.in_use()
+        self.pool.in_use()
     }
 }
 
@@ -228,9 +223,8 @@ impl<D: Device + Clone> ChannelInner<D> {
                 // response only after it has READ every argument (it replies once its READs
                 // completed), so the response may overwrite the argument copy. That halves the
                 // memory (and the page faults) of large echo-like calls.
-                let mem = RndvMem::allocate(&self.rndv.args_alloc, len.max(cap)).ok_or_else(|| {
-                    RpcError::WouldBlock("could not register memory for the rendezvous arguments")
-                })?;
+                let mem = RndvMem::allocate(&self.rndv.alloc, len.max(cap))
+                    .ok_or(RpcError::WouldBlock("could not register memory for the rendezvous arguments"))?;
                 // SAFETY: freshly allocated and not posted: ours alone.
                 unsafe { mem.bytes_mut(len) }.copy_from_slice(bytes);
                 let base = mem.region().addr() + mem.offset() as u64;
@@ -266,7 +260,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if want_rsp {
             let mem = match call.args.take() {
                 Some(shared) => shared,
-                None => RndvMem::allocate(&self.rndv.rsp_alloc, cap)
+                None => RndvMem::allocate(&self.rndv.alloc, cap)
                     .ok_or(RpcError::WouldBlock("could not register memory for the rendezvous response"))?,
             };
             descs[n] = DmaDescriptor {
