@@ -8,8 +8,12 @@
 //!   two polls of the channel; the server echoes the arguments.
 //! - `bw`: the same loop, but the server replies with no data (one-way bytes).
 //!
-//! Arguments always travel eagerly, inside the request message: a size is at most the message
-//! size less the 20-byte request header.
+//! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
+//!   arguments, next to a plain `memcpy` of the same size measured right after, in the same run.
+//!
+//! Arguments up to the message size less the 20-byte request header travel eagerly, inside the
+//! request message; larger ones (or all, with `--rendezvous`) by rendezvous: the server RDMA
+//! READs them and RDMA-WRITEs the echo into a response buffer the call names.
 
 use crate::cli::{Plan, Spec, Test, What};
 use crate::progress::{time_round_trips, Progress};
@@ -43,6 +47,7 @@ pub struct Rig<D: Device + Clone> {
     server: Server<D>,
     channel: Channel<D>,
     one_thread: bool,
+    rendezvous: bool,
 }
 
 impl<D: Device + Clone> Rig<D> {
@@ -51,11 +56,9 @@ impl<D: Device + Clone> Rig<D> {
     pub fn new(server_nic: &D, client_nic: &D, plan: &Plan) -> Res<Rig<D>> {
         let mut functions = Functions::new();
         functions.register(ECHO, |req| {
-            let _ = req.reply_with(Status::Success, |args, out| {
-                let n = args.len();
-                out.get_mut(..n).ok_or(n)?.copy_from_slice(args);
-                Ok(n)
-            });
+            // Eager: copied into the send buffer; rendezvous: written from the gathered buffer.
+            let n = req.args().len();
+            let _ = req.reply_args(n);
         });
         functions.register(SINK, |req| {
             let _ = req.reply_with(Status::Success, |_, _| Ok(0));
@@ -66,6 +69,11 @@ impl<D: Device + Clone> Rig<D> {
             max_window: window.max(128),
             workers: if plan.one_thread { 0 } else { 1 },
             pin: plan.pin.1.into_iter().collect(),
+            // Room for a window of the largest rendezvous calls (each needs a power of two).
+            rndv_memory_limit: (plan.specs.iter().map(|s| s.size).max().unwrap_or(0).next_power_of_two()
+                as u64)
+                .saturating_mul(plan.window as u64)
+                .clamp(bypass::DEFAULT_RNDV_MEMORY_LIMIT, 4 << 30),
             ..ServerConfig::new("bypass-perf")
         };
         let server = Server::bind(server_nic, "127.0.0.1:0", server_config, functions)
@@ -80,7 +88,15 @@ impl<D: Device + Clone> Rig<D> {
         };
         let channel = Channel::connect(client_nic, server.local_addr(), channel_config)
             .map_err(|e| format!("connect the channel: {e}"))?;
-        Ok(Rig { server, channel, one_thread: plan.one_thread })
+        Ok(Rig { server, channel, one_thread: plan.one_thread, rendezvous: plan.rendezvous })
+    }
+
+    /// The options of a call of `size`-byte arguments in `mode`: a response buffer for an echo
+    /// that does not fit a message, rendezvous if forced.
+    fn opts(&self, mode: CallMode, size: usize) -> CallOptions {
+        let echoes = matches!(mode, CallMode::WaitRsp | CallMode::Ack);
+        let max_response = if echoes && size > self.max_args() { size } else { 0 };
+        CallOptions { rendezvous: self.rendezvous, max_response, ..CallOptions::mode(mode) }
     }
 
     /// Largest arguments a call may carry.
@@ -102,12 +118,6 @@ impl<D: Device + Clone> Rig<D> {
     pub fn run(&self, spec: &Spec, plan: &Plan, mut progress: Progress) -> Res<Measured> {
         let Spec { test, what, size, budget, warmup } = *spec;
         let What::Mode(mode) = what else { return Err("internal: RPC run without a call mode".into()) };
-        if size > self.max_args() {
-            return Err(format!(
-                "size {size} is larger than the message size allows ({} bytes)",
-                self.max_args()
-            ));
-        }
         let args = vec![0xA5u8; size];
         let mut none = Progress::off();
         let m = match test {
@@ -125,6 +135,19 @@ impl<D: Device + Clone> Rig<D> {
                 }
                 Measured::Thru(self.stream(mode, f, &args, budget, plan, &mut progress)?)
             }
+            Test::Echo => {
+                if !matches!(mode, CallMode::WaitRsp | CallMode::Ack) || self.one_thread {
+                    return Err("-t echo needs --mode wait or ack, and two threads".into());
+                }
+                self.check_echo(mode, &args)?;
+                if warmup > 0 {
+                    self.latency(mode, &args, Budget::Iters(warmup), &mut none)?;
+                }
+                let l = self.latency(mode, &args, budget, &mut progress)?;
+                // The same bytes with a plain memcpy, now, for comparison.
+                let (copies, copy_secs) = crate::stats::memcpy(size, Duration::from_millis(300));
+                Measured::Echo(crate::stats::Echo { iters: l.iters, size, secs: l.secs, copies, copy_secs })
+            }
         };
         progress.finish();
         Ok(m)
@@ -136,7 +159,7 @@ impl<D: Device + Clone> Rig<D> {
             return Ok(());
         }
         let mut resp = Vec::new();
-        self.channel.call_with(&CallOptions::mode(mode), ECHO, args, &mut resp).map_err(call_err)?;
+        self.channel.call_with(&self.opts(mode, args.len()), ECHO, args, &mut resp).map_err(call_err)?;
         let want: &[u8] = if matches!(mode, CallMode::WaitRsp | CallMode::Ack) { args } else { &[] };
         if resp != want {
             return Err(format!("the echo returned {} bytes, expected {}", resp.len(), want.len()));
@@ -145,7 +168,7 @@ impl<D: Device + Clone> Rig<D> {
     }
 
     fn latency(&self, mode: CallMode, args: &[u8], budget: Budget, progress: &mut Progress) -> Res<Latency> {
-        let opts = CallOptions::mode(mode);
+        let opts = self.opts(mode, args.len());
         let mut resp = Vec::with_capacity(args.len());
         let done = Arc::new(Done::default());
         time_round_trips(budget, progress, || {
@@ -176,7 +199,8 @@ impl<D: Device + Clone> Rig<D> {
         plan: &Plan,
         progress: &mut Progress,
     ) -> Res<Throughput> {
-        let opts = CallOptions { wait_for_credit: false, ..CallOptions::mode(mode) };
+        let max_response = if function == ECHO { self.opts(mode, args.len()).max_response } else { 0 };
+        let opts = CallOptions { wait_for_credit: false, max_response, ..self.opts(mode, args.len()) };
         let done = Arc::new(Done::default());
         let base = done.count.load(Ordering::Relaxed);
         let (window, batch) = (plan.window as u64, plan.batch as u64);
