@@ -592,6 +592,17 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         }
         for &what in &whats {
             for size in sizes_for(test, Some(msg_size)) {
+                // Rendezvous sizes with the default budget: about 1 GiB of arguments per
+                // measurement (at least 64 calls), not 100 000 round trips of a megabyte.
+                let defaulted = a.iters.is_none() && a.duration.is_none() && a.trace.is_none();
+                let (budget, warmup) =
+                    if defaulted && level == Level::Rpc && size + RPC_REQUEST_HEADER > msg_size {
+                        let n = default_iters(test).min(((1usize << 30) / size.max(1)).max(64) as u64);
+                        let b = Budget::Iters(n);
+                        (b, a.warmup.unwrap_or_else(|| default_warmup(test, b)))
+                    } else {
+                        (budget, warmup)
+                    };
                 specs.push(Spec { test, what, size, budget, warmup });
             }
         }
@@ -674,6 +685,13 @@ mod tests {
         want.extend((12..=20).map(|i| 1usize << i));
         assert_eq!(sizes, want, "through the eager edge (4096 - 20) into rendezvous sizes");
         assert_eq!(p.msg_size, 4096);
+        let last = p.specs.last().unwrap();
+        assert_eq!(
+            (last.size, last.budget),
+            (1 << 20, Budget::Iters(1024)),
+            "about 1 GiB per rendezvous size"
+        );
+        assert_eq!(p.specs[0].budget, Budget::Iters(100_000), "eager sizes keep the default");
         let p = plan_of(&["-t", "echo", "--rendezvous", "-s", "1m,16m"]).unwrap();
         assert_eq!(p.specs.iter().map(|s| s.size).collect::<Vec<_>>(), [1 << 20, 16 << 20]);
         assert!(p.rendezvous && p.msg_size == 4096);

@@ -1254,10 +1254,14 @@ mod tests {
     }
 
     #[test]
-    fn request_reserved_bit_is_ignored_on_decode() {
+    fn request_bit_6_only_sets_the_response_descriptor_flag() {
+        // Bit 6 was URPC's last reserved bit of byte 1; bypass gives it to rendezvous responses.
         let mut bytes = GOLDEN_REQ;
         bytes[1] |= 0x40;
-        assert_eq!(RequestHeader::decode(&bytes), Ok(golden_req()));
+        assert_eq!(
+            RequestHeader::decode(&bytes),
+            Ok(RequestHeader { response_descriptor: true, ..golden_req() })
+        );
     }
 
     #[test]

@@ -288,7 +288,11 @@ fn rendezvous_needs_a_mode_with_a_response() {
     let rig = Rig::new(Engine::Inline, |_| {}, None);
     let big = pattern(rig.channel.max_request_args() + 1, 0);
     for mode in [CallMode::EarlyRsp, CallMode::AckEarlyRsp] {
+        // Too large for a message, as without rendezvous; forcing it is refused.
         let e = rig.channel.call_with(&CallOptions::mode(mode), ECHO, &big, &mut Vec::new()).unwrap_err();
+        assert!(matches!(e, RpcError::TooLarge { .. }), "{mode:?}: {e}");
+        let forced = CallOptions { rendezvous: true, ..CallOptions::mode(mode) };
+        let e = rig.channel.call_with(&forced, ECHO, b"small", &mut Vec::new()).unwrap_err();
         assert!(matches!(e, RpcError::InvalidArgument(_)), "{mode:?}: {e}");
     }
     // ACK mode works, and says it was acknowledged.

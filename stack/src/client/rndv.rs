@@ -158,16 +158,22 @@ impl<D: Device + Clone> ChannelInner<D> {
             && (opts.rendezvous
                 || RequestHeader::LEN + len > self.max_request
                 || matches!(args, Args::Segments(_)));
-        let big_rsp = opts.max_response > self.inline_response(false);
+        let no_response = matches!(opts.mode, CallMode::EarlyRsp | CallMode::AckEarlyRsp);
+        // A call without a response has no use for a response buffer.
+        let big_rsp = !no_response && opts.max_response > self.inline_response(false);
         let plan = Plan { args: big_args, response: big_rsp };
         if !big_args && !big_rsp {
             return Ok(plan);
         }
-        if matches!(opts.mode, CallMode::EarlyRsp | CallMode::AckEarlyRsp) {
+        if no_response {
+            // Only a response tells the client that the server is done with its memory.
+            if matches!(args, Args::Bytes(_)) && RequestHeader::LEN + len > self.max_request {
+                // As before rendezvous: too large for the message (checked by the caller).
+                return Ok(Plan { args: false, response: false });
+            }
             return Err(RpcError::InvalidArgument(format!(
-                "a rendezvous call ({len} bytes of arguments, max_response {}) needs a response that tells \
-                 when the server is done with the memory: use CallMode::WaitRsp or CallMode::Ack",
-                opts.max_response
+                "a rendezvous call ({len} bytes of arguments) needs a response that tells when the server \
+                 is done with the memory: use CallMode::WaitRsp or CallMode::Ack"
             )));
         }
         if !self.rndv.supported {
