@@ -405,8 +405,8 @@ fn quarter_gib_echo() {
 }
 
 /// 1 GiB there and back. Ignored by default: about 15 s on a 2 vCPU VM, most of it page faults
-/// of the five fresh 1 GiB buffers (the test's, the client's registered copy, the server's
-/// gather buffer, the response `Vec`). `cargo test --release --test rendezvous -- --ignored`.
+/// of four fresh 1 GiB buffers (the test's, the client's registered region, the server's gather
+/// buffer, the response `Vec`). `cargo test --release --test rendezvous -- --ignored`.
 #[test]
 #[ignore = "15 s on a 2 vCPU VM: run with --ignored"]
 fn one_gib_echo() {
