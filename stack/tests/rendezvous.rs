@@ -284,6 +284,24 @@ fn concurrent_calls_wait_for_memory_under_the_limit_and_all_succeed() {
 }
 
 #[test]
+fn outstanding_reads_never_exceed_max_rd_atomic() {
+    for (engine, rd) in
+        [(Engine::Inline, 1u8), (Engine::Threaded, 1), (Engine::Inline, 4), (Engine::Threaded, 2)]
+    {
+        let rig = Rig::new(engine, |c| c.queue_config.max_rd_atomic = rd, None);
+        // 4 MiB in 256 KiB READs: 16 of them, queued behind the limit.
+        let args = pattern(4 << 20, rd);
+        assert!(echo(&rig.channel, &args).unwrap() == args, "{engine:?} rd {rd}");
+        let peak = rig.server.rndv_stats().peak_reads;
+        assert!(
+            (1..=u64::from(rd)).contains(&peak),
+            "{engine:?}: {peak} READs in flight with max_rd_atomic {rd}"
+        );
+        rig.balanced();
+    }
+}
+
+#[test]
 fn rendezvous_needs_a_mode_with_a_response() {
     let rig = Rig::new(Engine::Inline, |_| {}, None);
     let big = pattern(rig.channel.max_request_args() + 1, 0);

@@ -52,6 +52,8 @@ pub struct RndvStats {
     pub failed: u64,
     /// Requests that had to wait for rendezvous memory held by other requests.
     pub waited: u64,
+    /// Most READs ever outstanding at once on one queue (at most its `max_rd_atomic`).
+    pub peak_reads: u64,
     /// Bytes of rendezvous memory held right now, over all open connections (0 when idle).
     pub bytes_in_use: u64,
 }
@@ -64,6 +66,7 @@ pub(crate) struct Counters {
     refused: AtomicU64,
     failed: AtomicU64,
     waited: AtomicU64,
+    peak_reads: AtomicU64,
 }
 
 impl Counters {
@@ -76,6 +79,7 @@ impl Counters {
             refused: l(&self.refused),
             failed: l(&self.failed),
             waited: l(&self.waited),
+            peak_reads: l(&self.peak_reads),
             bytes_in_use,
         }
     }
@@ -561,6 +565,10 @@ impl<D: Device + Clone> Conn<D> {
                             st.inflight += 1;
                             if is_read {
                                 st.reads += 1;
+                                self.counters
+                                    .rndv
+                                    .peak_reads
+                                    .fetch_max(u64::from(st.reads), Ordering::Relaxed);
                             }
                         }
                     }
