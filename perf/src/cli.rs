@@ -22,6 +22,10 @@ const DEFAULT_SIZES: [usize; 3] = [64, 1024, 4096];
 const DEFAULT_BW_SIZE: usize = 65536;
 /// Upper end of `-a` at the HAL and TCP levels (override with `--max-size`).
 const DEFAULT_SWEEP_MAX: usize = 65536;
+/// Upper end of `-a` at the RPC level: past the eager limit into rendezvous sizes.
+const DEFAULT_RPC_SWEEP_MAX: usize = 1 << 20;
+/// Largest RPC argument size by rendezvous.
+pub const MAX_RNDV_SIZE: usize = 1 << 30;
 /// Most memory the RPC buffers of one side may take (send and receive buffers, all queues).
 const MAX_RPC_BUFFERS: usize = 1 << 30;
 
@@ -57,12 +61,19 @@ pub struct Args {
     #[arg(short = 's', long = "size", value_delimiter = ',', value_parser = parse_size, value_name = "BYTES")]
     pub sizes: Vec<usize>,
 
-    /// Sweep sizes over powers of two from 2 bytes up to --max-size (RPC: up to the largest
-    /// eager argument size, which is the message size less the 20-byte request header)
+    /// Sweep sizes over powers of two from 2 bytes up to --max-size (RPC: through the largest
+    /// eager argument size, which is the message size less the 20-byte request header, and on
+    /// into rendezvous sizes, where arguments and responses travel by RDMA READ and WRITE)
     #[arg(short = 'a', long = "all-sizes", conflicts_with = "sizes")]
     pub all_sizes: bool,
 
-    /// Upper end of the -a sweep [default: hal, tcp: 64k; rpc: the message size less 20]
+    /// RPC: send every call's arguments by rendezvous (DMA descriptors the server READs), also
+    /// sizes that fit a message; sizes above the message size (default 4096) are allowed, up to 1g
+    #[arg(long)]
+    pub rendezvous: bool,
+
+    /// Upper end of the -a sweep [default: hal, tcp: 64k; rpc: 1m (rendezvous above the message
+    /// size less 20)]
     #[arg(long, value_parser = parse_size, value_name = "BYTES", requires = "all_sizes")]
     pub max_size: Option<usize>,
 
@@ -153,6 +164,8 @@ pub enum Test {
     Lat,
     Bw,
     Rate,
+    /// RPC only: blocking echo calls, as MiB/s of arguments, next to a memcpy of the same size
+    Echo,
 }
 
 impl Test {
@@ -161,6 +174,7 @@ impl Test {
             Test::Lat => "lat",
             Test::Bw => "bw",
             Test::Rate => "rate",
+            Test::Echo => "echo",
         }
     }
 }
@@ -327,6 +341,8 @@ pub struct Spec {
 pub struct Plan {
     pub level: Level,
     pub specs: Vec<Spec>,
+    /// RPC: force rendezvous for every call with arguments.
+    pub rendezvous: bool,
     /// `None` at the TCP level and for real NICs.
     pub engine: Option<EngineArg>,
     /// The backend string (`sim`, `verbs:rxe0`, ...).
@@ -366,6 +382,7 @@ fn default_iters(test: Test) -> u64 {
         Test::Lat => 100_000,
         Test::Rate => 500_000,
         Test::Bw => 20_000,
+        Test::Echo => 200,
     }
 }
 
@@ -459,20 +476,36 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     let tests = if a.tests.is_empty() { vec![Test::Lat, Test::Rate] } else { dedup(&a.tests) };
 
     // Sizes, and the RPC message size that must hold the largest.
+    if a.rendezvous && level != Level::Rpc {
+        return Err("--rendezvous: only --level rpc has rendezvous".into());
+    }
+    if tests.contains(&Test::Echo) && level != Level::Rpc {
+        return Err("-t echo: only --level rpc".into());
+    }
+    // -a at the RPC level and --rendezvous keep the message size (sizes above it go by
+    // rendezvous); otherwise the message size grows to hold the largest size.
+    let rndv = level == Level::Rpc && (a.all_sizes || a.rendezvous);
     let (min_size, max_size) = match level {
         Level::Hal => (1, MAX_HAL_SIZE),
         Level::Tcp => (1, MAX_TCP_SIZE),
+        Level::Rpc if rndv => (0, MAX_RNDV_SIZE),
         Level::Rpc => (0, (16 << 20) - RPC_REQUEST_HEADER),
     };
     let sizes_for = |test: Test, msg_size: Option<usize>| -> Vec<usize> {
         if a.all_sizes {
-            let max = match (level, a.max_size, msg_size) {
-                (_, Some(m), _) => m,
-                (Level::Rpc, None, Some(ms)) => ms - RPC_REQUEST_HEADER,
-                (Level::Rpc, None, None) => 4096 - RPC_REQUEST_HEADER,
+            let max = match (level, a.max_size) {
+                (_, Some(m)) => m,
+                (Level::Rpc, None) => DEFAULT_RPC_SWEEP_MAX,
                 _ => DEFAULT_SWEEP_MAX,
             };
-            sweep(max, level == Level::Rpc && a.max_size.is_none())
+            let mut v = sweep(max, false);
+            // The largest eager size, the edge where rendezvous starts.
+            let edge = msg_size.unwrap_or(4096) - RPC_REQUEST_HEADER;
+            if level == Level::Rpc && edge <= max && !v.contains(&edge) {
+                v.push(edge);
+                v.sort_unstable();
+            }
+            v
         } else if !a.sizes.is_empty() {
             dedup(&a.sizes)
         } else if test == Test::Bw {
@@ -501,6 +534,8 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         }
     }
     let msg_size = match a.msg_size {
+        Some(m) if rndv => m,
+        None if rndv => 4096,
         Some(m) => {
             if level == Level::Rpc && largest + RPC_REQUEST_HEADER > m {
                 return Err(format!(
@@ -578,6 +613,17 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         }
         for &what in &whats {
             for size in sizes_for(test, Some(msg_size)) {
+                // Rendezvous sizes with the default budget: about 1 GiB of arguments per
+                // measurement (at least 64 calls), not 100 000 round trips of a megabyte.
+                let defaulted = a.iters.is_none() && a.duration.is_none() && a.trace.is_none();
+                let (budget, warmup) =
+                    if defaulted && level == Level::Rpc && size + RPC_REQUEST_HEADER > msg_size {
+                        let n = default_iters(test).min(((1usize << 30) / size.max(1)).max(64) as u64);
+                        let b = Budget::Iters(n);
+                        (b, a.warmup.unwrap_or_else(|| default_warmup(test, b)))
+                    } else {
+                        (budget, warmup)
+                    };
                 specs.push(Spec { test, what, size, budget, warmup });
             }
         }
@@ -585,6 +631,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     Ok(Plan {
         level,
         specs,
+        rendezvous: a.rendezvous,
         engine: if level == Level::Tcp || !is_sim {
             None
         } else {
@@ -656,7 +703,20 @@ mod tests {
         assert!(parse_size("x").is_err());
         let p = plan_of(&["-a", "-t", "lat"]).unwrap();
         let sizes: Vec<usize> = p.specs.iter().map(|s| s.size).collect();
-        assert_eq!(sizes, [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4076]);
+        let mut want = vec![2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4076];
+        want.extend((12..=20).map(|i| 1usize << i));
+        assert_eq!(sizes, want, "through the eager edge (4096 - 20) into rendezvous sizes");
+        assert_eq!(p.msg_size, 4096);
+        let last = p.specs.last().unwrap();
+        assert_eq!(
+            (last.size, last.budget),
+            (1 << 20, Budget::Iters(1024)),
+            "about 1 GiB per rendezvous size"
+        );
+        assert_eq!(p.specs[0].budget, Budget::Iters(100_000), "eager sizes keep the default");
+        let p = plan_of(&["-t", "echo", "--rendezvous", "-s", "1m,16m"]).unwrap();
+        assert_eq!(p.specs.iter().map(|s| s.size).collect::<Vec<_>>(), [1 << 20, 16 << 20]);
+        assert!(p.rendezvous && p.msg_size == 4096);
         let p = plan_of(&["--level", "hal", "-a", "--max-size", "16", "-t", "bw"]).unwrap();
         assert_eq!(p.specs.iter().map(|s| s.size).collect::<Vec<_>>(), [2, 4, 8, 16]);
     }
@@ -683,6 +743,9 @@ mod tests {
             &["--level", "tcp", "--engine", "inline"],
             &["-a", "--msg-size", "10"],
             &["--level", "hal", "-a", "--max-size", "1g"],
+            &["--level", "hal", "--rendezvous"],
+            &["--level", "tcp", "-t", "echo"],
+            &["-a", "--max-size", "2g"],
         ] {
             let e = plan_of(bad).expect_err(&format!("{bad:?} should fail"));
             assert!(!e.trim().is_empty());

@@ -304,6 +304,7 @@ fn measure<D: Device>(
             progress.finish();
             Ok(Measured::Thru(t))
         }
+        Test::Echo => Err("-t echo is an RPC test".into()),
     }
 }
 

@@ -28,6 +28,7 @@ fn emit(line: std::fmt::Arguments<'_>) {
 enum Kind {
     Lat,
     Thru,
+    Echo,
 }
 
 /// Prints results as they come.
@@ -69,6 +70,7 @@ impl Report {
         let kind = match m {
             Measured::Lat(_) => Kind::Lat,
             Measured::Thru(_) => Kind::Thru,
+            Measured::Echo(_) => Kind::Echo,
         };
         if self.last != Some(kind) {
             out!("");
@@ -88,6 +90,20 @@ impl Report {
                         "p99.9",
                         "max",
                         "mean"
+                    );
+                }
+                Kind::Echo => {
+                    out!("blocking echo calls (arguments and response of the same size), and a plain memcpy of that size in the same run");
+                    out!(
+                        "{:<5} {:<4} {:<9} {:>8} {:>9} {:>10} {:>12} {:>6}",
+                        "level",
+                        "test",
+                        what_header(plan.level),
+                        "bytes",
+                        "iters",
+                        "MiB/s",
+                        "memcpy MiB/s",
+                        "ratio"
                     );
                 }
                 Kind::Thru => {
@@ -126,6 +142,11 @@ impl Report {
                 l.max / 1e3,
                 l.mean / 1e3
             ),
+            Measured::Echo(e) => {
+                let (rpc, copy) = (e.mib_per_sec(), e.memcpy_mib_per_sec());
+                let ratio = if copy > 0.0 { rpc / copy } else { 0.0 };
+                out!("{head} {:>9} {:>10.1} {:>12.1} {:>6.3}", e.iters, rpc, copy, ratio);
+            }
             Measured::Thru(t) => {
                 let window = if plan.level == Level::Tcp { "-".to_string() } else { plan.window.to_string() };
                 out!(
@@ -205,6 +226,12 @@ fn json_row(plan: &Plan, spec: &Spec, m: &Measured) -> Map<String, Value> {
             ] {
                 o.insert(k.into(), us(*v).into());
             }
+        }
+        Measured::Echo(e) => {
+            o.insert("iters".into(), e.iters.into());
+            o.insert("secs".into(), e.secs.into());
+            o.insert("mib_per_sec".into(), ((e.mib_per_sec() * 100.0).round() / 100.0).into());
+            o.insert("memcpy_mib_per_sec".into(), ((e.memcpy_mib_per_sec() * 100.0).round() / 100.0).into());
         }
         Measured::Thru(t @ Throughput { msgs, secs, .. }) => {
             o.insert("iters".into(), (*msgs).into());

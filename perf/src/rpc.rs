@@ -8,8 +8,12 @@
 //!   two polls of the channel; the server echoes the arguments.
 //! - `bw`: the same loop, but the server replies with no data (one-way bytes).
 //!
-//! Arguments always travel eagerly, inside the request message: a size is at most the message
-//! size less the 20-byte request header.
+//! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
+//!   arguments, next to a plain `memcpy` of the same size measured right after, in the same run.
+//!
+//! Arguments up to the message size less the 20-byte request header travel eagerly, inside the
+//! request message; larger ones (or all, with `--rendezvous`) by rendezvous: the server RDMA
+//! READs them and RDMA-WRITEs the echo into a response buffer the call names.
 
 use crate::cli::{Plan, Spec, Test, What};
 use crate::progress::{time_round_trips, Progress};
@@ -43,17 +47,16 @@ pub struct Rig<D: Device + Clone> {
     server: Option<Server<D>>,
     channel: Channel<D>,
     one_thread: bool,
+    rendezvous: bool,
 }
 
 /// The benchmark's server: its functions, on `nic` at `addr`.
 fn start_server<D: Device + Clone>(nic: &D, addr: &str, plan: &Plan) -> Res<Server<D>> {
     let mut functions = Functions::new();
     functions.register(ECHO, |req| {
-        let _ = req.reply_with(Status::Success, |args, out| {
-            let n = args.len();
-            out.get_mut(..n).ok_or(n)?.copy_from_slice(args);
-            Ok(n)
-        });
+        // Eager: copied into the send buffer; rendezvous: written from the gathered buffer.
+        let n = req.args().len();
+        let _ = req.reply_args(n);
     });
     functions.register(SINK, |req| {
         let _ = req.reply_with(Status::Success, |_, _| Ok(0));
@@ -64,6 +67,10 @@ fn start_server<D: Device + Clone>(nic: &D, addr: &str, plan: &Plan) -> Res<Serv
         max_window: window.max(128),
         workers: if plan.one_thread { 0 } else { 1 },
         pin: plan.pin.1.into_iter().collect(),
+        // Room for a window of the largest rendezvous calls (each needs a power of two).
+        rndv_memory_limit: (plan.specs.iter().map(|s| s.size).max().unwrap_or(0).next_power_of_two() as u64)
+            .saturating_mul(plan.window as u64)
+            .clamp(bypass::DEFAULT_RNDV_MEMORY_LIMIT, 4 << 30),
         ..ServerConfig::new("bypass-perf")
     };
     Server::bind(nic, addr, server_config, functions).map_err(|e| format!("start the server at {addr}: {e}"))
@@ -94,12 +101,13 @@ impl<D: Device + Clone> Rig<D> {
     pub fn new(server_nic: &D, client_nic: &D, plan: &Plan) -> Res<Rig<D>> {
         let server = start_server(server_nic, "127.0.0.1:0", plan)?;
         let channel = Self::channel(client_nic, &server.local_addr().to_string(), plan)?;
-        Ok(Rig { server: Some(server), channel, one_thread: plan.one_thread })
+        Ok(Rig { server: Some(server), channel, one_thread: plan.one_thread, rendezvous: plan.rendezvous })
     }
 
     /// `--client ADDR`: a channel to a `bypass-perf --server` in another process.
     pub fn connect(client_nic: &D, addr: &str, plan: &Plan) -> Res<Rig<D>> {
-        Ok(Rig { server: None, channel: Self::channel(client_nic, addr, plan)?, one_thread: false })
+        let channel = Self::channel(client_nic, addr, plan)?;
+        Ok(Rig { server: None, channel, one_thread: false, rendezvous: plan.rendezvous })
     }
 
     fn channel(client_nic: &D, addr: &str, plan: &Plan) -> Res<Channel<D>> {
@@ -121,6 +129,14 @@ impl<D: Device + Clone> Rig<D> {
         if let Some(s) = &self.server {
             s.poll();
         }
+    }
+
+    /// The options of a call of `size`-byte arguments in `mode`: a response buffer for an echo
+    /// that does not fit a message, rendezvous if forced.
+    fn opts(&self, mode: CallMode, size: usize) -> CallOptions {
+        let echoes = matches!(mode, CallMode::WaitRsp | CallMode::Ack);
+        let max_response = if echoes && size > self.max_args() { size } else { 0 };
+        CallOptions { rendezvous: self.rendezvous, max_response, ..CallOptions::mode(mode) }
     }
 
     /// Largest arguments a call may carry.
@@ -151,12 +167,6 @@ impl<D: Device + Clone> Rig<D> {
     pub fn run(&self, spec: &Spec, plan: &Plan, mut progress: Progress) -> Res<Measured> {
         let Spec { test, what, size, budget, warmup } = *spec;
         let What::Mode(mode) = what else { return Err("internal: RPC run without a call mode".into()) };
-        if size > self.max_args() {
-            return Err(format!(
-                "size {size} is larger than the message size allows ({} bytes)",
-                self.max_args()
-            ));
-        }
         let args = vec![0xA5u8; size];
         let mut none = Progress::off();
         let m = match test {
@@ -174,6 +184,19 @@ impl<D: Device + Clone> Rig<D> {
                 }
                 Measured::Thru(self.stream(mode, f, &args, budget, plan, &mut progress)?)
             }
+            Test::Echo => {
+                if !matches!(mode, CallMode::WaitRsp | CallMode::Ack) || self.one_thread {
+                    return Err("-t echo needs --mode wait or ack, and two threads".into());
+                }
+                self.check_echo(mode, &args)?;
+                if warmup > 0 {
+                    self.latency(mode, &args, Budget::Iters(warmup), &mut none)?;
+                }
+                let l = self.latency(mode, &args, budget, &mut progress)?;
+                // The same bytes with a plain memcpy, now, for comparison.
+                let (copies, copy_secs) = crate::stats::memcpy(size, Duration::from_millis(300));
+                Measured::Echo(crate::stats::Echo { iters: l.iters, size, secs: l.secs, copies, copy_secs })
+            }
         };
         progress.finish();
         Ok(m)
@@ -185,7 +208,7 @@ impl<D: Device + Clone> Rig<D> {
             return Ok(());
         }
         let mut resp = Vec::new();
-        self.channel.call_with(&CallOptions::mode(mode), ECHO, args, &mut resp).map_err(call_err)?;
+        self.channel.call_with(&self.opts(mode, args.len()), ECHO, args, &mut resp).map_err(call_err)?;
         let want: &[u8] = if matches!(mode, CallMode::WaitRsp | CallMode::Ack) { args } else { &[] };
         if resp != want {
             return Err(format!("the echo returned {} bytes, expected {}", resp.len(), want.len()));
@@ -194,7 +217,7 @@ impl<D: Device + Clone> Rig<D> {
     }
 
     fn latency(&self, mode: CallMode, args: &[u8], budget: Budget, progress: &mut Progress) -> Res<Latency> {
-        let opts = CallOptions::mode(mode);
+        let opts = self.opts(mode, args.len());
         let mut resp = Vec::with_capacity(args.len());
         let done = Arc::new(Done::default());
         time_round_trips(budget, progress, || {
@@ -225,7 +248,8 @@ impl<D: Device + Clone> Rig<D> {
         plan: &Plan,
         progress: &mut Progress,
     ) -> Res<Throughput> {
-        let opts = CallOptions { wait_for_credit: false, ..CallOptions::mode(mode) };
+        let max_response = if function == ECHO { self.opts(mode, args.len()).max_response } else { 0 };
+        let opts = CallOptions { wait_for_credit: false, max_response, ..self.opts(mode, args.len()) };
         let done = Arc::new(Done::default());
         let base = done.count.load(Ordering::Relaxed);
         let (window, batch) = (plan.window as u64, plan.batch as u64);

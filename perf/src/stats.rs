@@ -106,6 +106,54 @@ impl Latency {
 pub enum Measured {
     Lat(Latency),
     Thru(Throughput),
+    Echo(Echo),
+}
+
+/// Blocking echo calls of one size (arguments and response of `size` bytes each), and a plain
+/// `memcpy` of the same size measured right after, in the same run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Echo {
+    pub iters: u64,
+    pub size: usize,
+    pub secs: f64,
+    /// Copies of `size` bytes and the seconds they took.
+    pub copies: u64,
+    pub copy_secs: f64,
+}
+
+impl Echo {
+    /// Argument bytes echoed per second, in MiB/s (each call also moves as many back).
+    pub fn mib_per_sec(&self) -> f64 {
+        mib(self.iters, self.size, self.secs)
+    }
+
+    pub fn memcpy_mib_per_sec(&self) -> f64 {
+        mib(self.copies, self.size, self.copy_secs)
+    }
+}
+
+fn mib(n: u64, size: usize, secs: f64) -> f64 {
+    if secs > 0.0 {
+        n as f64 * size as f64 / secs / (1u64 << 20) as f64
+    } else {
+        0.0
+    }
+}
+
+/// Copies `size` bytes between two pre-faulted buffers until `at_least` has passed (at least 3
+/// copies); returns the copies and the seconds they took.
+pub fn memcpy(size: usize, at_least: std::time::Duration) -> (u64, f64) {
+    let src = vec![0x5Au8; size.max(1)];
+    let mut dst = vec![0u8; size.max(1)];
+    dst.copy_from_slice(&src); // fault the pages in first
+    let start = std::time::Instant::now();
+    let mut n = 0u64;
+    while n < 3 || start.elapsed() < at_least {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        n += 1;
+    }
+    (n, start.elapsed().as_secs_f64())
 }
 
 /// Throughput of one measurement: messages (or calls) and payload bytes moved in `secs`.

@@ -83,6 +83,7 @@ pub fn run(
                 }
                 Measured::Thru(stream(connect()?, size, batch, spec.budget, &mut progress)?)
             }
+            Test::Echo => return Err("-t echo is an RPC test".into()),
         };
         progress.finish();
         Ok(m)

@@ -142,13 +142,18 @@ fn rpc_every_mode_and_bandwidth() {
 }
 
 #[test]
-fn eager_sizes_up_to_the_message_size() {
-    // 4096-byte messages leave 4076 bytes of arguments: the sweep ends there.
-    let out = ok(&["-t", "lat", "-a", "--msg-size", "4096", "-n", "200", "--no-bounce"]);
+fn the_sweep_crosses_the_eager_limit_into_rendezvous_sizes() {
+    // 4096-byte messages leave 4076 bytes of arguments: the sweep passes that edge and goes on
+    // by rendezvous.
+    let out = ok(&["-t", "lat", "-a", "--msg-size", "4096", "--max-size", "16k", "-n", "200", "--no-bounce"]);
     let sizes: Vec<&str> = rows(&out, "rpc", "lat").iter().map(|c| c[3]).collect();
     assert_eq!(sizes.first(), Some(&"2"));
-    assert_eq!(sizes.last(), Some(&"4076"), "{out}");
-    assert_eq!(sizes.len(), 12);
+    assert_eq!(sizes[11..], ["4076", "4096", "8192", "16384"], "{out}");
+    // Echo against memcpy, forced rendezvous.
+    let out = ok(&["-t", "echo", "--rendezvous", "-s", "64k", "-n", "20", "--no-bounce"]);
+    let row = &rows(&out, "rpc", "echo")[0];
+    assert_eq!(row[3], "65536", "{out}");
+    assert!(row[5].parse::<f64>().unwrap() > 0.0 && row[6].parse::<f64>().unwrap() > 0.0, "{out}");
 }
 
 #[test]

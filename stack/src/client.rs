@@ -40,6 +40,7 @@ use std::time::Duration;
 mod monitor;
 mod one_sided;
 mod recovery;
+mod rndv;
 pub use one_sided::{LocalRange, OpFuture, OpOptions, MAX_SGES};
 
 const NO_DEADLINE: u64 = u64::MAX;
@@ -255,11 +256,26 @@ pub struct CallOptions {
     /// When the chosen queue has no credit: wait (polling) for one instead of failing with
     /// [`RpcError::WouldBlock`]. The wait ends at the call's deadline.
     pub wait_for_credit: bool,
+    /// Send non-empty arguments by rendezvous (DMA descriptors the server RDMA READs) even if
+    /// they fit the eager message. Arguments that do not fit go by rendezvous anyway.
+    pub rendezvous: bool,
+    /// The largest response expected. Above what fits inline in a response message, the call
+    /// names a registered response buffer of this size, which the server RDMA-WRITEs a large
+    /// response into (rendezvous response). 0 (the default): responses must fit inline; a
+    /// larger one comes back as REMOTE_LEN_ERR.
+    pub max_response: usize,
 }
 
 impl Default for CallOptions {
     fn default() -> Self {
-        CallOptions { mode: CallMode::WaitRsp, timeout: None, queue: None, wait_for_credit: true }
+        CallOptions {
+            mode: CallMode::WaitRsp,
+            timeout: None,
+            queue: None,
+            wait_for_credit: true,
+            rendezvous: false,
+            max_response: 0,
+        }
     }
 }
 
@@ -386,6 +402,8 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     /// Per send context: the local regions a one-sided operation keeps alive until its work
     /// request completed (only one-sided operations touch these).
     held: Box<[Mutex<one_sided::Held<D::Region>>]>,
+    /// Per send context: the memory of a rendezvous call (only rendezvous calls touch it).
+    rndv: rndv::State<D>,
     channel_id: u32,
     max_request: usize,
     rr: AtomicUsize,
@@ -537,6 +555,7 @@ impl<D: Device + Clone> Channel<D> {
         let wake = Arc::new(crate::worker::WakeFd::new().map_err(control::ControlError::from)?);
         let keepalive = config.keepalive;
         let recovery_state = recovery::State::new(config.queues);
+        let rndv = rndv::State::new(device, ep.tx.capacity());
         let inner = Arc::new(ChannelInner {
             table,
             credits: (0..config.queues)
@@ -545,6 +564,7 @@ impl<D: Device + Clone> Channel<D> {
                 .map_err(|e| RpcError::InvalidArgument(e.to_string()))?,
             slots,
             held,
+            rndv,
             channel_id: server.channel_id,
             max_request: config.msg_size.min(server.max_msg as usize),
             rr: AtomicUsize::new(0),
@@ -588,6 +608,40 @@ impl<D: Device + Clone> Channel<D> {
     /// Number of queues (READY or not).
     pub fn queues(&self) -> usize {
         self.inner.ep.queues.len()
+    }
+
+    /// Bytes of rendezvous memory (argument copies and response buffers) held by calls right
+    /// now; 0 when no rendezvous call is outstanding (nothing leaked).
+    pub fn rndv_in_use(&self) -> u64 {
+        self.inner.rndv.in_use()
+    }
+
+    /// A blocking call whose arguments are `segments`, registered ranges on this channel's
+    /// device (with [`Access::REMOTE_READ`](crate::Access::REMOTE_READ)), which the server RDMA
+    /// READs where they are (no copy; at most 31 non-empty segments, 30 with a response buffer),
+    /// gathered in order into the arguments its handler sees ([`Request::args`](crate::Request::args),
+    /// [`Request::segments`](crate::Request::segments)). The regions are kept alive until the
+    /// call's outcome. Only `WAIT_RSP` and `ACK` modes.
+    pub fn call_segments_with(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        segments: &[LocalRange<'_, D::Region>],
+        response: &mut Vec<u8>,
+    ) -> Result<CallInfo, RpcError> {
+        let shot = call::blocking_shot();
+        let start =
+            self.inner.start_args(opts, function, rndv::Args::Segments(segments), Sink::Shot(shot.clone()));
+        let result = start.and_then(|()| {
+            self.wait(&shot);
+            shot.take_into(response).unwrap_or(Err(RpcError::Closed))
+        });
+        let acked = shot.is_acked();
+        call::recycle_shot(shot);
+        if result.is_err() {
+            response.clear();
+        }
+        result.map(|()| CallInfo { acked })
     }
 
     /// Largest request arguments in bytes (the message size less the 20-byte header).
@@ -1018,10 +1072,25 @@ impl<D: Device + Clone> ChannelInner<D> {
         args: &[u8],
         sink: Sink,
     ) -> Result<(), RpcError> {
+        self.start_args(opts, function, rndv::Args::Bytes(args), sink)
+    }
+
+    fn start_args(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: rndv::Args<'_, '_, D::Region>,
+        sink: Sink,
+    ) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
         }
-        let len = RequestHeader::LEN + args.len();
+        let plan = self.rndv_wanted(opts, &args)?;
+        let inline: &[u8] = match args {
+            rndv::Args::Bytes(b) if !plan.args => b,
+            _ => &[],
+        };
+        let len = RequestHeader::LEN + inline.len();
         if len > self.max_request {
             return Err(RpcError::TooLarge { len, max: self.max_request, header: RequestHeader::LEN });
         }
@@ -1046,10 +1115,27 @@ impl<D: Device + Clone> ChannelInner<D> {
                 }
             }
         };
+        let mut descs = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
+        let (ndesc, response_descriptor) = if plan.any() {
+            match self.rndv_prepare(h, opts, plan, &args, &mut descs) {
+                Ok(x) => x,
+                Err(e) => {
+                    drop(self.rndv_take(h));
+                    if opts.mode != CallMode::EarlyRsp {
+                        self.table.cancel(req_id);
+                    }
+                    self.abandon(h, q);
+                    return Err(e);
+                }
+            }
+        } else {
+            (0, false)
+        };
         let header = RequestHeader {
             arg_dma_count: 0,
             ack_requested: matches!(opts.mode, CallMode::Ack | CallMode::AckEarlyRsp),
             no_response: matches!(opts.mode, CallMode::EarlyRsp | CallMode::AckEarlyRsp),
+            response_descriptor,
             function,
             total_size: 0,
             req_id,
@@ -1058,9 +1144,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         // SAFETY: `h` is live and ours and not posted yet; nothing else references its buffer.
         let buf = unsafe { self.ep.send_buf(h) };
-        let len = match wire::encode_request(buf, &header, &[], args) {
+        let len = match wire::encode_request(buf, &header, &descs[..ndesc], inline) {
             Ok(len) => len,
             Err(e) => {
+                drop(self.rndv_take(h));
                 if opts.mode != CallMode::EarlyRsp {
                     self.table.cancel(req_id);
                 }
@@ -1086,6 +1173,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
             // the meantime, undo it and report the error here; else that path delivered.
             let claimed = self.ep.tx.claim_completion(h) == Ok(true);
+            if claimed {
+                drop(self.rndv_take(h));
+            }
             let pending = if claimed { self.take_pending(h) } else { None };
             if opts.mode != CallMode::EarlyRsp {
                 self.table.cancel(req_id);
@@ -1243,17 +1333,23 @@ impl<D: Device + Clone> ChannelInner<D> {
             return;
         };
         if self.ep.tx.claim_completion(h) == Ok(true) {
+            let rndv = self.rndv_take(h);
             if let Some(p) = self.take_pending(h) {
                 if mode.requires(Event::Ack) {
                     p.sink.acked(); // the response implies the ACK, even if that is still on its way
                 }
                 let result = match r.header.status {
-                    wire::Status::Success => Ok(r.data),
+                    wire::Status::Success => match &rndv {
+                        Some(x) => x.response(r.data),
+                        None => Ok(r.data),
+                    },
                     wire::Status::FunctionErr => Err(RpcError::FunctionNotFound(p.function)),
                     s => Err(RpcError::Status(s)),
                 };
                 self.deliver(p, result);
             }
+            // The server is done with the call's memory: back to the pools.
+            drop(rndv);
         }
         // A response implies the ACK (in ACK mode the ACK may be processed after the response by
         // another poller); a duplicate ACK report is refused by the slab and harmless.
@@ -1349,11 +1445,17 @@ impl<D: Device + Clone> ChannelInner<D> {
         if self.ep.tx.claim_completion(h) != Ok(true) {
             return false;
         }
+        // The server may still READ or WRITE a rendezvous call's memory: never reuse it.
+        let mut rndv = self.rndv_take(h);
+        if let Some(x) = rndv.as_mut() {
+            x.poison();
+        }
         let Some(p) = self.take_pending(h) else { return false };
         if p.mode != CallMode::EarlyRsp {
             self.table.cancel(p.req_id);
         }
         self.deliver(p, Err(err));
+        drop(rndv);
         true
     }
 

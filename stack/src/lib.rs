@@ -146,6 +146,8 @@ mod liveness;
 #[cfg(not(loom))]
 mod recovery;
 #[cfg(not(loom))]
+mod rndv;
+#[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
 mod worker;
@@ -167,8 +169,10 @@ pub use liveness::{CloseReason, Keepalive};
 #[cfg(not(loom))]
 pub use recovery::Recovery;
 #[cfg(not(loom))]
+pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};
+#[cfg(not(loom))]
 pub use server::{
-    Connection, ConnectionEvents, Functions, Handler, Request, Server, ServerConfig, ServerStats,
+    Connection, ConnectionEvents, Functions, Handler, Request, RndvStats, Server, ServerConfig, ServerStats,
 };
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;

@@ -48,6 +48,9 @@ pub use events::{Connection, ConnectionEvents};
 
 const POLL_BATCH: usize = 16;
 
+mod rndv;
+pub use rndv::RndvStats;
+
 /// A request handler. It owns the [`Request`]: reply before returning, or move it to another
 /// thread and reply there later. Dropping it without replying drops the request cleanly.
 ///
@@ -61,11 +64,13 @@ pub type Handler<D> = Arc<dyn Fn(Request<D>) + Send + Sync + 'static>;
 /// The function table: function id → handler.
 pub struct Functions<D: Device + Clone> {
     map: HashMap<u64, Handler<D>>,
+    /// Where rendezvous arguments and staged responses live (`None`: a pool per connection).
+    rndv_alloc: Option<Arc<dyn crate::rndv::RndvAllocator<D::Region>>>,
 }
 
 impl<D: Device + Clone> Default for Functions<D> {
     fn default() -> Self {
-        Functions { map: HashMap::new() }
+        Functions { map: HashMap::new(), rndv_alloc: None }
     }
 }
 
@@ -90,6 +95,16 @@ impl<D: Device + Clone> Functions<D> {
         handler: impl Fn(Request<D>) + Send + Sync + 'static,
     ) -> &mut Self {
         self.map.insert(id.raw(), Arc::new(handler));
+        self
+    }
+
+    /// Takes the memory for rendezvous arguments (the READ targets) and for staged large
+    /// responses from `alloc` instead of the server's own pool (e.g. the C API's
+    /// `OckRpcRndvMemAllocate` / `OckRpcRndvMemFree` hooks). Its regions must be registered on
+    /// the server's device with `LOCAL_WRITE`. Every connection still charges what it takes
+    /// against [`ServerConfig::rndv_memory_limit`].
+    pub fn rndv_allocator(&mut self, alloc: Arc<dyn crate::rndv::RndvAllocator<D::Region>>) -> &mut Self {
+        self.rndv_alloc = Some(alloc);
         self
     }
 
@@ -131,6 +146,13 @@ pub struct ServerConfig {
     /// single queue does not fit is refused by [`Server::bind`]. Default
     /// [`DEFAULT_MEMORY_LIMIT`](crate::DEFAULT_MEMORY_LIMIT) (256 MiB).
     pub memory_limit: u64,
+    /// Most bytes of rendezvous memory one connection may hold at once: gathered arguments
+    /// being READ or handled, and staged large responses being written. A request whose
+    /// arguments exceed it alone is answered REMOTE_LEN_ERR without any allocation; one that
+    /// fits but finds the memory held by the connection's other requests waits for it. 0
+    /// disables rendezvous (every such request gets REMOTE_LEN_ERR); otherwise at least 4096.
+    /// Default [`DEFAULT_RNDV_MEMORY_LIMIT`](crate::DEFAULT_RNDV_MEMORY_LIMIT) (256 MiB).
+    pub rndv_memory_limit: u64,
     /// Transport settings of the queues. The depths and SGE limits are replaced by the stack's
     /// own (derived from the window), but zero is refused. An ACK timeout of exponent 0
     /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
@@ -163,6 +185,7 @@ impl Default for ServerConfig {
             pin: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
+            rndv_memory_limit: crate::rndv::DEFAULT_RNDV_MEMORY_LIMIT,
             queue_config: QueueConfig::default(),
             tls: None,
             keepalive: Some(Keepalive::default()),
@@ -220,6 +243,12 @@ impl ServerConfig {
             return Err(bad_field(
                 &field("handshake_timeout"),
                 "is zero (every client would be refused): use a positive duration",
+            ));
+        }
+        if self.rndv_memory_limit != 0 && self.rndv_memory_limit < 4096 {
+            return Err(bad_field(
+                &field("rndv_memory_limit"),
+                format_args!("is {}: use 0 (no rendezvous) or at least 4096", self.rndv_memory_limit),
             ));
         }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
@@ -325,6 +354,7 @@ struct Counters {
     handler_panics: AtomicU64,
     handshake_timeouts: AtomicU64,
     accept_pauses: AtomicU64,
+    rndv: rndv::Counters,
 }
 
 fn bump(c: &AtomicU64) {
@@ -389,6 +419,7 @@ pub(crate) struct Conn<D: Device + Clone> {
     events: Arc<ConnectionEvents<D>>,
     /// The new-connection callback accepted it (so the break callback runs when it closes).
     accepted: AtomicBool,
+    rndv: rndv::ConnRndv<D>,
 }
 
 /// A request being handled. Read its arguments with [`Request::args`]; answer with
@@ -404,6 +435,8 @@ pub struct Request<D: Device + Clone> {
     args: (u32, u32),
     header: RequestHeader,
     done: bool,
+    /// Rendezvous state: gathered arguments, the client's response buffer (`None`: eager).
+    rndv: Option<Box<rndv::ReqRndv<D::Region>>>,
 }
 
 impl<D: Device + Clone> std::fmt::Debug for Request<D> {
@@ -454,13 +487,36 @@ impl<D: Device + Clone> Request<D> {
         !self.header.no_response
     }
 
-    /// Largest response data that fits the client's message size.
+    /// Largest response data: what fits the client's message size, or the client's response
+    /// buffer if it named a larger one (rendezvous response).
     pub fn max_response(&self) -> usize {
-        self.conn.client_msg.min(self.conn.ep.msg_size) - ResponseHeader::LEN
+        self.inline_max().max(self.response_capacity().unwrap_or(0))
     }
 
-    /// The inline arguments, borrowed from the receive buffer (no copy).
+    /// Largest response data sent inline (after the rendezvous prefix, if the request has one).
+    fn inline_max(&self) -> usize {
+        self.conn.client_msg.min(self.conn.ep.msg_size) - ResponseHeader::LEN - self.prefix_len()
+    }
+
+    fn prefix_len(&self) -> usize {
+        if self.header.response_descriptor {
+            wire::RNDV_PREFIX_LEN
+        } else {
+            0
+        }
+    }
+
+    /// The arguments: inline, borrowed from the receive buffer (no copy), or for a rendezvous
+    /// request the gathered bytes the server READ (see [`Request::segments`]).
     pub fn args(&self) -> &[u8] {
+        if let Some(a) = self.rndv_args() {
+            return a;
+        }
+        self.inline_args()
+    }
+
+    /// The inline arguments (after the descriptors) of the request message.
+    pub fn inline_args(&self) -> &[u8] {
         let (off, len) = self.args;
         // SAFETY: this request owns receive buffer `buf` until it is re-posted, which happens
         // only when the request is consumed (reply or drop), after every borrow of `self` ends.
@@ -475,6 +531,9 @@ impl<D: Device + Clone> Request<D> {
 
     /// Replies with `status` and `data`.
     pub fn reply_status(self, status: Status, data: &[u8]) -> Result<(), RpcError> {
+        if self.wants_large_reply(data.len()) {
+            return rndv::reply_large(self, status, rndv::Source::Copy(data));
+        }
         self.reply_with(status, |_, out| {
             out.get_mut(..data.len()).map(|o| o.copy_from_slice(data)).map(|()| data.len()).ok_or(data.len())
         })
@@ -522,11 +581,15 @@ impl<D: Device + Clone> Request<D> {
                 return Err(e);
             }
         };
-        let limit = self.max_response() + ResponseHeader::LEN;
+        let prefix = self.prefix_len();
+        let limit = self.inline_max() + ResponseHeader::LEN;
         // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
         let out = unsafe { conn.ep.send_buf(tx) };
-        let out = &mut out[..limit];
+        let out = &mut out[..limit + prefix];
         let (header_bytes, body) = out.split_at_mut(ResponseHeader::LEN);
+        // A rendezvous request's response starts with the written length: 0, the data is inline.
+        let (prefix_bytes, body) = body.split_at_mut(prefix);
+        prefix_bytes.fill(0);
         // `fill` is the caller's code: if it panics, the context and the buffer must still go
         // back, so the panic is held until the request has been answered. AssertUnwindSafe:
         // after a panic `body` is not read (the response carries no data).
@@ -556,7 +619,7 @@ impl<D: Device + Clone> Request<D> {
             req_id: self.header.req_id,
             channel: conn.channel_id,
             function_defined: self.header.function_defined,
-            total_size: (ResponseHeader::LEN + len) as u32,
+            total_size: (ResponseHeader::LEN + prefix + len) as u32,
         };
         let sent = if let Err(e) = header.encode(header_bytes) {
             conn.release(self.buf, true);
@@ -574,7 +637,7 @@ impl<D: Device + Clone> Request<D> {
                 ];
                 trace("reply", &args);
             }
-            match conn.send(self.queue, tx, ResponseHeader::LEN + len) {
+            match conn.send(self.queue, tx, ResponseHeader::LEN + prefix + len) {
                 Ok(()) => {
                     bump(&conn.counters.responses);
                     result
@@ -746,7 +809,10 @@ impl<D: Device + Clone> Conn<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_send(&mut wc);
         for c in &wc[..n] {
-            let tx = TxHandle::from_u64(c.wr_id);
+            let tx = TxHandle::from_u64(c.wr_id & !rndv::RNDV_TAG);
+            if c.wr_id & rndv::RNDV_TAG != 0 {
+                self.rndv_completed(tx.index, c.status);
+            }
             if c.status.is_ok() {
                 let _ = self.ep.tx.complete(tx, Event::SendCqe);
             } else if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
@@ -763,6 +829,7 @@ impl<D: Device + Clone> Conn<D> {
                 }
             }
         }
+        self.rndv_poll();
         n
     }
 
@@ -813,13 +880,9 @@ impl<D: Device + Clone> Conn<D> {
         // `Request` built below) only after `bytes` is last used.
         let bytes = unsafe { self.ep.recv_bytes(buf, c.byte_len as usize) };
         let view = match wire::parse(bytes) {
-            Ok(Parsed::Request(v)) if v.header.channel == self.channel_id && v.header.arg_dma_count == 0 => v,
-            Ok(Parsed::Request(v)) if v.header.channel != self.channel_id => {
+            Ok(Parsed::Request(v)) if v.header.channel == self.channel_id => v,
+            Ok(Parsed::Request(v)) => {
                 self.protocol_error(&format_args!("a request for channel {}", v.header.channel));
-                return self.release(buf, true);
-            }
-            Ok(Parsed::Request(_)) => {
-                self.protocol_error(&"a request with DMA descriptors (rendezvous is not supported yet)");
                 return self.release(buf, true);
             }
             Ok(other) => {
@@ -845,10 +908,30 @@ impl<D: Device + Clone> Conn<D> {
         }
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
         let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
-        let request = Request { conn: self.clone(), buf, queue, epoch, args, header, done: false };
+        let request =
+            Request { conn: self.clone(), buf, queue, epoch, args, header, done: false, rndv: None };
         if liveness::is_probe(header.function) {
             return self.on_probe(request);
         }
+        if header.arg_dma_count > 0 {
+            // Rendezvous: the handler runs once the arguments are pulled (`rndv.rs`).
+            return self.rndv_start(request, view.descriptors);
+        }
+        self.dispatch(request);
+        if traced_at != 0 && trace::is_enabled() {
+            let args = [
+                ("function", header.function.raw().into()),
+                ("req_id", header.req_id.into()),
+                ("channel", self.channel_id.into()),
+                ("queue", queue.into()),
+            ];
+            trace::span(TRACK, "request", traced_at, &args);
+        }
+    }
+
+    /// Runs the handler of `request` (or answers FUNCTION_ERR).
+    fn dispatch(self: &Arc<Self>, request: Request<D>) {
+        let header = request.header;
         match self.functions.get(header.function) {
             Some(handler) => {
                 // A panicking handler must not take the worker (and every connection on it)
@@ -867,15 +950,6 @@ impl<D: Device + Clone> Conn<D> {
                 bump(&self.counters.unknown_functions);
                 let _ = request.reply_status(Status::FunctionErr, &[]);
             }
-        }
-        if traced_at != 0 && trace::is_enabled() {
-            let args = [
-                ("function", header.function.raw().into()),
-                ("req_id", header.req_id.into()),
-                ("channel", self.channel_id.into()),
-                ("queue", queue.into()),
-            ];
-            trace::span(TRACK, "request", traced_at, &args);
         }
     }
 
@@ -927,6 +1001,7 @@ impl<D: Device + Clone> Conn<D> {
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
         }
+        self.rndv_close();
         if self.accepted.load(Ordering::Acquire) {
             self.fire_break(reason);
         }
@@ -1085,6 +1160,12 @@ impl<D: Device + Clone> Server<D> {
     /// [`ServerConfig::memory_limit`]).
     pub fn registered_bytes(&self) -> u64 {
         lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered).sum()
+    }
+
+    /// Rendezvous counters, and the rendezvous memory held over all open connections.
+    pub fn rndv_stats(&self) -> RndvStats {
+        let in_use = lock(&self.inner.conns).iter().map(|c| c.rndv.in_use()).sum();
+        self.inner.counters.rndv.snapshot(in_use)
     }
 
     /// Send contexts in use over all open connections (0 when idle: nothing leaked).
@@ -1368,7 +1449,17 @@ impl<D: Device + Clone> ServerInner<D> {
         let ep = Endpoint::new(&self.device, sizes)?;
         ep.connect(&hello.queues)?;
         let channel_id = self.next_channel.fetch_add(1, Ordering::Relaxed) & wire::MAX_CHANNEL_ID;
+        let rndv = rndv::ConnRndv::new(
+            &self.device,
+            self.functions.rndv_alloc.clone(),
+            self.config.rndv_memory_limit,
+            &self.config.queue_config,
+            n,
+            window,
+            ep.tx.capacity(),
+        );
         Ok(Arc::new_cyclic(|me| Conn {
+            rndv,
             ep,
             channel_id,
             client_info: hello.client_info.clone(),

@@ -15,7 +15,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0 | bits 0-3 type (0 = REQ), bits 4-7 version |
-//! | 1 | bits 0-4 `arg_dma_count`, bit 5 no response expected (bypass; reserved in URPC), bit 6 reserved, bit 7 ack requested |
+//! | 1 | bits 0-4 `arg_dma_count`, bit 5 no response expected (bypass; reserved in URPC), bit 6 the last descriptor is the response buffer (bypass; reserved in URPC), bit 7 ack requested |
 //! | 2-7 | function id, 48 bits ([`FunctionId`]) |
 //! | 8-11 | `req_total_size`: every byte of the message, header and descriptors included |
 //! | 12-15 | `req_id` |
@@ -88,6 +88,12 @@ pub const MAX_CHANNEL_ID: u32 = (1 << 24) - 1;
 
 /// Most DMA descriptors a request can carry (`arg_dma_count` is 5 bits).
 pub const MAX_DMA_DESCRIPTORS: usize = 31;
+
+/// Length of the prefix of a response to a request with
+/// [`RequestHeader::response_descriptor`] set: a little-endian u32, the number of response bytes
+/// the server RDMA-wrote at the start of the client's response buffer (0: the response data, if
+/// any, follow the prefix inline).
+pub const RNDV_PREFIX_LEN: usize = 4;
 
 /// The `req_id_range` value URPC always sends: the message covers exactly one request id.
 pub const REQ_ID_RANGE_SINGLE: u16 = 1;
@@ -485,6 +491,11 @@ pub struct RequestHeader {
     /// (`EARLY_RSP` and `ACK | EARLY_RSP` calls). URPC peers write 0 here and ignore it on read,
     /// so a URPC client's requests all read as "response expected".
     pub no_response: bool,
+    /// Bit 6 of byte 1 (reserved in URPC, a bypass extension): the last of the `arg_dma_count`
+    /// descriptors is not an argument but the client's registered response buffer, which the
+    /// server may RDMA WRITE the response data into (rendezvous response, see `docs/protocol.md`).
+    /// The response to such a request starts with a 4-byte written length ([`RNDV_PREFIX_LEN`]).
+    pub response_descriptor: bool,
     /// The function to call.
     pub function: FunctionId,
     /// `req_total_size`: every byte of the message, header and descriptors included. At least
@@ -505,6 +516,7 @@ impl RequestHeader {
     const DMA_COUNT_MASK: u8 = 0x1F;
     const ACK_BIT: u8 = 0x80;
     const NO_RSP_BIT: u8 = 0x20;
+    const RSP_DESC_BIT: u8 = 0x40;
 
     /// Header plus descriptors: the smallest `total_size` consistent with `arg_dma_count`.
     pub const fn min_total_size(&self) -> usize {
@@ -526,7 +538,8 @@ impl RequestHeader {
         b[0] = type_byte(MsgType::Req);
         b[1] = self.arg_dma_count
             | if self.ack_requested { Self::ACK_BIT } else { 0 }
-            | if self.no_response { Self::NO_RSP_BIT } else { 0 };
+            | if self.no_response { Self::NO_RSP_BIT } else { 0 }
+            | if self.response_descriptor { Self::RSP_DESC_BIT } else { 0 };
         b[2..8].copy_from_slice(&self.function.to_le_bytes());
         b[8..12].copy_from_slice(&self.total_size.to_le_bytes());
         b[12..16].copy_from_slice(&self.req_id.to_le_bytes());
@@ -549,6 +562,7 @@ impl RequestHeader {
             arg_dma_count: b[1] & Self::DMA_COUNT_MASK,
             ack_requested: b[1] & Self::ACK_BIT != 0,
             no_response: b[1] & Self::NO_RSP_BIT != 0,
+            response_descriptor: b[1] & Self::RSP_DESC_BIT != 0,
             function: FunctionId::from_le_bytes([b[2], b[3], b[4], b[5], b[6], b[7]]),
             total_size: u32::from_le_bytes([b[8], b[9], b[10], b[11]]),
             req_id: u32::from_le_bytes([b[12], b[13], b[14], b[15]]),
@@ -940,6 +954,7 @@ mod tests {
             arg_dma_count: 0,
             ack_requested: true,
             no_response: false,
+            response_descriptor: false,
             function: FunctionId::from_raw(0x0028_0100_0004).unwrap(),
             total_size: 100,
             req_id: 0xAABB_CCDD,
@@ -961,6 +976,18 @@ mod tests {
     }
 
     // ---- golden vectors ----
+
+    #[test]
+    fn request_response_descriptor_bit_is_bit_6_of_byte_1() {
+        let mut out = [0u8; 20];
+        let h = RequestHeader { response_descriptor: true, arg_dma_count: 1, total_size: 36, ..golden_req() };
+        h.encode(&mut out).unwrap();
+        assert_eq!(out[1], 0x80 | 0x40 | 1);
+        assert_eq!(RequestHeader::decode(&out).unwrap(), h);
+        let mut out = [0u8; 20];
+        golden_req().encode(&mut out).unwrap();
+        assert_eq!(out[1] & 0x40, 0, "bit 6 stays 0 unless set");
+    }
 
     #[test]
     fn golden_request_encodes_exactly() {
@@ -1227,10 +1254,14 @@ mod tests {
     }
 
     #[test]
-    fn request_reserved_bit_is_ignored_on_decode() {
+    fn request_bit_6_only_sets_the_response_descriptor_flag() {
+        // Bit 6 was URPC's last reserved bit of byte 1; bypass gives it to rendezvous responses.
         let mut bytes = GOLDEN_REQ;
         bytes[1] |= 0x40;
-        assert_eq!(RequestHeader::decode(&bytes), Ok(golden_req()));
+        assert_eq!(
+            RequestHeader::decode(&bytes),
+            Ok(RequestHeader { response_descriptor: true, ..golden_req() })
+        );
     }
 
     #[test]
@@ -1581,6 +1612,7 @@ mod tests {
             arg_dma_count,
             ack_requested: rng.below_u64(2) == 1,
             no_response: rng.below_u64(2) == 1,
+            response_descriptor: rng.below_u64(2) == 1,
             function: FunctionId::from_raw(rng.next() & FunctionId::MAX_RAW).unwrap(),
             total_size: (min + rng.below_u64(u64::from(u32::MAX) - min + 1)) as u32,
             req_id: rng.next() as u32,

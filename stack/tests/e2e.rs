@@ -1094,7 +1094,8 @@ fn queue_error_mid_flight(eng: Eng) {
     assert!(rig.channel.fail_queue(2).is_err(), "queue 2 of 2");
 }
 
-/// Scenario 8: argument sizes from 0 to the largest; one byte more is TooLarge and sends nothing.
+/// Scenario 8: argument sizes from 0 to the largest eager size; one byte more is TooLarge and
+/// sends nothing for the modes without a response, and goes by rendezvous for the others.
 fn payload_sizes(eng: Eng) {
     let rig = Rig::new(eng);
     let max = rig.channel.max_request_args();
@@ -1110,7 +1111,17 @@ fn payload_sizes(eng: Eng) {
     rig.drain();
     let (calls, requests) = (rig.channel.stats().calls, rig.server.stats().requests);
     let too_big = vec![0xAB; max + 1];
-    for m in CallMode::ALL {
+    for m in [CallMode::WaitRsp, CallMode::Ack] {
+        // By rendezvous; the echo (4077 bytes) still fits a response message (4096 - 16).
+        match rig.call(&CallOptions::mode(m), ECHO, &too_big) {
+            Ok((resp, _)) => assert!(resp == too_big, "{m:?}: the echo differs"),
+            other => {
+                panic!("{m:?}: {} bytes of arguments by rendezvous: {:?}", max + 1, other.map(|r| r.0.len()))
+            }
+        }
+    }
+    rig.drain();
+    for m in [CallMode::EarlyRsp, CallMode::AckEarlyRsp] {
         match rig.call(&CallOptions::mode(m), ECHO, &too_big) {
             Err(e @ RpcError::TooLarge { .. }) => {
                 let RpcError::TooLarge { len, max: limit, header } = e else { unreachable!() };
@@ -1128,14 +1139,12 @@ fn payload_sizes(eng: Eng) {
         }
     }
     let log = Log::default();
+    let early = CallOptions::mode(CallMode::EarlyRsp);
     assert!(matches!(
-        rig.channel.call_callback(&CallOptions::default(), ECHO, &too_big, log.cb(0)),
+        rig.channel.call_callback(&early, ECHO, &too_big, log.cb(0)),
         Err(RpcError::TooLarge { .. })
     ));
-    assert!(matches!(
-        rig.channel.call_future(&CallOptions::default(), ECHO, &too_big),
-        Err(RpcError::TooLarge { .. })
-    ));
+    assert!(matches!(rig.channel.call_future(&early, ECHO, &too_big), Err(RpcError::TooLarge { .. })));
     // The largest response the client accepts.
     let (resp, _) = rig.call(&CallOptions::default(), BIG, b"").expect("BIG");
     assert_eq!(resp.len(), 4096 - 16);
@@ -1143,9 +1152,13 @@ fn payload_sizes(eng: Eng) {
     rig.drain();
     rig.settle();
     log.assert_once(0);
-    assert_eq!(rig.channel.stats().calls, calls + 1, "TooLarge calls must not be sent");
-    assert_eq!(rig.server.stats().requests, requests + 1);
-    assert_eq!(rig.hits(), 18);
+    assert_eq!(
+        rig.channel.stats().calls,
+        calls + 3,
+        "TooLarge calls must not be sent (2 rendezvous calls were)"
+    );
+    assert_eq!(rig.server.stats().requests, requests + 3);
+    assert_eq!(rig.hits(), 20, "18 eager echoes and the 2 by rendezvous");
 }
 
 /// Scenario 9: with no credit left a non-waiting call fails with WouldBlock (no callback, no
@@ -1813,7 +1826,8 @@ fn failed_calls_leave_no_stale_response(eng: Eng) {
     let prev = || b"the previous response".to_vec();
     let mut resp = prev();
     let too_big = vec![0u8; rig.channel.max_request_args() + 1];
-    let r = rig.channel.call(ECHO, &too_big, &mut resp);
+    let early = CallOptions::mode(CallMode::EarlyRsp);
+    let r = rig.channel.call_with(&early, ECHO, &too_big, &mut resp).map(drop);
     assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{r:?}");
     assert!(resp.is_empty(), "TooLarge left {resp:?}");
     resp = prev();

@@ -79,6 +79,7 @@ fn request(channel: u32, req_id: u32, function: FunctionId, args: &[u8]) -> Vec<
         arg_dma_count: 0,
         ack_requested: false,
         no_response: false,
+        response_descriptor: false,
         function,
         total_size: 0,
         req_id,

@@ -101,6 +101,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 timeout: Some(k.keepalive.limit()),
                 queue: None,
                 wait_for_credit: false,
+                ..CallOptions::default()
             };
             let args = k.keepalive.probe_args();
             match self.start(&opts, FunctionId::KEEPALIVE, &args, Sink::Shot(shot.clone())) {

@@ -76,9 +76,9 @@ const NO_FUNCTION: FunctionId = match FunctionId::new(0, 0, false, 0) {
 /// use of it whatever the caller does meanwhile.
 #[derive(Debug)]
 pub struct LocalRange<'a, R> {
-    region: &'a Arc<R>,
-    offset: usize,
-    len: usize,
+    pub(crate) region: &'a Arc<R>,
+    pub(crate) offset: usize,
+    pub(crate) len: usize,
 }
 
 impl<'a, R: MemoryRegion> LocalRange<'a, R> {
@@ -204,6 +204,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             timeout: opts.timeout,
             queue: opts.queue,
             wait_for_credit: opts.wait,
+            ..CallOptions::default()
         };
         let deadline = self.deadline_of(&call_opts);
         let q = self.pick_queue(opts.queue)?;

@@ -161,8 +161,10 @@ pub fn futures_every_mode<E: Env>(env: &E) {
 }
 
 /// The largest response the client accepts (message size less the 16-byte response header)
-/// arrives whole through each delivery; a request one byte over the largest fails at once with
-/// `TooLarge` in every mode and delivery and sends nothing.
+/// arrives whole through each delivery. Arguments one byte over the largest eager size fail at
+/// once with `TooLarge` in the modes without a response, in every delivery, and send nothing; in
+/// WAIT_RSP and ACK they go by rendezvous (RDMA READ); an echo too large for a response message
+/// comes back by RDMA WRITE into a response buffer the call names (REMOTE_LEN_ERR without one).
 pub fn message_size_limits<E: Env>(env: &E) {
     let rig = Rig::new(env);
     let biggest =
@@ -188,7 +190,25 @@ pub fn message_size_limits<E: Env>(env: &E) {
     let (calls, requests) = (rig.stats().calls, rig.server().stats().requests);
     let max = rig.channel.max_request_args();
     let too_big = vec![0xA5; max + 1];
-    for mode in CallMode::ALL {
+    let large: Vec<u8> = (0..3 * max + 5).map(|i| (i % 253) as u8).collect();
+    for mode in [CallMode::WaitRsp, CallMode::Ack] {
+        // One byte over: the arguments are READ, the echo still fits a response message.
+        let mut resp = Vec::new();
+        rig.channel.call_with(&CallOptions::mode(mode), ECHO, &too_big, &mut resp).expect("rendezvous echo");
+        assert!(resp == too_big, "{mode:?}: the rendezvous echo differs");
+        // Larger: READ, and the echo written into the call's response buffer.
+        let opts = CallOptions { max_response: large.len(), ..CallOptions::mode(mode) };
+        rig.channel.call_with(&opts, ECHO, &large, &mut resp).expect("rendezvous echo, large");
+        assert!(resp == large, "{mode:?}: the large rendezvous echo differs");
+        let r = rig.channel.call_with(&CallOptions::mode(mode), ECHO, &large, &mut resp);
+        assert!(
+            matches!(r, Err(RpcError::Status(Status::RemoteLenErr))),
+            "{mode:?} no response buffer: {r:?}"
+        );
+    }
+    rig.drain();
+    let (calls, requests) = (calls + 6, requests + 6);
+    for mode in [CallMode::EarlyRsp, CallMode::AckEarlyRsp] {
         let opts = CallOptions::mode(mode);
         let mut resp = Vec::new();
         let r = rig.channel.call_with(&opts, ECHO, &too_big, &mut resp);
