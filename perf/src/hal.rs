@@ -253,9 +253,7 @@ where
     let server_thread = std::thread::Builder::new()
         .name("perf-hal-server".into())
         .spawn(move || -> Res<()> {
-            if let Some(cpu) = server_cpu {
-                bypass::pin_current_thread(cpu).map_err(|e| format!("--pin: CPU {cpu}: {e}"))?;
-            }
+            crate::affinity::place_server_thread(server_cpu)?;
             loop {
                 let n = if spin { passive.step()? } else { 0 };
                 if n == 0 && stop2.load(Ordering::Acquire) {

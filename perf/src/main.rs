@@ -9,11 +9,13 @@
 //! cargo run --release -p bypass-perf -- -t rate --mode all -w 64 --json
 //! ```
 
+mod affinity;
 mod cli;
 mod hal;
 mod progress;
 mod report;
 mod rpc;
+mod samples;
 mod stats;
 mod tcp;
 
@@ -29,8 +31,10 @@ const BOUNCE_ITERS: u64 = 500_000;
 const BOUNCE_LIMIT: std::time::Duration = std::time::Duration::from_millis(300);
 
 fn main() {
+    affinity::save_original();
     let args = Args::try_parse().unwrap_or_else(|e| usage_error(e));
-    let plan = match cli::plan(&args).and_then(|p| check_pins(&p).map(|()| p)) {
+    let plan = match cli::plan(&args).and_then(|p| check_pins(&p).and_then(|()| check_trace(&p)).map(|()| p))
+    {
         Ok(p) => p,
         Err(e) => usage_error(Args::command().error(clap::error::ErrorKind::ValueValidation, e)),
     };
@@ -127,6 +131,17 @@ fn check_pins(plan: &Plan) -> Result<(), String> {
             .map_err(|e| format!("--pin: CPU {cpu}: {e}"))?;
     }
     Ok(())
+}
+
+/// Checks that `--trace`'s file can be written before anything runs, rather than failing after
+/// the whole measurement.
+fn check_trace(plan: &Plan) -> Result<(), String> {
+    match &plan.trace {
+        Some(path) => std::fs::File::create(path)
+            .map(drop)
+            .map_err(|e| format!("--trace: cannot write {}: {e}", path.display())),
+        None => Ok(()),
+    }
 }
 
 /// Opens `--backend` (for the simulator, with `--engine`).

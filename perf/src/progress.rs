@@ -2,6 +2,7 @@
 //! a measurement has run for a second (short runs never show one). It is drawn from the measuring
 //! thread itself, at most a few times a second (no extra thread competing for the CPUs).
 
+use crate::samples::Samples;
 use crate::stats::{Budget, Clock, Latency};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
@@ -79,14 +80,14 @@ pub fn time_round_trips<E>(
     mut round_trip: impl FnMut() -> Result<(), E>,
 ) -> Result<Latency, E> {
     const TICK: u64 = 4096;
-    let mut samples: Vec<u64> = Vec::with_capacity(budget.iters().unwrap_or(1 << 20).min(1 << 24) as usize);
+    let mut samples = Samples::new(budget.iters());
     let clock = Clock::start(budget);
     let mut prev = clock.start;
     let mut n = 0u64;
     while clock.more(n, Some(prev)) {
         round_trip()?;
         let now = std::time::Instant::now();
-        samples.push(now.duration_since(prev).as_nanos() as u64);
+        samples.record(now.duration_since(prev).as_nanos() as u64);
         prev = now;
         n += 1;
         if n % TICK == 0 {
@@ -94,5 +95,5 @@ pub fn time_round_trips<E>(
         }
     }
     let secs = prev.duration_since(clock.start).as_secs_f64();
-    Ok(Latency::from_samples(&mut samples, secs))
+    Ok(samples.summary(secs))
 }

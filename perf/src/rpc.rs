@@ -73,7 +73,10 @@ fn start_server<D: Device + Clone>(nic: &D, addr: &str, plan: &Plan) -> Res<Serv
             .clamp(bypass::DEFAULT_RNDV_MEMORY_LIMIT, 4 << 30),
         ..ServerConfig::new("bypass-perf")
     };
-    Server::bind(nic, addr, server_config, functions).map_err(|e| format!("start the server at {addr}: {e}"))
+    // Its workers pin themselves to `--pin`'s server CPU, or run where the process may; they must
+    // not inherit the client's pin from this thread.
+    crate::affinity::unpinned(|| Server::bind(nic, addr, server_config, functions))
+        .map_err(|e| format!("start the server at {addr}: {e}"))
 }
 
 /// `--server ADDR`: serves the benchmark's functions until the process is killed.

@@ -45,9 +45,7 @@ pub fn run(
     let server = std::thread::Builder::new()
         .name("perf-tcp-server".into())
         .spawn(move || -> Res<()> {
-            if let Some(cpu) = server_cpu {
-                bypass::pin_current_thread(cpu).map_err(|e| format!("--pin: CPU {cpu}: {e}"))?;
-            }
+            crate::affinity::place_server_thread(server_cpu)?;
             for _ in 0..phases {
                 let (s, _) = listener.accept().map_err(io("accept"))?;
                 s.set_nodelay(true).map_err(io("nodelay"))?;

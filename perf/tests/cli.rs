@@ -221,6 +221,7 @@ fn bad_arguments_give_one_error_line_and_the_usage() {
         &["--level", "hal", "--mode", "ack"],
         &["--pin", "100000"],
         &["-s", "lots"],
+        &["--trace", "/nonexistent-dir/bypass-trace.json"],
     ] {
         let o = perf(args);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -235,6 +236,12 @@ fn bad_arguments_give_one_error_line_and_the_usage() {
     assert!(stderr(&o).contains("in-process wire cannot reach another process"), "{}", stderr(&o));
     let o = perf(&["--backend", "verbs"]);
     assert!(stderr(&o).contains("not compiled in"), "{}", stderr(&o));
+    let o = perf(&["--trace", "/nonexistent-dir/bypass-trace.json"]);
+    assert!(
+        stderr(&o).contains("--trace: cannot write /nonexistent-dir/bypass-trace.json"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// `--server` in one process, `--client` in another, on the simulator's UDP wire: the client
