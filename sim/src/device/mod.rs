@@ -11,6 +11,7 @@
 
 pub(crate) mod keys;
 pub(crate) mod qp;
+mod read_res;
 #[cfg(all(test, not(loom)))]
 mod transport_tests;
 
@@ -58,6 +59,12 @@ pub struct NicStats {
     /// ACKs, NAKs and READ responses for PSNs that are not outstanding (from before a reset, or
     /// duplicated), dropped.
     pub stale_responses: u64,
+    /// Duplicate READ requests for a READ the responder no longer has a resource for (older
+    /// than its last `max_dest_rd_atomic` READs, or asking for another range), dropped.
+    pub duplicate_reads_dropped: u64,
+    /// READ responses that did not fit the request (a READ response for a SEND or WRITE, wrong
+    /// FIRST/LAST flags, a wrong segment length): the request failed with `BadResponse`.
+    pub bad_responses: u64,
     /// Byte wires: datagrams or frames that were not valid RoCEv2 packets (short, bad ICRC,
     /// unknown opcode, bad lengths), dropped before reaching any queue.
     pub rx_malformed: u64,

@@ -15,6 +15,7 @@
 //! the one that failed, which carries its own error), and keeps flushing anything posted later.
 
 use super::keys::KeyFault;
+use super::read_res::ReadResources;
 use super::{Ctx, TxDesc};
 use crate::clock::{Nanos, NEVER};
 use crate::layout::{self, cqe_flags, Cqe, Wqe, WqeOp, BLOCK, MAX_SGE, WQE_HEADER};
@@ -152,6 +153,8 @@ pub(crate) struct QpCtx {
     /// acknowledges every [`ACK_EVERY`] of them, not only the last, so a long message over a
     /// lossy wire shows progress (rxe asks for an ACK every 128 packets the same way).
     segs_unacked: u32,
+    /// The READs answered lately, for duplicates (`max_dest_rd_atomic` of them).
+    reads_answered: ReadResources,
     /// A CQE of this queue found its CQ full (see `take_cq_overflow`).
     cq_overflowed: std::cell::Cell<bool>,
 }
@@ -201,6 +204,7 @@ impl QpCtx {
             cur_write: None,
             nak_seq_sent: false,
             segs_unacked: 0,
+            reads_answered: ReadResources::new(cfg.max_dest_rd_atomic),
             cq_overflowed: std::cell::Cell::new(false),
             shared,
         }
@@ -221,6 +225,7 @@ impl QpCtx {
         self.acked = psn_add(psn, PSN_MASK);
         self.epsn = peer.psn;
         self.segs_unacked = 0;
+        self.reads_answered.clear();
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
         self.nak_seq_sent = false;
@@ -868,10 +873,26 @@ impl QpCtx {
             self.send_cqe(&op.wqe, op.len, Status::Success);
         }
         let Some(op) = self.ops.front().copied() else { return };
-        if op.wqe.op != WqeOp::Read || psn_offset(hdr.psn, op.first_psn) != op.resp_got {
+        if op.wqe.op != WqeOp::Read {
+            // A READ response at the PSN of a SEND or WRITE: the responder answered something
+            // that was never asked (IBA: bad response, the requester's queue goes to ERROR).
+            ctx.stats.bad_responses += 1;
+            self.fail_front(ctx, Status::BadResponse);
+            return;
+        }
+        if psn_offset(hdr.psn, op.first_psn) != op.resp_got {
             return; // a duplicate or a gap: go-back-N recovers
         }
         let off = u64::from(op.resp_got) * u64::from(ctx.mtu);
+        // The expected segment: FIRST (at the start, or where a re-request restarted), MIDDLE,
+        // LAST exactly at the end, every segment but the last a full MTU.
+        let expect_len = (op.len - off.min(op.len)).min(u64::from(ctx.mtu));
+        let expect_last = op.resp_got + 1 == op.npkts;
+        if hdr.last != expect_last || (op.resp_got == 0 && !hdr.first) || payload.len() as u64 != expect_len {
+            ctx.stats.bad_responses += 1;
+            self.fail_front(ctx, Status::BadResponse);
+            return;
+        }
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
         match ctx.resolve_span(
             &self.shared.sq,
@@ -940,8 +961,19 @@ impl QpCtx {
         if d < 0 {
             ctx.stats.duplicates += 1;
             if hdr.kind == PacketKind::ReadRequest {
-                // A duplicate READ is answered again (the first answer may have been lost).
-                if self.execute_read(ctx, hdr).is_err() {
+                // A duplicate READ is answered again (the first answer may have been lost) if it
+                // is one of the READs the responder still has a resource for; the memory is
+                // checked again. Otherwise it is dropped, as rxe does.
+                let covered = self.reads_answered.covers(
+                    hdr.psn,
+                    hdr.remote_addr,
+                    hdr.rkey,
+                    u64::from(hdr.dma_len),
+                    ctx.mtu,
+                );
+                if !covered {
+                    ctx.stats.duplicate_reads_dropped += 1;
+                } else if self.execute_read(ctx, hdr).is_err() {
                     self.reply(ctx, Syndrome::NakRemoteAccess, hdr.psn);
                 }
             } else {
@@ -960,8 +992,16 @@ impl QpCtx {
         match hdr.kind {
             PacketKind::Send => self.on_send(ctx, hdr, payload),
             PacketKind::Write => self.on_write(ctx, hdr, payload),
+            // A queue with no READ resources (max_dest_rd_atomic 0) may not be read from.
+            PacketKind::ReadRequest if !self.reads_answered.enabled() => {
+                self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn)
+            }
             PacketKind::ReadRequest => match self.execute_read(ctx, hdr) {
-                Ok(n) => self.epsn = psn_add(self.epsn, n),
+                Ok(n) => {
+                    let len = u64::from(hdr.dma_len);
+                    self.reads_answered.record(hdr.psn, n, hdr.remote_addr, hdr.rkey, len);
+                    self.epsn = psn_add(self.epsn, n);
+                }
                 Err(_) => self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn),
             },
             PacketKind::ReadResponse | PacketKind::Ack => {}

@@ -216,3 +216,138 @@ fn a_long_message_over_a_lossy_wire_keeps_its_retry_budget() {
         assert_eq!((wc[0].status, wc[0].byte_len), (Status::Success, 1 << 20));
     }
 }
+
+impl Rig {
+    /// Injects a READ response segment from the peer, then runs to idle.
+    fn read_response(&self, psn: u32, first: bool, last: bool, len: u32) {
+        let hdr = PacketHeader {
+            src_nic: self.b.addr(),
+            dst_nic: self.a.addr(),
+            src_qpn: self.peer_qpn,
+            dst_qpn: self.q.qpn(),
+            kind: PacketKind::ReadResponse,
+            first,
+            last,
+            psn: psn & PSN_MASK,
+            payload_len: len,
+            ..Default::default()
+        };
+        assert!(self.a.nic.port.push(&hdr, &mut |b: &mut [u8]| b.fill(9)));
+        self.fabric.run_until_idle();
+    }
+}
+
+/// A READ response that does not fit what was asked — at the PSN of a SEND, LAST too early,
+/// a short middle segment, no FIRST at the start — fails the request with `BadResponse` and
+/// puts the queue in ERROR, as IBA's bad-response rule (mlx5 reports IBV_WC_BAD_RESP_ERR).
+#[test]
+fn a_read_response_that_does_not_fit_is_a_bad_response() {
+    // (READ length, or None for a SEND; the response's first, last, length)
+    let cases: [(Option<u64>, bool, bool, u32); 4] = [
+        (None, true, true, 8),          // a READ response for a SEND
+        (Some(6000), true, true, 4096), // LAST on the first of two segments
+        (Some(6000), true, false, 100), // a first segment shorter than the MTU
+        (Some(100), false, true, 100),  // an only segment without FIRST
+    ];
+    for (i, (read, first, last, len)) in cases.into_iter().enumerate() {
+        let mut r = rig(QueueConfig::default());
+        let remote = r.target.remote();
+        let sge = [r.local.sge(0, read.unwrap_or(8) as usize).unwrap()];
+        let wr = match read {
+            Some(_) => SendWr::send(1, &sge).with_op(SendOp::Read(remote.at(0))),
+            None => SendWr::send(1, &sge),
+        };
+        r.q.post_send(&[wr]).unwrap();
+        r.fabric.run_until_idle();
+        r.read_response(r.psn(0), first, last, len);
+        assert_eq!(r.completions(), [(1, Status::BadResponse)], "case {i}");
+        assert_eq!(r.q.state(), QueueState::Error, "case {i}");
+        assert_eq!(r.a.stats().bad_responses, 1, "case {i}");
+    }
+    // The positive control: the right two segments complete the READ.
+    let mut r = rig(QueueConfig::default());
+    let sge = [r.local.sge(0, 6000).unwrap()];
+    r.q.post_send(&[SendWr::send(1, &sge).with_op(SendOp::Read(r.target.remote().at(0)))]).unwrap();
+    r.fabric.run_until_idle();
+    r.read_response(r.psn(0), true, false, 4096);
+    r.read_response(r.psn(1), false, true, 6000 - 4096);
+    assert_eq!(r.completions(), [(1, Status::Success)]);
+    assert_eq!(r.a.stats().bad_responses, 0);
+}
+
+/// Two connected queues on a Stepped fabric; the responder `b` with `dest_reads` READ resources.
+fn pair(
+    dest_reads: u8,
+) -> (Fabric, SimNic, SimNic, [<SimNic as Device>::Cq; 2], [<SimNic as Device>::Queue; 2]) {
+    let fabric = Fabric::new(Engine::Stepped { seed: 5 });
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let (ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let mut cfg = QueueConfig::default();
+    let mut qa = a.create_queue(&cfg, &ca, &ca).unwrap();
+    cfg.max_dest_rd_atomic = dest_reads;
+    let mut qb = b.create_queue(&cfg, &cb, &cb).unwrap();
+    let (ia, ib) = (qa.info(), qb.info());
+    qa.connect(&ib).unwrap();
+    qb.connect(&ia).unwrap();
+    (fabric, a, b, [ca, cb], [qa, qb])
+}
+
+/// A responder with `max_dest_rd_atomic` 0 may not be read from: NAK invalid request, the
+/// requester's READ fails with RemoteInvalidRequest and both queues go to ERROR (rxe:
+/// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
+#[test]
+fn a_responder_without_read_resources_refuses_reads() {
+    let (fabric, a, b, [mut ca, _cb], [mut qa, qb]) = pair(0);
+    let target = b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let local = a.register(4096, Access::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, 64).unwrap()];
+    qa.post_send(&[SendWr::send(1, &sge).with_op(SendOp::Read(target.remote().at(0)))]).unwrap();
+    fabric.run_until_idle();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(ca.poll(&mut wc).unwrap(), 1);
+    assert_eq!(wc[0].status, Status::RemoteInvalidRequest);
+    assert_eq!((qa.state(), qb.state()), (QueueState::Error, QueueState::Error));
+}
+
+/// A duplicate READ is answered again only while the responder still remembers it (its last
+/// `max_dest_rd_atomic` READs); an older one is dropped.
+#[test]
+fn duplicate_reads_are_answered_only_inside_the_responders_window() {
+    let (fabric, a, b, [mut ca, _cb], [mut qa, qb]) = pair(1);
+    let target = b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let local = a.register(4096, Access::LOCAL_WRITE).unwrap();
+    let first = qa.info().psn;
+    let sges = [[local.sge(0, 64).unwrap()], [local.sge(64, 64).unwrap()]];
+    let remote = target.remote();
+    let wrs = [
+        SendWr::send(1, &sges[0]).with_op(SendOp::Read(remote.at(0))),
+        SendWr::send(2, &sges[1]).with_op(SendOp::Read(remote.at(64))),
+    ];
+    qa.post_send(&wrs).unwrap();
+    fabric.run_until_idle();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(ca.poll(&mut wc).unwrap(), 2);
+    let duplicate = |psn: u32, addr: u64| {
+        let hdr = PacketHeader {
+            src_nic: a.addr(),
+            dst_nic: b.addr(),
+            src_qpn: qa.qpn(),
+            dst_qpn: qb.qpn(),
+            kind: PacketKind::ReadRequest,
+            psn: psn & PSN_MASK,
+            remote_addr: addr,
+            rkey: remote.key.rkey(),
+            dma_len: 64,
+            ..Default::default()
+        };
+        let before = b.stats().tx_responses;
+        assert!(b.nic.port.push(&hdr, &mut |_| {}));
+        fabric.run_until_idle();
+        b.stats().tx_responses - before
+    };
+    assert_eq!(duplicate(first.wrapping_add(1), remote.addr + 64), 1, "the last READ is replayed");
+    assert_eq!(duplicate(first, remote.addr), 0, "the READ before it is forgotten");
+    assert_eq!(b.stats().duplicate_reads_dropped, 1);
+    assert_eq!(duplicate(first.wrapping_add(1), remote.addr), 0, "a replay must ask for the same range");
+    assert_eq!(qb.state(), QueueState::Ready, "dropping a duplicate is not an error");
+}
