@@ -989,6 +989,14 @@ impl QpCtx {
             return;
         }
         self.nak_seq_sent = false;
+        let in_send = self.cur_recv.is_some() && hdr.kind != PacketKind::Send;
+        let in_write = self.cur_write.is_some() && hdr.kind != PacketKind::Write;
+        if in_send || in_write {
+            // Another opcode where a SEND or WRITE's next segment belongs (IBA opcode sequence
+            // check; rxe's RESPST_CHK_OP_SEQ).
+            self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
         match hdr.kind {
             PacketKind::Send => self.on_send(ctx, hdr, payload),
             PacketKind::Write => self.on_write(ctx, hdr, payload),

@@ -351,3 +351,42 @@ fn duplicate_reads_are_answered_only_inside_the_responders_window() {
     assert_eq!(duplicate(first.wrapping_add(1), remote.addr), 0, "a replay must ask for the same range");
     assert_eq!(qb.state(), QueueState::Ready, "dropping a duplicate is not an error");
 }
+
+/// A request of another kind where the next segment of a multi-segment SEND or WRITE belongs is
+/// an invalid request: NAK, and the responder's queue goes to ERROR.
+#[test]
+fn another_opcode_inside_a_message_is_an_invalid_request() {
+    for (open, intruder) in
+        [(PacketKind::Write, PacketKind::Send), (PacketKind::Send, PacketKind::ReadRequest)]
+    {
+        let (fabric, a, b, _cqs, [qa, mut qb]) = pair(4);
+        let target =
+            b.register(1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+        qb.post_recv(&[RecvWr { wr_id: 1, sges: &[target.sge(0, 1 << 16).unwrap()] }]).unwrap();
+        let remote = target.remote();
+        let first = qa.info().psn;
+        let seg = |kind: PacketKind, k: u32, first_seg: bool| {
+            let hdr = PacketHeader {
+                src_nic: a.addr(),
+                dst_nic: b.addr(),
+                src_qpn: qa.qpn(),
+                dst_qpn: qb.qpn(),
+                kind,
+                psn: first.wrapping_add(k) & PSN_MASK,
+                first: first_seg,
+                last: kind == PacketKind::ReadRequest,
+                remote_addr: remote.addr,
+                rkey: remote.key.rkey(),
+                dma_len: 8192,
+                payload_len: if kind == PacketKind::ReadRequest { 0 } else { 4096 },
+                ..Default::default()
+            };
+            assert!(b.nic.port.push(&hdr, &mut |p: &mut [u8]| p.fill(1)));
+            fabric.run_until_idle();
+        };
+        seg(open, 0, true); // the first of two segments
+        assert_eq!(qb.state(), QueueState::Ready, "{open:?}: the first segment is fine");
+        seg(intruder, 1, true);
+        assert_eq!(qb.state(), QueueState::Error, "{intruder:?} inside a {open:?}");
+    }
+}
