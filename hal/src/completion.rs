@@ -53,6 +53,10 @@ pub enum CqOpcode {
     Write,
     /// A READ finished on the requester.
     Read,
+    /// A compare-and-swap finished on the requester (the old value is in its SGE).
+    CompareSwap,
+    /// A fetch-and-add finished on the requester (the old value is in its SGE).
+    FetchAdd,
     /// A receive consumed by an inbound SEND or SEND_IMM.
     Recv,
     /// A receive consumed by an inbound WRITE_IMM (the data went to the written region).

@@ -26,6 +26,11 @@ pub struct DeviceCaps {
     pub max_rd_atomic: u8,
     /// Most READs a queue accepts in flight as responder (verbs `max_qp_rd_atom`).
     pub max_dest_rd_atomic: u8,
+    /// Whether the device does atomics ([`SendOp::CompareSwap`](crate::SendOp::CompareSwap),
+    /// [`SendOp::FetchAdd`](crate::SendOp::FetchAdd)) atomically with respect to other NIC
+    /// operations (verbs `atomic_cap` HCA or GLOB). Posting one where this is false is
+    /// `Error::Unsupported`.
+    pub atomics: bool,
 }
 
 impl DeviceCaps {
@@ -50,6 +55,7 @@ impl DeviceCaps {
             max_region_size,
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
+            atomics: false,
         }
     }
 }

@@ -56,4 +56,4 @@ pub use event::{AsyncEvent, EventChannel};
 pub use mr::{Access, MemoryRegion, RemoteAddr, RemoteKey, RemoteRegion, Sge};
 pub use queue::{Queue, QueueConfig, QueueInfo, QueueInfoError, QueueState};
 pub use timer::{AckTimeout, RnrTimer};
-pub use wr::{RecvWr, SendOp, SendWr, WrFlags};
+pub use wr::{check_send_wr, RecvWr, SendOp, SendWr, WrFlags, ATOMIC_SIZE};

@@ -31,6 +31,9 @@ bitflags::bitflags! {
         const REMOTE_READ = 1 << 1;
         /// A peer may RDMA WRITE into the region (requires `LOCAL_WRITE`).
         const REMOTE_WRITE = 1 << 2;
+        /// A peer may do atomics (compare-and-swap, fetch-and-add) on the region's 8-byte words
+        /// (requires `LOCAL_WRITE`, as on verbs).
+        const REMOTE_ATOMIC = 1 << 3;
     }
 }
 

@@ -39,6 +39,121 @@ pub enum SendOp {
     WriteImm(RemoteAddr, u32),
     /// One-sided read of the remote range into the local SGEs.
     Read(RemoteAddr),
+    /// Atomic compare-and-swap of the 8-byte word at the remote address (8-byte aligned, in a
+    /// region with [`Access::REMOTE_ATOMIC`](crate::Access::REMOTE_ATOMIC)): if it equals
+    /// `compare` it becomes `swap`. The word's value before the operation lands in the request's
+    /// one SGE of exactly 8 bytes (which needs `LOCAL_WRITE`). Needs
+    /// [`DeviceCaps::atomics`](crate::DeviceCaps::atomics).
+    ///
+    /// Values are 64-bit integers in the byte order of the hosts (both x86_64 or aarch64 little
+    /// endian here): the responder's NIC operates on the word as its CPU would, and the result
+    /// arrives in host order, as on rxe. An unaligned remote address is refused at post
+    /// (`Error::InvalidArgument`) by every backend, as rxe's provider does (hardware that lets it
+    /// through gets a NAK invalid request from the responder instead; the hal does not leave that
+    /// difference to the device).
+    CompareSwap {
+        /// Where the word is.
+        remote: RemoteAddr,
+        /// The value it must have.
+        compare: u64,
+        /// The value it gets if it had `compare`.
+        swap: u64,
+    },
+    /// Atomic fetch-and-add on the 8-byte word at the remote address (wrapping); the value
+    /// before the addition lands in the one 8-byte SGE. Same rules as
+    /// [`CompareSwap`](SendOp::CompareSwap).
+    FetchAdd {
+        /// Where the word is.
+        remote: RemoteAddr,
+        /// What to add.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The operation's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SendOp::Send => "SEND",
+            SendOp::SendImm(_) => "SEND_IMM",
+            SendOp::Write(_) => "WRITE",
+            SendOp::WriteImm(..) => "WRITE_IMM",
+            SendOp::Read(_) => "READ",
+            SendOp::CompareSwap { .. } => "COMPARE_SWAP",
+            SendOp::FetchAdd { .. } => "FETCH_ADD",
+        }
+    }
+
+    /// The remote address of a one-sided operation.
+    pub fn remote(&self) -> Option<&RemoteAddr> {
+        match self {
+            SendOp::Send | SendOp::SendImm(_) => None,
+            SendOp::Write(r) | SendOp::WriteImm(r, _) | SendOp::Read(r) => Some(r),
+            SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => Some(remote),
+        }
+    }
+
+    /// True for the atomics.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+    }
+
+    /// True for operations that bring data back into the local SGEs (READ and the atomics):
+    /// they count against `max_rd_atomic`, wait for a FENCE, and cannot be INLINE.
+    pub fn reads_back(&self) -> bool {
+        matches!(self, SendOp::Read(_)) || self.is_atomic()
+    }
+}
+
+/// The size of an atomic operand and result.
+pub const ATOMIC_SIZE: u32 = 8;
+
+/// Checks what every backend checks before posting a send-side request: INLINE limits, the SGE
+/// count, and the atomics' rules (device support, exactly one 8-byte SGE, not INLINE, an 8-byte
+/// aligned remote address).
+pub fn check_send_wr(
+    wr: &SendWr<'_>,
+    max_inline: u32,
+    max_send_sge: u32,
+    atomics: bool,
+) -> crate::Result<()> {
+    let invalid = |m: String| Err(crate::Error::InvalidArgument(m));
+    if wr.flags.contains(WrFlags::INLINE) {
+        if wr.op.reads_back() {
+            return invalid(format!("a {} cannot be INLINE (its SGEs receive data)", wr.op.name()));
+        }
+        if wr.total_len() > u64::from(max_inline) {
+            return invalid(format!(
+                "INLINE payload of {} bytes exceeds max_inline {max_inline}",
+                wr.total_len()
+            ));
+        }
+    } else if wr.sges.len() > max_send_sge as usize {
+        return invalid(format!("{} SGEs exceed the queue's max_send_sge {max_send_sge}", wr.sges.len()));
+    }
+    if wr.op.is_atomic() {
+        if !atomics {
+            return Err(crate::Error::Unsupported(format!(
+                "this device does not do atomics ({}); see DeviceCaps::atomics",
+                wr.op.name()
+            )));
+        }
+        if wr.sges.len() != 1 || wr.sges[0].len != ATOMIC_SIZE {
+            return invalid(format!(
+                "a {} takes exactly one SGE of {ATOMIC_SIZE} bytes for the old value, not {:?}",
+                wr.op.name(),
+                wr.sges.iter().map(|s| s.len).collect::<Vec<_>>()
+            ));
+        }
+        if let Some(r) = wr.op.remote().filter(|r| r.addr % u64::from(ATOMIC_SIZE) != 0) {
+            return invalid(format!(
+                "a {} needs an 8-byte aligned remote address, not {:#x}",
+                wr.op.name(),
+                r.addr
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A send-side work request.

@@ -132,6 +132,9 @@ impl SimNic {
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             return Err(invalid("REMOTE_WRITE access requires LOCAL_WRITE"));
         }
+        if access.contains(Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+            return Err(invalid("REMOTE_ATOMIC access requires LOCAL_WRITE"));
+        }
         Ok(())
     }
 
@@ -746,27 +749,11 @@ impl Queue for SimQueue {
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
         self.need_connected("post_send")?;
         let cfg = &self.shared.config;
+        let atomics = self.nic.caps.atomics;
         let mut inline = false;
         for wr in wrs {
-            if wr.flags.contains(WrFlags::INLINE) {
-                inline = true;
-                if matches!(wr.op, SendOp::Read(_)) {
-                    return Err(invalid("a READ cannot be INLINE"));
-                }
-                if wr.total_len() > u64::from(cfg.max_inline) {
-                    return Err(invalid(format!(
-                        "INLINE payload of {} bytes exceeds max_inline {}",
-                        wr.total_len(),
-                        cfg.max_inline
-                    )));
-                }
-            } else if wr.sges.len() > cfg.max_send_sge as usize {
-                return Err(invalid(format!(
-                    "{} SGEs exceed the queue's max_send_sge {}",
-                    wr.sges.len(),
-                    cfg.max_send_sge
-                )));
-            }
+            inline |= wr.flags.contains(WrFlags::INLINE);
+            bypass_hal::check_send_wr(wr, cfg.max_inline, cfg.max_send_sge, atomics)?;
         }
         let sq = &self.shared.sq;
         if !has_room(sq, self.sq_pi, &self.shared.sq_ci, wrs.len(), "send")? {
@@ -788,12 +775,16 @@ impl Queue for SimQueue {
         }
         let stride = sq.stride();
         for wr in wrs {
-            let (op, imm, raddr) = match wr.op {
-                SendOp::Send => (WqeOp::Send, 0, Default::default()),
-                SendOp::SendImm(i) => (WqeOp::SendImm, i, Default::default()),
-                SendOp::Write(r) => (WqeOp::Write, 0, r),
-                SendOp::WriteImm(r, i) => (WqeOp::WriteImm, i, r),
-                SendOp::Read(r) => (WqeOp::Read, 0, r),
+            let (op, imm, raddr, operands) = match wr.op {
+                SendOp::Send => (WqeOp::Send, 0, Default::default(), None),
+                SendOp::SendImm(i) => (WqeOp::SendImm, i, Default::default(), None),
+                SendOp::Write(r) => (WqeOp::Write, 0, r, None),
+                SendOp::WriteImm(r, i) => (WqeOp::WriteImm, i, r, None),
+                SendOp::Read(r) => (WqeOp::Read, 0, r, None),
+                SendOp::CompareSwap { remote, compare, swap } => {
+                    (WqeOp::CompareSwap, 0, remote, Some([swap, compare]))
+                }
+                SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, remote, Some([add, 0])),
             };
             let idx = self.sq_pi;
             let buf = &mut self.wqe[..stride];
@@ -842,6 +833,9 @@ impl Queue for SimQueue {
                     wr.sges,
                     None,
                 );
+                if let Some(operands) = operands {
+                    layout::encode_atomic(buf, operands);
+                }
             }
             // SAFETY: we are the only poster (`&mut self`) and slot `idx` is free (checked above
             // against the consumer index the poller publishes).

@@ -144,15 +144,19 @@ impl FabricConfig {
             engine,
             mtu: 4096,
             inbox_depth: 256,
-            caps: DeviceCaps::new(
-                1 << 15,
-                1 << 16,
-                layout::MAX_SGE as u32,
-                layout::MAX_SGE as u32,
-                layout::MAX_INLINE as u32,
-                16 << 20,
-                1 << 40,
-            ),
+            caps: {
+                let mut caps = DeviceCaps::new(
+                    1 << 15,
+                    1 << 16,
+                    layout::MAX_SGE as u32,
+                    layout::MAX_SGE as u32,
+                    layout::MAX_INLINE as u32,
+                    16 << 20,
+                    1 << 40,
+                );
+                caps.atomics = true;
+                caps
+            },
             faults: FaultPlan::NONE,
             wire: WireConfig::InProcess,
         }

@@ -18,6 +18,10 @@
 //! | 28..32 | reserved |
 //! | 32.. | SGEs, 16 bytes each (addr u64, len u32, lkey u32), or inline data |
 //!
+//! An atomic WQE has exactly one SGE (the 8-byte result buffer); the place of a second SGE,
+//! bytes 48..64, holds its operands: swap (compare-and-swap) or addend (fetch-and-add) at 48,
+//! compare at 56.
+//!
 //! CQE, 64 bytes: a 32-bit head word written last with release ordering, then the body.
 //!
 //! | bytes | field |
@@ -61,6 +65,10 @@ pub enum WqeOp {
     WriteImm = 3,
     /// RDMA READ.
     Read = 4,
+    /// Atomic compare-and-swap (operands in bytes 48..64).
+    CompareSwap = 5,
+    /// Atomic fetch-and-add (the addend in bytes 48..56).
+    FetchAdd = 6,
     /// A receive-queue entry.
     Recv = 0x10,
 }
@@ -73,6 +81,8 @@ impl WqeOp {
             2 => WqeOp::Write,
             3 => WqeOp::WriteImm,
             4 => WqeOp::Read,
+            5 => WqeOp::CompareSwap,
+            6 => WqeOp::FetchAdd,
             0x10 => WqeOp::Recv,
             _ => return None,
         })
@@ -80,6 +90,15 @@ impl WqeOp {
     /// True for operations that carry an immediate.
     pub fn has_imm(self) -> bool {
         matches!(self, WqeOp::SendImm | WqeOp::WriteImm)
+    }
+    /// True for the atomics.
+    pub fn is_atomic(self) -> bool {
+        matches!(self, WqeOp::CompareSwap | WqeOp::FetchAdd)
+    }
+    /// True for operations whose responses bring data back (READ, atomics): they count against
+    /// `max_rd_atomic` and a FENCE waits for them.
+    pub fn reads_back(self) -> bool {
+        self == WqeOp::Read || self.is_atomic()
     }
 }
 
@@ -109,6 +128,8 @@ pub struct Wqe {
     /// The first SGE (when `nsge > 0`), kept from the fetch like a NIC's WQE cache: most
     /// messages have one, and the device then never re-reads the ring for it.
     pub sge0: Sge,
+    /// Atomics: [swap or addend, compare].
+    pub atomic: [u64; 2],
 }
 
 impl Wqe {
@@ -179,6 +200,15 @@ pub fn encode_wqe(
     }
 }
 
+/// Offset of an atomic WQE's operands (the place of its second SGE).
+const ATOMIC_OPERANDS: usize = WQE_HEADER + WQE_SGE;
+
+/// Writes an atomic WQE's operands (after [`encode_wqe`] with its one SGE).
+pub fn encode_atomic(buf: &mut [u8], operands: [u64; 2]) {
+    buf[ATOMIC_OPERANDS..ATOMIC_OPERANDS + 8].copy_from_slice(&operands[0].to_le_bytes());
+    buf[ATOMIC_OPERANDS + 8..ATOMIC_OPERANDS + 16].copy_from_slice(&operands[1].to_le_bytes());
+}
+
 /// Why a fetched WQE was rejected by the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WqeFault {
@@ -224,6 +254,14 @@ pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Re
             decode_sge(buf[WQE_HEADER..WQE_HEADER + WQE_SGE].try_into().expect("16 bytes"))
         } else {
             Sge::default()
+        },
+        atomic: if op.is_atomic() {
+            if nsge != 1 {
+                return Err(WqeFault::Malformed);
+            }
+            [u64_at(ATOMIC_OPERANDS), u64_at(ATOMIC_OPERANDS + 8)]
+        } else {
+            [0; 2]
         },
     })
 }
@@ -305,6 +343,8 @@ pub fn cq_opcode_code(o: CqOpcode) -> u8 {
         CqOpcode::Read => 2,
         CqOpcode::Recv => 3,
         CqOpcode::RecvWriteImm => 4,
+        CqOpcode::CompareSwap => 5,
+        CqOpcode::FetchAdd => 6,
     }
 }
 
@@ -315,6 +355,8 @@ pub fn cq_opcode_from_code(c: u8) -> CqOpcode {
         2 => CqOpcode::Read,
         3 => CqOpcode::Recv,
         4 => CqOpcode::RecvWriteImm,
+        5 => CqOpcode::CompareSwap,
+        6 => CqOpcode::FetchAdd,
         _ => CqOpcode::Send,
     }
 }

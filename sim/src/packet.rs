@@ -45,12 +45,22 @@ pub enum PacketKind {
     ReadResponse,
     /// An acknowledgement or negative acknowledgement (see `syndrome`).
     Ack,
+    /// An atomic request on the 8-byte word at `remote_addr` (`rkey`): compare-and-swap
+    /// (`atomic = [swap, compare]`, `has_imm` false) or fetch-and-add (`atomic[0]` = the
+    /// addend, `has_imm` true — the flag is reused, an atomic carries no immediate).
+    AtomicRequest,
+    /// The answer to an atomic request: an ACK (syndrome Ack) with the word's old value in
+    /// `atomic[0]`.
+    AtomicAck,
 }
 
 impl PacketKind {
     /// True for packets a requester sends (and a responder handles).
     pub fn is_request(self) -> bool {
-        matches!(self, PacketKind::Send | PacketKind::Write | PacketKind::ReadRequest)
+        matches!(
+            self,
+            PacketKind::Send | PacketKind::Write | PacketKind::ReadRequest | PacketKind::AtomicRequest
+        )
     }
 }
 
@@ -111,6 +121,8 @@ pub struct PacketHeader {
     pub syndrome: Syndrome,
     /// Payload bytes that follow the header.
     pub payload_len: u32,
+    /// Atomic request: [swap or addend, compare]; atomic ACK: [old value, 0].
+    pub atomic: [u64; 2],
 }
 
 impl PacketHeader {
@@ -121,6 +133,9 @@ impl PacketHeader {
             PacketKind::Write => "WRITE",
             PacketKind::ReadRequest => "READ request",
             PacketKind::ReadResponse => "READ response",
+            PacketKind::AtomicRequest if self.has_imm => "FETCH_ADD",
+            PacketKind::AtomicRequest => "COMPARE_SWAP",
+            PacketKind::AtomicAck => "ATOMIC ACK",
             PacketKind::Ack => match self.syndrome {
                 Syndrome::Ack => "ACK",
                 Syndrome::RnrNak(_) => "RNR NAK",

@@ -352,7 +352,7 @@ fn each_malformed_udp_payload_has_its_error() {
     check(with(bth(0x04, 0x01, 0xFFFF), b"abcd"), FrameError::BadVersion(1));
     check(with(bth(0x24, 0, 0xFFFF), b"abcd"), FrameError::NotRc(0x24)); // UC SEND_ONLY
     check(with(bth(0x64, 0, 0xFFFF), b"abcd"), FrameError::NotRc(0x64)); // UD SEND_ONLY
-    check(bth(0x13, 0, 0xFFFF), FrameError::UnsupportedOpcode(0x13)); // COMPARE_SWAP
+    check(bth(0x16, 0, 0xFFFF), FrameError::UnsupportedOpcode(0x16)); // SEND_LAST_WITH_INVALIDATE
     check(bth(0x15, 0, 0xFFFF), FrameError::UnknownOpcode(0x15));
     check(with(bth(0x04, 0, 0x8001), b"abcd"), FrameError::BadPartition(0x8001));
     assert!(roce::decode_udp(&sealed(&with(bth(0x04, 0, 0x7FFF), b"abcd")).0, &ep).is_ok(), "limited member");
@@ -472,7 +472,9 @@ fn random_packet(r: &mut Rng) -> (PacketHeader, Vec<u8>) {
         PacketKind::ReadRequest,
         PacketKind::ReadResponse,
         PacketKind::Ack,
-    ][r.below(5) as usize];
+        PacketKind::AtomicRequest,
+        PacketKind::AtomicAck,
+    ][r.below(7) as usize];
     let nic = |r: &mut Rng| if r.bit() { r.below(4) as u32 } else { r.below(1 << 24) as u32 };
     let qpn = |r: &mut Rng| if r.bit() { r.below(8) as u32 } else { r.below(1 << 24) as u32 };
     let mut h = PacketHeader {
@@ -491,6 +493,7 @@ fn random_packet(r: &mut Rng) -> (PacketHeader, Vec<u8>) {
         remote_addr: r.next(),
         rkey: r.next() as u32,
         dma_len: r.next() as u32,
+        atomic: [r.next(), r.next()],
         ..Default::default()
     };
     if kind == PacketKind::Ack {
@@ -520,18 +523,24 @@ fn random_packet(r: &mut Rng) -> (PacketHeader, Vec<u8>) {
 fn expected(h: &PacketHeader) -> PacketHeader {
     let op = Opcode::of(h);
     let mut e = *h;
-    e.has_imm = op.has_imm();
-    if !e.has_imm {
+    e.has_imm = op.has_imm() || op == Opcode::FetchAdd;
+    if !op.has_imm() {
         e.imm = 0;
+    }
+    match h.kind {
+        PacketKind::AtomicRequest => e.dma_len = 8,
+        PacketKind::AtomicAck => e.atomic[1] = 0,
+        _ => e.atomic = [0, 0],
     }
     e.solicited =
         h.solicited && h.last && (h.kind == PacketKind::Send || (h.kind == PacketKind::Write && h.has_imm));
     match h.kind {
-        PacketKind::Write | PacketKind::ReadRequest => {}
+        PacketKind::Write | PacketKind::ReadRequest | PacketKind::AtomicRequest => {}
         _ => (e.remote_addr, e.rkey, e.dma_len) = (0, 0, 0),
     }
     match h.kind {
-        PacketKind::ReadRequest => (e.first, e.last) = (true, true),
+        PacketKind::ReadRequest | PacketKind::AtomicRequest => (e.first, e.last) = (true, true),
+        PacketKind::AtomicAck => (e.first, e.last, e.syndrome) = (false, false, Syndrome::Ack),
         PacketKind::Ack => {
             (e.first, e.last) = (false, false);
             if let Syndrome::RnrNak(ns) = h.syndrome {
@@ -564,7 +573,7 @@ fn random_headers_round_trip() {
     let mut r = Rng(0x5EED_0FF4_A3E5);
     let mut udp = vec![0u8; 16 << 10];
     let mut eth = vec![0u8; 16 << 10];
-    let mut seen = [0u32; 18];
+    let mut seen = [0u32; 21];
     for i in 0..20_000 {
         let (h, payload) = random_packet(&mut r);
         let ep = Endpoints::of_packet(&h).unwrap();

@@ -216,6 +216,7 @@ macro_rules! __conformance_module {
                 shared_cq_for_send_and_recv,
                 shared_event_channel,
                 caller_memory_registration,
+                atomics_compare_swap_and_fetch_add,
             );
         }
     };

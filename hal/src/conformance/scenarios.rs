@@ -1226,6 +1226,80 @@ impl Kind {
     }
 }
 
+/// Atomics, where both devices do them ([`DeviceCaps::atomics`]; skipped otherwise): a
+/// fetch-and-add and two compare-and-swaps (one that matches, one that does not) return the
+/// word's old value in their 8-byte SGE, complete as `FetchAdd` / `CompareSwap` with byte count 8,
+/// and leave the word as a CPU's atomics would; a batch of eight fetch-and-adds on one word sees
+/// eight distinct old values. An SGE of another size, an INLINE atomic and an unaligned word are
+/// refused at post (rxe's provider refuses the last itself); a region without `REMOTE_ATOMIC` is
+/// a `RemoteAccess` that fails the requester's queue.
+pub fn atomics_compare_swap_and_fetch_add<E: Env>(env: &E) {
+    if !caps(env).atomics {
+        eprintln!("atomics_compare_swap_and_fetch_add: skipped, a device does not do atomics");
+        return;
+    }
+    let word = |v: u64| v.to_ne_bytes();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
+    let mut p = default_pair(env);
+    let mut target = region(env.b(), 4096, access, "atomic target");
+    target.write(8, &word(100)).expect("initialise the word");
+    let remote = target.remote();
+    let local = region(env.a(), 16 * 8, Access::LOCAL_WRITE, "old values");
+    let what = "FETCH_ADD 5 on 100";
+    post_op(&mut p.a, 1, SendOp::FetchAdd { remote: remote.at(8), add: 5 }, &local, 0, 8);
+    let c = send_ok(env, &mut p.a, 1, CqOpcode::FetchAdd, what);
+    assert_eq!(c.byte_len, 8, "{what}: byte_len {c:?}");
+    check_region(&local, 0, &word(100), what);
+    check_region(&target, 8, &word(105), what);
+    let what = "COMPARE_SWAP 105 -> 7 on 105";
+    post_op(&mut p.a, 2, SendOp::CompareSwap { remote: remote.at(8), compare: 105, swap: 7 }, &local, 8, 8);
+    send_ok(env, &mut p.a, 2, CqOpcode::CompareSwap, what);
+    check_region(&local, 8, &word(105), what);
+    check_region(&target, 8, &word(7), what);
+    let what = "COMPARE_SWAP 999 -> 1 on 7 (no match)";
+    post_op(&mut p.a, 3, SendOp::CompareSwap { remote: remote.at(8), compare: 999, swap: 1 }, &local, 16, 8);
+    send_ok(env, &mut p.a, 3, CqOpcode::CompareSwap, what);
+    check_region(&local, 16, &word(7), what);
+    check_region(&target, 8, &word(7), what);
+
+    let what = "eight FETCH_ADDs of 1 in one batch";
+    let sges: Vec<[Sge; 1]> = (0..8).map(|i| [sge(&local, 64 + i * 8, 8)]).collect();
+    let batch: Vec<SendWr<'_>> = (0..8)
+        .map(|i| {
+            SendWr::send(10 + i as u64, &sges[i]).with_op(SendOp::FetchAdd { remote: remote.at(8), add: 1 })
+        })
+        .collect();
+    p.a.queue.post_send(&batch).expect("post eight FETCH_ADDs");
+    let want: Vec<Want> = (10..18).map(|id| (id, CqOpcode::FetchAdd, Status::Success)).collect();
+    expect_done(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, what);
+    let olds: Vec<u8> = (7..15u64).flat_map(word).collect();
+    check_region(&local, 64, &olds, what);
+    check_region(&target, 8, &word(15), what);
+
+    let fa = SendOp::FetchAdd { remote: remote.at(8), add: 1 };
+    let short = [sge(&local, 0, 4)];
+    let err = p.a.queue.post_send(&[SendWr::send(20, &short).with_op(fa)]);
+    assert!(matches!(err, Err(Error::InvalidArgument(_))), "a 4-byte atomic SGE is refused at post: {err:?}");
+    let one = [sge(&local, 0, 8)];
+    let inline = SendWr::send(21, &one).with_op(fa).with_flags(WrFlags::SIGNALED | WrFlags::INLINE);
+    let err = p.a.queue.post_send(&[inline]);
+    assert!(matches!(err, Err(Error::InvalidArgument(_))), "an INLINE atomic is refused at post: {err:?}");
+    let unaligned = SendOp::CompareSwap { remote: remote.at(12), compare: 0, swap: 1 };
+    let err = p.a.queue.post_send(&[SendWr::send(22, &one).with_op(unaligned)]);
+    assert!(matches!(err, Err(Error::InvalidArgument(_))), "an unaligned atomic is refused at post: {err:?}");
+    expect_none(env, &mut p.a.send_cq, QUIET, "refused atomics");
+    check_region(&target, 8, &word(15), "refused atomics leave the word alone");
+
+    let what = "FETCH_ADD on a region without REMOTE_ATOMIC";
+    let mut p = default_pair(env);
+    let target = region(env.b(), 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE, "no-atomic target");
+    let local = region(env.a(), 8, Access::LOCAL_WRITE, "old value");
+    post_op(&mut p.a, 30, SendOp::FetchAdd { remote: target.remote().at(8), add: 1 }, &local, 0, 8);
+    let qpn = p.a.queue.qpn();
+    expect_done(env, &mut p.a.send_cq, qpn, &[(30, CqOpcode::FetchAdd, Status::RemoteAccess)], what);
+    assert_eq!(p.a.queue.state(), QueueState::Error, "{what}: the requester's queue fails");
+}
+
 /// The limits both devices support.
 fn caps<E: Env>(env: &E) -> DeviceCaps {
     let (a, b) = (env.a().caps(), env.b().caps());
@@ -1239,6 +1313,7 @@ fn caps<E: Env>(env: &E) -> DeviceCaps {
         max_region_size: a.max_region_size.min(b.max_region_size),
         max_rd_atomic: a.max_rd_atomic.min(b.max_rd_atomic),
         max_dest_rd_atomic: a.max_dest_rd_atomic.min(b.max_dest_rd_atomic),
+        atomics: a.atomics && b.atomics,
     }
 }
 

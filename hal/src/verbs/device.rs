@@ -307,6 +307,9 @@ impl VerbsDevice {
         // Requester depth (initiator) and responder depth, in verbs' names.
         caps.max_rd_atomic = dattr.max_qp_init_rd_atom.clamp(0, 255) as u8;
         caps.max_dest_rd_atomic = dattr.max_qp_rd_atom.clamp(0, 255) as u8;
+        // HCA (atomic with respect to this NIC's operations) or GLOB (also to other NICs and
+        // the CPU); rxe reports HCA.
+        caps.atomics = dattr.atomic_cap != ibv_atomic_cap::IBV_ATOMIC_NONE;
         let context = Context {
             ctx,
             pd,

@@ -15,6 +15,9 @@ fn ibv_access(access: Access) -> Result<u32> {
     if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
         return Err(Error::InvalidArgument("REMOTE_WRITE access requires LOCAL_WRITE".into()));
     }
+    if access.contains(Access::REMOTE_ATOMIC) && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::InvalidArgument("REMOTE_ATOMIC access requires LOCAL_WRITE".into()));
+    }
     let mut a = 0;
     if access.contains(Access::LOCAL_WRITE) {
         a |= ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
@@ -24,6 +27,9 @@ fn ibv_access(access: Access) -> Result<u32> {
     }
     if access.contains(Access::REMOTE_WRITE) {
         a |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if access.contains(Access::REMOTE_ATOMIC) {
+        a |= ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
     }
     Ok(a)
 }

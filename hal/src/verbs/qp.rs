@@ -81,6 +81,8 @@ pub(crate) enum Op {
     Write = 1,
     Read = 2,
     Recv = 3,
+    CompareSwap = 4,
+    FetchAdd = 5,
 }
 
 impl Op {
@@ -89,6 +91,8 @@ impl Op {
             1 => Op::Write,
             2 => Op::Read,
             3 => Op::Recv,
+            4 => Op::CompareSwap,
+            5 => Op::FetchAdd,
             _ => Op::Send,
         }
     }
@@ -99,6 +103,8 @@ impl Op {
             Op::Write => CqOpcode::Write,
             Op::Read => CqOpcode::Read,
             Op::Recv => CqOpcode::Recv,
+            Op::CompareSwap => CqOpcode::CompareSwap,
+            Op::FetchAdd => CqOpcode::FetchAdd,
         }
     }
 }
@@ -444,7 +450,8 @@ impl VerbsQueue {
         a.port_num = ctx.port;
         a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ibv_access_flags::IBV_ACCESS_REMOTE_READ
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
             .0;
         self.modify(
             &mut a,
@@ -669,6 +676,7 @@ impl Queue for VerbsQueue {
             return Ok(());
         }
         let c = &self.config;
+        let atomics = self.ctx.caps.atomics;
         for wr in wrs {
             if wr.sges.len() > c.max_send_sge as usize {
                 return Err(invalid(format!(
@@ -677,19 +685,8 @@ impl Queue for VerbsQueue {
                     c.max_send_sge
                 )));
             }
-            if wr.flags.contains(WrFlags::INLINE) {
-                if matches!(wr.op, SendOp::Read(_)) {
-                    return Err(invalid("a READ cannot be INLINE"));
-                }
-                if wr.total_len() > u64::from(c.max_inline) {
-                    return Err(invalid(format!(
-                        "INLINE payload of {} bytes exceeds max_inline {}",
-                        wr.total_len(),
-                        c.max_inline
-                    )));
-                }
-            }
-            if let SendOp::Write(r) | SendOp::WriteImm(r, _) | SendOp::Read(r) = &wr.op {
+            crate::check_send_wr(wr, c.max_inline, c.max_send_sge, atomics)?;
+            if let Some(r) = wr.op.remote() {
                 rkey_of(r)?;
             }
         }
@@ -704,7 +701,16 @@ impl Queue for VerbsQueue {
             let sges = &mut self.send_sges[i * max_sge..i * max_sge + wr.sges.len()];
             fill_sges(sges, wr.sges);
             let sg_list = sges.as_mut_ptr();
+            let mut atomic = None;
             let (opcode, imm, remote, op) = match wr.op {
+                SendOp::CompareSwap { remote, compare, swap } => {
+                    atomic = Some((remote, compare, swap));
+                    (ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP, None, None, Op::CompareSwap)
+                }
+                SendOp::FetchAdd { remote, add } => {
+                    atomic = Some((remote, add, 0));
+                    (ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD, None, None, Op::FetchAdd)
+                }
                 SendOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None, None, Op::Send),
                 SendOp::SendImm(v) => (ibv_wr_opcode::IBV_WR_SEND_WITH_IMM, Some(v), None, Op::Send),
                 SendOp::Write(r) => (ibv_wr_opcode::IBV_WR_RDMA_WRITE, None, Some(r), Op::Write),
@@ -730,6 +736,10 @@ impl Queue for VerbsQueue {
             w.imm_data_invalidated_rkey_union.imm_data = imm.unwrap_or(0).to_be();
             if let Some(r) = remote {
                 w.wr.rdma = rdma_t { remote_addr: r.addr, rkey: r.key.rkey() };
+            }
+            if let Some((r, compare_add, swap)) = atomic {
+                // verbs: compare_add is the compare value of a CAS and the addend of a FAA.
+                w.wr.atomic = atomic_t { remote_addr: r.addr, compare_add, swap, rkey: r.key.rkey() };
             }
         }
         let chain = self.send_wrs.as_mut_ptr();

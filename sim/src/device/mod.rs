@@ -512,6 +512,7 @@ impl DeviceState {
             match hdr.kind {
                 PacketKind::Ack => qp.on_ack(ctx, hdr),
                 PacketKind::ReadResponse => qp.on_read_response(ctx, hdr, payload),
+                PacketKind::AtomicAck => qp.on_atomic_ack(ctx, hdr),
                 _ => qp.on_request(ctx, hdr, payload),
             }
             true

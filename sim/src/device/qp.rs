@@ -28,6 +28,7 @@ use crate::wire::{Transmit, Wire};
 use bypass_hal::trace::{self, Arg, Track};
 use bypass_hal::{Access, AsyncEvent, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 /// Where a connected queue's packets go.
@@ -71,6 +72,8 @@ fn send_opcode(op: WqeOp) -> CqOpcode {
     match op {
         WqeOp::Write | WqeOp::WriteImm => CqOpcode::Write,
         WqeOp::Read => CqOpcode::Read,
+        WqeOp::CompareSwap => CqOpcode::CompareSwap,
+        WqeOp::FetchAdd => CqOpcode::FetchAdd,
         WqeOp::Recv => CqOpcode::Recv,
         WqeOp::Send | WqeOp::SendImm => CqOpcode::Send,
     }
@@ -83,6 +86,8 @@ fn op_name(op: WqeOp) -> &'static str {
         WqeOp::Write => "WRITE",
         WqeOp::WriteImm => "WRITE_IMM",
         WqeOp::Read => "READ",
+        WqeOp::CompareSwap => "COMPARE_SWAP",
+        WqeOp::FetchAdd => "FETCH_ADD",
         WqeOp::Recv => "RECV",
     }
 }
@@ -481,8 +486,8 @@ impl QpCtx {
             self.read_blocked = true;
             return false;
         }
-        if wqe.op == WqeOp::Read && self.reads_outstanding >= self.read_limit(ctx) {
-            // As many READs in flight as the queue may have (verbs max_rd_atomic, clamped to
+        if wqe.op.reads_back() && self.reads_outstanding >= self.read_limit(ctx) {
+            // As many READs and atomics in flight as the queue may have (verbs max_rd_atomic, clamped to
             // the device's): this one waits until one completes. Nothing after it overtakes it.
             self.read_blocked = true;
             return false;
@@ -511,7 +516,7 @@ impl QpCtx {
         self.ops.push_back(Op { wqe, len, first_psn: self.next_psn, npkts, resp_got: 0 });
         self.next_psn = psn_add(self.next_psn, npkts);
         self.sq_fetch = idx.wrapping_add(1);
-        if wqe.op == WqeOp::Read {
+        if wqe.op.reads_back() {
             self.reads_outstanding += 1;
         }
         self.emit(ctx, self.send_psn);
@@ -542,7 +547,7 @@ impl QpCtx {
             return Err(Status::LocalLength);
         }
         if wqe.flags.contains(WrFlags::INLINE) {
-            if wqe.op == WqeOp::Read || wqe.inline_len > cfg.max_inline {
+            if wqe.op.reads_back() || wqe.inline_len > cfg.max_inline {
                 return Err(Status::LocalQueueOperation);
             }
             return Ok(());
@@ -550,7 +555,10 @@ impl QpCtx {
         if u32::from(wqe.nsge) > cfg.max_send_sge {
             return Err(Status::LocalQueueOperation);
         }
-        let need = if wqe.op == WqeOp::Read { Access::LOCAL_WRITE } else { Access::empty() };
+        if wqe.op.is_atomic() && wqe.len != 8 {
+            return Err(Status::LocalLength);
+        }
+        let need = if wqe.op.reads_back() { Access::LOCAL_WRITE } else { Access::empty() };
         for i in 0..usize::from(wqe.nsge) {
             // SAFETY: the WQE was fetched and is not complete, so its slot is stable.
             let s = wqe.sge(i, |i| unsafe { self.shared.sq.sge(wqe.index, i) });
@@ -583,7 +591,15 @@ impl QpCtx {
             ..Default::default()
         };
         let w = &op.wqe;
-        let next = if w.op == WqeOp::Read {
+        let next = if w.op.is_atomic() {
+            hdr.kind = PacketKind::AtomicRequest;
+            hdr.remote_addr = w.remote_addr;
+            hdr.rkey = w.rkey;
+            hdr.dma_len = 8;
+            hdr.atomic = w.atomic;
+            hdr.has_imm = w.op == WqeOp::FetchAdd;
+            psn_add(psn, 1)
+        } else if w.op == WqeOp::Read {
             hdr.kind = PacketKind::ReadRequest;
             hdr.remote_addr = w.remote_addr.wrapping_add(off);
             hdr.rkey = w.rkey;
@@ -692,8 +708,8 @@ impl QpCtx {
             if psn_diff(front.last_psn(), psn) > 0 {
                 break;
             }
-            if front.wqe.op == WqeOp::Read {
-                // Acknowledged past a READ whose response is incomplete: the response was lost
+            if front.wqe.op.reads_back() {
+                // Acknowledged past a READ (or atomic) whose response is incomplete: the response was lost
                 // (an implied NAK). Ask again from the first missing segment.
                 if progress {
                     self.on_progress(ctx);
@@ -738,7 +754,7 @@ impl QpCtx {
     /// Where a retransmission of `front` (the oldest message) starts: a READ from its first
     /// missing response segment, anything else after its last acknowledged segment.
     fn resume_psn(&self, front: &Op) -> u32 {
-        if front.wqe.op == WqeOp::Read {
+        if front.wqe.op.reads_back() {
             return psn_add(front.first_psn, front.resp_got);
         }
         let after = psn_add(self.acked, 1);
@@ -778,7 +794,7 @@ impl QpCtx {
     /// lost (an implied NAK), so the READ is asked again from its first missing segment.
     /// Returns true if it was (the caller then applies nothing else of the response).
     fn implied_nak(&mut self, ctx: &mut Ctx<'_>, psn: u32) -> bool {
-        let Some(read) = self.ops.iter().find(|o| o.wqe.op == WqeOp::Read && psn_diff(o.last_psn(), psn) < 0)
+        let Some(read) = self.ops.iter().find(|o| o.wqe.op.reads_back() && psn_diff(o.last_psn(), psn) < 0)
         else {
             return false;
         };
@@ -866,7 +882,7 @@ impl QpCtx {
             if front.contains(hdr.psn) {
                 break;
             }
-            if front.wqe.op == WqeOp::Read || psn_diff(front.last_psn(), hdr.psn) > 0 {
+            if front.wqe.op.reads_back() || psn_diff(front.last_psn(), hdr.psn) > 0 {
                 return; // stale response
             }
             let op = self.ops.pop_front().expect("front exists");
@@ -920,6 +936,50 @@ impl QpCtx {
         self.on_progress(ctx);
     }
 
+    /// An atomic ACK: the old value of the word the atomic at `hdr.psn` worked on.
+    pub(crate) fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
+        if self.state != QueueState::Ready {
+            return;
+        }
+        if !self.in_window(hdr.psn) {
+            ctx.stats.stale_responses += 1;
+            return;
+        }
+        // Responses come in order, so every message before the atomic is complete.
+        while let Some(front) = self.ops.front() {
+            if front.contains(hdr.psn) {
+                break;
+            }
+            if front.wqe.op.reads_back() || psn_diff(front.last_psn(), hdr.psn) > 0 {
+                return; // stale, or past an incomplete READ: the timer asks again
+            }
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+        }
+        let Some(op) = self.ops.front().copied() else { return };
+        if !op.wqe.op.is_atomic() {
+            // An atomic answer at the PSN of something else: a bad response.
+            ctx.stats.bad_responses += 1;
+            self.fail_front(ctx, Status::BadResponse);
+            return;
+        }
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        match ctx.resolve_span(&self.shared.sq, &op.wqe, 0, 8, Access::LOCAL_WRITE, &mut segs) {
+            // The old value in host byte order (see `SendOp::CompareSwap`).
+            Ok(n) => scatter(&segs[..n], &hdr.atomic[0].to_ne_bytes()),
+            Err(_) => {
+                self.fail_front(ctx, Status::LocalProtection);
+                return;
+            }
+        }
+        self.acked = hdr.psn;
+        let op = self.ops.pop_front().expect("front exists");
+        self.send_cqe(&op.wqe, op.len, Status::Success);
+        self.reads_outstanding -= 1;
+        self.read_blocked = false;
+        self.on_progress(ctx);
+    }
+
     /// The retransmission timer fired.
     pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
         if self.ops.is_empty() {
@@ -960,7 +1020,14 @@ impl QpCtx {
         let d = psn_diff(hdr.psn, self.epsn);
         if d < 0 {
             ctx.stats.duplicates += 1;
-            if hdr.kind == PacketKind::ReadRequest {
+            if hdr.kind == PacketKind::AtomicRequest {
+                // A duplicate atomic is not executed again: its remembered result is sent again
+                // (or, if the responder no longer has it, the duplicate is dropped).
+                match self.reads_answered.atomic_result(hdr.psn) {
+                    Some(old) => self.atomic_ack(ctx, hdr.psn, old),
+                    None => ctx.stats.duplicate_reads_dropped += 1,
+                }
+            } else if hdr.kind == PacketKind::ReadRequest {
                 // A duplicate READ is answered again (the first answer may have been lost) if it
                 // is one of the READs the responder still has a resource for; the memory is
                 // checked again. Otherwise it is dropped, as rxe does.
@@ -1012,7 +1079,11 @@ impl QpCtx {
                 }
                 Err(_) => self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn),
             },
-            PacketKind::ReadResponse | PacketKind::Ack => {}
+            PacketKind::AtomicRequest if !self.reads_answered.enabled() => {
+                self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn)
+            }
+            PacketKind::AtomicRequest => self.on_atomic(ctx, hdr),
+            PacketKind::ReadResponse | PacketKind::Ack | PacketKind::AtomicAck => {}
         }
     }
 
@@ -1169,6 +1240,53 @@ impl QpCtx {
     }
 
     /// Checks a READ request and queues its response segments. Returns how many.
+    /// Executes an atomic request (in PSN order) on the 8-byte word it names and answers with
+    /// the word's old value.
+    fn on_atomic(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
+        if hdr.remote_addr % 8 != 0 {
+            // IBA: an atomic's address must be 8-byte aligned (rxe: misaligned atomic → NAK
+            // invalid request).
+            self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+            return;
+        }
+        let p = match ctx.keys.resolve(hdr.rkey, hdr.remote_addr, 8, Access::REMOTE_ATOMIC) {
+            Ok(p) if (p as usize) % std::mem::align_of::<AtomicU64>() == 0 => p,
+            Ok(_) => {
+                self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
+                return;
+            }
+            Err(_) => {
+                self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
+                return;
+            }
+        };
+        // SAFETY: the key table vouches for 8 bytes at `p` in a live registration with
+        // REMOTE_ATOMIC, and `p` is 8-byte aligned (checked above). The host may access the word
+        // concurrently only with atomics of its own (the hal's contract for atomic targets), so
+        // viewing it as an AtomicU64 is sound.
+        let word = unsafe { &*(p as *const AtomicU64) };
+        let [operand, compare] = hdr.atomic;
+        let old = if hdr.has_imm {
+            word.fetch_add(operand, AtomicOrdering::SeqCst)
+        } else {
+            match word.compare_exchange(compare, operand, AtomicOrdering::SeqCst, AtomicOrdering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            }
+        };
+        self.reads_answered.record_atomic(hdr.psn, old);
+        self.epsn = psn_add(self.epsn, 1);
+        self.atomic_ack(ctx, hdr.psn, old);
+    }
+
+    /// Queues the answer to the atomic at `psn`.
+    fn atomic_ack(&self, ctx: &mut Ctx<'_>, psn: u32, old: u64) {
+        ctx.outbox.push_back(TxDesc {
+            qpn: self.qpn(),
+            hdr: PacketHeader { kind: PacketKind::AtomicAck, psn, atomic: [old, 0], ..Default::default() },
+            read_from: None,
+        });
+    }
+
     fn execute_read(&self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) -> Result<u32, KeyFault> {
         let len = u64::from(hdr.dma_len);
         ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_READ)?;

@@ -13,7 +13,8 @@ use crate::packet::{psn_diff, psn_offset};
 /// The device's cap on `max_dest_rd_atomic` (`DeviceCaps::max_dest_rd_atomic` of a SimNic).
 pub(crate) const MAX_READ_RESOURCES: usize = 16;
 
-/// One answered READ: its first PSN, segment count and RETH.
+/// One answered READ (its first PSN, segment count and RETH) or atomic (its PSN and the old
+/// value it answered, sent again for a duplicate rather than executing it twice).
 #[derive(Debug, Clone, Copy, Default)]
 struct ReadRes {
     psn: u32,
@@ -21,6 +22,7 @@ struct ReadRes {
     va: u64,
     rkey: u32,
     len: u64,
+    atomic: Option<u64>,
 }
 
 /// A queue's READ resources.
@@ -57,12 +59,26 @@ impl ReadResources {
 
     /// Records a new READ answered from `psn` with `segments` response packets.
     pub(crate) fn record(&mut self, psn: u32, segments: u32, va: u64, rkey: u32, len: u64) {
+        self.push(ReadRes { psn, segments, va, rkey, len, atomic: None });
+    }
+
+    /// Records an atomic executed at `psn` that found `old` in the word.
+    pub(crate) fn record_atomic(&mut self, psn: u32, old: u64) {
+        self.push(ReadRes { psn, segments: 1, atomic: Some(old), ..ReadRes::default() });
+    }
+
+    fn push(&mut self, r: ReadRes) {
         if self.limit == 0 {
             return;
         }
-        self.slots[self.next] = ReadRes { psn, segments, va, rkey, len };
+        self.slots[self.next] = r;
         self.next = (self.next + 1) % self.limit;
         self.used = (self.used + 1).min(self.limit);
+    }
+
+    /// The old value a remembered atomic at `psn` answered.
+    pub(crate) fn atomic_result(&self, psn: u32) -> Option<u64> {
+        self.slots[..self.used].iter().find(|r| r.psn == psn).and_then(|r| r.atomic)
     }
 
     /// Whether a duplicate READ request at `psn` for `len` bytes at `va` with `rkey` may be
@@ -70,7 +86,7 @@ impl ReadResources {
     /// that READ from the segment its PSN names (a subset of the original range).
     pub(crate) fn covers(&self, psn: u32, va: u64, rkey: u32, len: u64, mtu: u32) -> bool {
         self.slots[..self.used].iter().any(|r| {
-            if r.rkey != rkey || psn_diff(psn, r.psn) < 0 {
+            if r.atomic.is_some() || r.rkey != rkey || psn_diff(psn, r.psn) < 0 {
                 return false;
             }
             let k = psn_offset(psn, r.psn);

@@ -390,3 +390,56 @@ fn another_opcode_inside_a_message_is_an_invalid_request() {
         assert_eq!(qb.state(), QueueState::Error, "{intruder:?} inside a {open:?}");
     }
 }
+
+/// The responder executes an atomic once: a duplicate of one it remembers is answered with the
+/// remembered old value and the word is not touched again; an unaligned word (which a bypass
+/// requester refuses at post, but a foreign one may send) is an invalid request.
+#[test]
+fn atomics_execute_once_and_need_alignment() {
+    let (fabric, a, b, [mut ca, _cb], [mut qa, qb]) = pair(4);
+    let mut target = b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC).unwrap();
+    target.write(0, &40u64.to_ne_bytes()).unwrap();
+    let local = a.register(8, Access::LOCAL_WRITE).unwrap();
+    let first = qa.info().psn;
+    let remote = target.remote();
+    let sge = [local.sge(0, 8).unwrap()];
+    qa.post_send(&[SendWr::send(1, &sge).with_op(SendOp::FetchAdd { remote: remote.at(0), add: 2 })]).unwrap();
+    fabric.run_until_idle();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(ca.poll(&mut wc).unwrap(), 1);
+    assert_eq!((wc[0].status, wc[0].opcode), (Status::Success, CqOpcode::FetchAdd));
+    let request = |psn: u32, addr: u64| {
+        let hdr = PacketHeader {
+            src_nic: a.addr(),
+            dst_nic: b.addr(),
+            src_qpn: qa.qpn(),
+            dst_qpn: qb.qpn(),
+            kind: PacketKind::AtomicRequest,
+            first: true,
+            last: true,
+            has_imm: true, // fetch-and-add
+            psn: psn & PSN_MASK,
+            remote_addr: addr,
+            rkey: remote.key.rkey(),
+            dma_len: 8,
+            atomic: [2, 0],
+            ..Default::default()
+        };
+        let before = b.stats().tx_responses;
+        assert!(b.nic.port.push(&hdr, &mut |_| {}));
+        fabric.run_until_idle();
+        b.stats().tx_responses - before
+    };
+    let word = |t: &<SimNic as Device>::Region| {
+        let mut w = [0u8; 8];
+        t.read(0, &mut w).unwrap();
+        u64::from_ne_bytes(w)
+    };
+    assert_eq!(word(&target), 42);
+    assert_eq!(request(first, remote.addr), 1, "the duplicate is answered");
+    assert_eq!(word(&target), 42, "and not executed again");
+    assert_eq!(qb.state(), QueueState::Ready);
+    assert_eq!(request(first.wrapping_add(1), remote.addr + 4), 1, "a NAK");
+    assert_eq!(qb.state(), QueueState::Error, "an unaligned atomic is an invalid request");
+    assert_eq!(word(&target), 42);
+}

@@ -3,8 +3,9 @@
 
 use super::icrc::{icrc_ipv4, ipv4_checksum, udp_checksum};
 use super::{
-    mac_of_nic, nic_of_ip, Aeth, EncodeError, Endpoints, Frame, FrameError, Opcode, Reth, AETH_LEN, BTH_LEN,
-    ETH_LEN, ICRC_LEN, IMMDT_LEN, IPV4_LEN, MAX_UDP_PAYLOAD, RETH_LEN, ROCE_PORT, UDP_LEN,
+    mac_of_nic, nic_of_ip, Aeth, AtomicEth, EncodeError, Endpoints, Frame, FrameError, Opcode, Reth,
+    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, BTH_LEN, ETH_LEN, ICRC_LEN, IMMDT_LEN, IPV4_LEN,
+    MAX_UDP_PAYLOAD, RETH_LEN, ROCE_PORT, UDP_LEN,
 };
 use crate::packet::PacketHeader;
 
@@ -185,6 +186,8 @@ impl Frame<'_> {
         if self.reth.is_some() != op.has_reth()
             || self.aeth.is_some() != op.has_aeth()
             || self.imm.is_some() != op.has_imm()
+            || self.atomic.is_some() != op.has_atomic_eth()
+            || self.atomic_ack.is_some() != op.has_atomic_ack_eth()
         {
             return Err(EncodeError::Inconsistent(op));
         }
@@ -222,6 +225,17 @@ impl Frame<'_> {
         if let Some(imm) = self.imm {
             out[at..at + 4].copy_from_slice(&imm.to_be_bytes());
             at += IMMDT_LEN;
+        }
+        if let Some(a) = self.atomic {
+            out[at..at + 8].copy_from_slice(&a.va.to_be_bytes());
+            out[at + 8..at + 12].copy_from_slice(&a.rkey.to_be_bytes());
+            out[at + 12..at + 20].copy_from_slice(&a.swap_add.to_be_bytes());
+            out[at + 20..at + 28].copy_from_slice(&a.compare.to_be_bytes());
+            at += ATOMIC_ETH_LEN;
+        }
+        if let Some(orig) = self.atomic_ack {
+            out[at..at + 8].copy_from_slice(&orig.to_be_bytes());
+            at += ATOMIC_ACK_ETH_LEN;
         }
         out[at..at + self.payload.len()].copy_from_slice(self.payload);
         at += self.payload.len();
@@ -427,6 +441,14 @@ fn parse_transport<'a>(
         }
     };
     let imm = opcode.has_imm().then(|| be32(body, at));
+    let be64 = |at: usize| u64::from(be32(body, at)) << 32 | u64::from(be32(body, at + 4));
+    let atomic = opcode.has_atomic_eth().then(|| AtomicEth {
+        va: be64(at),
+        rkey: be32(body, at + 8),
+        swap_add: be64(at + 12),
+        compare: be64(at + 20),
+    });
+    let atomic_ack = opcode.has_atomic_ack_eth().then(|| be64(at));
     Ok(Frame {
         opcode,
         solicited: body[1] & 0x80 != 0,
@@ -437,6 +459,8 @@ fn parse_transport<'a>(
         reth,
         aeth,
         imm,
+        atomic,
+        atomic_ack,
         payload: &body[need..body.len() - usize::from(pad)],
     })
 }

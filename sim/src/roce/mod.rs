@@ -47,6 +47,10 @@ pub const RETH_LEN: usize = 16;
 pub const AETH_LEN: usize = 4;
 /// Length of the immediate data header.
 pub const IMMDT_LEN: usize = 4;
+/// Bytes of an AtomicETH.
+pub const ATOMIC_ETH_LEN: usize = 28;
+/// Bytes of an AtomicAckETH.
+pub const ATOMIC_ACK_ETH_LEN: usize = 8;
 /// Length of the invariant CRC that ends every packet.
 pub const ICRC_LEN: usize = 4;
 /// Ethernet II header (no VLAN tag, no FCS).
@@ -103,11 +107,17 @@ pub enum Opcode {
     RdmaReadResponseOnly = 0x10,
     /// ACK, NAK or RNR NAK (AETH, no payload).
     Acknowledge = 0x11,
+    /// The answer to an atomic (AETH, AtomicAckETH: the word's old value).
+    AtomicAcknowledge = 0x12,
+    /// Atomic compare-and-swap request (AtomicETH).
+    CompareSwap = 0x13,
+    /// Atomic fetch-and-add request (AtomicETH).
+    FetchAdd = 0x14,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 18] = [
+    pub const ALL: [Opcode; 21] = [
         Opcode::SendFirst,
         Opcode::SendMiddle,
         Opcode::SendLast,
@@ -126,18 +136,21 @@ impl Opcode {
         Opcode::RdmaReadResponseLast,
         Opcode::RdmaReadResponseOnly,
         Opcode::Acknowledge,
+        Opcode::AtomicAcknowledge,
+        Opcode::CompareSwap,
+        Opcode::FetchAdd,
     ];
 
     /// The opcode of BTH byte `b`, or why it is not one the sim handles: another transport class
-    /// (UC, RD, UD, CNP, vendor), an RC opcode the sim does not implement (atomics, SEND with
+    /// (UC, RD, UD, CNP, vendor), an RC opcode the sim does not implement (SEND with
     /// invalidate, FLUSH, ATOMIC WRITE), or a reserved value.
     pub fn from_byte(b: u8) -> Result<Opcode, FrameError> {
         if b & 0xE0 != 0 {
             return Err(FrameError::NotRc(b));
         }
         match b {
-            0x00..=0x11 => Ok(Opcode::ALL[b as usize]),
-            0x12 | 0x13 | 0x14 | 0x16 | 0x17 | 0x1C | 0x1D => Err(FrameError::UnsupportedOpcode(b)),
+            0x00..=0x14 => Ok(Opcode::ALL[b as usize]),
+            0x16 | 0x17 | 0x1C | 0x1D => Err(FrameError::UnsupportedOpcode(b)),
             _ => Err(FrameError::UnknownOpcode(b)),
         }
     }
@@ -168,6 +181,9 @@ impl Opcode {
             Opcode::RdmaReadResponseLast => "RDMA_READ_RESPONSE_LAST",
             Opcode::RdmaReadResponseOnly => "RDMA_READ_RESPONSE_ONLY",
             Opcode::Acknowledge => "ACKNOWLEDGE",
+            Opcode::AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
+            Opcode::CompareSwap => "COMPARE_SWAP",
+            Opcode::FetchAdd => "FETCH_ADD",
         }
     }
 
@@ -178,6 +194,8 @@ impl Opcode {
             0x06..=0x0B => PacketKind::Write,
             0x0C => PacketKind::ReadRequest,
             0x0D..=0x10 => PacketKind::ReadResponse,
+            0x12 => PacketKind::AtomicAck,
+            0x13 | 0x14 => PacketKind::AtomicRequest,
             _ => PacketKind::Ack,
         }
     }
@@ -197,6 +215,9 @@ impl Opcode {
                 | Opcode::RdmaReadResponseFirst
                 | Opcode::RdmaReadResponseOnly
                 | Opcode::Acknowledge
+                | Opcode::AtomicAcknowledge
+                | Opcode::CompareSwap
+                | Opcode::FetchAdd
         )
     }
 
@@ -216,6 +237,9 @@ impl Opcode {
                 | Opcode::RdmaReadResponseLast
                 | Opcode::RdmaReadResponseOnly
                 | Opcode::Acknowledge
+                | Opcode::AtomicAcknowledge
+                | Opcode::CompareSwap
+                | Opcode::FetchAdd
         )
     }
 
@@ -230,15 +254,26 @@ impl Opcode {
         )
     }
 
-    /// Carries an AETH: ACKNOWLEDGE and READ response first/last/only.
+    /// Carries an AETH: ACKNOWLEDGE, ATOMIC_ACKNOWLEDGE and READ response first/last/only.
     pub const fn has_aeth(self) -> bool {
         matches!(
             self,
             Opcode::Acknowledge
+                | Opcode::AtomicAcknowledge
                 | Opcode::RdmaReadResponseFirst
                 | Opcode::RdmaReadResponseLast
                 | Opcode::RdmaReadResponseOnly
         )
+    }
+
+    /// Carries an AtomicETH (VA, R_Key, swap or add, compare): the atomic requests.
+    pub const fn has_atomic_eth(self) -> bool {
+        matches!(self, Opcode::CompareSwap | Opcode::FetchAdd)
+    }
+
+    /// Carries an AtomicAckETH (the original value): ATOMIC_ACKNOWLEDGE.
+    pub const fn has_atomic_ack_eth(self) -> bool {
+        matches!(self, Opcode::AtomicAcknowledge)
     }
 
     /// Carries ImmDt: the `..._WITH_IMMEDIATE` opcodes.
@@ -252,9 +287,17 @@ impl Opcode {
         )
     }
 
-    /// May carry payload bytes (everything but READ request and ACKNOWLEDGE).
+    /// May carry payload bytes (everything but READ request, the ACKNOWLEDGEs and the atomic
+    /// requests).
     pub const fn has_payload(self) -> bool {
-        !matches!(self, Opcode::RdmaReadRequest | Opcode::Acknowledge)
+        !matches!(
+            self,
+            Opcode::RdmaReadRequest
+                | Opcode::Acknowledge
+                | Opcode::AtomicAcknowledge
+                | Opcode::CompareSwap
+                | Opcode::FetchAdd
+        )
     }
 
     /// Bytes of BTH plus extension headers.
@@ -263,6 +306,8 @@ impl Opcode {
             + if self.has_reth() { RETH_LEN } else { 0 }
             + if self.has_aeth() { AETH_LEN } else { 0 }
             + if self.has_imm() { IMMDT_LEN } else { 0 }
+            + if self.has_atomic_eth() { ATOMIC_ETH_LEN } else { 0 }
+            + if self.has_atomic_ack_eth() { ATOMIC_ACK_ETH_LEN } else { 0 }
     }
 
     /// The opcode of a sim packet: its kind, whether it is the first and/or last segment of its
@@ -294,6 +339,9 @@ impl Opcode {
                 (false, true) => Opcode::RdmaReadResponseLast,
             },
             PacketKind::Ack => Opcode::Acknowledge,
+            PacketKind::AtomicRequest if hdr.has_imm => Opcode::FetchAdd,
+            PacketKind::AtomicRequest => Opcode::CompareSwap,
+            PacketKind::AtomicAck => Opcode::AtomicAcknowledge,
         }
     }
 }
@@ -313,6 +361,19 @@ pub struct Reth {
     pub rkey: u32,
     /// DMA length: the whole message's length (WRITE), or the bytes to read.
     pub len: u32,
+}
+
+/// Atomic Extended Transport Header: the word an atomic works on and its operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AtomicEth {
+    /// Virtual address of the 8-byte word.
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Compare-and-swap: the new value; fetch-and-add: the addend.
+    pub swap_add: u64,
+    /// Compare-and-swap: the value the word must have (0 for fetch-and-add).
+    pub compare: u64,
 }
 
 /// ACK Extended Transport Header.
@@ -480,6 +541,10 @@ pub struct Frame<'a> {
     pub aeth: Option<Aeth>,
     /// ImmDt, on the `..._WITH_IMMEDIATE` opcodes (big-endian on the wire).
     pub imm: Option<u32>,
+    /// AtomicETH, on the atomic requests.
+    pub atomic: Option<AtomicEth>,
+    /// AtomicAckETH (the word's original value), on ATOMIC_ACKNOWLEDGE.
+    pub atomic_ack: Option<u64>,
     /// Payload, without the pad bytes.
     pub payload: &'a [u8],
 }
@@ -498,6 +563,13 @@ impl<'a> Frame<'a> {
         let opcode = Opcode::of(hdr);
         let reth =
             opcode.has_reth().then_some(Reth { va: hdr.remote_addr, rkey: hdr.rkey, len: hdr.dma_len });
+        let atomic = opcode.has_atomic_eth().then_some(AtomicEth {
+            va: hdr.remote_addr,
+            rkey: hdr.rkey,
+            swap_add: hdr.atomic[0],
+            compare: hdr.atomic[1],
+        });
+        let atomic_ack = opcode.has_atomic_ack_eth().then_some(hdr.atomic[0]);
         let aeth = opcode.has_aeth().then(|| match hdr.kind {
             PacketKind::Ack => Aeth::of(hdr.syndrome),
             _ => Aeth { syndrome: ACK_UNLIMITED, msn: 0 },
@@ -507,8 +579,8 @@ impl<'a> Frame<'a> {
             && (hdr.kind == PacketKind::Send || (hdr.kind == PacketKind::Write && hdr.has_imm));
         let ack_req = match hdr.kind {
             PacketKind::Send | PacketKind::Write => hdr.last,
-            PacketKind::ReadRequest => true,
-            PacketKind::ReadResponse | PacketKind::Ack => false,
+            PacketKind::ReadRequest | PacketKind::AtomicRequest => true,
+            PacketKind::ReadResponse | PacketKind::Ack | PacketKind::AtomicAck => false,
         };
         Frame {
             opcode,
@@ -520,6 +592,8 @@ impl<'a> Frame<'a> {
             reth,
             aeth,
             imm: opcode.has_imm().then_some(hdr.imm),
+            atomic,
+            atomic_ack,
             payload,
         }
     }
@@ -570,6 +644,19 @@ impl<'a> Frame<'a> {
                 h.first = false;
                 h.last = false;
                 h.syndrome = self.aeth.and_then(|a| a.meaning()).unwrap_or_default();
+            }
+            PacketKind::AtomicRequest => {
+                let a = self.atomic.unwrap_or_default();
+                h.remote_addr = a.va;
+                h.rkey = a.rkey;
+                h.dma_len = 8;
+                h.atomic = [a.swap_add, a.compare];
+                h.has_imm = op == Opcode::FetchAdd; // the sim's fetch-and-add flag
+            }
+            PacketKind::AtomicAck => {
+                h.first = false;
+                h.last = false;
+                h.atomic = [self.atomic_ack.unwrap_or_default(), 0];
             }
             PacketKind::Send | PacketKind::ReadResponse => {}
         }
@@ -727,8 +814,8 @@ mod tests {
         for b in 0u8..=255 {
             let r = Opcode::from_byte(b);
             match b {
-                0x00..=0x11 => assert!(r.is_ok()),
-                0x12..=0x14 | 0x16 | 0x17 | 0x1C | 0x1D => {
+                0x00..=0x14 => assert!(r.is_ok()),
+                0x16 | 0x17 | 0x1C | 0x1D => {
                     assert_eq!(r, Err(FrameError::UnsupportedOpcode(b)))
                 }
                 0x15 | 0x18..=0x1B | 0x1E | 0x1F => assert_eq!(r, Err(FrameError::UnknownOpcode(b))),
