@@ -468,3 +468,31 @@ pub const URMA_VLOG_LEVEL_DEBUG: u32 = 7;
 
 /// `errno` value `urma_wait_jfc` leaves when a signal interrupted it (returns 0): retry.
 pub const ERESTARTSYS: i32 = 512;
+
+// ---- urma_async_event_type_t (urma_opcode.h; added after the first release of this crate) ----
+/// A JFC failed (overrun); element is the JFC.
+pub const URMA_EVENT_JFC_ERR: u32 = 0;
+/// A JFS failed; element is the JFS.
+pub const URMA_EVENT_JFS_ERR: u32 = 1;
+/// A JFR failed; element is the JFR.
+pub const URMA_EVENT_JFR_ERR: u32 = 2;
+/// A JFR reached its limit; element is the JFR.
+pub const URMA_EVENT_JFR_LIMIT: u32 = 3;
+/// A jetty failed (went to ERROR); element is the jetty.
+pub const URMA_EVENT_JETTY_ERR: u32 = 4;
+/// A jetty reached its limit; element is the jetty.
+pub const URMA_EVENT_JETTY_LIMIT: u32 = 5;
+/// A jetty group failed.
+pub const URMA_EVENT_JETTY_GRP_ERR: u32 = 6;
+/// A port became active; element is the port id.
+pub const URMA_EVENT_PORT_ACTIVE: u32 = 7;
+/// A port went down; element is the port id.
+pub const URMA_EVENT_PORT_DOWN: u32 = 8;
+/// The device failed.
+pub const URMA_EVENT_DEV_FATAL: u32 = 9;
+/// An EID changed; element is the EID index.
+pub const URMA_EVENT_EID_CHANGE: u32 = 10;
+/// Entity-level error.
+pub const URMA_EVENT_ELR_ERR: u32 = 11;
+/// Entity flush done.
+pub const URMA_EVENT_ELR_DONE: u32 = 12;

@@ -293,6 +293,8 @@ pub union UrmaAsyncElement {
     pub jetty_grp: *mut c_void,
     /// For port events.
     pub port_id: u32,
+    /// For EID-change events.
+    pub eid_idx: u32,
 }
 
 impl core::fmt::Debug for UrmaAsyncElement {
@@ -312,7 +314,7 @@ pub struct UrmaAsyncEvent {
     pub urma_ctx: *mut UrmaContext,
     /// The object concerned.
     pub element: UrmaAsyncElement,
-    /// `urma_async_event_type_t`.
+    /// `urma_async_event_type_t` (`consts::URMA_EVENT_*`).
     pub event_type: u32,
     /// Library private.
     pub priv_: *mut c_void,
