@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// What a completion record needs to say about the jetty of a sim queue.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct JettyIds {
     /// The jetty's handle (`urma_jetty_t *`) for async events.
     pub handle: usize,
@@ -22,6 +22,9 @@ pub(crate) struct JettyIds {
     pub local_id: u32,
     /// The bound target (`cr.remote_id`); zero while unbound.
     pub remote: abi::UrmaJettyId,
+    /// Set when a poller hands out an error record of the jetty: the sim queue enters ERROR
+    /// right after writing it, and the jetty reports ERROR from then on, never READY in between.
+    pub errored: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// An opened device (`urma_context_t` first).
@@ -75,7 +78,7 @@ impl Ctx {
     }
 
     pub(crate) fn jetty(&self, qpn: u32) -> Option<JettyIds> {
-        self.jetties.read().unwrap_or_else(|e| e.into_inner()).get(&qpn).copied()
+        self.jetties.read().unwrap_or_else(|e| e.into_inner()).get(&qpn).cloned()
     }
 }
 

@@ -30,6 +30,8 @@ pub(crate) struct Jetty {
     pub psn: u32,
     pub order: u32,
     pub max_sge: u32,
+    /// See [`JettyIds::errored`].
+    pub errored: Arc<std::sync::atomic::AtomicBool>,
     pub inner: Mutex<JettyInner>,
 }
 
@@ -90,6 +92,7 @@ impl Jetty {
     /// The state `urma_query_jetty` reports.
     pub(crate) fn state(&self, g: &JettyInner) -> u32 {
         match g.q.state() {
+            QueueState::Ready if self.errored.load(Ordering::Acquire) => URMA_JETTY_STATE_ERROR,
             QueueState::Ready => URMA_JETTY_STATE_READY,
             QueueState::Error => URMA_JETTY_STATE_ERROR,
             QueueState::Reset => g.state,
@@ -99,6 +102,7 @@ impl Jetty {
     /// Back to RESET with this jetty's derived PSN, ready to connect again.
     fn reset(&self, g: &mut JettyInner) -> Res<()> {
         g.q.reset()?;
+        self.errored.store(false, Ordering::Release);
         g.q.set_initial_psn(self.psn)?;
         Ok(())
     }
@@ -197,6 +201,7 @@ pub extern "C" fn urma_create_jetty(ctx: *mut abi::UrmaContext, jetty_cfg: *mut 
         let id = ident::jetty_id(qpn, c.next_gen.fetch_add(1, Ordering::Relaxed));
         let psn = ident::psn_of(&c.eid, c.uasid, id);
         q.set_initial_psn(psn)?;
+        let errored = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // SAFETY: plain C data.
         let mut pc: abi::UrmaJetty = unsafe { ffi::zeroed() };
         pc.urma_ctx = c.ptr();
@@ -213,10 +218,11 @@ pub extern "C" fn urma_create_jetty(ctx: *mut abi::UrmaContext, jetty_cfg: *mut 
             psn,
             order,
             max_sge,
+            errored: errored.clone(),
             inner: Mutex::new(JettyInner { q, bound: None, state: URMA_JETTY_STATE_READY }),
         });
         let p = registry::insert(Kind::Jetty, obj);
-        c.set_jetty(qpn, Some(JettyIds { handle: p as usize, local_id: id, remote: Default::default() }));
+        c.set_jetty(qpn, Some(JettyIds { handle: p as usize, local_id: id, remote: Default::default(), errored }));
         Ok(p.cast())
     })
 }
@@ -309,7 +315,7 @@ pub extern "C" fn urma_bind_jetty(jetty: *mut abi::UrmaJetty, tjetty: *mut abi::
         g.state = URMA_JETTY_STATE_READY;
         // SAFETY: written only under the jetty's lock.
         unsafe { (*j.c.get()).remote_jetty = tj.ptr() };
-        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: tj.id() }));
+        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: tj.id(), errored: j.errored.clone() }));
         g.bound = Some(tj);
         Ok(())
     })
@@ -327,7 +333,7 @@ pub extern "C" fn urma_unbind_jetty(jetty: *mut abi::UrmaJetty) -> UrmaStatus {
         j.reset(&mut g)?;
         // SAFETY: written only under the jetty's lock.
         unsafe { (*j.c.get()).remote_jetty = std::ptr::null_mut() };
-        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: Default::default() }));
+        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: Default::default(), errored: j.errored.clone() }));
         Ok(())
     })
 }
@@ -356,7 +362,7 @@ pub extern "C" fn urma_modify_jetty(jetty: *mut abi::UrmaJetty, attr: *mut abi::
                 j.reset(&mut g)?;
             }
             URMA_JETTY_STATE_READY => {
-                if g.q.state() != QueueState::Ready {
+                if j.state(&g) != URMA_JETTY_STATE_READY || g.q.state() != QueueState::Ready {
                     if g.q.state() != QueueState::Reset {
                         j.reset(&mut g)?;
                     }

@@ -100,16 +100,19 @@ impl Jfc {
             })?;
             for i in 0..got {
                 let wc = inner.buf[i];
-                let ids = match inner.ids.iter().find(|(q, _)| *q == wc.qpn) {
-                    Some(&(_, ids)) => Some(ids),
-                    None => {
-                        let ids = self.ctx.jetty(wc.qpn);
-                        if let Some(ids) = ids {
-                            inner.ids.push((wc.qpn, ids));
-                        }
-                        ids
-                    }
+                let at = match inner.ids.iter().position(|(q, _)| *q == wc.qpn) {
+                    Some(i) => Some(i),
+                    None => self.ctx.jetty(wc.qpn).map(|ids| {
+                        inner.ids.push((wc.qpn, ids));
+                        inner.ids.len() - 1
+                    }),
                 };
+                let ids = at.map(|i| &inner.ids[i].1);
+                if let Some(ids) = ids {
+                    if !matches!(wc.status, Status::Success | Status::Flushed) {
+                        ids.errored.store(true, Ordering::Release);
+                    }
+                }
                 let cr = to_cr(&wc, ids);
                 if keep(&cr) {
                     // SAFETY: n < cap (at most `want` records are taken per round).
@@ -145,7 +148,7 @@ pub(crate) fn cr_status(s: Status) -> u32 {
     }
 }
 
-fn to_cr(wc: &Completion, ids: Option<JettyIds>) -> abi::UrmaCr {
+fn to_cr(wc: &Completion, ids: Option<&JettyIds>) -> abi::UrmaCr {
     // SAFETY: plain C data.
     let mut cr: abi::UrmaCr = unsafe { ffi::zeroed() };
     cr.status = cr_status(wc.status);
