@@ -58,6 +58,8 @@
 
 mod cq;
 mod device;
+#[cfg(feature = "conformance")]
+mod env;
 mod loader;
 mod mr;
 mod queue;
@@ -65,6 +67,8 @@ mod tables;
 
 pub use cq::{UrmaChannel, UrmaCq};
 pub use device::{device_names, parse_spec, UrmaConfig, UrmaDevice};
+#[cfg(feature = "conformance")]
+pub use env::{UrmaEnv, SPEC_ENV};
 pub use loader::{DEFAULT_LIB, LIB_ENV};
 pub use mr::UrmaRegion;
 pub use queue::UrmaQueue;
