@@ -124,7 +124,7 @@ impl Drop for Context {
             (self.lib.unregister_seg)(self.poison.tseg);
             (self.lib.delete_context)(self.ctx);
         }
-        let _ = &self.poison_mem;
+        // `poison_mem` is freed after this, with the other fields: the segment over it is gone.
     }
 }
 
