@@ -77,7 +77,8 @@ pub(crate) struct Context {
     /// checks the range (the hal's "a stale lkey fails as a completion") instead of the library
     /// dereferencing a freed segment.
     pub(crate) poison: LocalSeg,
-    poison_mem: Box<[u8]>,
+    /// The memory under the poison segment (only kept alive; never read).
+    _poison_mem: Box<[u8]>,
     next_lkey: AtomicU32,
     next_cq_id: AtomicU64,
 }
@@ -124,7 +125,7 @@ impl Drop for Context {
             (self.lib.unregister_seg)(self.poison.tseg);
             (self.lib.delete_context)(self.ctx);
         }
-        // `poison_mem` is freed after this, with the other fields: the segment over it is gone.
+        // `_poison_mem` is freed after this, with the other fields: the segment over it is gone.
     }
 }
 
@@ -299,7 +300,7 @@ impl UrmaDevice {
             jetty_token: random_u32(),
             regions: RwLock::new(HashMap::new()),
             poison,
-            poison_mem,
+            _poison_mem: poison_mem,
             next_lkey: AtomicU32::new(1),
             next_cq_id: AtomicU64::new(1),
         };
