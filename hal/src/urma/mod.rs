@@ -43,6 +43,10 @@
 //!   checks; an lkey that names no live region is given a LOCAL_ONLY page the context keeps
 //!   registered, so the device fails the request with a local access error completion
 //!   ([`crate::Status::LocalProtection`]) instead of touching a freed segment.
+//! - **Keys the library will not import.** A remote key is a completion-time error on every
+//!   backend, never a post-time one: a key `urma_import_seg` refuses (a forged or corrupted one)
+//!   is sent as a `user_tseg` (token id, token value, attributes) instead, and the owner's device
+//!   refuses it like any wrong token (`REM_ACCESS_ABORT` → [`crate::Status::RemoteAccess`]).
 //! - **Async events.** `URMA_EVENT_JETTY_ERR` / `JFS_ERR` → [`crate::AsyncEvent::QueueFatal`],
 //!   `JFC_ERR` → `CqError` (and the CQ reports [`crate::Error::CqOverflow`]), `PORT_*`, `DEV_FATAL`;
 //!   the rest → `Other(code)`.

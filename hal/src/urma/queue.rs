@@ -256,7 +256,8 @@ pub struct UrmaQueue {
     jfr: *mut abi::UrmaJfr,
     jetty: *mut abi::UrmaJetty,
     peer: Option<Peer>,
-    /// Remote segments imported through this queue's peer, by remote key.
+    /// Remote segments imported through this queue's peer, by remote key (null: the library
+    /// refused the import; such keys travel as user target segments).
     imports: HashMap<[u8; RemoteKey::LEN], *mut abi::UrmaTargetSeg>,
     send_head: u32,
     recv_head: u32,
@@ -264,6 +265,7 @@ pub struct UrmaQueue {
     wrs: Box<[abi::UrmaJfsWr]>,
     sges: Box<[abi::UrmaSge]>,
     remote_sges: Box<[abi::UrmaSge]>,
+    remote_user_tsegs: Box<[abi::UrmaUserTseg]>,
     recv_wrs: Box<[abi::UrmaJfrWr]>,
     recv_sges: Box<[abi::UrmaSge]>,
 }
@@ -415,6 +417,7 @@ impl UrmaQueue {
             wrs: (0..n_send).map(|_| zero_wr()).collect(),
             sges: (0..n_send * c.max_send_sge as usize).map(|_| zero_sge()).collect(),
             remote_sges: (0..n_send).map(|_| zero_sge()).collect(),
+            remote_user_tsegs: (0..n_send).map(|_| abi::UrmaUserTseg::default()).collect(),
             recv_wrs: (0..n_recv).map(|_| zero_recv_wr()).collect(),
             recv_sges: (0..n_recv * c.max_recv_sge as usize).map(|_| zero_sge()).collect(),
         })
@@ -503,8 +506,10 @@ impl UrmaQueue {
     fn disconnect(&mut self) {
         let lib = self.ctx.lib;
         for (_, tseg) in self.imports.drain() {
-            // SAFETY: imported by this queue, unimported once.
-            unsafe { (lib.unimport_seg)(tseg) };
+            if !tseg.is_null() {
+                // SAFETY: imported by this queue, unimported once.
+                unsafe { (lib.unimport_seg)(tseg) };
+            }
         }
         if let Some(p) = self.peer.take() {
             // SAFETY: the jetty is live and bound to `p.tjetty`, which this queue imported.
@@ -539,16 +544,11 @@ impl UrmaQueue {
         let flag = ((k.granted() << IMPORT_SEG_ACCESS_SHIFT) & IMPORT_SEG_ACCESS_MASK) | URMA_SEG_NOMAP << 7;
         // SAFETY: the context is live; `seg` and `token` are valid for the call.
         let tseg = unsafe { (self.ctx.lib.import_seg)(self.ctx.ctx, &mut seg, &mut token, 0, flag) };
-        if tseg.is_null() {
-            return Err(status_error(
-                "urma_import_seg",
-                errno(),
-                &format!(
-                    "import the remote segment of {key:?} ({} bytes at {:#x}); nothing was posted",
-                    k.len, k.va
-                ),
-            ));
-        }
+        // A key the library will not import (one that was never a segment's, say) is still sent,
+        // as a user target segment with the key's token id and token: the owner's device then
+        // refuses it as it refuses any wrong key, and the requester sees a RemoteAccess completion
+        // (the hal reports key errors as completions, never at post time). A null entry caches
+        // that decision.
         self.imports.insert(*key.as_bytes(), tseg);
         Ok(tseg)
     }
@@ -801,8 +801,20 @@ impl Queue for UrmaQueue {
             };
             let remote_sg = |q: &mut Self, r: &crate::RemoteAddr| -> abi::UrmaSg {
                 let tseg = q.imports.get(r.key.as_bytes()).copied().unwrap_or(std::ptr::null_mut());
+                let user_tseg = if tseg.is_null() {
+                    let k = KeyFields::decode(&r.key);
+                    q.remote_user_tsegs[i] = abi::UrmaUserTseg {
+                        attr: k.attr,
+                        token_id: k.token_id,
+                        token_value: abi::UrmaToken { token: k.token },
+                    };
+                    // SAFETY: `i < n <= send_depth`, in bounds.
+                    unsafe { q.remote_user_tsegs.as_mut_ptr().add(i) }
+                } else {
+                    std::ptr::null_mut()
+                };
                 let len = wr.total_len().min(u64::from(u32::MAX)) as u32;
-                q.remote_sges[i] = abi::UrmaSge { addr: r.addr, len, tseg, user_tseg: std::ptr::null_mut() };
+                q.remote_sges[i] = abi::UrmaSge { addr: r.addr, len, tseg, user_tseg };
                 // SAFETY: `i < n <= send_depth`, in bounds.
                 abi::UrmaSg { sge: unsafe { q.remote_sges.as_mut_ptr().add(i) }, num_sge: 1 }
             };
