@@ -268,3 +268,60 @@ mod tests {
         assert!(text("verbs:rxe0").contains("--features verbs"), "{}", text("verbs:rxe0"));
     }
 }
+
+/// The RPC conformance suite (`crate::conformance`) on the urma backend, over the liburma
+/// `$BYPASS_URMA_LIB` names (the simulated one, or UMDK's on a UB host), with the device spec of
+/// `$BYPASS_URMA_SPEC`: the server and the client on two contexts of one device, as
+/// [`Backend::open`] runs `urma`. Without a loadable liburma every scenario prints why it skipped:
+///
+/// ```text
+/// BYPASS_URMA_LIB=/path/liburma.so.0 cargo test -p bypass --features urma --lib backend::urma_rpc
+/// ```
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+mod urma_rpc_env {
+    use bypass_hal::urma::{UrmaDevice, LIB_ENV, SPEC_ENV};
+    use std::time::Duration;
+
+    pub(super) struct UrmaRpcEnv {
+        server: UrmaDevice,
+        client: UrmaDevice,
+    }
+
+    impl UrmaRpcEnv {
+        pub(super) fn from_env(test: &str) -> Option<Self> {
+            let spec = std::env::var(SPEC_ENV).unwrap_or_default();
+            match bypass_hal::urma::device_names(&bypass_hal::urma::parse_spec(&spec).ok()?.1) {
+                Err(e) => {
+                    eprintln!("SKIP {test}: {e} (set {LIB_ENV}=<path of a liburma.so.0>)");
+                    None
+                }
+                Ok(_) => {
+                    let open = || {
+                        UrmaDevice::open_spec(&spec).unwrap_or_else(|e| panic!("{SPEC_ENV}={spec:?}: {e}"))
+                    };
+                    Some(UrmaRpcEnv { server: open(), client: open() })
+                }
+            }
+        }
+    }
+
+    impl crate::conformance::Env for UrmaRpcEnv {
+        type Dev = UrmaDevice;
+        fn server(&self) -> &UrmaDevice {
+            &self.server
+        }
+        fn client(&self) -> &UrmaDevice {
+            &self.client
+        }
+        fn progress(&self) {}
+        fn advance(&self, d: Duration) {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+use urma_rpc_env::UrmaRpcEnv;
+
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+crate::rpc_suite!(urma_rpc, skip_unless UrmaRpcEnv::from_env);

@@ -11,11 +11,8 @@
 //! Without a loadable liburma every scenario is skipped with a message saying what to set.
 
 use super::device::UrmaDevice;
-use super::loader::{self, LIB_ENV};
+use super::loader::{self, LIB_ENV, SPEC_ENV};
 use std::time::Duration;
-
-/// The environment variable with the device spec the suite opens (`udma0,lib=...,eid=0`).
-pub const SPEC_ENV: &str = "BYPASS_URMA_SPEC";
 
 /// Two contexts on one URMA device, for the hal conformance suite.
 #[derive(Debug)]

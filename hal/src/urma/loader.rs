@@ -15,6 +15,9 @@ use std::sync::{Mutex, OnceLock};
 
 /// The environment variable naming the liburma to load (a path or a soname).
 pub const LIB_ENV: &str = "BYPASS_URMA_LIB";
+/// The environment variable the conformance environments read the device spec from
+/// (`udma0,lib=...,eid=0`; empty: the first device).
+pub const SPEC_ENV: &str = "BYPASS_URMA_SPEC";
 /// The library loaded when neither the configuration nor [`LIB_ENV`] names one.
 pub const DEFAULT_LIB: &str = "liburma.so.0";
 

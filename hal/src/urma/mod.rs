@@ -72,7 +72,7 @@ mod tables;
 pub use cq::{UrmaChannel, UrmaCq};
 pub use device::{device_names, parse_spec, UrmaConfig, UrmaDevice};
 #[cfg(feature = "conformance")]
-pub use env::{UrmaEnv, SPEC_ENV};
-pub use loader::{DEFAULT_LIB, LIB_ENV};
+pub use env::UrmaEnv;
+pub use loader::{DEFAULT_LIB, LIB_ENV, SPEC_ENV};
 pub use mr::UrmaRegion;
 pub use queue::UrmaQueue;
