@@ -51,13 +51,15 @@ unsafe fn local_sges(b: &Batch, sg: &abi::UrmaSg, max: u32, out: &mut Tr) -> Res
 ///
 /// # Safety
 /// As for [`local_sges`].
-unsafe fn remote(b: &Batch, sg: &abi::UrmaSg) -> Res<RemoteAddr> {
+unsafe fn remote(b: &Batch, sg: &abi::UrmaSg, need: u32) -> Res<RemoteAddr> {
     if sg.num_sge != 1 || sg.sge.is_null() {
         return Err(inval(format!("the remote side of a WRITE or READ is one SGE, not {}", sg.num_sge)));
     }
     // SAFETY: one SGE, non-NULL.
     let s = unsafe { sg.sge.read_unaligned() };
-    Ok(RemoteAddr { addr: s.addr, key: RemoteKey::from_rkey(rkey_in(b, s.tseg)?) })
+    // SAFETY: the SGE's user_tseg is the caller's, valid per the API.
+    let key = unsafe { rkey_in(b, s.tseg, s.user_tseg, need)? };
+    Ok(RemoteAddr { addr: s.addr, key: RemoteKey::from_rkey(key) })
 }
 
 fn imm32(v: u64) -> Res<u32> {
@@ -96,12 +98,12 @@ unsafe fn translate(b: &Batch, wr: &abi::UrmaJfsWr, bound: *mut abi::UrmaTargetJ
         URMA_OPC_WRITE | URMA_OPC_WRITE_IMM => {
             let rw = unsafe { wr.body.rw };
             unsafe { local_sges(b, &rw.src, max_sge, out)? };
-            let to = unsafe { remote(b, &rw.dst)? };
+            let to = unsafe { remote(b, &rw.dst, URMA_ACCESS_WRITE)? };
             if wr.opcode == URMA_OPC_WRITE { SendOp::Write(to) } else { SendOp::WriteImm(to, imm32(rw.notify_data)?) }
         }
         URMA_OPC_READ => {
             let rw = unsafe { wr.body.rw };
-            let from = unsafe { remote(b, &rw.src)? };
+            let from = unsafe { remote(b, &rw.src, URMA_ACCESS_READ)? };
             unsafe { local_sges(b, &rw.dst, max_sge, out)? };
             SendOp::Read(from)
         }

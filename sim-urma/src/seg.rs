@@ -29,6 +29,8 @@ pub(crate) struct ImportedSeg {
     pub _ctx: Arc<Ctx>,
     /// The key this importer presents: `seg.token_id ^ mix(token)`.
     pub key: u32,
+    /// The `URMA_ACCESS_*` rights it was imported with (0: not restricted).
+    pub access: u32,
 }
 
 // SAFETY: the C structs are written before publication and read-only after; SimRegion is
@@ -134,7 +136,8 @@ pub extern "C" fn urma_import_seg(
         t.urma_ctx = c.ptr();
         let key = s.token_id ^ ident::mix(token.token);
         t.handle = u64::from(key);
-        let obj = Arc::new(ImportedSeg { c: UnsafeCell::new(t), _ctx: c, key });
+        let access = (flag & IMPORT_SEG_ACCESS_MASK) >> IMPORT_SEG_ACCESS_SHIFT;
+        let obj = Arc::new(ImportedSeg { c: UnsafeCell::new(t), _ctx: c, key, access });
         Ok(registry::insert(Kind::ImportedSeg, obj).cast())
     })
 }
@@ -183,9 +186,29 @@ pub(crate) fn lkey_in(b: &registry::Batch, p: *const abi::UrmaTargetSeg) -> Res<
         .ok_or_else(|| inval(format!("SGE segment {p:p} is not a live segment registered with urma_register_seg")))
 }
 
-/// The remote key of SGE segment `p` (an imported segment), under a registry batch.
-pub(crate) fn rkey_in(b: &registry::Batch, p: *const abi::UrmaTargetSeg) -> Res<u32> {
-    b.get::<ImportedSeg, _>(Kind::ImportedSeg, p)
-        .map(|s| s.key)
-        .ok_or_else(|| inval(format!("remote SGE segment {p:p} is not a live segment imported with urma_import_seg")))
+/// A key no registration has (index 2^24 - 1, generation 255): what a WR through an import
+/// lacking the right presents, so the owner's device refuses it like a wrong token.
+const NO_KEY: u32 = u32::MAX;
+
+/// The remote key of a remote SGE, under a registry batch: its imported segment's key (or
+/// [`NO_KEY`] if the import lacks the `need`ed `URMA_ACCESS_*` right), or, with no segment, the
+/// key its `user_tseg` (token id and token value) names.
+///
+/// # Safety
+/// A non-NULL `user` points to a readable `urma_user_tseg_t` (the API's contract).
+pub(crate) unsafe fn rkey_in(
+    b: &registry::Batch,
+    p: *const abi::UrmaTargetSeg,
+    user: *const abi::UrmaUserTseg,
+    need: u32,
+) -> Res<u32> {
+    if p.is_null() && !user.is_null() {
+        // SAFETY: non-NULL, readable per the caller.
+        let u = unsafe { user.read_unaligned() };
+        return Ok(u.token_id ^ ident::mix(u.token_value.token));
+    }
+    let s = b.get::<ImportedSeg, _>(Kind::ImportedSeg, p).ok_or_else(|| {
+        inval(format!("remote SGE segment {p:p} is not a live segment imported with urma_import_seg (nor is user_tseg set)"))
+    })?;
+    Ok(if s.access != 0 && s.access & need == 0 { NO_KEY } else { s.key })
 }
