@@ -47,6 +47,8 @@ pub(crate) struct JettyInner {
     pub bound: Option<Arc<TargetJetty>>,
     /// The state last asked for with `urma_modify_jetty` (READY after creation).
     pub state: u32,
+    /// Where a post translates its work requests (allocated once, not per post).
+    pub scratch: Box<[crate::post::Tr; crate::post::CHUNK]>,
 }
 
 /// An imported jetty (`urma_target_jetty_t` first).
@@ -219,7 +221,12 @@ pub extern "C" fn urma_create_jetty(ctx: *mut abi::UrmaContext, jetty_cfg: *mut 
             order,
             max_sge,
             errored: errored.clone(),
-            inner: Mutex::new(JettyInner { q, bound: None, state: URMA_JETTY_STATE_READY }),
+            inner: Mutex::new(JettyInner {
+                q,
+                bound: None,
+                state: URMA_JETTY_STATE_READY,
+                scratch: Box::new([crate::post::EMPTY; crate::post::CHUNK]),
+            }),
         });
         let p = registry::insert(Kind::Jetty, obj);
         c.set_jetty(qpn, Some(JettyIds { handle: p as usize, local_id: id, remote: Default::default(), errored }));
