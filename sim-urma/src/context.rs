@@ -84,13 +84,17 @@ impl Ctx {
 
 /// The live context at `p`.
 pub(crate) fn ctx_of(p: *const abi::UrmaContext) -> Res<Arc<Ctx>> {
-    registry::get::<Ctx, _>(Kind::Context, p)
-        .ok_or_else(|| inval(format!("{p:p} is not a live context of this library (NULL, unknown or deleted)")))
+    registry::get::<Ctx, _>(Kind::Context, p).ok_or_else(|| {
+        inval(format!("{p:p} is not a live context of this library (NULL, unknown or deleted)"))
+    })
 }
 
 /// `urma_create_context`.
 #[no_mangle]
-pub extern "C" fn urma_create_context(dev: *mut abi::UrmaDevice, eid_index: u32) -> *mut abi::UrmaContext {
+pub unsafe extern "C" fn urma_create_context(
+    dev: *mut abi::UrmaDevice,
+    eid_index: u32,
+) -> *mut abi::UrmaContext {
     ffi::pointer("urma_create_context", || {
         let d = dev_of(dev)?;
         if eid_index != 0 {
@@ -123,7 +127,7 @@ pub extern "C" fn urma_create_context(dev: *mut abi::UrmaDevice, eid_index: u32)
 
 /// `urma_delete_context`. Objects created on it stay usable until deleted themselves.
 #[no_mangle]
-pub extern "C" fn urma_delete_context(ctx: *mut abi::UrmaContext) -> UrmaStatus {
+pub unsafe extern "C" fn urma_delete_context(ctx: *mut abi::UrmaContext) -> UrmaStatus {
     ffi::status("urma_delete_context", || {
         registry::remove::<Ctx, _>(Kind::Context, ctx)
             .map(drop)
@@ -134,7 +138,10 @@ pub extern "C" fn urma_delete_context(ctx: *mut abi::UrmaContext) -> UrmaStatus 
 /// `urma_get_async_event`: blocks until the device reports one (poll `ctx->async_fd` first to
 /// wait with a timeout).
 #[no_mangle]
-pub extern "C" fn urma_get_async_event(ctx: *mut abi::UrmaContext, event: *mut abi::UrmaAsyncEvent) -> UrmaStatus {
+pub unsafe extern "C" fn urma_get_async_event(
+    ctx: *mut abi::UrmaContext,
+    event: *mut abi::UrmaAsyncEvent,
+) -> UrmaStatus {
     ffi::status("urma_get_async_event", || {
         let c = ctx_of(ctx)?;
         if event.is_null() {
@@ -192,7 +199,7 @@ fn translate(c: &Arc<Ctx>, ev: &AsyncEvent) -> Option<abi::UrmaAsyncEvent> {
 
 /// `urma_ack_async_event`: counts the event on its jetty (`async_events_acked`).
 #[no_mangle]
-pub extern "C" fn urma_ack_async_event(event: *mut abi::UrmaAsyncEvent) {
+pub unsafe extern "C" fn urma_ack_async_event(event: *mut abi::UrmaAsyncEvent) {
     ffi::unit("urma_ack_async_event", || {
         // SAFETY: a non-NULL event is one the caller got from urma_get_async_event.
         let ev = unsafe { ffi::read_in(event, "event")? };
@@ -223,7 +230,7 @@ unsafe impl Sync for TokenId {}
 /// `urma_alloc_token_id`. Accepted for bookkeeping; a segment's public `token_id` is always the
 /// one `urma_register_seg` derives (see `ident`).
 #[no_mangle]
-pub extern "C" fn urma_alloc_token_id(ctx: *mut abi::UrmaContext) -> *mut abi::UrmaTokenId {
+pub unsafe extern "C" fn urma_alloc_token_id(ctx: *mut abi::UrmaContext) -> *mut abi::UrmaTokenId {
     ffi::pointer("urma_alloc_token_id", || {
         let c = ctx_of(ctx)?;
         // SAFETY: plain C data.
@@ -237,7 +244,7 @@ pub extern "C" fn urma_alloc_token_id(ctx: *mut abi::UrmaContext) -> *mut abi::U
 
 /// `urma_free_token_id`.
 #[no_mangle]
-pub extern "C" fn urma_free_token_id(token_id: *mut abi::UrmaTokenId) -> UrmaStatus {
+pub unsafe extern "C" fn urma_free_token_id(token_id: *mut abi::UrmaTokenId) -> UrmaStatus {
     ffi::status("urma_free_token_id", || {
         registry::remove::<TokenId, _>(Kind::TokenId, token_id)
             .map(drop)

@@ -182,7 +182,7 @@ fn jfce_of(p: *const abi::UrmaJfce) -> Res<Arc<Jfce>> {
 
 /// `urma_create_jfce`.
 #[no_mangle]
-pub extern "C" fn urma_create_jfce(ctx: *mut abi::UrmaContext) -> *mut abi::UrmaJfce {
+pub unsafe extern "C" fn urma_create_jfce(ctx: *mut abi::UrmaContext) -> *mut abi::UrmaJfce {
     ffi::pointer("urma_create_jfce", || {
         let c = ctx_of(ctx)?;
         let chan = c.nic().create_channel()?;
@@ -198,7 +198,7 @@ pub extern "C" fn urma_create_jfce(ctx: *mut abi::UrmaContext) -> *mut abi::Urma
 
 /// `urma_delete_jfce`.
 #[no_mangle]
-pub extern "C" fn urma_delete_jfce(jfce: *mut abi::UrmaJfce) -> UrmaStatus {
+pub unsafe extern "C" fn urma_delete_jfce(jfce: *mut abi::UrmaJfce) -> UrmaStatus {
     ffi::status("urma_delete_jfce", || {
         let j = jfce_of(jfce)?;
         if !j.jfcs.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
@@ -211,14 +211,20 @@ pub extern "C" fn urma_delete_jfce(jfce: *mut abi::UrmaJfce) -> UrmaStatus {
 
 /// `urma_create_jfc`: depth 1..=`max_jfc_depth`; the JFCE (if any) must be of this context.
 #[no_mangle]
-pub extern "C" fn urma_create_jfc(ctx: *mut abi::UrmaContext, jfc_cfg: *mut abi::UrmaJfcCfg) -> *mut abi::UrmaJfc {
+pub unsafe extern "C" fn urma_create_jfc(
+    ctx: *mut abi::UrmaContext,
+    jfc_cfg: *mut abi::UrmaJfcCfg,
+) -> *mut abi::UrmaJfc {
     ffi::pointer("urma_create_jfc", || {
         let c = ctx_of(ctx)?;
         // SAFETY: a non-NULL cfg points to a jfc_cfg (the API's contract).
         let cfg = unsafe { ffi::read_in(jfc_cfg, "jfc_cfg")? };
         let max = c.nic().caps().max_cq_depth;
         if cfg.depth == 0 || cfg.depth > max {
-            return Err(inval(format!("JFC depth {} is outside 1..={max} (dev_cap.max_jfc_depth)", cfg.depth)));
+            return Err(inval(format!(
+                "JFC depth {} is outside 1..={max} (dev_cap.max_jfc_depth)",
+                cfg.depth
+            )));
         }
         let jfce = if cfg.jfce.is_null() {
             None
@@ -246,7 +252,8 @@ pub extern "C" fn urma_create_jfc(ctx: *mut abi::UrmaContext, jfc_cfg: *mut abi:
             stash: VecDeque::new(),
             buf: [Completion::default(); 16],
         };
-        let obj = Arc::new(Jfc { c: UnsafeCell::new(pc), ctx: c, jfce: jfce.clone(), inner: Mutex::new(inner) });
+        let obj =
+            Arc::new(Jfc { c: UnsafeCell::new(pc), ctx: c, jfce: jfce.clone(), inner: Mutex::new(inner) });
         let p = registry::insert(Kind::Jfc, obj);
         if let Some(j) = jfce {
             j.jfcs.lock().unwrap_or_else(|e| e.into_inner()).insert(cq_id, p as usize);
@@ -257,9 +264,10 @@ pub extern "C" fn urma_create_jfc(ctx: *mut abi::UrmaContext, jfc_cfg: *mut abi:
 
 /// `urma_delete_jfc`.
 #[no_mangle]
-pub extern "C" fn urma_delete_jfc(jfc: *mut abi::UrmaJfc) -> UrmaStatus {
+pub unsafe extern "C" fn urma_delete_jfc(jfc: *mut abi::UrmaJfc) -> UrmaStatus {
     ffi::status("urma_delete_jfc", || {
-        let j = registry::remove::<Jfc, _>(Kind::Jfc, jfc).ok_or_else(|| inval(format!("{jfc:p} is not a live JFC")))?;
+        let j = registry::remove::<Jfc, _>(Kind::Jfc, jfc)
+            .ok_or_else(|| inval(format!("{jfc:p} is not a live JFC")))?;
         if let Some(ch) = &j.jfce {
             let id = j.lock().cq.id();
             ch.jfcs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
@@ -270,7 +278,7 @@ pub extern "C" fn urma_delete_jfc(jfc: *mut abi::UrmaJfc) -> UrmaStatus {
 
 /// `urma_rearm_jfc`: one event on the JFCE at the next (solicited) completion.
 #[no_mangle]
-pub extern "C" fn urma_rearm_jfc(jfc: *mut abi::UrmaJfc, solicited_only: bool) -> UrmaStatus {
+pub unsafe extern "C" fn urma_rearm_jfc(jfc: *mut abi::UrmaJfc, solicited_only: bool) -> UrmaStatus {
     ffi::status("urma_rearm_jfc", || {
         let j = jfc_of(jfc)?;
         let mode = if solicited_only { ArmMode::Solicited } else { ArmMode::Any };
@@ -282,7 +290,7 @@ pub extern "C" fn urma_rearm_jfc(jfc: *mut abi::UrmaJfc, solicited_only: bool) -
 /// `urma_wait_jfc`: the JFCs that raised events (up to `jfc_cnt`), 0 on timeout (`time_out` ms,
 /// -1 forever), -1 on error; a signal returns 0 with errno ERESTARTSYS.
 #[no_mangle]
-pub extern "C" fn urma_wait_jfc(
+pub unsafe extern "C" fn urma_wait_jfc(
     jfce: *mut abi::UrmaJfce,
     jfc_cnt: u32,
     time_out: c_int,
@@ -338,7 +346,7 @@ pub extern "C" fn urma_wait_jfc(
 
 /// `urma_ack_jfc`: counts `nevents[i]` on `jfc[i]` (`comp_events_acked`).
 #[no_mangle]
-pub extern "C" fn urma_ack_jfc(jfc: *mut *mut abi::UrmaJfc, nevents: *mut u32, jfc_cnt: u32) {
+pub unsafe extern "C" fn urma_ack_jfc(jfc: *mut *mut abi::UrmaJfc, nevents: *mut u32, jfc_cnt: u32) {
     ffi::unit("urma_ack_jfc", || {
         if jfc_cnt == 0 {
             return Ok(());
@@ -363,7 +371,7 @@ pub extern "C" fn urma_ack_jfc(jfc: *mut *mut abi::UrmaJfc, nevents: *mut u32, j
 
 /// `urma_poll_jfc`: up to `cr_cnt` records, oldest first; -1 on bad arguments.
 #[no_mangle]
-pub extern "C" fn urma_poll_jfc(jfc: *mut abi::UrmaJfc, cr_cnt: c_int, cr: *mut abi::UrmaCr) -> c_int {
+pub unsafe extern "C" fn urma_poll_jfc(jfc: *mut abi::UrmaJfc, cr_cnt: c_int, cr: *mut abi::UrmaCr) -> c_int {
     ffi::count("urma_poll_jfc", || {
         let j = jfc_of(jfc)?;
         if cr_cnt < 0 || (cr_cnt > 0 && cr.is_null()) {

@@ -27,7 +27,8 @@ pub(crate) struct Tr {
     sges: [Sge; MAX_SGE],
 }
 
-pub(crate) const EMPTY: Tr = Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
+pub(crate) const EMPTY: Tr =
+    Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
 
 /// Resolves a local scatter/gather list into `out`.
 ///
@@ -72,7 +73,13 @@ fn imm32(v: u64) -> Res<u32> {
 ///
 /// # Safety
 /// `wr` is a readable `urma_jfs_wr_t` whose SGE lists are valid (the API's contract).
-unsafe fn translate(b: &Batch, wr: &abi::UrmaJfsWr, bound: *mut abi::UrmaTargetJetty, max_sge: u32, out: &mut Tr) -> Res<()> {
+unsafe fn translate(
+    b: &Batch,
+    wr: &abi::UrmaJfsWr,
+    bound: *mut abi::UrmaTargetJetty,
+    max_sge: u32,
+    out: &mut Tr,
+) -> Res<()> {
     if !wr.tjetty.is_null() && wr.tjetty != bound {
         return Err(inval("wr.tjetty is not the target jetty this RC jetty is bound to"));
     }
@@ -89,23 +96,31 @@ unsafe fn translate(b: &Batch, wr: &abi::UrmaJfsWr, bound: *mut abi::UrmaTargetJ
     }
     out.wr_id = wr.user_ctx;
     out.flags = flags;
-    // SAFETY (all arms): the opcode says which union arm the caller filled; the SGE lists are
-    // the caller's, valid per the API.
+    // In every arm: the opcode says which union arm the caller filled, and the SGE lists are the
+    // caller's, valid per the API (this function's contract).
     out.op = match wr.opcode {
         URMA_OPC_SEND | URMA_OPC_SEND_IMM => {
+            // SAFETY: a SEND fills the `send` arm.
             let s = unsafe { wr.body.send };
+            // SAFETY: its SGE list is the caller's (this function's contract).
             unsafe { local_sges(b, &s.src, max_sge, out)? };
             if wr.opcode == URMA_OPC_SEND { SendOp::Send } else { SendOp::SendImm(imm32(s.imm_data)?) }
         }
         URMA_OPC_WRITE | URMA_OPC_WRITE_IMM => {
+            // SAFETY: a WRITE fills the `rw` arm.
             let rw = unsafe { wr.body.rw };
+            // SAFETY: its SGE lists are the caller's (this function's contract).
             unsafe { local_sges(b, &rw.src, max_sge, out)? };
+            // SAFETY: as above.
             let to = unsafe { remote(b, &rw.dst, URMA_ACCESS_WRITE)? };
             if wr.opcode == URMA_OPC_WRITE { SendOp::Write(to) } else { SendOp::WriteImm(to, imm32(rw.notify_data)?) }
         }
         URMA_OPC_READ => {
+            // SAFETY: a READ fills the `rw` arm.
             let rw = unsafe { wr.body.rw };
+            // SAFETY: its SGE lists are the caller's (this function's contract).
             let from = unsafe { remote(b, &rw.src, URMA_ACCESS_READ)? };
+            // SAFETY: as above.
             unsafe { local_sges(b, &rw.dst, max_sge, out)? };
             SendOp::Read(from)
         }
@@ -187,7 +202,11 @@ unsafe fn walk<W>(
 /// `urma_post_jetty_send_wr`: WRs up to the bad one are posted; `*bad_wr` names the first that
 /// was not. An unbound jetty refuses with URMA_EINVAL, a full send queue with URMA_EAGAIN.
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_send_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfsWr, bad_wr: *mut *mut abi::UrmaJfsWr) -> UrmaStatus {
+pub unsafe extern "C" fn urma_post_jetty_send_wr(
+    jetty: *mut abi::UrmaJetty,
+    wr: *mut abi::UrmaJfsWr,
+    bad_wr: *mut *mut abi::UrmaJfsWr,
+) -> UrmaStatus {
     ffi::status("urma_post_jetty_send_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -221,7 +240,11 @@ pub extern "C" fn urma_post_jetty_send_wr(jetty: *mut abi::UrmaJetty, wr: *mut a
 /// `urma_post_jetty_recv_wr`: receives for the jetty's JFR, used by this jetty (waiting on the
 /// JFR until the jetty is bound).
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_recv_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfrWr, bad_wr: *mut *mut abi::UrmaJfrWr) -> UrmaStatus {
+pub unsafe extern "C" fn urma_post_jetty_recv_wr(
+    jetty: *mut abi::UrmaJetty,
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+) -> UrmaStatus {
     ffi::status("urma_post_jetty_recv_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -255,9 +278,14 @@ pub extern "C" fn urma_post_jetty_recv_wr(jetty: *mut abi::UrmaJetty, wr: *mut a
                     }
                     let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
                     if pending.len() + trs.len() > jfr.depth as usize {
-                        return Err(ffi::fail(URMA_EAGAIN, format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth)));
+                        return Err(ffi::fail(
+                            URMA_EAGAIN,
+                            format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
+                        ));
                     }
-                    pending.extend(trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }));
+                    pending.extend(
+                        trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
+                    );
                     Ok(())
                 },
             )

@@ -7,9 +7,9 @@
 //! of another kind, is refused with the documented error instead of being followed.
 
 use std::any::Any;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
@@ -57,12 +57,15 @@ static REMOVALS: AtomicU64 = AtomicU64::new(0);
 /// Entries of a thread's lookup cache.
 const CACHED: usize = 4;
 
+/// One cached lookup: address, kind, the object.
+type Cached = Option<(usize, Kind, Weak<dyn Any + Send + Sync>)>;
+
 thread_local! {
     /// The last few lookups of this thread, valid while [`REMOVALS`] is unchanged: the data path
     /// (poll, post) looks up the same two or three handles over and over, and a shared read lock
     /// per call would bounce its cache line between the threads of both ends. Weak, so a deleted
     /// handle's object goes at once (unless a call is still using it).
-    static CACHE: RefCell<(u64, usize, [Option<(usize, Kind, Weak<dyn Any + Send + Sync>)>; CACHED])> =
+    static CACHE: RefCell<(u64, usize, [Cached; CACHED])> =
         const { RefCell::new((u64::MAX, 0, [const { None }; CACHED])) };
 }
 

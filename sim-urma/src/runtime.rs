@@ -78,7 +78,9 @@ pub(crate) fn free_list<T>(p: *mut T, what: &str) -> Res<()> {
         return Ok(());
     }
     if !lock(&LISTS).get_or_insert_with(HashSet::new).remove(&(p as usize)) {
-        return Err(inval(format!("{what} {p:p} was not returned by this library (or was freed already); not freed")));
+        return Err(inval(format!(
+            "{what} {p:p} was not returned by this library (or was freed already); not freed"
+        )));
     }
     // SAFETY: `p` came from `alloc_list` (calloc) and was not freed since (it was in LISTS).
     unsafe { libc::free(p.cast()) };
@@ -98,7 +100,7 @@ fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
 
 /// `urma_init`.
 #[no_mangle]
-pub extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
+pub unsafe extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
     ffi::status("urma_init", || {
         let mut rt = lock(&RT);
         if rt.is_some() {
@@ -108,12 +110,16 @@ pub extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
         let uasid = if conf.is_null() { 0 } else { unsafe { ffi::read_in(conf, "conf")? }.uasid };
         let uasid = if uasid != 0 { uasid } else { std::process::id().max(1) };
         let cfg = Config::from_env().map_err(|e| fail(URMA_FAIL, e))?;
-        let fabric = Fabric::try_with_config(FabricConfig { wire: cfg.wire, ..FabricConfig::new(cfg.engine) })
-            .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
+        let fabric =
+            Fabric::try_with_config(FabricConfig { wire: cfg.wire, ..FabricConfig::new(cfg.engine) })
+                .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
         let mut devs = Vec::with_capacity(cfg.devices);
         for i in 0..cfg.devices {
             let nic = fabric.try_add_nic().map_err(|e| {
-                fail(URMA_FAIL, format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()))
+                fail(
+                    URMA_FAIL,
+                    format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()),
+                )
             })?;
             let dev = new_dev(i, nic, uasid);
             registry::insert(Kind::Device, dev.clone());
@@ -128,7 +134,7 @@ pub extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
 /// `urma_uninit`: the devices disappear from the list; objects still open keep working until
 /// they are deleted.
 #[no_mangle]
-pub extern "C" fn urma_uninit() -> UrmaStatus {
+pub unsafe extern "C" fn urma_uninit() -> UrmaStatus {
     ffi::status("urma_uninit", || {
         let Some(rt) = lock(&RT).take() else {
             return Err(fail(URMA_FAIL, "liburma is not initialised"));
@@ -142,7 +148,7 @@ pub extern "C" fn urma_uninit() -> UrmaStatus {
 
 /// `urma_get_device_list`.
 #[no_mangle]
-pub extern "C" fn urma_get_device_list(num_devices: *mut c_int) -> *mut *mut abi::UrmaDevice {
+pub unsafe extern "C" fn urma_get_device_list(num_devices: *mut c_int) -> *mut *mut abi::UrmaDevice {
     ffi::pointer("urma_get_device_list", || {
         if num_devices.is_null() {
             return Err(inval("num_devices is NULL"));
@@ -161,13 +167,13 @@ pub extern "C" fn urma_get_device_list(num_devices: *mut c_int) -> *mut *mut abi
 
 /// `urma_free_device_list`: frees the array only.
 #[no_mangle]
-pub extern "C" fn urma_free_device_list(device_list: *mut *mut abi::UrmaDevice) {
+pub unsafe extern "C" fn urma_free_device_list(device_list: *mut *mut abi::UrmaDevice) {
     ffi::unit("urma_free_device_list", || free_list(device_list, "device list"))
 }
 
 /// `urma_get_device_by_name`.
 #[no_mangle]
-pub extern "C" fn urma_get_device_by_name(dev_name: *mut c_char) -> *mut abi::UrmaDevice {
+pub unsafe extern "C" fn urma_get_device_by_name(dev_name: *mut c_char) -> *mut abi::UrmaDevice {
     ffi::pointer("urma_get_device_by_name", || {
         if dev_name.is_null() {
             return Err(inval("dev_name is NULL"));
@@ -191,13 +197,16 @@ pub extern "C" fn urma_get_device_by_name(dev_name: *mut c_char) -> *mut abi::Ur
 
 /// `urma_get_device_by_eid` (the EID by value).
 #[no_mangle]
-pub extern "C" fn urma_get_device_by_eid(
+pub unsafe extern "C" fn urma_get_device_by_eid(
     eid: abi::UrmaEid,
     type_: abi::consts::UrmaTransportType,
 ) -> *mut abi::UrmaDevice {
     ffi::pointer("urma_get_device_by_eid", || {
         if type_ != abi::consts::URMA_TRANSPORT_UB {
-            return Err(fail(libc::ENODEV, format!("the simulated devices are UB (type 0), not type {type_}")));
+            return Err(fail(
+                libc::ENODEV,
+                format!("the simulated devices are UB (type 0), not type {type_}"),
+            ));
         }
         let devs = devices()?;
         devs.iter()
@@ -215,7 +224,10 @@ pub(crate) fn dev_of(p: *const abi::UrmaDevice) -> Res<Arc<Dev>> {
 
 /// `urma_get_eid_list`: one EID per simulated device, index 0.
 #[no_mangle]
-pub extern "C" fn urma_get_eid_list(dev: *mut abi::UrmaDevice, cnt: *mut u32) -> *mut abi::UrmaEidInfo {
+pub unsafe extern "C" fn urma_get_eid_list(
+    dev: *mut abi::UrmaDevice,
+    cnt: *mut u32,
+) -> *mut abi::UrmaEidInfo {
     ffi::pointer("urma_get_eid_list", || {
         let d = dev_of(dev)?;
         if cnt.is_null() {
@@ -234,13 +246,16 @@ pub extern "C" fn urma_get_eid_list(dev: *mut abi::UrmaDevice, cnt: *mut u32) ->
 
 /// `urma_free_eid_list`.
 #[no_mangle]
-pub extern "C" fn urma_free_eid_list(eid_list: *mut abi::UrmaEidInfo) {
+pub unsafe extern "C" fn urma_free_eid_list(eid_list: *mut abi::UrmaEidInfo) {
     ffi::unit("urma_free_eid_list", || free_list(eid_list, "EID list"))
 }
 
 /// `urma_query_device`: the simulated NIC's limits in URMA terms.
 #[no_mangle]
-pub extern "C" fn urma_query_device(dev: *mut abi::UrmaDevice, dev_attr: *mut abi::UrmaDeviceAttr) -> UrmaStatus {
+pub unsafe extern "C" fn urma_query_device(
+    dev: *mut abi::UrmaDevice,
+    dev_attr: *mut abi::UrmaDeviceAttr,
+) -> UrmaStatus {
     ffi::status("urma_query_device", || {
         let d = dev_of(dev)?;
         if dev_attr.is_null() {
@@ -287,7 +302,7 @@ const PORT_ACTIVE: u32 = 4;
 
 /// `urma_str_to_eid`: an IPv6 address (or an IPv4 one, mapped) in text.
 #[no_mangle]
-pub extern "C" fn urma_str_to_eid(buf: *const c_char, eid: *mut abi::UrmaEid) -> c_int {
+pub unsafe extern "C" fn urma_str_to_eid(buf: *const c_char, eid: *mut abi::UrmaEid) -> c_int {
     ffi::count("urma_str_to_eid", || {
         if buf.is_null() || eid.is_null() {
             return Err(inval("buf or eid is NULL"));
@@ -309,7 +324,7 @@ pub extern "C" fn urma_str_to_eid(buf: *const c_char, eid: *mut abi::UrmaEid) ->
 
 /// `urma_u32_to_eid`: the IPv4-mapped EID of `ipv4` (host order).
 #[no_mangle]
-pub extern "C" fn urma_u32_to_eid(ipv4: u32, eid: *mut abi::UrmaEid) {
+pub unsafe extern "C" fn urma_u32_to_eid(ipv4: u32, eid: *mut abi::UrmaEid) {
     ffi::unit("urma_u32_to_eid", || {
         if eid.is_null() {
             return Err(inval("eid is NULL"));
@@ -322,7 +337,7 @@ pub extern "C" fn urma_u32_to_eid(ipv4: u32, eid: *mut abi::UrmaEid) {
 
 /// `urma_register_log_func`.
 #[no_mangle]
-pub extern "C" fn urma_register_log_func(func: abi::fns::UrmaLogCb) -> UrmaStatus {
+pub unsafe extern "C" fn urma_register_log_func(func: abi::fns::UrmaLogCb) -> UrmaStatus {
     ffi::status("urma_register_log_func", || {
         crate::log::set_callback(func);
         Ok(())
@@ -331,7 +346,7 @@ pub extern "C" fn urma_register_log_func(func: abi::fns::UrmaLogCb) -> UrmaStatu
 
 /// `urma_log_set_level`.
 #[no_mangle]
-pub extern "C" fn urma_log_set_level(level: u32) {
+pub unsafe extern "C" fn urma_log_set_level(level: u32) {
     ffi::unit("urma_log_set_level", || {
         crate::log::set_level(level.min(7) as i32);
         Ok(())

@@ -47,14 +47,14 @@ struct Lib {
 }
 
 macro_rules! sym {
-    ($h:expr, $name:literal) => {{
+    ($h:expr, $name:literal, $t:ty) => {{
         let n = CString::new($name).unwrap();
         // SAFETY: `$h` is a live dlopen handle and `n` a NUL-terminated name.
         let p = unsafe { libc::dlsym($h, n.as_ptr()) };
         assert!(!p.is_null(), "{} is not exported", $name);
         // SAFETY: the export has the C type bypass-urma-abi declares (checked at compile time in
         // the library's `signatures` module); function pointers are pointer-sized.
-        unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+        unsafe { std::mem::transmute::<*mut c_void, $t>(p) }
     }};
 }
 
@@ -65,43 +65,43 @@ fn lib() -> &'static Lib {
         // SAFETY: a NUL-terminated path; the library's constructors are Rust statics only.
         let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         assert!(!h.is_null(), "dlopen {path:?} failed");
-        let init: fns::UrmaInit = sym!(h, "urma_init");
+        let init: fns::UrmaInit = sym!(h, "urma_init", fns::UrmaInit);
         // SAFETY: NULL conf is allowed.
         let st = unsafe { init(null_mut()) };
         assert_eq!(st, URMA_SUCCESS, "urma_init");
         // SAFETY: as above; a second init is refused, not a crash.
         assert_eq!(unsafe { init(null_mut()) }, URMA_EEXIST);
         Lib {
-            get_device_by_name: sym!(h, "urma_get_device_by_name"),
-            get_device_list: sym!(h, "urma_get_device_list"),
-            free_device_list: sym!(h, "urma_free_device_list"),
-            get_eid_list: sym!(h, "urma_get_eid_list"),
-            free_eid_list: sym!(h, "urma_free_eid_list"),
-            query_device: sym!(h, "urma_query_device"),
-            create_context: sym!(h, "urma_create_context"),
-            create_jfce: sym!(h, "urma_create_jfce"),
-            create_jfc: sym!(h, "urma_create_jfc"),
-            rearm_jfc: sym!(h, "urma_rearm_jfc"),
-            wait_jfc: sym!(h, "urma_wait_jfc"),
-            ack_jfc: sym!(h, "urma_ack_jfc"),
-            poll_jfc: sym!(h, "urma_poll_jfc"),
-            create_jfr: sym!(h, "urma_create_jfr"),
-            create_jetty: sym!(h, "urma_create_jetty"),
-            modify_jetty: sym!(h, "urma_modify_jetty"),
-            query_jetty: sym!(h, "urma_query_jetty"),
-            import_jetty: sym!(h, "urma_import_jetty"),
-            bind_jetty: sym!(h, "urma_bind_jetty"),
-            register_seg: sym!(h, "urma_register_seg"),
-            import_seg: sym!(h, "urma_import_seg"),
-            unimport_seg: sym!(h, "urma_unimport_seg"),
-            post_send: sym!(h, "urma_post_jetty_send_wr"),
-            post_recv: sym!(h, "urma_post_jetty_recv_wr"),
-            get_async_event: sym!(h, "urma_get_async_event"),
-            ack_async_event: sym!(h, "urma_ack_async_event"),
-            get_rjetty: sym!(h, "urma_get_rjetty"),
-            put_rjetty: sym!(h, "urma_put_rjetty"),
-            get_seg_ctx: sym!(h, "urma_get_seg_ctx"),
-            put_seg_ctx: sym!(h, "urma_put_seg_ctx"),
+            get_device_by_name: sym!(h, "urma_get_device_by_name", fns::UrmaGetDeviceByName),
+            get_device_list: sym!(h, "urma_get_device_list", fns::UrmaGetDeviceList),
+            free_device_list: sym!(h, "urma_free_device_list", fns::UrmaFreeDeviceList),
+            get_eid_list: sym!(h, "urma_get_eid_list", fns::UrmaGetEidList),
+            free_eid_list: sym!(h, "urma_free_eid_list", fns::UrmaFreeEidList),
+            query_device: sym!(h, "urma_query_device", fns::UrmaQueryDevice),
+            create_context: sym!(h, "urma_create_context", fns::UrmaCreateContext),
+            create_jfce: sym!(h, "urma_create_jfce", fns::UrmaCreateJfce),
+            create_jfc: sym!(h, "urma_create_jfc", fns::UrmaCreateJfc),
+            rearm_jfc: sym!(h, "urma_rearm_jfc", fns::UrmaRearmJfc),
+            wait_jfc: sym!(h, "urma_wait_jfc", fns::UrmaWaitJfc),
+            ack_jfc: sym!(h, "urma_ack_jfc", fns::UrmaAckJfc),
+            poll_jfc: sym!(h, "urma_poll_jfc", fns::UrmaPollJfc),
+            create_jfr: sym!(h, "urma_create_jfr", fns::UrmaCreateJfr),
+            create_jetty: sym!(h, "urma_create_jetty", fns::UrmaCreateJetty),
+            modify_jetty: sym!(h, "urma_modify_jetty", fns::UrmaModifyJetty),
+            query_jetty: sym!(h, "urma_query_jetty", fns::UrmaQueryJetty),
+            import_jetty: sym!(h, "urma_import_jetty", fns::UrmaImportJetty),
+            bind_jetty: sym!(h, "urma_bind_jetty", fns::UrmaBindJetty),
+            register_seg: sym!(h, "urma_register_seg", fns::UrmaRegisterSeg),
+            import_seg: sym!(h, "urma_import_seg", fns::UrmaImportSeg),
+            unimport_seg: sym!(h, "urma_unimport_seg", fns::UrmaUnimportSeg),
+            post_send: sym!(h, "urma_post_jetty_send_wr", fns::UrmaPostJettySendWr),
+            post_recv: sym!(h, "urma_post_jetty_recv_wr", fns::UrmaPostJettyRecvWr),
+            get_async_event: sym!(h, "urma_get_async_event", fns::UrmaGetAsyncEvent),
+            ack_async_event: sym!(h, "urma_ack_async_event", fns::UrmaAckAsyncEvent),
+            get_rjetty: sym!(h, "urma_get_rjetty", fns::UrmaGetRjetty),
+            put_rjetty: sym!(h, "urma_put_rjetty", fns::UrmaPutRjetty),
+            get_seg_ctx: sym!(h, "urma_get_seg_ctx", fns::UrmaGetSegCtx),
+            put_seg_ctx: sym!(h, "urma_put_seg_ctx", fns::UrmaPutSegCtx),
         }
     })
 }
@@ -129,8 +129,8 @@ impl Side {
     fn open(dev: &str) -> Side {
         let l = lib();
         let name = CString::new(dev).unwrap();
-        // SAFETY (this function): every call passes handles the library returned and structs
-        // built here, as the URMA API prescribes.
+        // SAFETY: every call passes handles the library returned and structs built here, as the
+        // URMA API prescribes.
         unsafe {
             let d = nn((l.get_device_by_name)(name.as_ptr() as *mut _), "get_device_by_name");
             let ctx = nn((l.create_context)(d, 0), "create_context");
@@ -192,16 +192,35 @@ impl Side {
     }
 
     fn post_recv(&self, off: usize, len: u32, id: u64) {
-        let mut sge = abi::UrmaSge { addr: self.buf.as_ptr() as u64 + off as u64, len, tseg: self.seg, user_tseg: null_mut() };
-        let mut wr = abi::UrmaJfrWr { src: abi::UrmaSg { sge: &mut sge, num_sge: 1 }, user_ctx: id, next: null_mut() };
+        let mut sge = abi::UrmaSge {
+            addr: self.buf.as_ptr() as u64 + off as u64,
+            len,
+            tseg: self.seg,
+            user_tseg: null_mut(),
+        };
+        let mut wr =
+            abi::UrmaJfrWr { src: abi::UrmaSg { sge: &mut sge, num_sge: 1 }, user_ctx: id, next: null_mut() };
         let mut bad = null_mut();
         // SAFETY: live jetty; the WR and its SGE live across the call.
         assert_eq!(unsafe { (lib().post_recv)(self.jetty, &mut wr, &mut bad) }, URMA_SUCCESS);
     }
 
     /// Posts one signaled WR; `remote` is (imported segment, offset) for WRITE and READ.
-    fn post(&self, opcode: u32, off: usize, len: u32, remote: Option<(*mut abi::UrmaTargetSeg, &Side, usize)>, imm: u64, id: u64) -> i32 {
-        let mut local = abi::UrmaSge { addr: self.buf.as_ptr() as u64 + off as u64, len, tseg: self.seg, user_tseg: null_mut() };
+    fn post(
+        &self,
+        opcode: u32,
+        off: usize,
+        len: u32,
+        remote: Option<(*mut abi::UrmaTargetSeg, &Side, usize)>,
+        imm: u64,
+        id: u64,
+    ) -> i32 {
+        let mut local = abi::UrmaSge {
+            addr: self.buf.as_ptr() as u64 + off as u64,
+            len,
+            tseg: self.seg,
+            user_tseg: null_mut(),
+        };
         let mut rsge = remote.map(|(t, peer, roff)| abi::UrmaSge {
             addr: peer.buf.as_ptr() as u64 + roff as u64,
             len,
@@ -215,13 +234,21 @@ impl Side {
         wr.tjetty = self.tjetty;
         wr.user_ctx = id;
         let l_sg = abi::UrmaSg { sge: &mut local, num_sge: 1 };
-        let r_sg = |r: &mut Option<abi::UrmaSge>| abi::UrmaSg { sge: r.as_mut().map_or(null_mut(), |s| s as *mut _), num_sge: 1 };
+        let r_sg = |r: &mut Option<abi::UrmaSge>| abi::UrmaSg {
+            sge: r.as_mut().map_or(null_mut(), |s| s as *mut _),
+            num_sge: 1,
+        };
         match opcode {
             URMA_OPC_SEND | URMA_OPC_SEND_IMM => {
                 wr.body.send = abi::UrmaSendWr { src: l_sg, target_hint: 0, imm_data: imm, tseg: null_mut() }
             }
-            URMA_OPC_READ => wr.body.rw = abi::UrmaRwWr { src: r_sg(&mut rsge), dst: l_sg, target_hint: 0, notify_data: 0 },
-            _ => wr.body.rw = abi::UrmaRwWr { src: l_sg, dst: r_sg(&mut rsge), target_hint: 0, notify_data: imm },
+            URMA_OPC_READ => {
+                wr.body.rw = abi::UrmaRwWr { src: r_sg(&mut rsge), dst: l_sg, target_hint: 0, notify_data: 0 }
+            }
+            _ => {
+                wr.body.rw =
+                    abi::UrmaRwWr { src: l_sg, dst: r_sg(&mut rsge), target_hint: 0, notify_data: imm }
+            }
         }
         let mut bad = null_mut();
         // SAFETY: live jetty; the WR and its SGEs live across the call.
@@ -309,7 +336,10 @@ fn send_write_imm_and_read_between_two_devices() {
     assert_eq!(a.post(URMA_OPC_SEND, 0, 5, None, 0, 1), URMA_SUCCESS);
     let (sa, rb) = (a.cr(), b.cr());
     assert_eq!((sa.status, sa.user_ctx, sa.flag & CR_FLAG_S_R), (URMA_CR_SUCCESS, 1, 0));
-    assert_eq!((rb.status, rb.user_ctx, rb.completion_len, rb.flag & CR_FLAG_S_R), (URMA_CR_SUCCESS, 10, 5, 1));
+    assert_eq!(
+        (rb.status, rb.user_ctx, rb.completion_len, rb.flag & CR_FLAG_S_R),
+        (URMA_CR_SUCCESS, 10, 5, 1)
+    );
     // SAFETY: the jetty id of a live jetty.
     assert_eq!(rb.remote_id, unsafe { (*a.jetty).jetty_id }, "remote_id names the sender");
     assert_eq!(&b.buf[..5], b"hello");
@@ -357,9 +387,16 @@ fn a_wrong_token_never_moves_a_byte_and_both_ends_recover() {
         let token = (rng as u32) | 1;
         let token = if token == TOKEN { TOKEN ^ 2 } else { token };
         let bad = a.import(&b, token, URMA_ACCESS_READ | URMA_ACCESS_WRITE);
-        assert_eq!(a.post(URMA_OPC_WRITE, 0, 64, Some((bad, &b, (round * 16) % 4000)), 0, round as u64), URMA_SUCCESS);
+        assert_eq!(
+            a.post(URMA_OPC_WRITE, 0, 64, Some((bad, &b, (round * 16) % 4000)), 0, round as u64),
+            URMA_SUCCESS
+        );
         let cr = a.cr();
-        assert_eq!((cr.status, cr.user_ctx), (URMA_CR_REM_ACCESS_ABORT_ERR, round as u64), "token {token:#x}");
+        assert_eq!(
+            (cr.status, cr.user_ctx),
+            (URMA_CR_REM_ACCESS_ABORT_ERR, round as u64),
+            "token {token:#x}"
+        );
         assert!(b.buf.iter().all(|&x| x == 0x5a), "token {token:#x} moved a byte");
         // The responder's jetty failed too and says so with an async event.
         // SAFETY: live context; the event is a local.
@@ -424,8 +461,14 @@ fn handles_not_handed_out_are_refused_not_followed() {
         assert_eq!((l.post_send)(a.jfc as *mut abi::UrmaJetty, &mut wr, &mut bad), URMA_EINVAL);
         // A WR naming a segment the library never returned: refused at post, bad_wr set.
         let mut fake: abi::UrmaTargetSeg = std::mem::zeroed();
-        let mut sge = abi::UrmaSge { addr: a.buf.as_ptr() as u64, len: 4, tseg: &mut fake, user_tseg: null_mut() };
-        wr.body.send = abi::UrmaSendWr { src: abi::UrmaSg { sge: &mut sge, num_sge: 1 }, target_hint: 0, imm_data: 0, tseg: null_mut() };
+        let mut sge =
+            abi::UrmaSge { addr: a.buf.as_ptr() as u64, len: 4, tseg: &mut fake, user_tseg: null_mut() };
+        wr.body.send = abi::UrmaSendWr {
+            src: abi::UrmaSg { sge: &mut sge, num_sge: 1 },
+            target_hint: 0,
+            imm_data: 0,
+            tseg: null_mut(),
+        };
         assert_eq!((l.post_send)(a.jetty, &mut wr, &mut bad), URMA_EINVAL);
         assert_eq!(bad, &mut wr as *mut _);
         // Opcodes the simulator does not model are refused, not guessed at.
@@ -434,7 +477,10 @@ fn handles_not_handed_out_are_refused_not_followed() {
         // get/put of the exchange blobs.
         let (mut rj, mut len) = (null_mut(), 0u32);
         assert_eq!((l.get_rjetty)(a.jetty, &mut rj, &mut len), URMA_SUCCESS);
-        assert_eq!((len as usize, (*rj).jetty_id), (std::mem::size_of::<abi::UrmaRjetty>(), (*a.jetty).jetty_id));
+        assert_eq!(
+            (len as usize, (*rj).jetty_id),
+            (std::mem::size_of::<abi::UrmaRjetty>(), (*a.jetty).jetty_id)
+        );
         (l.put_rjetty)(rj);
         let (mut s, mut sl) = (null_mut(), 0u32);
         assert_eq!((l.get_seg_ctx)(a.seg, &mut s, &mut sl), URMA_SUCCESS);

@@ -15,7 +15,8 @@ struct UrmaSimEnv {
 impl UrmaSimEnv {
     fn open(_scenario: &str) -> Option<Self> {
         let spec = format!("bypass_sim0,lib={}", common::library().display());
-        let open = || UrmaDevice::open_spec(&spec).unwrap_or_else(|e| panic!("the simulated liburma ({spec}): {e}"));
+        let open =
+            || UrmaDevice::open_spec(&spec).unwrap_or_else(|e| panic!("the simulated liburma ({spec}): {e}"));
         Some(UrmaSimEnv { server: open(), client: open() })
     }
 }
