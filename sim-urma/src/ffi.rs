@@ -45,7 +45,10 @@ fn report(name: &str, f: &Fail) {
 }
 
 fn panicked(name: &str) -> Fail {
-    fail(URMA_FAIL, format!("{name}: internal error (a panic was caught at the C boundary); please report it"))
+    fail(
+        URMA_FAIL,
+        format!("{name}: internal error (a panic was caught at the C boundary); please report it"),
+    )
 }
 
 /// Runs an entry point that returns `urma_status_t`.

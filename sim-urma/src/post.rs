@@ -25,7 +25,8 @@ struct Tr {
     sges: [Sge; MAX_SGE],
 }
 
-const EMPTY: Tr = Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
+const EMPTY: Tr =
+    Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
 
 /// Resolves a local scatter/gather list into `out`.
 ///
@@ -70,7 +71,13 @@ fn imm32(v: u64) -> Res<u32> {
 ///
 /// # Safety
 /// `wr` is a readable `urma_jfs_wr_t` whose SGE lists are valid (the API's contract).
-unsafe fn translate(b: &Batch, wr: &abi::UrmaJfsWr, bound: *mut abi::UrmaTargetJetty, max_sge: u32, out: &mut Tr) -> Res<()> {
+unsafe fn translate(
+    b: &Batch,
+    wr: &abi::UrmaJfsWr,
+    bound: *mut abi::UrmaTargetJetty,
+    max_sge: u32,
+    out: &mut Tr,
+) -> Res<()> {
     if !wr.tjetty.is_null() && wr.tjetty != bound {
         return Err(inval("wr.tjetty is not the target jetty this RC jetty is bound to"));
     }
@@ -172,7 +179,11 @@ unsafe fn walk<W>(
 /// `urma_post_jetty_send_wr`: WRs up to the bad one are posted; `*bad_wr` names the first that
 /// was not. An unbound jetty refuses with URMA_EINVAL, a full send queue with URMA_EAGAIN.
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_send_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfsWr, bad_wr: *mut *mut abi::UrmaJfsWr) -> UrmaStatus {
+pub extern "C" fn urma_post_jetty_send_wr(
+    jetty: *mut abi::UrmaJetty,
+    wr: *mut abi::UrmaJfsWr,
+    bad_wr: *mut *mut abi::UrmaJfsWr,
+) -> UrmaStatus {
     ffi::status("urma_post_jetty_send_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -204,7 +215,11 @@ pub extern "C" fn urma_post_jetty_send_wr(jetty: *mut abi::UrmaJetty, wr: *mut a
 /// `urma_post_jetty_recv_wr`: receives for the jetty's JFR, used by this jetty (waiting on the
 /// JFR until the jetty is bound).
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_recv_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfrWr, bad_wr: *mut *mut abi::UrmaJfrWr) -> UrmaStatus {
+pub extern "C" fn urma_post_jetty_recv_wr(
+    jetty: *mut abi::UrmaJetty,
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+) -> UrmaStatus {
     ffi::status("urma_post_jetty_recv_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -241,9 +256,14 @@ pub extern "C" fn urma_post_jetty_recv_wr(jetty: *mut abi::UrmaJetty, wr: *mut a
                     }
                     let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
                     if pending.len() + trs.len() > jfr.depth as usize {
-                        return Err(ffi::fail(URMA_EAGAIN, format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth)));
+                        return Err(ffi::fail(
+                            URMA_EAGAIN,
+                            format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
+                        ));
                     }
-                    pending.extend(trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }));
+                    pending.extend(
+                        trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
+                    );
                     Ok(())
                 },
             )
