@@ -60,10 +60,11 @@ impl Config {
                     }
                 };
             } else if let Some(n) = part.strip_prefix("devices=") {
-                c.devices =
-                    n.parse::<usize>().ok().filter(|n| (1..=MAX_DEVICES).contains(n)).ok_or_else(|| {
-                        format!("{ENV}: devices={n:?} must be a number in 1..={MAX_DEVICES}")
-                    })?;
+                c.devices = n
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_DEVICES).contains(n))
+                    .ok_or_else(|| format!("{ENV}: devices={n:?} must be a number in 1..={MAX_DEVICES}"))?;
             } else if part == "inproc" {
                 c.wire = WireConfig::InProcess;
             } else {

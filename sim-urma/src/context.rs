@@ -84,9 +84,8 @@ impl Ctx {
 
 /// The live context at `p`.
 pub(crate) fn ctx_of(p: *const abi::UrmaContext) -> Res<Arc<Ctx>> {
-    registry::get::<Ctx, _>(Kind::Context, p).ok_or_else(|| {
-        inval(format!("{p:p} is not a live context of this library (NULL, unknown or deleted)"))
-    })
+    registry::get::<Ctx, _>(Kind::Context, p)
+        .ok_or_else(|| inval(format!("{p:p} is not a live context of this library (NULL, unknown or deleted)")))
 }
 
 /// `urma_create_context`.
@@ -135,10 +134,7 @@ pub extern "C" fn urma_delete_context(ctx: *mut abi::UrmaContext) -> UrmaStatus 
 /// `urma_get_async_event`: blocks until the device reports one (poll `ctx->async_fd` first to
 /// wait with a timeout).
 #[no_mangle]
-pub extern "C" fn urma_get_async_event(
-    ctx: *mut abi::UrmaContext,
-    event: *mut abi::UrmaAsyncEvent,
-) -> UrmaStatus {
+pub extern "C" fn urma_get_async_event(ctx: *mut abi::UrmaContext, event: *mut abi::UrmaAsyncEvent) -> UrmaStatus {
     ffi::status("urma_get_async_event", || {
         let c = ctx_of(ctx)?;
         if event.is_null() {

@@ -47,6 +47,8 @@ pub(crate) struct JettyInner {
     pub bound: Option<Arc<TargetJetty>>,
     /// The state last asked for with `urma_modify_jetty` (READY after creation).
     pub state: u32,
+    /// Where a post translates its work requests (allocated once, not per post).
+    pub scratch: Box<[crate::post::Tr; crate::post::CHUNK]>,
 }
 
 /// An imported jetty (`urma_target_jetty_t` first).
@@ -140,51 +142,31 @@ fn default_order(trans_mode: u32) -> u32 {
 /// `urma_create_jetty`: RC, `share_jfr = 1`, limits checked against the device's; rewrites
 /// `jfs_cfg.flag.order_type` 0 to OL.
 #[no_mangle]
-pub extern "C" fn urma_create_jetty(
-    ctx: *mut abi::UrmaContext,
-    jetty_cfg: *mut abi::UrmaJettyCfg,
-) -> *mut abi::UrmaJetty {
+pub extern "C" fn urma_create_jetty(ctx: *mut abi::UrmaContext, jetty_cfg: *mut abi::UrmaJettyCfg) -> *mut abi::UrmaJetty {
     ffi::pointer("urma_create_jetty", || {
         let c = ctx_of(ctx)?;
         // SAFETY: a non-NULL cfg points to a jetty_cfg (the API's contract).
         let mut cfg = unsafe { ffi::read_in(jetty_cfg, "jetty_cfg")? };
         if cfg.flag & JETTY_FLAG_SHARE_JFR == 0 {
-            return Err(inval(
-                "flag.share_jfr is 0: UB devices (and this one) need a jetty on a shared JFR (shared.jfr)",
-            ));
+            return Err(inval("flag.share_jfr is 0: UB devices (and this one) need a jetty on a shared JFR (shared.jfr)"));
         }
         let jfs = cfg.jfs_cfg;
         let caps = c.nic().caps();
         if jfs.trans_mode != URMA_TM_RC {
-            return Err(inval(format!(
-                "jfs_cfg.trans_mode {}: the simulator models RC (2) only",
-                jfs.trans_mode
-            )));
+            return Err(inval(format!("jfs_cfg.trans_mode {}: the simulator models RC (2) only", jfs.trans_mode)));
         }
         if jfs.depth == 0 || jfs.depth > caps.max_queue_depth {
-            return Err(inval(format!(
-                "jfs_cfg.depth {} is outside 1..={} (dev_cap.max_jfs_depth)",
-                jfs.depth, caps.max_queue_depth
-            )));
+            return Err(inval(format!("jfs_cfg.depth {} is outside 1..={} (dev_cap.max_jfs_depth)", jfs.depth, caps.max_queue_depth)));
         }
         let max_sge = u32::from(jfs.max_sge.max(1));
         if max_sge > caps.max_send_sge {
-            return Err(inval(format!(
-                "jfs_cfg.max_sge {max_sge} exceeds dev_cap.max_jfs_sge {}",
-                caps.max_send_sge
-            )));
+            return Err(inval(format!("jfs_cfg.max_sge {max_sge} exceeds dev_cap.max_jfs_sge {}", caps.max_send_sge)));
         }
         if jfs.max_inline_data > caps.max_inline {
-            return Err(inval(format!(
-                "jfs_cfg.max_inline_data {} exceeds dev_cap.max_jfs_inline_len {}",
-                jfs.max_inline_data, caps.max_inline
-            )));
+            return Err(inval(format!("jfs_cfg.max_inline_data {} exceeds dev_cap.max_jfs_inline_len {}", jfs.max_inline_data, caps.max_inline)));
         }
         if jfs.rnr_retry > 7 || jfs.err_timeout > 31 {
-            return Err(inval(format!(
-                "rnr_retry {} (0..=7) or err_timeout {} (0..=31) out of range",
-                jfs.rnr_retry, jfs.err_timeout
-            )));
+            return Err(inval(format!("rnr_retry {} (0..=7) or err_timeout {} (0..=31) out of range", jfs.rnr_retry, jfs.err_timeout)));
         }
         let jfc = jfc_of(jfs.jfc)?;
         // SAFETY: share_jfr is set, so the `shared` arm of the union is the one in use; reading
@@ -239,13 +221,15 @@ pub extern "C" fn urma_create_jetty(
             order,
             max_sge,
             errored: errored.clone(),
-            inner: Mutex::new(JettyInner { q, bound: None, state: URMA_JETTY_STATE_READY }),
+            inner: Mutex::new(JettyInner {
+                q,
+                bound: None,
+                state: URMA_JETTY_STATE_READY,
+                scratch: Box::new([crate::post::EMPTY; crate::post::CHUNK]),
+            }),
         });
         let p = registry::insert(Kind::Jetty, obj);
-        c.set_jetty(
-            qpn,
-            Some(JettyIds { handle: p as usize, local_id: id, remote: Default::default(), errored }),
-        );
+        c.set_jetty(qpn, Some(JettyIds { handle: p as usize, local_id: id, remote: Default::default(), errored }));
         Ok(p.cast())
     })
 }
@@ -254,8 +238,7 @@ pub extern "C" fn urma_create_jetty(
 #[no_mangle]
 pub extern "C" fn urma_delete_jetty(jetty: *mut abi::UrmaJetty) -> UrmaStatus {
     ffi::status("urma_delete_jetty", || {
-        let j = registry::remove::<Jetty, _>(Kind::Jetty, jetty)
-            .ok_or_else(|| inval(format!("{jetty:p} is not a live jetty")))?;
+        let j = registry::remove::<Jetty, _>(Kind::Jetty, jetty).ok_or_else(|| inval(format!("{jetty:p} is not a live jetty")))?;
         j.ctx.set_jetty(j.qpn, None);
         Ok(())
     })
@@ -276,10 +259,7 @@ pub extern "C" fn urma_import_jetty(
             return Err(inval("token_value is NULL"));
         }
         if rj.type_ != URMA_JETTY {
-            return Err(inval(format!(
-                "rjetty type {}: the simulator imports jetties (URMA_JETTY = 1) only",
-                rj.type_
-            )));
+            return Err(inval(format!("rjetty type {}: the simulator imports jetties (URMA_JETTY = 1) only", rj.type_)));
         }
         let mut order = (rj.flag & IMPORT_JETTY_ORDER_TYPE_MASK) >> IMPORT_JETTY_ORDER_TYPE_SHIFT;
         if order == URMA_DEF_ORDER {
@@ -290,8 +270,7 @@ pub extern "C" fn urma_import_jetty(
         }
         let jid = rj.jetty_id;
         let (gid, lid) = ident::endpoint_of(&jid.eid.raw);
-        let mut peer =
-            QueueInfo::new(gid, ident::qpn_of(jid.id), ident::psn_of(&jid.eid.raw, jid.uasid, jid.id));
+        let mut peer = QueueInfo::new(gid, ident::qpn_of(jid.id), ident::psn_of(&jid.eid.raw, jid.uasid, jid.id));
         peer.lid = lid;
         peer.uasid = jid.uasid;
         // SAFETY: plain C data.
@@ -304,8 +283,7 @@ pub extern "C" fn urma_import_jetty(
         t.flag = rj.flag;
         t.policy = rj.policy;
         t.tp_type = rj.tp_type;
-        let obj =
-            Arc::new(TargetJetty { c: UnsafeCell::new(t), _ctx: c, peer, order, trans_mode: rj.trans_mode });
+        let obj = Arc::new(TargetJetty { c: UnsafeCell::new(t), _ctx: c, peer, order, trans_mode: rj.trans_mode });
         Ok(registry::insert(Kind::TargetJetty, obj).cast())
     })
 }
@@ -323,10 +301,7 @@ pub extern "C" fn urma_unimport_jetty(tjetty: *mut abi::UrmaTargetJetty) -> Urma
 /// `urma_bind_jetty`: connects the RC jetty to the imported one. `URMA_EEXIST` if bound already,
 /// `URMA_ENOPERM` if either side is not RC or the order types differ.
 #[no_mangle]
-pub extern "C" fn urma_bind_jetty(
-    jetty: *mut abi::UrmaJetty,
-    tjetty: *mut abi::UrmaTargetJetty,
-) -> UrmaStatus {
+pub extern "C" fn urma_bind_jetty(jetty: *mut abi::UrmaJetty, tjetty: *mut abi::UrmaTargetJetty) -> UrmaStatus {
     ffi::status("urma_bind_jetty", || {
         let j = jetty_of(jetty)?;
         let tj = tjetty_of(tjetty)?;
@@ -335,16 +310,10 @@ pub extern "C" fn urma_bind_jetty(
             return Err(fail(URMA_EEXIST, "the jetty is bound already (unbind it first to bind elsewhere)"));
         }
         if tj.trans_mode != URMA_TM_RC {
-            return Err(fail(
-                URMA_ENOPERM,
-                format!("the target jetty's trans_mode is {}, not RC (2)", tj.trans_mode),
-            ));
+            return Err(fail(URMA_ENOPERM, format!("the target jetty's trans_mode is {}, not RC (2)", tj.trans_mode)));
         }
         if tj.order != j.order {
-            return Err(fail(
-                URMA_ENOPERM,
-                format!("order types differ: jetty {} vs target {}", j.order, tj.order),
-            ));
+            return Err(fail(URMA_ENOPERM, format!("order types differ: jetty {} vs target {}", j.order, tj.order)));
         }
         if g.q.state() != QueueState::Reset {
             j.reset(&mut g)?;
@@ -353,15 +322,7 @@ pub extern "C" fn urma_bind_jetty(
         g.state = URMA_JETTY_STATE_READY;
         // SAFETY: written only under the jetty's lock.
         unsafe { (*j.c.get()).remote_jetty = tj.ptr() };
-        j.ctx.set_jetty(
-            j.qpn,
-            Some(JettyIds {
-                handle: j.handle(),
-                local_id: j.id,
-                remote: tj.id(),
-                errored: j.errored.clone(),
-            }),
-        );
+        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: tj.id(), errored: j.errored.clone() }));
         g.bound = Some(tj);
         Ok(())
     })
@@ -379,15 +340,7 @@ pub extern "C" fn urma_unbind_jetty(jetty: *mut abi::UrmaJetty) -> UrmaStatus {
         j.reset(&mut g)?;
         // SAFETY: written only under the jetty's lock.
         unsafe { (*j.c.get()).remote_jetty = std::ptr::null_mut() };
-        j.ctx.set_jetty(
-            j.qpn,
-            Some(JettyIds {
-                handle: j.handle(),
-                local_id: j.id,
-                remote: Default::default(),
-                errored: j.errored.clone(),
-            }),
-        );
+        j.ctx.set_jetty(j.qpn, Some(JettyIds { handle: j.handle(), local_id: j.id, remote: Default::default(), errored: j.errored.clone() }));
         Ok(())
     })
 }
@@ -402,10 +355,7 @@ pub extern "C" fn urma_modify_jetty(jetty: *mut abi::UrmaJetty, attr: *mut abi::
         // SAFETY: a non-NULL attr points to a jetty attr (the API's contract).
         let a = unsafe { ffi::read_in(attr, "attr")? };
         if a.mask & !(JETTY_STATE | JETTY_RX_THRESHOLD) != 0 {
-            return Err(inval(format!(
-                "attr.mask {:#x} has unknown bits (JETTY_RX_THRESHOLD 1, JETTY_STATE 2)",
-                a.mask
-            )));
+            return Err(inval(format!("attr.mask {:#x} has unknown bits (JETTY_RX_THRESHOLD 1, JETTY_STATE 2)", a.mask)));
         }
         if a.mask & JETTY_STATE == 0 {
             return Ok(());
@@ -431,11 +381,7 @@ pub extern "C" fn urma_modify_jetty(jetty: *mut abi::UrmaJetty, attr: *mut abi::
             URMA_JETTY_STATE_SUSPENDED => {
                 return Err(inval("SUSPENDED is not simulated (no error_suspend): use ERROR, RESET or READY"))
             }
-            s => {
-                return Err(inval(format!(
-                    "unknown jetty state {s} (RESET 0, READY 1, SUSPENDED 2, ERROR 3)"
-                )))
-            }
+            s => return Err(inval(format!("unknown jetty state {s} (RESET 0, READY 1, SUSPENDED 2, ERROR 3)"))),
         }
         g.state = a.state;
         Ok(())
@@ -444,11 +390,7 @@ pub extern "C" fn urma_modify_jetty(jetty: *mut abi::UrmaJetty, attr: *mut abi::
 
 /// `urma_query_jetty`: the configuration it was created with and its current state.
 #[no_mangle]
-pub extern "C" fn urma_query_jetty(
-    jetty: *mut abi::UrmaJetty,
-    cfg: *mut abi::UrmaJettyCfg,
-    attr: *mut abi::UrmaJettyAttr,
-) -> UrmaStatus {
+pub extern "C" fn urma_query_jetty(jetty: *mut abi::UrmaJetty, cfg: *mut abi::UrmaJettyCfg, attr: *mut abi::UrmaJettyAttr) -> UrmaStatus {
     ffi::status("urma_query_jetty", || {
         let j = jetty_of(jetty)?;
         if cfg.is_null() || attr.is_null() {
@@ -477,9 +419,7 @@ pub extern "C" fn urma_flush_jetty(jetty: *mut abi::UrmaJetty, cr_cnt: c_int, cr
         }
         let state = j.state(&j.lock());
         if state != URMA_JETTY_STATE_ERROR {
-            return Err(inval(
-                "the jetty is not in ERROR: urma_modify_jetty it to URMA_JETTY_STATE_ERROR first",
-            ));
+            return Err(inval("the jetty is not in ERROR: urma_modify_jetty it to URMA_JETTY_STATE_ERROR first"));
         }
         let id = j.id;
         let mine = move |r: &abi::UrmaCr| r.local_id == id && r.flag & CR_FLAG_S_R == 0;
@@ -490,11 +430,7 @@ pub extern "C" fn urma_flush_jetty(jetty: *mut abi::UrmaJetty, cr_cnt: c_int, cr
 
 /// `urma_get_rjetty`: what a peer passes to `urma_import_jetty`, to send it out of band.
 #[no_mangle]
-pub extern "C" fn urma_get_rjetty(
-    jetty: *mut abi::UrmaJetty,
-    rjetty: *mut *mut abi::UrmaRjetty,
-    length: *mut u32,
-) -> UrmaStatus {
+pub extern "C" fn urma_get_rjetty(jetty: *mut abi::UrmaJetty, rjetty: *mut *mut abi::UrmaRjetty, length: *mut u32) -> UrmaStatus {
     ffi::status("urma_get_rjetty", || {
         let j = jetty_of(jetty)?;
         if rjetty.is_null() || length.is_null() {

@@ -211,20 +211,14 @@ pub extern "C" fn urma_delete_jfce(jfce: *mut abi::UrmaJfce) -> UrmaStatus {
 
 /// `urma_create_jfc`: depth 1..=`max_jfc_depth`; the JFCE (if any) must be of this context.
 #[no_mangle]
-pub extern "C" fn urma_create_jfc(
-    ctx: *mut abi::UrmaContext,
-    jfc_cfg: *mut abi::UrmaJfcCfg,
-) -> *mut abi::UrmaJfc {
+pub extern "C" fn urma_create_jfc(ctx: *mut abi::UrmaContext, jfc_cfg: *mut abi::UrmaJfcCfg) -> *mut abi::UrmaJfc {
     ffi::pointer("urma_create_jfc", || {
         let c = ctx_of(ctx)?;
         // SAFETY: a non-NULL cfg points to a jfc_cfg (the API's contract).
         let cfg = unsafe { ffi::read_in(jfc_cfg, "jfc_cfg")? };
         let max = c.nic().caps().max_cq_depth;
         if cfg.depth == 0 || cfg.depth > max {
-            return Err(inval(format!(
-                "JFC depth {} is outside 1..={max} (dev_cap.max_jfc_depth)",
-                cfg.depth
-            )));
+            return Err(inval(format!("JFC depth {} is outside 1..={max} (dev_cap.max_jfc_depth)", cfg.depth)));
         }
         let jfce = if cfg.jfce.is_null() {
             None
@@ -252,8 +246,7 @@ pub extern "C" fn urma_create_jfc(
             stash: VecDeque::new(),
             buf: [Completion::default(); 16],
         };
-        let obj =
-            Arc::new(Jfc { c: UnsafeCell::new(pc), ctx: c, jfce: jfce.clone(), inner: Mutex::new(inner) });
+        let obj = Arc::new(Jfc { c: UnsafeCell::new(pc), ctx: c, jfce: jfce.clone(), inner: Mutex::new(inner) });
         let p = registry::insert(Kind::Jfc, obj);
         if let Some(j) = jfce {
             j.jfcs.lock().unwrap_or_else(|e| e.into_inner()).insert(cq_id, p as usize);
@@ -266,8 +259,7 @@ pub extern "C" fn urma_create_jfc(
 #[no_mangle]
 pub extern "C" fn urma_delete_jfc(jfc: *mut abi::UrmaJfc) -> UrmaStatus {
     ffi::status("urma_delete_jfc", || {
-        let j = registry::remove::<Jfc, _>(Kind::Jfc, jfc)
-            .ok_or_else(|| inval(format!("{jfc:p} is not a live JFC")))?;
+        let j = registry::remove::<Jfc, _>(Kind::Jfc, jfc).ok_or_else(|| inval(format!("{jfc:p} is not a live JFC")))?;
         if let Some(ch) = &j.jfce {
             let id = j.lock().cq.id();
             ch.jfcs.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);

@@ -45,33 +45,21 @@ pub(crate) fn jfr_of(p: *const abi::UrmaJfr) -> Res<Arc<Jfr>> {
 
 /// `urma_create_jfr`: depth 1..=`max_jfr_depth`, RC, `max_sge` up to `max_jfr_sge`.
 #[no_mangle]
-pub extern "C" fn urma_create_jfr(
-    ctx: *mut abi::UrmaContext,
-    jfr_cfg: *mut abi::UrmaJfrCfg,
-) -> *mut abi::UrmaJfr {
+pub extern "C" fn urma_create_jfr(ctx: *mut abi::UrmaContext, jfr_cfg: *mut abi::UrmaJfrCfg) -> *mut abi::UrmaJfr {
     ffi::pointer("urma_create_jfr", || {
         let c = ctx_of(ctx)?;
         // SAFETY: a non-NULL cfg points to a jfr_cfg (the API's contract).
         let cfg = unsafe { ffi::read_in(jfr_cfg, "jfr_cfg")? };
         let caps = c.nic().caps();
         if cfg.depth == 0 || cfg.depth > caps.max_queue_depth {
-            return Err(inval(format!(
-                "JFR depth {} is outside 1..={} (dev_cap.max_jfr_depth)",
-                cfg.depth, caps.max_queue_depth
-            )));
+            return Err(inval(format!("JFR depth {} is outside 1..={} (dev_cap.max_jfr_depth)", cfg.depth, caps.max_queue_depth)));
         }
         if cfg.trans_mode != URMA_TM_RC {
-            return Err(inval(format!(
-                "JFR trans_mode {}: the simulator models RC (2) only",
-                cfg.trans_mode
-            )));
+            return Err(inval(format!("JFR trans_mode {}: the simulator models RC (2) only", cfg.trans_mode)));
         }
         let max_sge = u32::from(cfg.max_sge.max(1));
         if max_sge > caps.max_recv_sge {
-            return Err(inval(format!(
-                "JFR max_sge {max_sge} exceeds dev_cap.max_jfr_sge {}",
-                caps.max_recv_sge
-            )));
+            return Err(inval(format!("JFR max_sge {max_sge} exceeds dev_cap.max_jfr_sge {}", caps.max_recv_sge)));
         }
         if cfg.min_rnr_timer > 31 {
             return Err(inval(format!("min_rnr_timer {} is outside 0..=31", cfg.min_rnr_timer)));
@@ -102,8 +90,6 @@ pub extern "C" fn urma_create_jfr(
 #[no_mangle]
 pub extern "C" fn urma_delete_jfr(jfr: *mut abi::UrmaJfr) -> UrmaStatus {
     ffi::status("urma_delete_jfr", || {
-        registry::remove::<Jfr, _>(Kind::Jfr, jfr)
-            .map(drop)
-            .ok_or_else(|| inval(format!("{jfr:p} is not a live JFR")))
+        registry::remove::<Jfr, _>(Kind::Jfr, jfr).map(drop).ok_or_else(|| inval(format!("{jfr:p} is not a live JFR")))
     })
 }

@@ -37,7 +37,8 @@ pub(crate) fn log(level: i32, msg: &str) {
     }
     // SAFETY: only `set_callback` stores a non-zero value, and it stores a `LogCb`.
     let f: LogCb = unsafe { std::mem::transmute::<usize, LogCb>(cb) };
-    let line = CString::new(format!("liburma (bypass-sim): {msg}\n").replace('\0', " ")).unwrap_or_default();
+    let line = CString::new(format!("liburma (bypass-sim): {msg}\n").replace('\0', " "))
+        .unwrap_or_default();
     // SAFETY: the callback gets a NUL-terminated string that lives for the call, as liburma's
     // own logger passes it.
     unsafe { f(level, line.as_ptr() as *mut c_char) };

@@ -12,12 +12,14 @@ use bypass_sim::layout::MAX_SGE;
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::*;
+use std::mem::MaybeUninit;
 
 /// Work requests translated before one post.
-const CHUNK: usize = 16;
+pub(crate) const CHUNK: usize = 16;
 
+/// One translated work request (a jetty keeps [`CHUNK`] of them, so a post fills them in place).
 #[derive(Clone, Copy)]
-struct Tr {
+pub(crate) struct Tr {
     wr_id: u64,
     op: SendOp,
     flags: WrFlags,
@@ -25,8 +27,7 @@ struct Tr {
     sges: [Sge; MAX_SGE],
 }
 
-const EMPTY: Tr =
-    Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
+pub(crate) const EMPTY: Tr = Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
 
 /// Resolves a local scatter/gather list into `out`.
 ///
@@ -71,13 +72,7 @@ fn imm32(v: u64) -> Res<u32> {
 ///
 /// # Safety
 /// `wr` is a readable `urma_jfs_wr_t` whose SGE lists are valid (the API's contract).
-unsafe fn translate(
-    b: &Batch,
-    wr: &abi::UrmaJfsWr,
-    bound: *mut abi::UrmaTargetJetty,
-    max_sge: u32,
-    out: &mut Tr,
-) -> Res<()> {
+unsafe fn translate(b: &Batch, wr: &abi::UrmaJfsWr, bound: *mut abi::UrmaTargetJetty, max_sge: u32, out: &mut Tr) -> Res<()> {
     if !wr.tjetty.is_null() && wr.tjetty != bound {
         return Err(inval("wr.tjetty is not the target jetty this RC jetty is bound to"));
     }
@@ -123,12 +118,25 @@ unsafe fn translate(
     Ok(())
 }
 
-fn post_chunk(g: &mut JettyInner, trs: &[Tr]) -> Res<()> {
-    let mut wrs = [SendWr::send(0, &[]); CHUNK];
+fn post_chunk(q: &mut bypass_sim::SimQueue, trs: &[Tr]) -> Res<()> {
+    let mut wrs = [const { MaybeUninit::<SendWr<'_>>::uninit() }; CHUNK];
     for (w, t) in wrs.iter_mut().zip(trs) {
-        *w = SendWr { wr_id: t.wr_id, op: t.op, sges: &t.sges[..t.n], flags: t.flags };
+        w.write(SendWr { wr_id: t.wr_id, op: t.op, sges: &t.sges[..t.n], flags: t.flags });
     }
-    g.q.post_send(&wrs[..trs.len()])?;
+    // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
+    let wrs = unsafe { std::slice::from_raw_parts(wrs.as_ptr().cast::<SendWr<'_>>(), trs.len()) };
+    q.post_send(wrs)?;
+    Ok(())
+}
+
+fn post_recv_chunk(q: &mut bypass_sim::SimQueue, trs: &[Tr]) -> Res<()> {
+    let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
+    for (w, t) in wrs.iter_mut().zip(trs) {
+        w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
+    }
+    // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
+    let wrs = unsafe { std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len()) };
+    q.post_recv(wrs)?;
     Ok(())
 }
 
@@ -138,6 +146,7 @@ fn post_chunk(g: &mut JettyInner, trs: &[Tr]) -> Res<()> {
 /// # Safety
 /// `wr` heads a list of readable WRs linked by `next` (the API's contract).
 unsafe fn walk<W>(
+    trs: &mut [Tr; CHUNK],
     wr: *mut W,
     bad: *mut *mut W,
     limit: usize,
@@ -145,7 +154,6 @@ unsafe fn walk<W>(
     mut one: impl FnMut(&W, &mut Tr) -> Res<()>,
     mut post: impl FnMut(&[Tr]) -> Res<()>,
 ) -> Res<()> {
-    let mut trs = [EMPTY; CHUNK];
     let (mut p, mut first, mut n, mut seen) = (wr, wr, 0usize, 0usize);
     let fail_at = |at: *mut W, f: Fail| {
         // SAFETY: `bad` was checked non-NULL by the caller.
@@ -179,11 +187,7 @@ unsafe fn walk<W>(
 /// `urma_post_jetty_send_wr`: WRs up to the bad one are posted; `*bad_wr` names the first that
 /// was not. An unbound jetty refuses with URMA_EINVAL, a full send queue with URMA_EAGAIN.
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_send_wr(
-    jetty: *mut abi::UrmaJetty,
-    wr: *mut abi::UrmaJfsWr,
-    bad_wr: *mut *mut abi::UrmaJfsWr,
-) -> UrmaStatus {
+pub extern "C" fn urma_post_jetty_send_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfsWr, bad_wr: *mut *mut abi::UrmaJfsWr) -> UrmaStatus {
     ffi::status("urma_post_jetty_send_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -198,15 +202,17 @@ pub extern "C" fn urma_post_jetty_send_wr(
         let b = Batch::new();
         let limit = 2 * j.c_depth() as usize + CHUNK;
         let max_sge = j.max_sge;
+        let JettyInner { q, scratch, .. } = &mut *g;
         // SAFETY: the caller's WR list, per the API.
         unsafe {
             walk(
+                scratch,
                 wr,
                 bad_wr,
                 limit,
                 |w| w.next,
                 |w, out| translate(&b, w, bound, max_sge, out),
-                |trs| if trs.is_empty() { Ok(()) } else { post_chunk(&mut g, trs) },
+                |trs| if trs.is_empty() { Ok(()) } else { post_chunk(q, trs) },
             )
         }
     })
@@ -215,11 +221,7 @@ pub extern "C" fn urma_post_jetty_send_wr(
 /// `urma_post_jetty_recv_wr`: receives for the jetty's JFR, used by this jetty (waiting on the
 /// JFR until the jetty is bound).
 #[no_mangle]
-pub extern "C" fn urma_post_jetty_recv_wr(
-    jetty: *mut abi::UrmaJetty,
-    wr: *mut abi::UrmaJfrWr,
-    bad_wr: *mut *mut abi::UrmaJfrWr,
-) -> UrmaStatus {
+pub extern "C" fn urma_post_jetty_recv_wr(jetty: *mut abi::UrmaJetty, wr: *mut abi::UrmaJfrWr, bad_wr: *mut *mut abi::UrmaJfrWr) -> UrmaStatus {
     ffi::status("urma_post_jetty_recv_wr", || {
         let j = jetty_of(jetty)?;
         if bad_wr.is_null() {
@@ -231,9 +233,11 @@ pub extern "C" fn urma_post_jetty_recv_wr(
         let max_sge = j.jfr.max_sge;
         let connected = g.q.state() != QueueState::Reset;
         let jfr = j.jfr.clone();
+        let JettyInner { q, scratch, .. } = &mut *g;
         // SAFETY: the caller's WR list, per the API.
         unsafe {
             walk(
+                scratch,
                 wr,
                 bad_wr,
                 limit,
@@ -247,23 +251,13 @@ pub extern "C" fn urma_post_jetty_recv_wr(
                         return Ok(());
                     }
                     if connected {
-                        let mut wrs = [RecvWr { wr_id: 0, sges: &[] }; CHUNK];
-                        for (w, t) in wrs.iter_mut().zip(trs) {
-                            *w = RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] };
-                        }
-                        g.q.post_recv(&wrs[..trs.len()])?;
-                        return Ok(());
+                        return post_recv_chunk(q, trs);
                     }
                     let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
                     if pending.len() + trs.len() > jfr.depth as usize {
-                        return Err(ffi::fail(
-                            URMA_EAGAIN,
-                            format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
-                        ));
+                        return Err(ffi::fail(URMA_EAGAIN, format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth)));
                     }
-                    pending.extend(
-                        trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
-                    );
+                    pending.extend(trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }));
                     Ok(())
                 },
             )

@@ -9,7 +9,9 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, Weak};
 
 /// What a handle is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +51,21 @@ type Table = HashMap<usize, Entry, BuildHasherDefault<AddrHasher>>;
 
 static TABLE: RwLock<Option<Table>> = RwLock::new(None);
 
+/// Bumped on every removal: a thread's cached lookups are good while it has not moved.
+static REMOVALS: AtomicU64 = AtomicU64::new(0);
+
+/// Entries of a thread's lookup cache.
+const CACHED: usize = 4;
+
+thread_local! {
+    /// The last few lookups of this thread, valid while [`REMOVALS`] is unchanged: the data path
+    /// (poll, post) looks up the same two or three handles over and over, and a shared read lock
+    /// per call would bounce its cache line between the threads of both ends. Weak, so a deleted
+    /// handle's object goes at once (unless a call is still using it).
+    static CACHE: RefCell<(u64, usize, [Option<(usize, Kind, Weak<dyn Any + Send + Sync>)>; CACHED])> =
+        const { RefCell::new((u64::MAX, 0, [const { None }; CACHED])) };
+}
+
 /// Enters `obj` and returns the pointer C gets (the address of the object, whose first field is
 /// the C struct).
 pub(crate) fn insert<T: Any + Send + Sync>(kind: Kind, obj: Arc<T>) -> *mut T {
@@ -63,8 +80,32 @@ pub(crate) fn get<T: Any + Send + Sync, P>(kind: Kind, p: *const P) -> Option<Ar
     if p.is_null() {
         return None;
     }
+    let addr = p as usize;
+    let gen = REMOVALS.load(Ordering::Acquire);
+    let hit = CACHE.with(|c| {
+        let c = c.borrow();
+        if c.0 != gen {
+            return None;
+        }
+        c.2.iter().flatten().find(|(a, k, _)| *a == addr && *k == kind).and_then(|(_, _, o)| o.upgrade())
+    });
+    if let Some(obj) = hit {
+        return obj.downcast::<T>().ok();
+    }
     let t = TABLE.read().unwrap_or_else(|e| e.into_inner());
-    lookup(&t, kind, p as usize)
+    let found = t.as_ref()?.get(&addr).filter(|(k, _)| *k == kind).cloned();
+    drop(t);
+    let (k, obj) = found?;
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.0 != gen {
+            *c = (gen, 0, [const { None }; CACHED]);
+        }
+        let slot = c.1 % CACHED;
+        c.2[slot] = Some((addr, k, Arc::downgrade(&obj)));
+        c.1 = c.1.wrapping_add(1);
+    });
+    obj.downcast::<T>().ok()
 }
 
 /// Removes the object of `kind` at `p` (deleting a handle); returns it.
@@ -79,6 +120,9 @@ pub(crate) fn remove<T: Any + Send + Sync, P>(kind: Kind, p: *const P) -> Option
         _ => return None,
     }
     let (_, obj) = map.remove(&(p as usize))?;
+    // Under the write lock: a lookup that starts after this sees the new count and misses its
+    // cache.
+    REMOVALS.fetch_add(1, Ordering::AcqRel);
     obj.downcast::<T>().ok()
 }
 
@@ -99,12 +143,5 @@ impl Batch {
             Some((k, obj)) if *k == kind => obj.downcast_ref::<T>(),
             _ => None,
         }
-    }
-}
-
-fn lookup<T: Any + Send + Sync>(t: &Option<Table>, kind: Kind, addr: usize) -> Option<Arc<T>> {
-    match t.as_ref()?.get(&addr) {
-        Some((k, obj)) if *k == kind => obj.clone().downcast::<T>().ok(),
-        _ => None,
     }
 }

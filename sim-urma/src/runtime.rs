@@ -78,9 +78,7 @@ pub(crate) fn free_list<T>(p: *mut T, what: &str) -> Res<()> {
         return Ok(());
     }
     if !lock(&LISTS).get_or_insert_with(HashSet::new).remove(&(p as usize)) {
-        return Err(inval(format!(
-            "{what} {p:p} was not returned by this library (or was freed already); not freed"
-        )));
+        return Err(inval(format!("{what} {p:p} was not returned by this library (or was freed already); not freed")));
     }
     // SAFETY: `p` came from `alloc_list` (calloc) and was not freed since (it was in LISTS).
     unsafe { libc::free(p.cast()) };
@@ -110,16 +108,12 @@ pub extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
         let uasid = if conf.is_null() { 0 } else { unsafe { ffi::read_in(conf, "conf")? }.uasid };
         let uasid = if uasid != 0 { uasid } else { std::process::id().max(1) };
         let cfg = Config::from_env().map_err(|e| fail(URMA_FAIL, e))?;
-        let fabric =
-            Fabric::try_with_config(FabricConfig { wire: cfg.wire, ..FabricConfig::new(cfg.engine) })
-                .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
+        let fabric = Fabric::try_with_config(FabricConfig { wire: cfg.wire, ..FabricConfig::new(cfg.engine) })
+            .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
         let mut devs = Vec::with_capacity(cfg.devices);
         for i in 0..cfg.devices {
             let nic = fabric.try_add_nic().map_err(|e| {
-                fail(
-                    URMA_FAIL,
-                    format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()),
-                )
+                fail(URMA_FAIL, format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()))
             })?;
             let dev = new_dev(i, nic, uasid);
             registry::insert(Kind::Device, dev.clone());
@@ -203,10 +197,7 @@ pub extern "C" fn urma_get_device_by_eid(
 ) -> *mut abi::UrmaDevice {
     ffi::pointer("urma_get_device_by_eid", || {
         if type_ != abi::consts::URMA_TRANSPORT_UB {
-            return Err(fail(
-                libc::ENODEV,
-                format!("the simulated devices are UB (type 0), not type {type_}"),
-            ));
+            return Err(fail(libc::ENODEV, format!("the simulated devices are UB (type 0), not type {type_}")));
         }
         let devs = devices()?;
         devs.iter()
@@ -249,10 +240,7 @@ pub extern "C" fn urma_free_eid_list(eid_list: *mut abi::UrmaEidInfo) {
 
 /// `urma_query_device`: the simulated NIC's limits in URMA terms.
 #[no_mangle]
-pub extern "C" fn urma_query_device(
-    dev: *mut abi::UrmaDevice,
-    dev_attr: *mut abi::UrmaDeviceAttr,
-) -> UrmaStatus {
+pub extern "C" fn urma_query_device(dev: *mut abi::UrmaDevice, dev_attr: *mut abi::UrmaDeviceAttr) -> UrmaStatus {
     ffi::status("urma_query_device", || {
         let d = dev_of(dev)?;
         if dev_attr.is_null() {

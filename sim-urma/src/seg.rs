@@ -45,16 +45,10 @@ unsafe impl Sync for ImportedSeg {}
 
 /// The access rights of a `URMA_ACCESS_*` value, checked as `urma_check_seg_cfg` does.
 fn access_of(acc: u32) -> Res<Access> {
-    let (local, read, write, atomic) = (
-        acc & URMA_ACCESS_LOCAL_ONLY != 0,
-        acc & URMA_ACCESS_READ != 0,
-        acc & URMA_ACCESS_WRITE != 0,
-        acc & URMA_ACCESS_ATOMIC != 0,
-    );
+    let (local, read, write, atomic) =
+        (acc & URMA_ACCESS_LOCAL_ONLY != 0, acc & URMA_ACCESS_READ != 0, acc & URMA_ACCESS_WRITE != 0, acc & URMA_ACCESS_ATOMIC != 0);
     if acc & !0xf != 0 {
-        return Err(inval(format!(
-            "access {acc:#x} has unknown bits (LOCAL_ONLY 1, READ 2, WRITE 4, ATOMIC 8)"
-        )));
+        return Err(inval(format!("access {acc:#x} has unknown bits (LOCAL_ONLY 1, READ 2, WRITE 4, ATOMIC 8)")));
     }
     if local && (read || write || atomic) {
         return Err(inval("access LOCAL_ONLY cannot be combined with READ, WRITE or ATOMIC"));
@@ -77,10 +71,7 @@ fn access_of(acc: u32) -> Res<Access> {
 
 /// `urma_register_seg`: registers the caller's `va..va+len`.
 #[no_mangle]
-pub extern "C" fn urma_register_seg(
-    ctx: *mut abi::UrmaContext,
-    seg_cfg: *mut abi::UrmaSegCfg,
-) -> *mut abi::UrmaTargetSeg {
+pub extern "C" fn urma_register_seg(ctx: *mut abi::UrmaContext, seg_cfg: *mut abi::UrmaSegCfg) -> *mut abi::UrmaTargetSeg {
     ffi::pointer("urma_register_seg", || {
         let c = ctx_of(ctx)?;
         // SAFETY: a non-NULL cfg points to a seg_cfg (the API's contract).
@@ -89,9 +80,7 @@ pub extern "C" fn urma_register_seg(
             return Err(inval(format!("segment va {:#x} len {}: both must be non-zero", cfg.va, cfg.len)));
         }
         let access = access_of((cfg.flag & REG_SEG_ACCESS_MASK) >> REG_SEG_ACCESS_SHIFT)?;
-        if cfg.flag & REG_SEG_TOKEN_ID_VALID != 0
-            && registry::get::<crate::context::TokenId, _>(Kind::TokenId, cfg.token_id).is_none()
-        {
+        if cfg.flag & REG_SEG_TOKEN_ID_VALID != 0 && registry::get::<crate::context::TokenId, _>(Kind::TokenId, cfg.token_id).is_none() {
             return Err(inval("token_id_valid is set but token_id is not a live token id of this library"));
         }
         let len = usize::try_from(cfg.len).map_err(|_| inval("segment length does not fit in memory"))?;
@@ -118,11 +107,9 @@ pub extern "C" fn urma_register_seg(
 #[no_mangle]
 pub extern "C" fn urma_unregister_seg(target_seg: *mut abi::UrmaTargetSeg) -> UrmaStatus {
     ffi::status("urma_unregister_seg", || {
-        registry::remove::<LocalSeg, _>(Kind::LocalSeg, target_seg).map(drop).ok_or_else(|| {
-            inval(format!(
-                "{target_seg:p} is not a live registered segment (imported ones take urma_unimport_seg)"
-            ))
-        })
+        registry::remove::<LocalSeg, _>(Kind::LocalSeg, target_seg)
+            .map(drop)
+            .ok_or_else(|| inval(format!("{target_seg:p} is not a live registered segment (imported ones take urma_unimport_seg)")))
     })
 }
 
@@ -167,11 +154,7 @@ pub extern "C" fn urma_unimport_seg(tseg: *mut abi::UrmaTargetSeg) -> UrmaStatus
 
 /// `urma_get_seg_ctx`: a copy of the segment's public part (`urma_seg_t`) to send to a peer.
 #[no_mangle]
-pub extern "C" fn urma_get_seg_ctx(
-    tseg: *mut abi::UrmaTargetSeg,
-    seg: *mut *mut abi::UrmaSeg,
-    size: *mut u32,
-) -> UrmaStatus {
+pub extern "C" fn urma_get_seg_ctx(tseg: *mut abi::UrmaTargetSeg, seg: *mut *mut abi::UrmaSeg, size: *mut u32) -> UrmaStatus {
     ffi::status("urma_get_seg_ctx", || {
         let local = registry::get::<LocalSeg, _>(Kind::LocalSeg, tseg)
             .ok_or_else(|| inval(format!("{tseg:p} is not a live registered segment")))?;
@@ -198,9 +181,9 @@ pub extern "C" fn urma_put_seg_ctx(seg: *mut abi::UrmaSeg) {
 
 /// The local key of SGE segment `p` (a registered segment), under a registry batch.
 pub(crate) fn lkey_in(b: &registry::Batch, p: *const abi::UrmaTargetSeg) -> Res<u32> {
-    b.get::<LocalSeg, _>(Kind::LocalSeg, p).map(|s| s.region.lkey()).ok_or_else(|| {
-        inval(format!("SGE segment {p:p} is not a live segment registered with urma_register_seg"))
-    })
+    b.get::<LocalSeg, _>(Kind::LocalSeg, p)
+        .map(|s| s.region.lkey())
+        .ok_or_else(|| inval(format!("SGE segment {p:p} is not a live segment registered with urma_register_seg")))
 }
 
 /// A key no registration has (index 2^24 - 1, generation 255): what a WR through an import

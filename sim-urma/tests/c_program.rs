@@ -33,33 +33,22 @@ fn build(dir: &Path) -> PathBuf {
 fn bad_input_table_from_c_gets_the_documented_errors() {
     let dir = lib_dir("bad");
     let exe = build(&dir);
-    let child =
-        with_lib(Command::new(&exe), &dir).arg("badinput").env("BYPASS_SIM_URMA", "inproc").spawn().unwrap();
+    let child = with_lib(Command::new(&exe), &dir).arg("badinput").env("BYPASS_SIM_URMA", "inproc").spawn().unwrap();
     let out = wait_bounded(child, Duration::from_secs(60), "badinput");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bad-input rows failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "bad-input rows failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("82 of 82 rows as documented"), "{stdout}");
 }
 
 fn two_processes(wire: &str, tag: &str) {
     let dir = lib_dir(tag);
     let exe = build(&dir);
-    let mut server =
-        with_lib(Command::new(&exe), &dir).arg("server").env("BYPASS_SIM_URMA", wire).spawn().unwrap();
+    let mut server = with_lib(Command::new(&exe), &dir).arg("server").env("BYPASS_SIM_URMA", wire).spawn().unwrap();
     let mut line = String::new();
     let mut so = BufReader::new(server.stdout.take().unwrap());
     so.read_line(&mut line).unwrap();
-    let port =
-        line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
-    let client = with_lib(Command::new(&exe), &dir)
-        .args(["client", &port])
-        .env("BYPASS_SIM_URMA", wire)
-        .spawn()
-        .unwrap();
+    let port = line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
+    let client = with_lib(Command::new(&exe), &dir).args(["client", &port]).env("BYPASS_SIM_URMA", wire).spawn().unwrap();
     let c = wait_bounded(client, Duration::from_secs(60), "the client");
     let mut rest = String::new();
     server.stdout = None;
@@ -91,8 +80,7 @@ fn umdk_rc_sequence_runs_as_two_processes_on_the_udp_wire() {
 #[test]
 fn only_urma_symbols_are_exported_and_the_soname_is_liburma_so_0() {
     let lib = library();
-    let out =
-        Command::new("readelf").args(["--dyn-syms", "-d", "-W"]).arg(&lib).stdout(Stdio::piped()).output();
+    let out = Command::new("readelf").args(["--dyn-syms", "-d", "-W"]).arg(&lib).stdout(Stdio::piped()).output();
     let Ok(out) = out else {
         eprintln!("readelf not installed: skipping the symbol check");
         return;
