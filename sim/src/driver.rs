@@ -563,11 +563,7 @@ impl SimQueue {
     /// only a queue's number (sim-urma: a URMA jetty id), so both ends must derive the PSN.
     pub fn set_initial_psn(&mut self, psn: u32) -> Result<()> {
         if self.shared.state() != QueueState::Reset {
-            return Err(Error::BadState {
-                state: self.shared.state(),
-                op: "set_initial_psn",
-                needs: "RESET",
-            });
+            return Err(Error::BadState { state: self.shared.state(), op: "set_initial_psn", needs: "RESET" });
         }
         self.shared.psn.store(psn & 0x00ff_ffff, Ordering::Relaxed);
         Ok(())
