@@ -157,10 +157,13 @@ pub(crate) unsafe fn mark_overflow(jfc: *mut abi::UrmaJfc) {
     // set at creation. The CQ finds its id in the list when a poll comes back empty.
     let id = unsafe { (*jfc).jfc_cfg.user_ctx };
     OVERFLOWED.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+    ANY_OVERFLOW.store(true, Ordering::Release);
 }
 
-/// CQ ids an async event reported overrun (cold; read by the poller only when a poll is empty).
+/// CQ ids an async event reported overrun (cold; read by an empty poll only once
+/// [`ANY_OVERFLOW`] is set).
 static OVERFLOWED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+/// Set (for good) by the first overrun event of the process.
 static ANY_OVERFLOW: AtomicBool = AtomicBool::new(false);
 
 /// A completion queue on a URMA device.
@@ -281,16 +284,14 @@ impl UrmaCq {
         })
     }
 
+    /// Whether an async event reported this CQ overrun. An empty poll asks: one atomic load
+    /// unless some CQ of the process ever overran.
     fn overflowed(&self) -> bool {
         if self.shared.overflow.load(Ordering::Acquire) {
             return true;
         }
         if !ANY_OVERFLOW.load(Ordering::Acquire) {
-            let list = OVERFLOWED.lock().unwrap_or_else(|e| e.into_inner());
-            if list.is_empty() {
-                return false;
-            }
-            ANY_OVERFLOW.store(true, Ordering::Release);
+            return false;
         }
         let hit = OVERFLOWED.lock().unwrap_or_else(|e| e.into_inner()).contains(&self.shared.id);
         if hit {

@@ -11,7 +11,7 @@
 //! |---|---|
 //! | [`crate::Device`] | [`UrmaDevice`]: a `urma_context` on one EID of a device (`urma_get_eid_list`) |
 //! | [`crate::MemoryRegion`] | [`UrmaRegion`]: a registered segment with a token of its own |
-//! | [`crate::RemoteKey`] | token, token id, va, len, granted access (see `mr`); imported with `urma_import_seg` on first use, cached per queue |
+//! | [`crate::RemoteKey`] | 32 bits (the token id, under the device token; named as a `user_tseg`), or for write-only regions 32 bytes (token, token id, va, len, granted access) imported with `urma_import_seg` on first use, cached per queue (see `mr`) |
 //! | [`crate::CompletionQueue`] | [`UrmaCq`]: a JFC on its own or a shared JFCE |
 //! | [`crate::EventChannel`] | [`UrmaChannel`]: a JFCE (its fd; `urma_wait_jfc` with timeout 0, then `urma_ack_jfc`) |
 //! | [`crate::Queue`] | [`UrmaQueue`]: an RC jetty on a JFR of its own (`share_jfr`), bound to the peer with `urma_import_jetty` + `urma_bind_jetty` |
@@ -27,11 +27,16 @@
 //!
 //! ## Where the hal contract had to choose (what real hardware does)
 //!
+//! - **Keys and tokens.** Segments the owner's device protects by itself (remote rights none,
+//!   READ or READ|WRITE) share the device's token and get 32-bit keys (their token ids), so they
+//!   fit URPC's 32-bit descriptor token and rendezvous works. Any peer connected to the device
+//!   knows that token, as any queue of a verbs PD may use any of its rkeys: a key is a
+//!   capability among connected peers, not a secret against them.
 //! - **Write-only regions.** URMA cannot register WRITE without READ (`urma_check_seg_cfg`), so a
-//!   region with REMOTE_WRITE but not REMOTE_READ is registered READ|WRITE, and its remote key
-//!   carries only WRITE: the requester imports the segment with the rights the key grants, and
-//!   its device refuses a READ through that import. The owner's device does not enforce the
-//!   difference, so a peer that forges the key's access bits can READ such a region.
+//!   region with REMOTE_WRITE but not REMOTE_READ is registered READ|WRITE with a token of its
+//!   own, and its (wide) key carries only WRITE: the requester imports the segment with the rights
+//!   the key grants, and its device refuses a READ through that import. The owner's device does
+//!   not enforce the difference, so a peer that forges the key's access bits can READ it.
 //! - **Retries.** URMA's JFS has `rnr_retry` and `err_timeout` (from [`crate::QueueConfig`]'s
 //!   `rnr_retry` and `timeout` exponent) but no transport retry count: `retry_count` is not
 //!   applied; the device's own budget decides when `ACK_TIMEOUT_ERR` is reported.

@@ -2,21 +2,35 @@
 //! caller owns, for `register_external`), with a token of its own, and the 32-byte remote key a
 //! peer imports it with.
 //!
-//! # The remote key
+//! # Remote keys
+//!
+//! A region whose remote rights the owner's device enforces by itself — none, READ, or
+//! READ|WRITE — gets a **32-bit key: its token id** ([`crate::RemoteKey::from_rkey`]), under the
+//! device's token (the value every segment and jetty of the context is registered with, which a
+//! peer learns from [`crate::QueueInfo::token`] when it connects, as UMDK's sample presets one
+//! token for both sides). That fits the 32-bit token of URPC's DMA descriptors, so rendezvous
+//! works on URMA. The requester names the segment as a `user_tseg` (token id + the peer's token),
+//! URMA's import-free form; the owner's device checks the token id, token, range and rights.
+//!
+//! A **write-only** region (REMOTE_WRITE without REMOTE_READ) cannot be expressed to the owner's
+//! device (URMA grants no WRITE without READ), so it gets a token of its own and the **wide
+//! key**, which the requester imports (`urma_import_seg`, cached per queue) with only the WRITE
+//! right:
 //!
 //! | bytes | field |
 //! |---|---|
 //! | 0..4 | token value (little-endian; [`crate::RemoteKey::rkey`] reads it) |
 //! | 4..8 | token id (`urma_seg_t::token_id`) |
-//! | 8..16 | segment start address (`ubva.va`) |
+//! | 8..16 | segment start address (`ubva.va`, never 0: a wide key is never a 32-bit one) |
 //! | 16..24 | segment length |
 //! | 24..28 | segment attributes (`urma_seg_attr_t`) with the access bits the owner granted |
 //! | 28..32 | zero |
 //!
-//! The owner's EID and UASID are not in the key: a key is used on a queue connected to the
-//! owner, whose EID and UASID the queue learnt from the owner's [`crate::QueueInfo`]. A key
-//! altered in its first four bytes names the right segment with the wrong token, which the owner's
-//! device refuses (`REM_ACCESS_ABORT` → [`crate::Status::RemoteAccess`]) without moving a byte.
+//! Neither form carries the owner's EID and UASID: a key is used on a queue connected to the
+//! owner, which learnt them from the owner's [`crate::QueueInfo`]. A 32-bit key altered in any
+//! bit names another token id, and a wide key altered in its first four bytes the wrong token:
+//! the owner's device refuses either (`REM_ACCESS_ABORT` → [`crate::Status::RemoteAccess`])
+//! without moving a byte.
 
 use super::device::{random_u32, register_raw, Context};
 use crate::{Access, Error, MemoryRegion, RemoteKey, Result};
@@ -178,14 +192,20 @@ impl UrmaRegion {
         owned: Option<Layout>,
     ) -> Result<Self> {
         let (registered, granted) = seg_access(access)?;
-        let token = random_u32();
+        // Rights the owner's device enforces by itself (none, READ, READ|WRITE) get a 32-bit key
+        // under the device's token; a write-only grant needs the wide key (see the module docs).
+        let compact = granted != URMA_ACCESS_WRITE;
+        let token = if compact { ctx.jetty_token } else { random_u32() };
         let tseg = register_raw(ctx.lib, ctx.ctx, ptr, reg_len, registered, token)
             .map_err(|e| Error::OutOfResources(format!("{e} with {access:?} on {}", ctx.name)))?;
         // SAFETY: the segment was just returned by urma_register_seg; `seg` is its public part.
         let seg = unsafe { (*tseg).seg };
         let attr = (seg.attr & !SEG_ATTR_ACCESS_MASK) | (granted << SEG_ATTR_ACCESS_SHIFT);
-        let key =
-            KeyFields { token, token_id: seg.token_id, va: { seg.ubva }.va, len: seg.len, attr }.encode();
+        let key = if compact {
+            RemoteKey::from_rkey(seg.token_id)
+        } else {
+            KeyFields { token, token_id: seg.token_id, va: { seg.ubva }.va, len: seg.len, attr }.encode()
+        };
         let lkey = ctx.next_lkey();
         let local = LocalSeg { tseg, addr: ptr as u64, len: reg_len as u64 };
         ctx.regions.write().unwrap_or_else(|e| e.into_inner()).insert(lkey, local);

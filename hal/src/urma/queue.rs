@@ -243,6 +243,8 @@ struct Peer {
     tjetty: *mut abi::UrmaTargetJetty,
     eid: abi::UrmaEid,
     uasid: u32,
+    /// The peer device's token: what its segments with 32-bit keys are registered with.
+    token: u32,
 }
 
 /// A reliable-connected queue on a URMA device.
@@ -499,7 +501,7 @@ impl UrmaQueue {
                 ),
             ));
         }
-        Ok(Peer { tjetty, eid, uasid: peer.uasid })
+        Ok(Peer { tjetty, eid, uasid: peer.uasid, token: peer.token })
     }
 
     /// Unbinds and unimports everything connect and posts made.
@@ -766,7 +768,9 @@ impl Queue for UrmaQueue {
         // Imports first: the only step that can fail after the checks, before anything is built.
         for wr in wrs {
             if let SendOp::Write(r) | SendOp::WriteImm(r, _) | SendOp::Read(r) = &wr.op {
-                self.import(&r.key)?;
+                if !r.key.is_rkey() {
+                    self.import(&r.key)?;
+                }
             }
         }
         let ctx = self.ctx.clone();
@@ -800,18 +804,25 @@ impl Queue for UrmaQueue {
                 num_sge: wr.sges.len() as u32,
             };
             let remote_sg = |q: &mut Self, r: &crate::RemoteAddr| -> abi::UrmaSg {
-                let tseg = q.imports.get(r.key.as_bytes()).copied().unwrap_or(std::ptr::null_mut());
-                let user_tseg = if tseg.is_null() {
-                    let k = KeyFields::decode(&r.key);
-                    q.remote_user_tsegs[i] = abi::UrmaUserTseg {
-                        attr: k.attr,
-                        token_id: k.token_id,
-                        token_value: abi::UrmaToken { token: k.token },
-                    };
-                    // SAFETY: `i < n <= send_depth`, in bounds.
-                    unsafe { q.remote_user_tsegs.as_mut_ptr().add(i) }
+                let (tseg, user) = if r.key.is_rkey() {
+                    // A 32-bit key: the token id of a segment under the peer device's token.
+                    let token = q.peer.map_or(0, |p| p.token);
+                    let attr = (URMA_TOKEN_PLAIN_TEXT & SEG_ATTR_TOKEN_POLICY_MASK)
+                        | ((URMA_ACCESS_READ | URMA_ACCESS_WRITE) << SEG_ATTR_ACCESS_SHIFT);
+                    (std::ptr::null_mut(), Some((attr, r.key.rkey(), token)))
                 } else {
-                    std::ptr::null_mut()
+                    let tseg = q.imports.get(r.key.as_bytes()).copied().unwrap_or(std::ptr::null_mut());
+                    let k = KeyFields::decode(&r.key);
+                    (tseg, tseg.is_null().then_some((k.attr, k.token_id, k.token)))
+                };
+                let user_tseg = match user {
+                    Some((attr, token_id, token)) => {
+                        q.remote_user_tsegs[i] =
+                            abi::UrmaUserTseg { attr, token_id, token_value: abi::UrmaToken { token } };
+                        // SAFETY: `i < n <= send_depth`, in bounds.
+                        unsafe { q.remote_user_tsegs.as_mut_ptr().add(i) }
+                    }
+                    None => std::ptr::null_mut(),
                 };
                 let len = wr.total_len().min(u64::from(u32::MAX)) as u32;
                 q.remote_sges[i] = abi::UrmaSge { addr: r.addr, len, tseg, user_tseg };
