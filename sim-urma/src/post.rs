@@ -5,7 +5,6 @@
 use crate::ffi::{self, inval, Fail, Res};
 use crate::jetty::{jetty_of, JettyInner};
 use crate::jfr::PendingRecv;
-use crate::registry::Batch;
 use crate::seg::{lkey_in, rkey_in};
 use bypass_hal::{Queue, QueueState, RecvWr, RemoteAddr, RemoteKey, SendOp, SendWr, Sge, WrFlags};
 use bypass_sim::layout::MAX_SGE;
@@ -34,7 +33,7 @@ pub(crate) const EMPTY: Tr =
 ///
 /// # Safety
 /// A non-NULL `sg.sge` points to `sg.num_sge` SGEs (the API's contract).
-unsafe fn local_sges(b: &Batch, sg: &abi::UrmaSg, max: u32, out: &mut Tr) -> Res<()> {
+unsafe fn local_sges(sg: &abi::UrmaSg, max: u32, out: &mut Tr) -> Res<()> {
     if sg.num_sge > max {
         return Err(inval(format!("{} SGEs exceed the queue's max_sge {max}", sg.num_sge)));
     }
@@ -44,7 +43,7 @@ unsafe fn local_sges(b: &Batch, sg: &abi::UrmaSg, max: u32, out: &mut Tr) -> Res
     for i in 0..sg.num_sge as usize {
         // SAFETY: i < num_sge, which the caller vouches for.
         let s = unsafe { sg.sge.add(i).read_unaligned() };
-        out.sges[i] = Sge::new(s.addr, s.len, lkey_in(b, s.tseg)?);
+        out.sges[i] = Sge::new(s.addr, s.len, lkey_in(s.tseg)?);
     }
     out.n = sg.num_sge as usize;
     Ok(())
@@ -54,14 +53,14 @@ unsafe fn local_sges(b: &Batch, sg: &abi::UrmaSg, max: u32, out: &mut Tr) -> Res
 ///
 /// # Safety
 /// As for [`local_sges`].
-unsafe fn remote(b: &Batch, sg: &abi::UrmaSg, need: u32) -> Res<RemoteAddr> {
+unsafe fn remote(sg: &abi::UrmaSg, need: u32) -> Res<RemoteAddr> {
     if sg.num_sge != 1 || sg.sge.is_null() {
         return Err(inval(format!("the remote side of a WRITE or READ is one SGE, not {}", sg.num_sge)));
     }
     // SAFETY: one SGE, non-NULL.
     let s = unsafe { sg.sge.read_unaligned() };
     // SAFETY: the SGE's user_tseg is the caller's, valid per the API.
-    let key = unsafe { rkey_in(b, s.tseg, s.user_tseg, need)? };
+    let key = unsafe { rkey_in(s.tseg, s.user_tseg, need)? };
     Ok(RemoteAddr { addr: s.addr, key: RemoteKey::from_rkey(key) })
 }
 
@@ -74,7 +73,6 @@ fn imm32(v: u64) -> Res<u32> {
 /// # Safety
 /// `wr` is a readable `urma_jfs_wr_t` whose SGE lists are valid (the API's contract).
 unsafe fn translate(
-    b: &Batch,
     wr: &abi::UrmaJfsWr,
     bound: *mut abi::UrmaTargetJetty,
     max_sge: u32,
@@ -103,25 +101,25 @@ unsafe fn translate(
             // SAFETY: a SEND fills the `send` arm.
             let s = unsafe { wr.body.send };
             // SAFETY: its SGE list is the caller's (this function's contract).
-            unsafe { local_sges(b, &s.src, max_sge, out)? };
+            unsafe { local_sges(&s.src, max_sge, out)? };
             if wr.opcode == URMA_OPC_SEND { SendOp::Send } else { SendOp::SendImm(imm32(s.imm_data)?) }
         }
         URMA_OPC_WRITE | URMA_OPC_WRITE_IMM => {
             // SAFETY: a WRITE fills the `rw` arm.
             let rw = unsafe { wr.body.rw };
             // SAFETY: its SGE lists are the caller's (this function's contract).
-            unsafe { local_sges(b, &rw.src, max_sge, out)? };
+            unsafe { local_sges(&rw.src, max_sge, out)? };
             // SAFETY: as above.
-            let to = unsafe { remote(b, &rw.dst, URMA_ACCESS_WRITE)? };
+            let to = unsafe { remote(&rw.dst, URMA_ACCESS_WRITE)? };
             if wr.opcode == URMA_OPC_WRITE { SendOp::Write(to) } else { SendOp::WriteImm(to, imm32(rw.notify_data)?) }
         }
         URMA_OPC_READ => {
             // SAFETY: a READ fills the `rw` arm.
             let rw = unsafe { wr.body.rw };
             // SAFETY: its SGE lists are the caller's (this function's contract).
-            let from = unsafe { remote(b, &rw.src, URMA_ACCESS_READ)? };
+            let from = unsafe { remote(&rw.src, URMA_ACCESS_READ)? };
             // SAFETY: as above.
-            unsafe { local_sges(b, &rw.dst, max_sge, out)? };
+            unsafe { local_sges(&rw.dst, max_sge, out)? };
             SendOp::Read(from)
         }
         op => {
@@ -218,7 +216,6 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
             unsafe { *bad_wr = wr };
             return Err(inval("the jetty is not bound: urma_import_jetty and urma_bind_jetty first"));
         };
-        let b = Batch::new();
         let limit = 2 * j.c_depth() as usize + CHUNK;
         let max_sge = j.max_sge;
         let JettyInner { q, scratch, .. } = &mut *g;
@@ -230,7 +227,7 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
                 bad_wr,
                 limit,
                 |w| w.next,
-                |w, out| translate(&b, w, bound, max_sge, out),
+                |w, out| translate(w, bound, max_sge, out),
                 |trs| if trs.is_empty() { Ok(()) } else { post_chunk(q, trs) },
             )
         }
@@ -251,7 +248,6 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let mut g = j.lock();
-        let b = Batch::new();
         let limit = 2 * j.jfr.depth as usize + CHUNK;
         let max_sge = j.jfr.max_sge;
         let connected = g.q.state() != QueueState::Reset;
@@ -267,7 +263,7 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
                 |w| w.next,
                 |w, out| {
                     out.wr_id = w.user_ctx;
-                    local_sges(&b, &w.src, max_sge, out)
+                    local_sges(&w.src, max_sge, out)
                 },
                 |trs| {
                     if trs.is_empty() {

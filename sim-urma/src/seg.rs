@@ -196,9 +196,9 @@ pub unsafe extern "C" fn urma_put_seg_ctx(seg: *mut abi::UrmaSeg) {
     ffi::unit("urma_put_seg_ctx", || free_list(seg, "segment context"))
 }
 
-/// The local key of SGE segment `p` (a registered segment), under a registry batch.
-pub(crate) fn lkey_in(b: &registry::Batch, p: *const abi::UrmaTargetSeg) -> Res<u32> {
-    b.get::<LocalSeg, _>(Kind::LocalSeg, p).map(|s| s.region.lkey()).ok_or_else(|| {
+/// The local key of SGE segment `p` (a registered segment).
+pub(crate) fn lkey_in(p: *const abi::UrmaTargetSeg) -> Res<u32> {
+    registry::with::<LocalSeg, _, _>(Kind::LocalSeg, p, |s| s.region.lkey()).ok_or_else(|| {
         inval(format!("SGE segment {p:p} is not a live segment registered with urma_register_seg"))
     })
 }
@@ -207,14 +207,13 @@ pub(crate) fn lkey_in(b: &registry::Batch, p: *const abi::UrmaTargetSeg) -> Res<
 /// lacking the right presents, so the owner's device refuses it like a wrong token.
 const NO_KEY: u32 = u32::MAX;
 
-/// The remote key of a remote SGE, under a registry batch: its imported segment's key (or
+/// The remote key of a remote SGE: its imported segment's key (or
 /// [`NO_KEY`] if the import lacks the `need`ed `URMA_ACCESS_*` right), or, with no segment, the
 /// key its `user_tseg` (token id and token value) names.
 ///
 /// # Safety
 /// A non-NULL `user` points to a readable `urma_user_tseg_t` (the API's contract).
 pub(crate) unsafe fn rkey_in(
-    b: &registry::Batch,
     p: *const abi::UrmaTargetSeg,
     user: *const abi::UrmaUserTseg,
     need: u32,
@@ -224,8 +223,9 @@ pub(crate) unsafe fn rkey_in(
         let u = unsafe { user.read_unaligned() };
         return Ok(u.token_id ^ ident::mix(u.token_value.token));
     }
-    let s = b.get::<ImportedSeg, _>(Kind::ImportedSeg, p).ok_or_else(|| {
+    let found = registry::with::<ImportedSeg, _, _>(Kind::ImportedSeg, p, |s| (s.key, s.access));
+    let (key, access) = found.ok_or_else(|| {
         inval(format!("remote SGE segment {p:p} is not a live segment imported with urma_import_seg (nor is user_tseg set)"))
     })?;
-    Ok(if s.access != 0 && s.access & need == 0 { NO_KEY } else { s.key })
+    Ok(if access != 0 && access & need == 0 { NO_KEY } else { key })
 }
