@@ -77,7 +77,11 @@ pub(crate) fn insert<T: Any + Send + Sync>(kind: Kind, obj: Arc<T>) -> *mut T {
 
 /// Runs `f` on the live object of `kind` at `p`, under the lookup's read lock (no reference
 /// count touched); `None` if there is none.
-pub(crate) fn with<T: Any + Send + Sync, P, R>(kind: Kind, p: *const P, f: impl FnOnce(&T) -> R) -> Option<R> {
+pub(crate) fn with<T: Any + Send + Sync, P, R>(
+    kind: Kind,
+    p: *const P,
+    f: impl FnOnce(&T) -> R,
+) -> Option<R> {
     if p.is_null() {
         return None;
     }
