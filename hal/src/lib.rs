@@ -12,11 +12,14 @@
 //!
 //! | hal | verbs | URMA | sim |
 //! |---|---|---|---|
-//! | [`Device`] | `ibv_context` + PD | `urma_context` | one simulated NIC |
+//! | [`Device`] | `ibv_context` + PD | `urma_context` on an EID | one simulated NIC |
 //! | [`MemoryRegion`] | `ibv_mr` | target segment + token | entry in the NIC's key table |
 //! | [`CompletionQueue`] | `ibv_cq` + channel | jfc + jfce | CQE ring with owner bit |
-//! | [`Queue`] | RC `ibv_qp` | jetty | QP context + SQ/RQ rings |
-//! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, token | NIC address, qpn |
+//! | [`Queue`] | RC `ibv_qp` | RC jetty on its own JFR, bound | QP context + SQ/RQ rings |
+//! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, uasid, token | NIC address, qpn |
+//!
+//! Backends behind features: `verbs` ([`verbs`], libibverbs) and `urma` (`urma`, liburma
+//! loaded at run time).
 //!
 //! [`trace`] records what drivers, devices and the stack do, as a Chrome trace (off unless
 //! started; an `if trace::is_enabled()` per emit site otherwise).
@@ -43,6 +46,9 @@ pub mod conformance;
 
 #[cfg(feature = "verbs")]
 pub mod verbs;
+
+#[cfg(feature = "urma")]
+pub mod urma;
 
 /// loom only: the doorbell mutation switch for the broken-twin models in `loom-tests/`.
 #[cfg(loom)]

@@ -115,6 +115,24 @@ impl SimNic {
     pub fn udp_addr(&self) -> Option<std::net::SocketAddrV4> {
         self.nic.udp.get().map(|u| u.local())
     }
+
+    /// How a peer reaches this NIC: the `gid` and `lid` every [`QueueInfo`] of its queues carries
+    /// (the UDP wire's port is the `lid`). A layer that names NICs by address (sim-urma's EIDs)
+    /// builds a peer's `QueueInfo` from it and a queue number.
+    pub fn endpoint(&self) -> ([u8; 16], u16) {
+        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
+            return (crate::shm::gid_of(self.nic.fabric.id, self.nic.addr), 0);
+        }
+        if let Some(u) = self.nic.udp.get() {
+            return (crate::udp::gid_of(*u.local().ip()), u.local().port());
+        }
+        let mut gid = [0u8; 16];
+        gid[..4].copy_from_slice(&GID_MAGIC);
+        gid[4..8].copy_from_slice(&crate::fabric::process_tag().to_le_bytes());
+        gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
+        gid[12..].copy_from_slice(&self.nic.addr.to_le_bytes());
+        (gid, 0)
+    }
 }
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -543,6 +561,21 @@ pub struct SimQueue {
 }
 
 impl SimQueue {
+    /// Sets the first PSN this queue will send (what [`Queue::info`] reports) while it is in
+    /// RESET, instead of the random one it got at creation or reset. For layers whose peers learn
+    /// only a queue's number (sim-urma: a URMA jetty id), so both ends must derive the PSN.
+    pub fn set_initial_psn(&mut self, psn: u32) -> Result<()> {
+        if self.shared.state() != QueueState::Reset {
+            return Err(Error::BadState {
+                state: self.shared.state(),
+                op: "set_initial_psn",
+                needs: "RESET",
+            });
+        }
+        self.shared.psn.store(psn & 0x00ff_ffff, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// `connect` to a peer on the UDP wire at `to`.
     fn connect_udp(&mut self, peer: &QueueInfo, to: std::net::SocketAddrV4) -> Result<()> {
         let Some(port) = self.nic.udp.get().cloned() else {
@@ -647,25 +680,10 @@ impl Queue for SimQueue {
     }
 
     fn info(&self) -> QueueInfo {
-        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
-            let gid = crate::shm::gid_of(self.nic.fabric.id, self.shared.nic);
-            return QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
-        }
-        if let Some(u) = self.nic.udp.get() {
-            let mut info = QueueInfo::new(
-                crate::udp::gid_of(*u.local().ip()),
-                self.shared.qpn,
-                self.shared.psn.load(Ordering::Relaxed),
-            );
-            info.lid = u.local().port();
-            return info;
-        }
-        let mut gid = [0u8; 16];
-        gid[..4].copy_from_slice(&GID_MAGIC);
-        gid[4..8].copy_from_slice(&crate::fabric::process_tag().to_le_bytes());
-        gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
-        gid[12..].copy_from_slice(&self.shared.nic.to_le_bytes());
-        QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed))
+        let (gid, lid) = SimNic { nic: self.nic.clone(), owner: self._owner.clone() }.endpoint();
+        let mut info = QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
+        info.lid = lid;
+        info
     }
 
     fn state(&self) -> QueueState {

@@ -13,6 +13,9 @@
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
+//! | `urma` | the first URMA device liburma lists, opened twice (two contexts, like two hosts) | feature `urma`; liburma at run time |
+//! | `urma:udma0` | the URMA device `udma0` | feature `urma` |
+//! | `urma:udma0,lib=/path/liburma.so.0,eid=0` | with the liburma to load (else `$BYPASS_URMA_LIB`, else `liburma.so.0`) and the EID index | feature `urma` |
 //!
 //! The Stepped engine is not offered here: nothing moves under it until a test drives it, which
 //! only a test can do (build its `Fabric` directly).
@@ -46,6 +49,14 @@ pub enum Backend {
     /// An RDMA device through libibverbs.
     #[cfg(feature = "verbs")]
     Verbs(bypass_hal::verbs::VerbsDevice),
+    /// A URMA device through liburma, opened twice: the server's context and the client's.
+    #[cfg(feature = "urma")]
+    Urma {
+        /// The server's context.
+        server: bypass_hal::urma::UrmaDevice,
+        /// The client's context.
+        client: bypass_hal::urma::UrmaDevice,
+    },
 }
 
 /// The backends this build can open, for messages.
@@ -55,10 +66,12 @@ pub fn compiled() -> &'static [&'static str] {
         "sim",
         #[cfg(feature = "verbs")]
         "verbs",
+        #[cfg(feature = "urma")]
+        "urma",
     ]
 }
 
-#[cfg_attr(all(feature = "sim", feature = "verbs"), allow(dead_code))]
+#[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma"), allow(dead_code))]
 fn not_compiled(kind: &str, feature: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
         "backend {kind:?} is not compiled into this build (rebuild with `--features {feature}`); this build has: {}",
@@ -84,11 +97,9 @@ impl Backend {
         match kind {
             "sim" => Self::open_sim(rest, None),
             "verbs" => Self::open_verbs(rest.unwrap_or("")),
-            "urma" => Err(RpcError::InvalidArgument(
-                "the urma backend does not exist yet: use sim or verbs".into(),
-            )),
+            "urma" => Self::open_urma(rest.unwrap_or("")),
             other => Err(RpcError::InvalidArgument(format!(
-                "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...]"
+                "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...], urma or urma:<device>[,lib=<path>][,eid=<index>]"
             ))),
         }
     }
@@ -129,6 +140,18 @@ impl Backend {
         Err(not_compiled("verbs", "verbs"))
     }
 
+    #[cfg(feature = "urma")]
+    fn open_urma(rest: &str) -> Result<Backend, RpcError> {
+        let server = bypass_hal::urma::UrmaDevice::open_spec(rest)?;
+        let client = bypass_hal::urma::UrmaDevice::open_spec(rest)?;
+        Ok(Backend::Urma { server, client })
+    }
+
+    #[cfg(not(feature = "urma"))]
+    fn open_urma(_: &str) -> Result<Backend, RpcError> {
+        Err(not_compiled("urma", "urma"))
+    }
+
     /// A one-line description for reports (`sim (engine Inline)`, `verbs rxe0 ...`).
     pub fn describe(&self) -> String {
         match self {
@@ -153,13 +176,18 @@ impl Backend {
                     d.path_mtu()
                 )
             }
+            #[cfg(feature = "urma")]
+            Backend::Urma { server, .. } => {
+                let (_, eid_index) = server.eid();
+                format!("urma {} EID index {eid_index} through {}", server.name(), server.library())
+            }
             #[allow(unreachable_patterns)]
             _ => unreachable!("a Backend is always one of the compiled variants"),
         }
     }
 
     /// Runs `w` on a server and a client device of this backend.
-    #[cfg_attr(not(any(feature = "sim", feature = "verbs")), allow(unused_variables))]
+    #[cfg_attr(not(any(feature = "sim", feature = "verbs", feature = "urma")), allow(unused_variables))]
     pub fn run<W: WithDevices>(&self, w: W) -> W::Output {
         match self {
             #[cfg(feature = "sim")]
@@ -169,6 +197,8 @@ impl Backend {
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs(dev) => w.run(dev, dev),
+            #[cfg(feature = "urma")]
+            Backend::Urma { server, client } => w.run(server, client),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a Backend is always one of the compiled variants"),
         }
@@ -226,8 +256,72 @@ mod tests {
         let text = |s: &str| Backend::open(s).unwrap_err().to_string();
         assert!(text("nic0").contains("unknown backend \"nic0\""), "{}", text("nic0"));
         assert!(text("sim:stepped").contains("Stepped needs a test"), "{}", text("sim:stepped"));
-        assert!(text("urma:x").contains("urma backend does not exist yet"));
+        #[cfg(not(feature = "urma"))]
+        assert!(text("urma:x").contains("--features urma"), "{}", text("urma:x"));
+        #[cfg(feature = "urma")]
+        {
+            let e = text("urma:udma0,lib=/nonexistent/liburma.so.0");
+            assert!(e.contains("liburma not found") && e.contains("BYPASS_URMA_LIB"), "{e}");
+            assert!(text("urma:udma0,speed=1").contains("unknown option"));
+        }
         #[cfg(not(feature = "verbs"))]
         assert!(text("verbs:rxe0").contains("--features verbs"), "{}", text("verbs:rxe0"));
     }
 }
+
+/// The RPC conformance suite (`crate::conformance`) on the urma backend, over the liburma
+/// `$BYPASS_URMA_LIB` names (the simulated one, or UMDK's on a UB host), with the device spec of
+/// `$BYPASS_URMA_SPEC`: the server and the client on two contexts of one device, as
+/// [`Backend::open`] runs `urma`. Without a loadable liburma every scenario prints why it skipped:
+///
+/// ```text
+/// BYPASS_URMA_LIB=/path/liburma.so.0 cargo test -p bypass --features urma --lib backend::urma_rpc
+/// ```
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+mod urma_rpc_env {
+    use bypass_hal::urma::{UrmaDevice, LIB_ENV, SPEC_ENV};
+    use std::time::Duration;
+
+    pub(super) struct UrmaRpcEnv {
+        server: UrmaDevice,
+        client: UrmaDevice,
+    }
+
+    impl UrmaRpcEnv {
+        pub(super) fn from_env(test: &str) -> Option<Self> {
+            let spec = std::env::var(SPEC_ENV).unwrap_or_default();
+            match bypass_hal::urma::device_names(&bypass_hal::urma::parse_spec(&spec).ok()?.1) {
+                Err(e) => {
+                    eprintln!("SKIP {test}: {e} (set {LIB_ENV}=<path of a liburma.so.0>)");
+                    None
+                }
+                Ok(_) => {
+                    let open = || {
+                        UrmaDevice::open_spec(&spec).unwrap_or_else(|e| panic!("{SPEC_ENV}={spec:?}: {e}"))
+                    };
+                    Some(UrmaRpcEnv { server: open(), client: open() })
+                }
+            }
+        }
+    }
+
+    impl crate::conformance::Env for UrmaRpcEnv {
+        type Dev = UrmaDevice;
+        fn server(&self) -> &UrmaDevice {
+            &self.server
+        }
+        fn client(&self) -> &UrmaDevice {
+            &self.client
+        }
+        fn progress(&self) {}
+        fn advance(&self, d: Duration) {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+use urma_rpc_env::UrmaRpcEnv;
+
+#[cfg(all(test, feature = "urma", feature = "conformance", not(loom)))]
+crate::rpc_suite!(urma_rpc, skip_unless UrmaRpcEnv::from_env);

@@ -1,0 +1,103 @@
+//! Names on the simulated NIC in URMA terms: EIDs from NIC addresses, jetty ids from queue
+//! numbers, the first PSN both ends derive from a jetty id, and the segment token check.
+//!
+//! - **EID.** A NIC's EID is the GID its queues carry (`SimNic::endpoint`), so a peer that knows
+//!   the EID knows how to reach the NIC. On the UDP wire the GID is IPv4-mapped (`::ffff:a.b.c.d`,
+//!   what `urma_u32_to_eid` builds) and the NIC's UDP port rides in bytes 4..6 (zero in a real
+//!   IPv4-mapped address); on the shared-memory and in-process wires it is the sim's own GID.
+//! - **Jetty id.** `qpn | generation << 16`: the sim queue number (below 2^16) and a per-context
+//!   counter, so an id is never reused by a later jetty and is never 0.
+//! - **PSN.** A URMA peer learns only `{eid, uasid, id}` of a jetty, never a PSN; both ends derive
+//!   the jetty's first PSN from those with [`psn_of`], and the library sets it on the sim queue.
+//! - **Token.** The public `seg.token_id` is the sim's key XOR [`mix`] of the token value; an
+//!   importer presents `token_id XOR mix(its token)`. `mix` is a bijection, so any token but the
+//!   right one yields a key other than the segment's: the sim's key table refuses it (or it names
+//!   another registration, whose range cannot contain this segment's addresses unless the same
+//!   memory is registered twice), and the work request completes with REM_ACCESS_ABORT_ERR.
+
+/// murmur3's finaliser: a bijection on `u32` that spreads every input bit.
+pub(crate) const fn fmix(mut h: u32) -> u32 {
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^ (h >> 16)
+}
+
+/// The token mask of the segment token check.
+pub(crate) const fn mix(token: u32) -> u32 {
+    fmix(token ^ 0x5eed_07a1)
+}
+
+/// The first PSN of the jetty `{eid, uasid, id}` (24 bits).
+pub(crate) fn psn_of(eid: &[u8; 16], uasid: u32, id: u32) -> u32 {
+    let mut h = fmix(id ^ 0x0b5e_ed00);
+    for c in eid.chunks_exact(4) {
+        h = fmix(h ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    }
+    fmix(h ^ uasid) & 0x00ff_ffff
+}
+
+/// The EID of a NIC whose queues carry `gid` and `lid`.
+pub(crate) fn eid_of(gid: [u8; 16], lid: u16) -> [u8; 16] {
+    let mut eid = gid;
+    if is_v4_mapped(&gid) {
+        eid[4..6].copy_from_slice(&lid.to_be_bytes());
+    }
+    eid
+}
+
+/// The `gid` and `lid` a peer's `QueueInfo` needs, from an EID [`eid_of`] made.
+pub(crate) fn endpoint_of(eid: &[u8; 16]) -> ([u8; 16], u16) {
+    let mut gid = *eid;
+    gid[4..6].fill(0);
+    if is_v4_mapped(&gid) {
+        (gid, u16::from_be_bytes([eid[4], eid[5]]))
+    } else {
+        (*eid, 0)
+    }
+}
+
+fn is_v4_mapped(g: &[u8; 16]) -> bool {
+    g[..4].iter().chain(&g[6..10]).all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
+}
+
+/// Jetty id from a queue number and a generation.
+pub(crate) fn jetty_id(qpn: u32, generation: u32) -> u32 {
+    (qpn & 0xffff) | (generation.max(1) & 0xffff) << 16
+}
+
+/// The sim queue number inside a jetty id.
+pub(crate) fn qpn_of(id: u32) -> u32 {
+    id & 0xffff
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eids_round_trip_and_carry_the_udp_port() {
+        let mut v4 = [0u8; 16];
+        v4[10] = 0xff;
+        v4[11] = 0xff;
+        v4[12..].copy_from_slice(&[127, 0, 0, 1]);
+        let eid = eid_of(v4, 7001);
+        assert_eq!(&eid[4..6], &7001u16.to_be_bytes());
+        assert_eq!(endpoint_of(&eid), (v4, 7001));
+        let sim = *b"bsm\x03\x01\x02\x03\x04\0\0\0\x01\0\0\0\x02";
+        assert_eq!(eid_of(sim, 0), sim);
+        assert_eq!(endpoint_of(&sim), (sim, 0));
+    }
+
+    #[test]
+    fn the_token_mask_is_a_bijection_on_a_sample_and_psns_differ() {
+        let mut seen = std::collections::HashSet::new();
+        for t in 0..100_000u32 {
+            assert!(seen.insert(mix(t)), "mix({t}) collided");
+        }
+        assert_ne!(psn_of(&[1; 16], 5, jetty_id(3, 1)), psn_of(&[1; 16], 5, jetty_id(3, 2)));
+        assert_eq!(qpn_of(jetty_id(0x1234, 9)), 0x1234);
+        assert_ne!(jetty_id(0, 0), 0);
+    }
+}
