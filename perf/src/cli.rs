@@ -106,8 +106,10 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub warmup: Option<u64>,
 
-    /// NIC backend: `sim` (the software NIC, in this process), or with `--features verbs`
-    /// `verbs` (the first RDMA device), `verbs:rxe0`, `verbs:rxe0,gid=1,port=1,mtu=1024`
+    /// NIC backend: `sim` (the software NIC, in this process), `sim+shm`, `sim+udp://IP:PORT`;
+    /// with `--features verbs` `verbs` (the first RDMA device), `verbs:rxe0`,
+    /// `verbs:rxe0,gid=1,port=1,mtu=1024`; with `--features urma` `urma`,
+    /// `urma:bypass_sim0,lib=PATH` (liburma, e.g. the simulated one)
     #[arg(long, default_value = "sim", value_parser = parse_backend, value_name = "BACKEND")]
     pub backend: String,
 
