@@ -403,7 +403,8 @@ fn atomics_execute_once_and_need_alignment() {
     let first = qa.info().psn;
     let remote = target.remote();
     let sge = [local.sge(0, 8).unwrap()];
-    qa.post_send(&[SendWr::send(1, &sge).with_op(SendOp::FetchAdd { remote: remote.at(0), add: 2 })]).unwrap();
+    qa.post_send(&[SendWr::send(1, &sge).with_op(SendOp::FetchAdd { remote: remote.at(0), add: 2 })])
+        .unwrap();
     fabric.run_until_idle();
     let mut wc = [Completion::default(); 4];
     assert_eq!(ca.poll(&mut wc).unwrap(), 1);
