@@ -7,3 +7,7 @@
 // Used by the C entry points of the memory API (phase 2 of issue 12).
 #[allow(dead_code)]
 mod allocator;
+#[allow(dead_code)]
+mod memory;
+#[allow(dead_code)]
+mod one_sided;
