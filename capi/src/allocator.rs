@@ -635,6 +635,51 @@ impl Heap {
     }
 }
 
+/// Size of `OckRpcMemoryAllocatorOptions` (x86_64: the policy enum at 32, padded to 40).
+pub const C_OPTIONS_SIZE: usize = 40;
+
+/// `OckRpcMemoryAllocatorType` values.
+pub const MEM_DYNAMIC_SIZE: i32 = 0;
+/// See [`MEM_DYNAMIC_SIZE`].
+pub const MEM_DYNAMIC_SIZE_WITH_CACHE: i32 = 1;
+
+/// Decodes `OckRpcMemoryAllocatorOptions` from its bytes and the allocator type, checking the
+/// enums (a C enum can hold any `int`; reading it as a Rust enum would be undefined behaviour).
+pub fn options_from_c(kind: i32, b: &[u8; C_OPTIONS_SIZE]) -> Result<Options, AllocError> {
+    let u64_at = |i: usize| u64::from_ne_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_ne_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    let u16_at = |i: usize| u16::from_ne_bytes(b[i..i + 2].try_into().expect("2 bytes"));
+    let cache = match kind {
+        MEM_DYNAMIC_SIZE => None,
+        MEM_DYNAMIC_SIZE_WITH_CACHE => {
+            // Only read for the caching type: callers of the other may leave it uninitialised.
+            let policy = match i32::from_ne_bytes(b[32..36].try_into().expect("4 bytes")) {
+                0 => TierPolicy::Times,
+                1 => TierPolicy::Power,
+                p => {
+                    return Err(AllocError::InvalidOptions(format!(
+                        "cacheTierPolicy {p} is neither MEM_TIER_TIMES (0) nor MEM_TIER_POWER (1)"
+                    )))
+                }
+            };
+            Some(CacheOptions { tiers: u16_at(26), per_tier: u16_at(28), policy })
+        }
+        t => {
+            return Err(AllocError::InvalidOptions(format!(
+                "allocator type {t} is neither MEM_DYNAMIC_SIZE (0) nor MEM_DYNAMIC_SIZE_WITH_CACHE (1)"
+            )))
+        }
+    };
+    Ok(Options {
+        address: u64_at(0),
+        size: u64_at(8),
+        min_block: u32_at(16),
+        buckets: u32_at(20),
+        aligned: u16_at(24) != 0,
+        cache,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,6 +709,39 @@ mod tests {
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n
         }
+    }
+
+    #[test]
+    fn c_options_decode_with_their_layout() {
+        let mut b = [0u8; C_OPTIONS_SIZE];
+        b[0..8].copy_from_slice(&BASE.to_ne_bytes());
+        b[8..16].copy_from_slice(&65536u64.to_ne_bytes());
+        b[16..20].copy_from_slice(&512u32.to_ne_bytes());
+        b[20..24].copy_from_slice(&99u32.to_ne_bytes());
+        b[24..26].copy_from_slice(&1u16.to_ne_bytes());
+        b[26..28].copy_from_slice(&3u16.to_ne_bytes());
+        b[28..30].copy_from_slice(&5u16.to_ne_bytes());
+        b[32..36].copy_from_slice(&1i32.to_ne_bytes());
+        let o = options_from_c(MEM_DYNAMIC_SIZE_WITH_CACHE, &b).unwrap();
+        assert_eq!(
+            o,
+            Options {
+                address: BASE,
+                size: 65536,
+                min_block: 512,
+                buckets: 99,
+                aligned: true,
+                cache: Some(CacheOptions { tiers: 3, per_tier: 5, policy: TierPolicy::Power })
+            }
+        );
+        assert_eq!(options_from_c(MEM_DYNAMIC_SIZE, &b).unwrap().cache, None);
+        assert!(options_from_c(2, &b).unwrap_err().to_string().contains("allocator type 2"));
+        b[32..36].copy_from_slice(&7i32.to_ne_bytes());
+        assert!(options_from_c(MEM_DYNAMIC_SIZE_WITH_CACHE, &b)
+            .unwrap_err()
+            .to_string()
+            .contains("cacheTierPolicy 7"));
+        assert!(options_from_c(MEM_DYNAMIC_SIZE, &b).is_ok(), "the policy of the uncached type is not read");
     }
 
     #[test]
