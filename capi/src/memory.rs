@@ -394,7 +394,7 @@ mod tests {
         opts[8..16].copy_from_slice(&(64u64 * 1024).to_ne_bytes());
         opts[16..20].copy_from_slice(&1024u32.to_ne_bytes());
         let mut h = 0usize;
-        // SAFETY (all calls below): the pointers are to live locals or NULL.
+        // SAFETY: every pointer passed below is to a live local, or NULL.
         unsafe {
             assert_eq!(OckRpcMemoryAllocatorCreate(0, std::ptr::null(), &mut h), status::INVALID_PARAM);
             assert_eq!(
