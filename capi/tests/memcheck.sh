@@ -20,4 +20,4 @@ export CAPI_C_RUNNER="valgrind --quiet --error-exitcode=99 --exit-on-first-error
 # One program at a time: valgrind runs a program's threads one by one anyway, and the machine
 # has two cores.
 cargo build -p bypass-capi --release --quiet
-cargo test -p bypass-capi --release --tests --quiet -- --test-threads=1 "$@"
+cargo test -p bypass-capi --release --test '*' --quiet -- --test-threads=1 "$@"

@@ -96,6 +96,18 @@ static void exercise(OckRpcMemoryAllocatorType type, unsigned char *base) {
     CHECK_RC(OckRpcMemoryAllocatorAllocate(a, 1, &x, &key), OCK_RPC_ERR_NO_MEMORY);
     CHECK_RC(OckRpcMemoryAllocatorFreeSize(a, &free_size), OCK_RPC_OK);
     CHECK(free_size == 0);
+    /* In address order (cached blocks come back first, so allocation order is not it), free
+     * every other block: half the range is free but no two units are contiguous. */
+    for (unsigned i = 1; i < UNITS; i++) {
+        for (unsigned j = i; j > 0 && blocks[j - 1] > blocks[j]; j--) {
+            uintptr_t t = blocks[j];
+            blocks[j] = blocks[j - 1];
+            blocks[j - 1] = t;
+        }
+    }
+    for (unsigned i = 0; i < UNITS; i++) {
+        CHECK(blocks[i] == (uintptr_t)base + (uintptr_t)i * UNIT);
+    }
     for (unsigned i = 0; i < UNITS; i += 2) {
         CHECK_RC(OckRpcMemoryAllocatorFree(a, blocks[i]), OCK_RPC_OK);
     }
