@@ -680,6 +680,215 @@ pub fn options_from_c(kind: i32, b: &[u8; C_OPTIONS_SIZE]) -> Result<Options, Al
     })
 }
 
+// ---- the C entry points ---------------------------------------------------------------------
+
+use crate::memory::interim::{entry, log_error, Handles};
+use std::ffi::c_int;
+
+/// `OckRpcStatus` values used here.
+mod status {
+    use std::ffi::c_int;
+    pub const OK: c_int = 0;
+    pub const INVALID_PARAM: c_int = -2;
+    pub const NO_MEMORY: c_int = -7;
+}
+
+/// Every allocator created through the C API, by handle.
+static ALLOCATORS: Handles<Allocator> = Handles::new();
+
+fn alloc_status(e: &AllocError) -> c_int {
+    match e {
+        AllocError::NoSpace { .. } => status::NO_MEMORY,
+        _ => status::INVALID_PARAM,
+    }
+}
+
+/// Looks up an allocator handle, logging what is wrong with a bad one.
+fn allocator_of(func: &str, handle: usize) -> Result<std::sync::Arc<Allocator>, c_int> {
+    ALLOCATORS.get(handle as u64).ok_or_else(|| {
+        log_error(&format!(
+            "{func}: allocator handle {handle:#x} is not a live allocator (never created, or destroyed)"
+        ));
+        status::INVALID_PARAM
+    })
+}
+
+/// `OckRpcMemoryAllocatorCreate`.
+///
+/// # Safety
+/// `options` is NULL or points to a readable `OckRpcMemoryAllocatorOptions`; `allocator` is
+/// NULL or points to a writable `OckRpcMemoryAllocator`.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcMemoryAllocatorCreate(
+    t: c_int,
+    options: *const u8,
+    allocator: *mut usize,
+) -> c_int {
+    entry("OckRpcMemoryAllocatorCreate", || {
+        if options.is_null() || allocator.is_null() {
+            log_error("OckRpcMemoryAllocatorCreate: options and allocator must not be NULL");
+            return status::INVALID_PARAM;
+        }
+        // SAFETY: the caller passes a readable options struct; read it as bytes (any alignment).
+        let bytes = unsafe { std::ptr::read_unaligned(options.cast::<[u8; C_OPTIONS_SIZE]>()) };
+        let created = options_from_c(t, &bytes).and_then(|o| Allocator::new(&o));
+        match created {
+            Ok(a) => {
+                let h = ALLOCATORS.insert(a);
+                // SAFETY: checked non-NULL; the caller passes a writable handle.
+                unsafe { allocator.write_unaligned(h as usize) };
+                status::OK
+            }
+            Err(e) => {
+                log_error(&format!("OckRpcMemoryAllocatorCreate: {e}"));
+                alloc_status(&e)
+            }
+        }
+    })
+}
+
+/// `OckRpcMemoryAllocatorDestroy`. Blocks handed out become invalid with it; the memory is the
+/// caller's (or its region's) and is not touched.
+#[no_mangle]
+pub extern "C" fn OckRpcMemoryAllocatorDestroy(allocator: usize) -> c_int {
+    entry("OckRpcMemoryAllocatorDestroy", || match ALLOCATORS.remove(allocator as u64) {
+        Some(_) => status::OK,
+        None => {
+            log_error(&format!(
+                "OckRpcMemoryAllocatorDestroy: allocator handle {allocator:#x} is not a live allocator"
+            ));
+            status::INVALID_PARAM
+        }
+    })
+}
+
+/// `OckRpcMemoryAllocatorSetMrKey`: the key `Allocate` reports with every block.
+#[no_mangle]
+pub extern "C" fn OckRpcMemoryAllocatorSetMrKey(allocator: usize, mr_key: u32) -> c_int {
+    entry("OckRpcMemoryAllocatorSetMrKey", || {
+        match allocator_of("OckRpcMemoryAllocatorSetMrKey", allocator) {
+            Ok(a) => {
+                a.set_key(mr_key);
+                status::OK
+            }
+            Err(s) => s,
+        }
+    })
+}
+
+/// `OckRpcMemoryAllocatorMemOffset`: `address - options.address`.
+///
+/// # Safety
+/// `offset` is NULL or points to a writable `uintptr_t`.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcMemoryAllocatorMemOffset(
+    allocator: usize,
+    address: usize,
+    offset: *mut usize,
+) -> c_int {
+    const F: &str = "OckRpcMemoryAllocatorMemOffset";
+    entry(F, || {
+        let a = match allocator_of(F, allocator) {
+            Ok(a) => a,
+            Err(s) => return s,
+        };
+        if offset.is_null() {
+            log_error(&format!("{F}: offset must not be NULL"));
+            return status::INVALID_PARAM;
+        }
+        match a.offset_of(address as u64) {
+            Ok(off) => {
+                // SAFETY: checked non-NULL; the caller passes a writable uintptr_t.
+                unsafe { offset.write_unaligned(off as usize) };
+                status::OK
+            }
+            Err(e) => {
+                log_error(&format!("{F}: {e}"));
+                alloc_status(&e)
+            }
+        }
+    })
+}
+
+/// `OckRpcMemoryAllocatorFreeSize`: free bytes, exactly.
+///
+/// # Safety
+/// `size` is NULL or points to a writable `uintptr_t`.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcMemoryAllocatorFreeSize(allocator: usize, size: *mut usize) -> c_int {
+    const F: &str = "OckRpcMemoryAllocatorFreeSize";
+    entry(F, || {
+        let a = match allocator_of(F, allocator) {
+            Ok(a) => a,
+            Err(s) => return s,
+        };
+        if size.is_null() {
+            log_error(&format!("{F}: size must not be NULL"));
+            return status::INVALID_PARAM;
+        }
+        // SAFETY: checked non-NULL; the caller passes a writable uintptr_t.
+        unsafe { size.write_unaligned(a.free_size() as usize) };
+        status::OK
+    })
+}
+
+/// `OckRpcMemoryAllocatorAllocate`.
+///
+/// # Safety
+/// `address` and `key` are NULL or point to a writable `uintptr_t` and `uint32_t`.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcMemoryAllocatorAllocate(
+    allocator: usize,
+    size: u64,
+    address: *mut usize,
+    key: *mut u32,
+) -> c_int {
+    const F: &str = "OckRpcMemoryAllocatorAllocate";
+    entry(F, || {
+        let a = match allocator_of(F, allocator) {
+            Ok(a) => a,
+            Err(s) => return s,
+        };
+        if address.is_null() || key.is_null() {
+            log_error(&format!("{F}: address and key must not be NULL"));
+            return status::INVALID_PARAM;
+        }
+        match a.allocate(size) {
+            Ok(addr) => {
+                // SAFETY: both checked non-NULL; the caller passes writable outputs.
+                unsafe {
+                    address.write_unaligned(addr as usize);
+                    key.write_unaligned(a.key());
+                }
+                status::OK
+            }
+            Err(e) => {
+                log_error(&format!("{F}: {e}"));
+                alloc_status(&e)
+            }
+        }
+    })
+}
+
+/// `OckRpcMemoryAllocatorFree`.
+#[no_mangle]
+pub extern "C" fn OckRpcMemoryAllocatorFree(allocator: usize, address: usize) -> c_int {
+    const F: &str = "OckRpcMemoryAllocatorFree";
+    entry(F, || {
+        let a = match allocator_of(F, allocator) {
+            Ok(a) => a,
+            Err(s) => return s,
+        };
+        match a.free(address as u64) {
+            Ok(()) => status::OK,
+            Err(e) => {
+                log_error(&format!("{F}: {e}"));
+                alloc_status(&e)
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -708,6 +917,49 @@ mod tests {
         }
         fn below(&mut self, n: u64) -> u64 {
             self.next() % n
+        }
+    }
+
+    #[test]
+    fn allocator_entry_points_validate_handles_and_pointers() {
+        let mut opts = [0u8; C_OPTIONS_SIZE];
+        opts[0..8].copy_from_slice(&0x10_0000u64.to_ne_bytes());
+        opts[8..16].copy_from_slice(&(64u64 * 1024).to_ne_bytes());
+        opts[16..20].copy_from_slice(&1024u32.to_ne_bytes());
+        let mut h = 0usize;
+        // SAFETY: every pointer passed below is to a live local, or NULL.
+        unsafe {
+            assert_eq!(OckRpcMemoryAllocatorCreate(0, std::ptr::null(), &mut h), status::INVALID_PARAM);
+            assert_eq!(
+                OckRpcMemoryAllocatorCreate(0, opts.as_ptr(), std::ptr::null_mut()),
+                status::INVALID_PARAM
+            );
+            assert_eq!(OckRpcMemoryAllocatorCreate(5, opts.as_ptr(), &mut h), status::INVALID_PARAM);
+            assert_eq!(h, 0, "a failed create leaves the output alone");
+            assert_eq!(OckRpcMemoryAllocatorCreate(0, opts.as_ptr(), &mut h), status::OK);
+            assert_ne!(h, 0);
+            assert_eq!(OckRpcMemoryAllocatorSetMrKey(h, 9), status::OK);
+            let (mut addr, mut key, mut free) = (0usize, 0u32, 0usize);
+            assert_eq!(OckRpcMemoryAllocatorAllocate(h, 1000, &mut addr, &mut key), status::OK);
+            assert_eq!((addr, key), (0x10_0000, 9));
+            assert_eq!(OckRpcMemoryAllocatorAllocate(h, 1 << 20, &mut addr, &mut key), status::NO_MEMORY);
+            assert_eq!(OckRpcMemoryAllocatorFreeSize(h, &mut free), status::OK);
+            assert_eq!(free, 63 * 1024);
+            assert_eq!(OckRpcMemoryAllocatorFree(h, 0x10_0000), status::OK);
+            assert_eq!(OckRpcMemoryAllocatorFree(h, 0x10_0000), status::INVALID_PARAM);
+            assert_eq!(OckRpcMemoryAllocatorDestroy(h), status::OK);
+            for bad in [h, 0, 1, 0xdead_beef, usize::MAX] {
+                assert_eq!(OckRpcMemoryAllocatorDestroy(bad), status::INVALID_PARAM);
+                assert_eq!(OckRpcMemoryAllocatorFreeSize(bad, &mut free), status::INVALID_PARAM);
+                assert_eq!(OckRpcMemoryAllocatorAllocate(bad, 8, &mut addr, &mut key), status::INVALID_PARAM);
+                assert_eq!(OckRpcMemoryAllocatorMemOffset(bad, 0x10_0000, &mut free), status::INVALID_PARAM);
+            }
+            // The slot is reused with a new generation: the old handle stays dead.
+            let mut h2 = 0usize;
+            assert_eq!(OckRpcMemoryAllocatorCreate(0, opts.as_ptr(), &mut h2), status::OK);
+            assert_ne!(h2, h);
+            assert_eq!(OckRpcMemoryAllocatorSetMrKey(h, 1), status::INVALID_PARAM);
+            assert_eq!(OckRpcMemoryAllocatorDestroy(h2), status::OK);
         }
     }
 
