@@ -694,7 +694,7 @@ mod status {
 }
 
 /// Every allocator created through the C API, by handle.
-static ALLOCATORS: Handles<Allocator> = Handles::new();
+static ALLOCATORS: Handles<Allocator> = Handles::new(0xa1);
 
 fn alloc_status(e: &AllocError) -> c_int {
     match e {

@@ -274,6 +274,193 @@ pub(crate) fn run<D: Device + Clone>(
     Ok(())
 }
 
+// ---- the C entry points ---------------------------------------------------------------------
+
+use crate::memory::interim::{entry, log_error};
+use crate::memory::Registry;
+use std::sync::OnceLock;
+
+/// What one-sided I/O needs of a client connection, whatever its backend.
+pub(crate) trait OneSidedHost: Send + Sync {
+    /// Runs `count` requests (see [`run`]).
+    fn run(
+        &self,
+        kind: Kind,
+        reqs: &dyn Fn(usize) -> Request,
+        count: usize,
+        timeout: Option<Duration>,
+        done: Option<Done>,
+    ) -> Result<(), Failure>;
+}
+
+/// A connection and the registry of the device it runs on: the regions its requests may name
+/// as local memory. The client object of each backend holds one.
+#[derive(Debug)]
+pub(crate) struct ClientMemory<D: Device + Clone> {
+    pub channel: Arc<Channel<D>>,
+    pub registry: Arc<Registry<D::Region>>,
+}
+
+impl<D: Device + Clone> OneSidedHost for ClientMemory<D> {
+    fn run(
+        &self,
+        kind: Kind,
+        reqs: &dyn Fn(usize) -> Request,
+        count: usize,
+        timeout: Option<Duration>,
+        done: Option<Done>,
+    ) -> Result<(), Failure> {
+        let resolve = |k: u32, a: u64, l: u64| self.registry.resolve(k, a, l);
+        run(&self.channel, kind, reqs, count, &resolve, timeout, done)
+    }
+}
+
+/// How the one-sided functions find clients: the foundation's client table answers with the
+/// connection's [`OneSidedHost`] and the timeout `OckRpcClientSetTimeout` set for it.
+pub(crate) static CLIENT_ONE_SIDED: OnceLock<ClientLookup> = OnceLock::new();
+
+/// The client table's lookup of a connection's one-sided side and its timeout.
+pub(crate) type ClientLookup = fn(u64) -> Option<(Arc<dyn OneSidedHost>, Option<Duration>)>;
+
+/// `OckRpcCallDone` as C lays it out.
+#[repr(C)]
+struct CallDone {
+    cb: Option<extern "C" fn(i32, *mut c_void)>,
+    arg: *mut c_void,
+}
+
+/// Decodes the `cb` argument: NULL is a blocking call.
+///
+/// # Safety
+/// `cb` is NULL or points to a readable `OckRpcCallDone`.
+unsafe fn done_of(func: &str, cb: *const CallDone) -> Result<Option<Done>, Failure> {
+    if cb.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL, and the caller passes a readable struct (read without alignment).
+    let d = unsafe { std::ptr::read_unaligned(cb) };
+    match d.cb {
+        Some(f) => Ok(Some(Done { cb: f, arg: d.arg })),
+        None => Err(Failure { status: status::INVALID_PARAM, message: format!("{func}: cb->cb is NULL") }),
+    }
+}
+
+fn client_of(func: &str, client: usize) -> Result<(Arc<dyn OneSidedHost>, Option<Duration>), Failure> {
+    CLIENT_ONE_SIDED.get().and_then(|f| f(client as u64)).ok_or_else(|| Failure {
+        status: status::INVALID_PARAM,
+        message: format!(
+            "{func}: client handle {client:#x} is not a live connection (never connected, or disconnected)"
+        ),
+    })
+}
+
+fn finish(result: Result<(), Failure>) -> i32 {
+    match result {
+        Ok(()) => status::OK,
+        Err(f) => {
+            log_error(&f.message);
+            f.status
+        }
+    }
+}
+
+/// One request (`OckRpcRead` / `OckRpcWrite`).
+///
+/// # Safety
+/// `req` is NULL or points to a readable `OckRpcRequest`; `cb` NULL or a readable `OckRpcCallDone`.
+unsafe fn single(func: &'static str, kind: Kind, client: usize, req: *const u8, cb: *const CallDone) -> i32 {
+    entry(func, || {
+        finish((|| {
+            // SAFETY: forwarded from this function's contract.
+            let done = unsafe { done_of(func, cb) }?;
+            if req.is_null() {
+                return Err(Failure {
+                    status: status::INVALID_PARAM,
+                    message: format!("{func}: req must not be NULL"),
+                });
+            }
+            let (host, timeout) = client_of(func, client)?;
+            // SAFETY: non-NULL, and the caller passes one readable request.
+            let r = unsafe { Request::read(req, 0) };
+            host.run(kind, &|_| r, 1, timeout, done)
+        })())
+    })
+}
+
+/// An SGL (`OckRpcReadSgl` / `OckRpcWriteSgl`).
+///
+/// # Safety
+/// `sgl` is NULL or points to a readable `OckRpcSglRequest` whose `iov` holds `iovCount`
+/// readable requests; `cb` NULL or a readable `OckRpcCallDone`.
+unsafe fn sgl(func: &'static str, kind: Kind, client: usize, sgl: *const u8, cb: *const CallDone) -> i32 {
+    entry(func, || {
+        finish((|| {
+            // SAFETY: forwarded from this function's contract.
+            let done = unsafe { done_of(func, cb) }?;
+            if sgl.is_null() {
+                return Err(Failure {
+                    status: status::INVALID_PARAM,
+                    message: format!("{func}: req must not be NULL"),
+                });
+            }
+            // SAFETY: non-NULL and readable (the struct is packed: read it as bytes).
+            let b = unsafe { std::ptr::read_unaligned(sgl.cast::<[u8; SGL_REQUEST_SIZE]>()) };
+            let iov = usize::from_ne_bytes(b[0..8].try_into().expect("8 bytes")) as *const u8;
+            let count = usize::from(u16::from_ne_bytes([b[8], b[9]]));
+            if iov.is_null() && count > 0 {
+                return Err(Failure {
+                    status: status::INVALID_PARAM,
+                    message: format!("{func}: req->iov is NULL with iovCount {count}"),
+                });
+            }
+            let (host, timeout) = client_of(func, client)?;
+            // SAFETY: `iov` holds `count` readable requests (the caller's contract); `i < count`.
+            let at = |i: usize| unsafe { Request::read(iov, i) };
+            host.run(kind, &at, count, timeout, done)
+        })())
+    })
+}
+
+/// `OckRpcRead`.
+///
+/// # Safety
+/// See the C header: `req` a readable `OckRpcRequest`, `cb` NULL or a readable `OckRpcCallDone`.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcRead(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { single("OckRpcRead", Kind::Read, client, req, cb.cast()) }
+}
+
+/// `OckRpcWrite`.
+///
+/// # Safety
+/// As [`OckRpcRead`].
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcWrite(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { single("OckRpcWrite", Kind::Write, client, req, cb.cast()) }
+}
+
+/// `OckRpcReadSgl`.
+///
+/// # Safety
+/// See the C header: `req` a readable `OckRpcSglRequest` with `iovCount` readable requests.
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcReadSgl(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { sgl("OckRpcReadSgl", Kind::Read, client, req, cb.cast()) }
+}
+
+/// `OckRpcWriteSgl`.
+///
+/// # Safety
+/// As [`OckRpcReadSgl`].
+#[no_mangle]
+pub unsafe extern "C" fn OckRpcWriteSgl(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+    // SAFETY: forwarded from this function's contract.
+    unsafe { sgl("OckRpcWriteSgl", Kind::Write, client, req, cb.cast()) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -419,5 +606,150 @@ mod tests {
         let two = [b, b].concat();
         // SAFETY: `two` holds two requests.
         assert_eq!(unsafe { Request::read(two.as_ptr().wrapping_add(0), 1) }, r);
+    }
+
+    // ---- the C entry points, with a stand-in server/client table on the simulator ----
+
+    use crate::memory::{
+        destroy_regions_of, DeviceMemory, MemoryHost, OckRpcDestroyMemoryRegion, OckRpcGetMemoryRegionInfo,
+        OckRpcRegisterAssignMemoryRegion, OckRpcRegisterMemoryRegion, RegionInfo, SERVER_MEMORY,
+    };
+    use std::sync::Mutex;
+
+    struct World {
+        servers: [(u64, Arc<DeviceMemory<SimNic>>); 2],
+        client: (u64, Arc<ClientMemory<SimNic>>),
+        _server: Server<SimNic>,
+        _fabric: Fabric,
+    }
+    static WORLD: Mutex<Option<World>> = Mutex::new(None);
+
+    fn server_lookup(h: u64) -> Option<Arc<dyn MemoryHost>> {
+        let w = WORLD.lock().unwrap();
+        let w = w.as_ref()?;
+        w.servers.iter().find(|s| s.0 == h).map(|s| Arc::clone(&s.1) as Arc<dyn MemoryHost>)
+    }
+
+    fn client_lookup(h: u64) -> Option<(Arc<dyn OneSidedHost>, Option<Duration>)> {
+        let w = WORLD.lock().unwrap();
+        let w = w.as_ref()?;
+        (w.client.0 == h)
+            .then(|| (Arc::clone(&w.client.1) as Arc<dyn OneSidedHost>, Some(Duration::from_secs(10))))
+    }
+
+    fn request_bytes(r: &Request) -> [u8; REQUEST_SIZE] {
+        let mut b = [0u8; REQUEST_SIZE];
+        b[0..8].copy_from_slice(&r.l_address.to_ne_bytes());
+        b[8..16].copy_from_slice(&r.r_address.to_ne_bytes());
+        b[16..20].copy_from_slice(&r.l_key.to_ne_bytes());
+        b[20..24].copy_from_slice(&r.r_key.to_ne_bytes());
+        b[24..28].copy_from_slice(&r.size.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn c_entry_points_register_read_write_and_refuse_bad_input() {
+        let fabric = Fabric::new(Engine::Inline);
+        let (s, c) = (fabric.add_nic(), fabric.add_nic());
+        let server = Server::bind(&s, "127.0.0.1:0", ServerConfig::new("c"), Functions::new()).unwrap();
+        let remote_host = Arc::new(DeviceMemory::new(s.clone()));
+        let local_host = Arc::new(DeviceMemory::new(c.clone()));
+        let channel = Arc::new(Channel::connect(&c, server.local_addr(), ChannelConfig::new("c")).unwrap());
+        let client = Arc::new(ClientMemory { channel, registry: Arc::clone(&local_host.registry) });
+        *WORLD.lock().unwrap() = Some(World {
+            servers: [(0x5e01, remote_host), (0x5e02, local_host)],
+            client: (0xc1, client),
+            _server: server,
+            _fabric: fabric,
+        });
+        let _ = SERVER_MEMORY.set(server_lookup);
+        let _ = CLIENT_ONE_SIDED.set(client_lookup);
+
+        // SAFETY: every pointer passed below is to a live local (or NULL on purpose).
+        unsafe {
+            let (mut remote_mr, mut local_mr) = (0usize, 0usize);
+            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 8192, &mut remote_mr), status::OK);
+            let mut buf = vec![0u8; 4096];
+            let addr = buf.as_mut_ptr() as usize;
+            assert_eq!(OckRpcRegisterAssignMemoryRegion(0x5e02, addr, 4096, &mut local_mr), status::OK);
+            let (mut ri, mut li) = (RegionInfo::default(), RegionInfo::default());
+            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, &mut ri), status::OK);
+            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::OK);
+            assert_eq!((li.l_address, li.size), (addr, 4096));
+            assert_eq!(ri.size, 8192);
+
+            buf[..5].copy_from_slice(b"abcde");
+            let w = Request {
+                l_address: addr as u64,
+                r_address: ri.l_address as u64 + 10,
+                l_key: li.l_key,
+                r_key: ri.l_key,
+                size: 5,
+            };
+            let wb = request_bytes(&w);
+            assert_eq!(OckRpcWrite(0xc1, wb.as_ptr(), std::ptr::null()), status::OK);
+            let remote = std::slice::from_raw_parts(ri.l_address as *const u8, 8192);
+            assert_eq!(&remote[10..15], b"abcde");
+
+            // An SGL read back, with a callback.
+            let rs = [
+                Request { l_address: addr as u64 + 100, size: 2, ..w },
+                Request { l_address: addr as u64 + 200, r_address: w.r_address + 2, size: 3, ..w },
+            ];
+            let iov: Vec<u8> = rs.iter().flat_map(request_bytes).collect();
+            let mut sgl = [0u8; SGL_REQUEST_SIZE];
+            sgl[0..8].copy_from_slice(&(iov.as_ptr() as usize).to_ne_bytes());
+            sgl[8..10].copy_from_slice(&2u16.to_ne_bytes());
+            let (tx, rx) = mpsc::channel::<i32>();
+            let done = CallDone { cb: Some(to_channel), arg: &tx as *const _ as *mut c_void };
+            assert_eq!(OckRpcReadSgl(0xc1, sgl.as_ptr(), (&done as *const CallDone).cast()), status::OK);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let st = loop {
+                WORLD.lock().unwrap().as_ref().unwrap().client.1.channel.poll();
+                if let Ok(s) = rx.try_recv() {
+                    break s;
+                }
+                assert!(std::time::Instant::now() < deadline);
+            };
+            assert_eq!(st, status::OK);
+            assert_eq!((&buf[100..102], &buf[200..203]), (&b"ab"[..], &b"cde"[..]));
+
+            // Bad input.
+            let mut out = 0usize;
+            assert_eq!(OckRpcRegisterMemoryRegion(0x5e03, 64, &mut out), status::INVALID_PARAM);
+            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 0, &mut out), status::INVALID_PARAM);
+            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 64, std::ptr::null_mut()), status::INVALID_PARAM);
+            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 1 << 40, &mut out), status::INVALID_PARAM);
+            assert_eq!(OckRpcRegisterAssignMemoryRegion(0x5e01, 0, 64, &mut out), status::INVALID_PARAM);
+            assert_eq!(
+                OckRpcRegisterAssignMemoryRegion(0x5e01, usize::MAX - 4, 64, &mut out),
+                status::INVALID_PARAM
+            );
+            assert_eq!(out, 0);
+            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, std::ptr::null_mut()), status::INVALID_PARAM);
+            assert_eq!(OckRpcGetMemoryRegionInfo(0xc1, &mut ri), status::INVALID_PARAM);
+            assert_eq!(OckRpcWrite(0xc2, wb.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
+            assert_eq!(OckRpcWrite(0xc1, std::ptr::null(), std::ptr::null()), status::INVALID_PARAM);
+            let null_cb = CallDone { cb: None, arg: std::ptr::null_mut() };
+            assert_eq!(
+                OckRpcWrite(0xc1, wb.as_ptr(), (&null_cb as *const CallDone).cast()),
+                status::INVALID_PARAM
+            );
+            sgl[0..8].copy_from_slice(&0usize.to_ne_bytes());
+            assert_eq!(OckRpcWriteSgl(0xc1, sgl.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
+            assert_eq!(OckRpcReadSgl(0xc1, std::ptr::null(), std::ptr::null()), status::INVALID_PARAM);
+
+            // Destroy: with the wrong server nothing happens; then the handle and key are dead.
+            OckRpcDestroyMemoryRegion(0x5e01, local_mr);
+            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::OK);
+            OckRpcDestroyMemoryRegion(0x5e02, local_mr);
+            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::INVALID_PARAM);
+            assert_eq!(OckRpcWrite(0xc1, wb.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
+            OckRpcDestroyMemoryRegion(0x5e02, local_mr);
+            assert_eq!(destroy_regions_of(0x5e01), 1);
+            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, &mut ri), status::INVALID_PARAM);
+            drop(buf);
+        }
+        *WORLD.lock().unwrap() = None;
     }
 }
