@@ -1,5 +1,5 @@
-/* hcom4db.h - interim header of bypass's libhcom4db.so: the status codes, handle types and the
- * memory allocator only. The full header (every OckRpc* declaration) comes with the C API's
+/* hcom4db.h - interim header of bypass's libhcom4db.so: the status codes, handle types, memory
+ * regions, one-sided I/O and the memory allocator only. The full header (every OckRpc* declaration) comes with the C API's
  * foundation on branch wip-capi and replaces this file. Compiles standalone in C11 and C++17. */
 #ifndef HCOM4DB_H
 #define HCOM4DB_H
@@ -37,6 +37,54 @@ typedef enum {
     OCK_RPC_ERR_CONN_BROKEN = -21,
     OCK_RPC_ERR_INVALID_RKEY = -22,
 } OckRpcStatus;
+
+typedef uintptr_t OckRpcServer;
+typedef uintptr_t OckRpcClient;
+
+typedef void (*OckRpcDoneCallback)(OckRpcStatus status, void *arg);
+
+/* Completion of an asynchronous call: cb(status, arg) runs exactly once. */
+typedef struct {
+    OckRpcDoneCallback cb;
+    void *arg;
+} OckRpcCallDone;
+
+/* ---- memory regions ---- */
+
+typedef uintptr_t OckRpcMemoryRegion;
+
+typedef struct {
+    uintptr_t lAddress; /* first byte, in this process */
+    uint32_t lKey;      /* the key: lKey of local requests, rKey of the peer's */
+    uint32_t size;
+} OckRpcMemoryRegionInfo;
+
+int OckRpcRegisterMemoryRegion(OckRpcServer server, uint64_t size, OckRpcMemoryRegion *mr);
+int OckRpcRegisterAssignMemoryRegion(OckRpcServer server, uintptr_t address, uint64_t size, OckRpcMemoryRegion *mr);
+int OckRpcGetMemoryRegionInfo(OckRpcMemoryRegion mr, OckRpcMemoryRegionInfo *info);
+void OckRpcDestroyMemoryRegion(OckRpcServer server, OckRpcMemoryRegion mr);
+
+/* ---- one-sided I/O ---- */
+
+typedef struct {
+    uintptr_t lAddress;
+    uintptr_t rAddress;
+    uint32_t lKey;
+    uint32_t rKey;
+    uint32_t size;
+} __attribute__((packed)) OckRpcRequest;
+
+typedef struct {
+    OckRpcRequest *iov;
+    uint16_t iovCount;
+} __attribute__((packed)) OckRpcSglRequest;
+
+int OckRpcRead(OckRpcClient client, OckRpcRequest *req, OckRpcCallDone *cb);
+int OckRpcReadSgl(OckRpcClient client, OckRpcSglRequest *req, OckRpcCallDone *cb);
+int OckRpcWrite(OckRpcClient client, OckRpcRequest *req, OckRpcCallDone *cb);
+int OckRpcWriteSgl(OckRpcClient client, OckRpcSglRequest *req, OckRpcCallDone *cb);
+
+/* ---- the memory allocator ---- */
 
 /* Cache tier policy of a MEM_DYNAMIC_SIZE_WITH_CACHE allocator. */
 typedef enum {

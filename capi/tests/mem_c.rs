@@ -21,3 +21,9 @@ fn alloc_threads() {
     let exe = compile("alloc_threads.c");
     run(&exe, &[], Run::default()).expect_ok("alloc_threads");
 }
+
+#[test]
+fn mem_layout() {
+    let exe = compile("mem_layout.c");
+    run(&exe, &[], Run::default()).expect_ok("mem_layout");
+}
