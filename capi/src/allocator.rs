@@ -302,14 +302,11 @@ impl Allocator {
     }
 
     /// Bytes managed: the free size of an allocator with nothing handed out.
+    #[cfg(test)]
     pub fn capacity(&self) -> u64 {
         self.units * self.unit
     }
 
-    /// The unit of allocation in bytes.
-    pub fn unit(&self) -> u64 {
-        self.unit
-    }
 
     /// `address - base` for an address inside the range given at creation.
     pub fn offset_of(&self, address: u64) -> Result<u64, AllocError> {
@@ -682,19 +679,21 @@ pub fn options_from_c(kind: i32, b: &[u8; C_OPTIONS_SIZE]) -> Result<Options, Al
 
 // ---- the C entry points ---------------------------------------------------------------------
 
-use crate::memory::interim::{entry, log_error, Handles};
+use crate::guard::guard;
+use crate::handle::HandleTable;
 use std::ffi::c_int;
 
 /// `OckRpcStatus` values used here.
 mod status {
     use std::ffi::c_int;
     pub const OK: c_int = 0;
+    pub const ERR: c_int = -1;
     pub const INVALID_PARAM: c_int = -2;
     pub const NO_MEMORY: c_int = -7;
 }
 
 /// Every allocator created through the C API, by handle.
-static ALLOCATORS: Handles<Allocator> = Handles::new(0xa1);
+static ALLOCATORS: HandleTable<Allocator> = HandleTable::new(0xA1);
 
 fn alloc_status(e: &AllocError) -> c_int {
     match e {
@@ -705,10 +704,14 @@ fn alloc_status(e: &AllocError) -> c_int {
 
 /// Looks up an allocator handle, logging what is wrong with a bad one.
 fn allocator_of(func: &str, handle: usize) -> Result<std::sync::Arc<Allocator>, c_int> {
-    ALLOCATORS.get(handle as u64).ok_or_else(|| {
-        log_error(&format!(
-            "{func}: allocator handle {handle:#x} is not a live allocator (never created, or destroyed)"
-        ));
+    ALLOCATORS.get(handle).ok_or_else(|| {
+        crate::log!(
+            crate::log::ERROR,
+            "{}",
+            format!(
+                "{func}: allocator handle {handle:#x} is not a live allocator (never created, or destroyed)"
+            )
+        );
         status::INVALID_PARAM
     })
 }
@@ -724,9 +727,12 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorCreate(
     options: *const u8,
     allocator: *mut usize,
 ) -> c_int {
-    entry("OckRpcMemoryAllocatorCreate", || {
+    guard("OckRpcMemoryAllocatorCreate", status::ERR, || {
         if options.is_null() || allocator.is_null() {
-            log_error("OckRpcMemoryAllocatorCreate: options and allocator must not be NULL");
+            crate::log!(
+                crate::log::ERROR,
+                "OckRpcMemoryAllocatorCreate: options and allocator must not be NULL"
+            );
             return status::INVALID_PARAM;
         }
         // SAFETY: the caller passes a readable options struct; read it as bytes (any alignment).
@@ -734,13 +740,13 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorCreate(
         let created = options_from_c(t, &bytes).and_then(|o| Allocator::new(&o));
         match created {
             Ok(a) => {
-                let h = ALLOCATORS.insert(a);
+                let h = ALLOCATORS.insert(std::sync::Arc::new(a));
                 // SAFETY: checked non-NULL; the caller passes a writable handle.
-                unsafe { allocator.write_unaligned(h as usize) };
+                unsafe { allocator.write_unaligned(h) };
                 status::OK
             }
             Err(e) => {
-                log_error(&format!("OckRpcMemoryAllocatorCreate: {e}"));
+                crate::log!(crate::log::ERROR, "{}", format!("OckRpcMemoryAllocatorCreate: {e}"));
                 alloc_status(&e)
             }
         }
@@ -751,12 +757,16 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorCreate(
 /// caller's (or its region's) and is not touched.
 #[no_mangle]
 pub extern "C" fn OckRpcMemoryAllocatorDestroy(allocator: usize) -> c_int {
-    entry("OckRpcMemoryAllocatorDestroy", || match ALLOCATORS.remove(allocator as u64) {
+    guard("OckRpcMemoryAllocatorDestroy", status::ERR, || match ALLOCATORS.remove(allocator) {
         Some(_) => status::OK,
         None => {
-            log_error(&format!(
-                "OckRpcMemoryAllocatorDestroy: allocator handle {allocator:#x} is not a live allocator"
-            ));
+            crate::log!(
+                crate::log::ERROR,
+                "{}",
+                format!(
+                    "OckRpcMemoryAllocatorDestroy: allocator handle {allocator:#x} is not a live allocator"
+                )
+            );
             status::INVALID_PARAM
         }
     })
@@ -765,7 +775,7 @@ pub extern "C" fn OckRpcMemoryAllocatorDestroy(allocator: usize) -> c_int {
 /// `OckRpcMemoryAllocatorSetMrKey`: the key `Allocate` reports with every block.
 #[no_mangle]
 pub extern "C" fn OckRpcMemoryAllocatorSetMrKey(allocator: usize, mr_key: u32) -> c_int {
-    entry("OckRpcMemoryAllocatorSetMrKey", || {
+    guard("OckRpcMemoryAllocatorSetMrKey", status::ERR, || {
         match allocator_of("OckRpcMemoryAllocatorSetMrKey", allocator) {
             Ok(a) => {
                 a.set_key(mr_key);
@@ -787,13 +797,13 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorMemOffset(
     offset: *mut usize,
 ) -> c_int {
     const F: &str = "OckRpcMemoryAllocatorMemOffset";
-    entry(F, || {
+    guard(F, status::ERR, || {
         let a = match allocator_of(F, allocator) {
             Ok(a) => a,
             Err(s) => return s,
         };
         if offset.is_null() {
-            log_error(&format!("{F}: offset must not be NULL"));
+            crate::log!(crate::log::ERROR, "{}", format!("{F}: offset must not be NULL"));
             return status::INVALID_PARAM;
         }
         match a.offset_of(address as u64) {
@@ -803,7 +813,7 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorMemOffset(
                 status::OK
             }
             Err(e) => {
-                log_error(&format!("{F}: {e}"));
+                crate::log!(crate::log::ERROR, "{}", format!("{F}: {e}"));
                 alloc_status(&e)
             }
         }
@@ -817,13 +827,13 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorMemOffset(
 #[no_mangle]
 pub unsafe extern "C" fn OckRpcMemoryAllocatorFreeSize(allocator: usize, size: *mut usize) -> c_int {
     const F: &str = "OckRpcMemoryAllocatorFreeSize";
-    entry(F, || {
+    guard(F, status::ERR, || {
         let a = match allocator_of(F, allocator) {
             Ok(a) => a,
             Err(s) => return s,
         };
         if size.is_null() {
-            log_error(&format!("{F}: size must not be NULL"));
+            crate::log!(crate::log::ERROR, "{}", format!("{F}: size must not be NULL"));
             return status::INVALID_PARAM;
         }
         // SAFETY: checked non-NULL; the caller passes a writable uintptr_t.
@@ -844,13 +854,13 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorAllocate(
     key: *mut u32,
 ) -> c_int {
     const F: &str = "OckRpcMemoryAllocatorAllocate";
-    entry(F, || {
+    guard(F, status::ERR, || {
         let a = match allocator_of(F, allocator) {
             Ok(a) => a,
             Err(s) => return s,
         };
         if address.is_null() || key.is_null() {
-            log_error(&format!("{F}: address and key must not be NULL"));
+            crate::log!(crate::log::ERROR, "{}", format!("{F}: address and key must not be NULL"));
             return status::INVALID_PARAM;
         }
         match a.allocate(size) {
@@ -863,7 +873,7 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorAllocate(
                 status::OK
             }
             Err(e) => {
-                log_error(&format!("{F}: {e}"));
+                crate::log!(crate::log::ERROR, "{}", format!("{F}: {e}"));
                 alloc_status(&e)
             }
         }
@@ -874,7 +884,7 @@ pub unsafe extern "C" fn OckRpcMemoryAllocatorAllocate(
 #[no_mangle]
 pub extern "C" fn OckRpcMemoryAllocatorFree(allocator: usize, address: usize) -> c_int {
     const F: &str = "OckRpcMemoryAllocatorFree";
-    entry(F, || {
+    guard(F, status::ERR, || {
         let a = match allocator_of(F, allocator) {
             Ok(a) => a,
             Err(s) => return s,
@@ -882,7 +892,7 @@ pub extern "C" fn OckRpcMemoryAllocatorFree(allocator: usize, address: usize) ->
         match a.free(address as u64) {
             Ok(()) => status::OK,
             Err(e) => {
-                log_error(&format!("{F}: {e}"));
+                crate::log!(crate::log::ERROR, "{}", format!("{F}: {e}"));
                 alloc_status(&e)
             }
         }

@@ -40,8 +40,6 @@ pub(crate) mod status {
 
 /// Size of the packed `OckRpcRequest`.
 pub(crate) const REQUEST_SIZE: usize = 28;
-/// Size of the packed `OckRpcSglRequest`.
-pub(crate) const SGL_REQUEST_SIZE: usize = 10;
 
 /// READ or WRITE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +106,7 @@ impl Request {
 /// The C completion callback (`OckRpcCallDone`'s `cb` and `arg`).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Done {
-    pub cb: extern "C" fn(i32, *mut c_void),
+    pub cb: unsafe extern "C" fn(i32, *mut c_void),
     pub arg: *mut c_void,
 }
 
@@ -120,7 +118,8 @@ unsafe impl Sync for Done {}
 
 impl Done {
     fn call(&self, status: i32) {
-        (self.cb)(status, self.arg);
+        // SAFETY: the caller's callback with its own argument, as the API documents.
+        unsafe { (self.cb)(status, self.arg) };
     }
 }
 
@@ -276,64 +275,43 @@ pub(crate) fn run<D: Device + Clone>(
 
 // ---- the C entry points ---------------------------------------------------------------------
 
-use crate::memory::interim::{entry, log_error};
-use crate::memory::Registry;
-use std::sync::OnceLock;
+use crate::client;
+use crate::guard::guard;
+use crate::net::Nic;
+use crate::regions::RegionRegistry;
+use crate::types::{Handle, OckRpcCallDone, OckRpcRequest, OckRpcSglRequest};
 
-/// What one-sided I/O needs of a client connection, whatever its backend.
-pub(crate) trait OneSidedHost: Send + Sync {
-    /// Runs `count` requests (see [`run`]).
-    fn run(
-        &self,
-        kind: Kind,
-        reqs: &dyn Fn(usize) -> Request,
-        count: usize,
-        timeout: Option<Duration>,
-        done: Option<Done>,
-    ) -> Result<(), Failure>;
-}
-
-/// A connection and the registry of the device it runs on: the regions its requests may name
-/// as local memory. The client object of each backend holds one.
-#[derive(Debug)]
-pub(crate) struct ClientMemory<D: Device + Clone> {
-    pub channel: Arc<Channel<D>>,
-    pub registry: Arc<Registry<D::Region>>,
-}
-
-impl<D: Device + Clone> OneSidedHost for ClientMemory<D> {
-    fn run(
-        &self,
-        kind: Kind,
-        reqs: &dyn Fn(usize) -> Request,
-        count: usize,
-        timeout: Option<Duration>,
-        done: Option<Done>,
-    ) -> Result<(), Failure> {
-        let resolve = |k: u32, a: u64, l: u64| self.registry.resolve(k, a, l);
-        run(&self.channel, kind, reqs, count, &resolve, timeout, done)
-    }
-}
-
-/// How the one-sided functions find clients: the foundation's client table answers with the
-/// connection's [`OneSidedHost`] and the timeout `OckRpcClientSetTimeout` set for it.
-pub(crate) static CLIENT_ONE_SIDED: OnceLock<ClientLookup> = OnceLock::new();
-
-/// The client table's lookup of a connection's one-sided side and its timeout.
-pub(crate) type ClientLookup = fn(u64) -> Option<(Arc<dyn OneSidedHost>, Option<Duration>)>;
-
-/// `OckRpcCallDone` as C lays it out.
-#[repr(C)]
-struct CallDone {
-    cb: Option<extern "C" fn(i32, *mut c_void)>,
-    arg: *mut c_void,
+/// Runs the requests on `channel`, finding local memory in `regions` (the regions of the server
+/// whose device the channel runs on).
+fn run_on<D: Nic>(
+    channel: &Channel<D>,
+    regions: &RegionRegistry,
+    kind: Kind,
+    reqs: &dyn Fn(usize) -> Request,
+    count: usize,
+    timeout: Duration,
+    done: Option<Done>,
+) -> Result<(), Failure> {
+    let resolve = |key: u32, addr: u64, len: u64| -> Result<(Arc<D::Region>, usize), String> {
+        let found = regions
+            .find(addr as usize, len as usize, key)
+            .and_then(|(e, off)| D::region_of(&e.region).map(|r| (Arc::clone(r), off)));
+        found.ok_or_else(|| {
+            format!(
+                "local range {addr:#x}+{len} with lKey {key:#x} is not inside a region registered on this client's \
+                 server (OckRpcRegisterMemoryRegion / OckRpcRegisterAssignMemoryRegion, or a block of an allocator \
+                 over one)"
+            )
+        })
+    };
+    run(channel, kind, reqs, count, &resolve, Some(timeout), done)
 }
 
 /// Decodes the `cb` argument: NULL is a blocking call.
 ///
 /// # Safety
 /// `cb` is NULL or points to a readable `OckRpcCallDone`.
-unsafe fn done_of(func: &str, cb: *const CallDone) -> Result<Option<Done>, Failure> {
+unsafe fn done_of(func: &str, cb: *const OckRpcCallDone) -> Result<Option<Done>, Failure> {
     if cb.is_null() {
         return Ok(None);
     }
@@ -345,20 +323,42 @@ unsafe fn done_of(func: &str, cb: *const CallDone) -> Result<Option<Done>, Failu
     }
 }
 
-fn client_of(func: &str, client: usize) -> Result<(Arc<dyn OneSidedHost>, Option<Duration>), Failure> {
-    CLIENT_ONE_SIDED.get().and_then(|f| f(client as u64)).ok_or_else(|| Failure {
+/// Runs the requests on client `h`.
+fn on_client(
+    func: &str,
+    h: Handle,
+    kind: Kind,
+    reqs: &dyn Fn(usize) -> Request,
+    count: usize,
+    done: Option<Done>,
+) -> Result<(), Failure> {
+    let dead = || Failure {
         status: status::INVALID_PARAM,
         message: format!(
-            "{func}: client handle {client:#x} is not a live connection (never connected, or disconnected)"
+            "{func}: client handle {h:#x} is not a live connection (never connected, or disconnected)"
         ),
-    })
+    };
+    let obj = client::lookup(h).ok_or_else(dead)?;
+    let channel = obj.channel().ok_or_else(|| Failure {
+        status: status::INVALID_PARAM,
+        message: format!(
+            "{func}: client {h:#x} is a server-side connection; one-sided I/O needs a connected client"
+        ),
+    })?;
+    let server = obj.server().ok_or_else(dead)?;
+    let timeout = obj.timeout();
+    crate::by_dev!(channel, ch => run_on(ch, server.regions(), kind, reqs, count, timeout, done))
 }
 
-fn finish(result: Result<(), Failure>) -> i32 {
+fn finish(func: &str, result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => status::OK,
         Err(f) => {
-            log_error(&f.message);
+            crate::log!(
+                crate::log::ERROR,
+                "{}",
+                if f.message.starts_with("Ock") { f.message } else { format!("{func}: {}", f.message) }
+            );
             f.status
         }
     }
@@ -368,22 +368,30 @@ fn finish(result: Result<(), Failure>) -> i32 {
 ///
 /// # Safety
 /// `req` is NULL or points to a readable `OckRpcRequest`; `cb` NULL or a readable `OckRpcCallDone`.
-unsafe fn single(func: &'static str, kind: Kind, client: usize, req: *const u8, cb: *const CallDone) -> i32 {
-    entry(func, || {
-        finish((|| {
-            // SAFETY: forwarded from this function's contract.
-            let done = unsafe { done_of(func, cb) }?;
-            if req.is_null() {
-                return Err(Failure {
-                    status: status::INVALID_PARAM,
-                    message: format!("{func}: req must not be NULL"),
-                });
-            }
-            let (host, timeout) = client_of(func, client)?;
-            // SAFETY: non-NULL, and the caller passes one readable request.
-            let r = unsafe { Request::read(req, 0) };
-            host.run(kind, &|_| r, 1, timeout, done)
-        })())
+unsafe fn single(
+    func: &'static str,
+    kind: Kind,
+    client: Handle,
+    req: *const OckRpcRequest,
+    cb: *const OckRpcCallDone,
+) -> i32 {
+    guard(func, status::ERR, || {
+        finish(
+            func,
+            (|| {
+                // SAFETY: forwarded from this function's contract.
+                let done = unsafe { done_of(func, cb) }?;
+                if req.is_null() {
+                    return Err(Failure {
+                        status: status::INVALID_PARAM,
+                        message: format!("{func}: req must not be NULL"),
+                    });
+                }
+                // SAFETY: non-NULL, and the caller passes one readable request.
+                let r = unsafe { Request::read(req.cast(), 0) };
+                on_client(func, client, kind, &|_| r, 1, done)
+            })(),
+        )
     })
 }
 
@@ -392,32 +400,39 @@ unsafe fn single(func: &'static str, kind: Kind, client: usize, req: *const u8, 
 /// # Safety
 /// `sgl` is NULL or points to a readable `OckRpcSglRequest` whose `iov` holds `iovCount`
 /// readable requests; `cb` NULL or a readable `OckRpcCallDone`.
-unsafe fn sgl(func: &'static str, kind: Kind, client: usize, sgl: *const u8, cb: *const CallDone) -> i32 {
-    entry(func, || {
-        finish((|| {
-            // SAFETY: forwarded from this function's contract.
-            let done = unsafe { done_of(func, cb) }?;
-            if sgl.is_null() {
-                return Err(Failure {
-                    status: status::INVALID_PARAM,
-                    message: format!("{func}: req must not be NULL"),
-                });
-            }
-            // SAFETY: non-NULL and readable (the struct is packed: read it as bytes).
-            let b = unsafe { std::ptr::read_unaligned(sgl.cast::<[u8; SGL_REQUEST_SIZE]>()) };
-            let iov = usize::from_ne_bytes(b[0..8].try_into().expect("8 bytes")) as *const u8;
-            let count = usize::from(u16::from_ne_bytes([b[8], b[9]]));
-            if iov.is_null() && count > 0 {
-                return Err(Failure {
-                    status: status::INVALID_PARAM,
-                    message: format!("{func}: req->iov is NULL with iovCount {count}"),
-                });
-            }
-            let (host, timeout) = client_of(func, client)?;
-            // SAFETY: `iov` holds `count` readable requests (the caller's contract); `i < count`.
-            let at = |i: usize| unsafe { Request::read(iov, i) };
-            host.run(kind, &at, count, timeout, done)
-        })())
+unsafe fn sgl(
+    func: &'static str,
+    kind: Kind,
+    client: Handle,
+    sgl: *const OckRpcSglRequest,
+    cb: *const OckRpcCallDone,
+) -> i32 {
+    guard(func, status::ERR, || {
+        finish(
+            func,
+            (|| {
+                // SAFETY: forwarded from this function's contract.
+                let done = unsafe { done_of(func, cb) }?;
+                if sgl.is_null() {
+                    return Err(Failure {
+                        status: status::INVALID_PARAM,
+                        message: format!("{func}: req must not be NULL"),
+                    });
+                }
+                // SAFETY: non-NULL and readable (the struct is packed: read it without alignment).
+                let s = unsafe { std::ptr::read_unaligned(sgl) };
+                let (iov, count) = (s.iov as *const u8, usize::from(s.iov_count));
+                if iov.is_null() && count > 0 {
+                    return Err(Failure {
+                        status: status::INVALID_PARAM,
+                        message: format!("{func}: req->iov is NULL with iovCount {count}"),
+                    });
+                }
+                // SAFETY: `iov` holds `count` readable requests (the caller's contract); `i < count`.
+                let at = |i: usize| unsafe { Request::read(iov, i) };
+                on_client(func, client, kind, &at, count, done)
+            })(),
+        )
     })
 }
 
@@ -426,9 +441,9 @@ unsafe fn sgl(func: &'static str, kind: Kind, client: usize, sgl: *const u8, cb:
 /// # Safety
 /// See the C header: `req` a readable `OckRpcRequest`, `cb` NULL or a readable `OckRpcCallDone`.
 #[no_mangle]
-pub unsafe extern "C" fn OckRpcRead(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+pub unsafe extern "C" fn OckRpcRead(client: Handle, req: *mut OckRpcRequest, cb: *mut OckRpcCallDone) -> i32 {
     // SAFETY: forwarded from this function's contract.
-    unsafe { single("OckRpcRead", Kind::Read, client, req, cb.cast()) }
+    unsafe { single("OckRpcRead", Kind::Read, client, req, cb) }
 }
 
 /// `OckRpcWrite`.
@@ -436,9 +451,13 @@ pub unsafe extern "C" fn OckRpcRead(client: usize, req: *const u8, cb: *const c_
 /// # Safety
 /// As [`OckRpcRead`].
 #[no_mangle]
-pub unsafe extern "C" fn OckRpcWrite(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+pub unsafe extern "C" fn OckRpcWrite(
+    client: Handle,
+    req: *mut OckRpcRequest,
+    cb: *mut OckRpcCallDone,
+) -> i32 {
     // SAFETY: forwarded from this function's contract.
-    unsafe { single("OckRpcWrite", Kind::Write, client, req, cb.cast()) }
+    unsafe { single("OckRpcWrite", Kind::Write, client, req, cb) }
 }
 
 /// `OckRpcReadSgl`.
@@ -446,9 +465,13 @@ pub unsafe extern "C" fn OckRpcWrite(client: usize, req: *const u8, cb: *const c
 /// # Safety
 /// See the C header: `req` a readable `OckRpcSglRequest` with `iovCount` readable requests.
 #[no_mangle]
-pub unsafe extern "C" fn OckRpcReadSgl(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+pub unsafe extern "C" fn OckRpcReadSgl(
+    client: Handle,
+    req: *mut OckRpcSglRequest,
+    cb: *mut OckRpcCallDone,
+) -> i32 {
     // SAFETY: forwarded from this function's contract.
-    unsafe { sgl("OckRpcReadSgl", Kind::Read, client, req, cb.cast()) }
+    unsafe { sgl("OckRpcReadSgl", Kind::Read, client, req, cb) }
 }
 
 /// `OckRpcWriteSgl`.
@@ -456,15 +479,19 @@ pub unsafe extern "C" fn OckRpcReadSgl(client: usize, req: *const u8, cb: *const
 /// # Safety
 /// As [`OckRpcReadSgl`].
 #[no_mangle]
-pub unsafe extern "C" fn OckRpcWriteSgl(client: usize, req: *const u8, cb: *const c_void) -> i32 {
+pub unsafe extern "C" fn OckRpcWriteSgl(
+    client: Handle,
+    req: *mut OckRpcSglRequest,
+    cb: *mut OckRpcCallDone,
+) -> i32 {
     // SAFETY: forwarded from this function's contract.
-    unsafe { sgl("OckRpcWriteSgl", Kind::Write, client, req, cb.cast()) }
+    unsafe { sgl("OckRpcWriteSgl", Kind::Write, client, req, cb) }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::{Registry, REGION_ACCESS};
+    use crate::memory::REGION_ACCESS;
     use bypass::hal::{Device, MemoryRegion};
     use bypass::sim::{Engine, Fabric, SimNic};
     use bypass::{ChannelConfig, Functions, Server, ServerConfig};
@@ -473,7 +500,6 @@ mod tests {
     struct Pair {
         _server: Server<SimNic>,
         channel: Channel<SimNic>,
-        local: Registry<<SimNic as Device>::Region>,
         exposed: Arc<<SimNic as Device>::Region>,
         mine: Arc<<SimNic as Device>::Region>,
         _fabric: Fabric,
@@ -487,10 +513,8 @@ mod tests {
         let mut cfg = ChannelConfig::new("os");
         cfg.queues = 2;
         let channel = Channel::connect(&c, server.local_addr(), cfg).unwrap();
-        let local = Registry::default();
         let mine = Arc::new(c.register(4096, REGION_ACCESS).unwrap());
-        local.insert(mine.clone()).unwrap();
-        Pair { _server: server, channel, local, exposed, mine, _fabric: fabric }
+        Pair { _server: server, channel, exposed, mine, _fabric: fabric }
     }
 
     fn req(p: &Pair, l_off: u64, r_off: u64, size: u32) -> Request {
@@ -504,7 +528,15 @@ mod tests {
     }
 
     fn go(p: &Pair, kind: Kind, reqs: &[Request], done: Option<Done>) -> Result<(), Failure> {
-        let resolve = |k, a, l| p.local.resolve(k, a, l);
+        let key = crate::memory::c_key(&*p.mine).unwrap();
+        let base = p.mine.as_ptr() as u64;
+        let resolve = |k: u32, a: u64, l: u64| {
+            if k == key && a >= base && a + l <= base + 4096 {
+                Ok((Arc::clone(&p.mine), (a - base) as usize))
+            } else {
+                Err(format!("no region for {k:#x} {a:#x}+{l}"))
+            }
+        };
         run(&p.channel, kind, &|i| reqs[i], reqs.len(), &resolve, Some(Duration::from_secs(10)), done)
     }
 
@@ -606,150 +638,5 @@ mod tests {
         let two = [b, b].concat();
         // SAFETY: `two` holds two requests.
         assert_eq!(unsafe { Request::read(two.as_ptr().wrapping_add(0), 1) }, r);
-    }
-
-    // ---- the C entry points, with a stand-in server/client table on the simulator ----
-
-    use crate::memory::{
-        destroy_regions_of, DeviceMemory, MemoryHost, OckRpcDestroyMemoryRegion, OckRpcGetMemoryRegionInfo,
-        OckRpcRegisterAssignMemoryRegion, OckRpcRegisterMemoryRegion, RegionInfo, SERVER_MEMORY,
-    };
-    use std::sync::Mutex;
-
-    struct World {
-        servers: [(u64, Arc<DeviceMemory<SimNic>>); 2],
-        client: (u64, Arc<ClientMemory<SimNic>>),
-        _server: Server<SimNic>,
-        _fabric: Fabric,
-    }
-    static WORLD: Mutex<Option<World>> = Mutex::new(None);
-
-    fn server_lookup(h: u64) -> Option<Arc<dyn MemoryHost>> {
-        let w = WORLD.lock().unwrap();
-        let w = w.as_ref()?;
-        w.servers.iter().find(|s| s.0 == h).map(|s| Arc::clone(&s.1) as Arc<dyn MemoryHost>)
-    }
-
-    fn client_lookup(h: u64) -> Option<(Arc<dyn OneSidedHost>, Option<Duration>)> {
-        let w = WORLD.lock().unwrap();
-        let w = w.as_ref()?;
-        (w.client.0 == h)
-            .then(|| (Arc::clone(&w.client.1) as Arc<dyn OneSidedHost>, Some(Duration::from_secs(10))))
-    }
-
-    fn request_bytes(r: &Request) -> [u8; REQUEST_SIZE] {
-        let mut b = [0u8; REQUEST_SIZE];
-        b[0..8].copy_from_slice(&r.l_address.to_ne_bytes());
-        b[8..16].copy_from_slice(&r.r_address.to_ne_bytes());
-        b[16..20].copy_from_slice(&r.l_key.to_ne_bytes());
-        b[20..24].copy_from_slice(&r.r_key.to_ne_bytes());
-        b[24..28].copy_from_slice(&r.size.to_ne_bytes());
-        b
-    }
-
-    #[test]
-    fn c_entry_points_register_read_write_and_refuse_bad_input() {
-        let fabric = Fabric::new(Engine::Inline);
-        let (s, c) = (fabric.add_nic(), fabric.add_nic());
-        let server = Server::bind(&s, "127.0.0.1:0", ServerConfig::new("c"), Functions::new()).unwrap();
-        let remote_host = Arc::new(DeviceMemory::new(s.clone()));
-        let local_host = Arc::new(DeviceMemory::new(c.clone()));
-        let channel = Arc::new(Channel::connect(&c, server.local_addr(), ChannelConfig::new("c")).unwrap());
-        let client = Arc::new(ClientMemory { channel, registry: Arc::clone(&local_host.registry) });
-        *WORLD.lock().unwrap() = Some(World {
-            servers: [(0x5e01, remote_host), (0x5e02, local_host)],
-            client: (0xc1, client),
-            _server: server,
-            _fabric: fabric,
-        });
-        let _ = SERVER_MEMORY.set(server_lookup);
-        let _ = CLIENT_ONE_SIDED.set(client_lookup);
-
-        // SAFETY: every pointer passed below is to a live local (or NULL on purpose).
-        unsafe {
-            let (mut remote_mr, mut local_mr) = (0usize, 0usize);
-            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 8192, &mut remote_mr), status::OK);
-            let mut buf = vec![0u8; 4096];
-            let addr = buf.as_mut_ptr() as usize;
-            assert_eq!(OckRpcRegisterAssignMemoryRegion(0x5e02, addr, 4096, &mut local_mr), status::OK);
-            let (mut ri, mut li) = (RegionInfo::default(), RegionInfo::default());
-            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, &mut ri), status::OK);
-            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::OK);
-            assert_eq!((li.l_address, li.size), (addr, 4096));
-            assert_eq!(ri.size, 8192);
-
-            buf[..5].copy_from_slice(b"abcde");
-            let w = Request {
-                l_address: addr as u64,
-                r_address: ri.l_address as u64 + 10,
-                l_key: li.l_key,
-                r_key: ri.l_key,
-                size: 5,
-            };
-            let wb = request_bytes(&w);
-            assert_eq!(OckRpcWrite(0xc1, wb.as_ptr(), std::ptr::null()), status::OK);
-            let remote = std::slice::from_raw_parts(ri.l_address as *const u8, 8192);
-            assert_eq!(&remote[10..15], b"abcde");
-
-            // An SGL read back, with a callback.
-            let rs = [
-                Request { l_address: addr as u64 + 100, size: 2, ..w },
-                Request { l_address: addr as u64 + 200, r_address: w.r_address + 2, size: 3, ..w },
-            ];
-            let iov: Vec<u8> = rs.iter().flat_map(request_bytes).collect();
-            let mut sgl = [0u8; SGL_REQUEST_SIZE];
-            sgl[0..8].copy_from_slice(&(iov.as_ptr() as usize).to_ne_bytes());
-            sgl[8..10].copy_from_slice(&2u16.to_ne_bytes());
-            let (tx, rx) = mpsc::channel::<i32>();
-            let done = CallDone { cb: Some(to_channel), arg: &tx as *const _ as *mut c_void };
-            assert_eq!(OckRpcReadSgl(0xc1, sgl.as_ptr(), (&done as *const CallDone).cast()), status::OK);
-            let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            let st = loop {
-                WORLD.lock().unwrap().as_ref().unwrap().client.1.channel.poll();
-                if let Ok(s) = rx.try_recv() {
-                    break s;
-                }
-                assert!(std::time::Instant::now() < deadline);
-            };
-            assert_eq!(st, status::OK);
-            assert_eq!((&buf[100..102], &buf[200..203]), (&b"ab"[..], &b"cde"[..]));
-
-            // Bad input.
-            let mut out = 0usize;
-            assert_eq!(OckRpcRegisterMemoryRegion(0x5e03, 64, &mut out), status::INVALID_PARAM);
-            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 0, &mut out), status::INVALID_PARAM);
-            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 64, std::ptr::null_mut()), status::INVALID_PARAM);
-            assert_eq!(OckRpcRegisterMemoryRegion(0x5e01, 1 << 40, &mut out), status::INVALID_PARAM);
-            assert_eq!(OckRpcRegisterAssignMemoryRegion(0x5e01, 0, 64, &mut out), status::INVALID_PARAM);
-            assert_eq!(
-                OckRpcRegisterAssignMemoryRegion(0x5e01, usize::MAX - 4, 64, &mut out),
-                status::INVALID_PARAM
-            );
-            assert_eq!(out, 0);
-            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, std::ptr::null_mut()), status::INVALID_PARAM);
-            assert_eq!(OckRpcGetMemoryRegionInfo(0xc1, &mut ri), status::INVALID_PARAM);
-            assert_eq!(OckRpcWrite(0xc2, wb.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
-            assert_eq!(OckRpcWrite(0xc1, std::ptr::null(), std::ptr::null()), status::INVALID_PARAM);
-            let null_cb = CallDone { cb: None, arg: std::ptr::null_mut() };
-            assert_eq!(
-                OckRpcWrite(0xc1, wb.as_ptr(), (&null_cb as *const CallDone).cast()),
-                status::INVALID_PARAM
-            );
-            sgl[0..8].copy_from_slice(&0usize.to_ne_bytes());
-            assert_eq!(OckRpcWriteSgl(0xc1, sgl.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
-            assert_eq!(OckRpcReadSgl(0xc1, std::ptr::null(), std::ptr::null()), status::INVALID_PARAM);
-
-            // Destroy: with the wrong server nothing happens; then the handle and key are dead.
-            OckRpcDestroyMemoryRegion(0x5e01, local_mr);
-            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::OK);
-            OckRpcDestroyMemoryRegion(0x5e02, local_mr);
-            assert_eq!(OckRpcGetMemoryRegionInfo(local_mr, &mut li), status::INVALID_PARAM);
-            assert_eq!(OckRpcWrite(0xc1, wb.as_ptr(), std::ptr::null()), status::INVALID_PARAM);
-            OckRpcDestroyMemoryRegion(0x5e02, local_mr);
-            assert_eq!(destroy_regions_of(0x5e01), 1);
-            assert_eq!(OckRpcGetMemoryRegionInfo(remote_mr, &mut ri), status::INVALID_PARAM);
-            drop(buf);
-        }
-        *WORLD.lock().unwrap() = None;
     }
 }
