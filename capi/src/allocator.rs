@@ -307,7 +307,6 @@ impl Allocator {
         self.units * self.unit
     }
 
-
     /// `address - base` for an address inside the range given at creation.
     pub fn offset_of(&self, address: u64) -> Result<u64, AllocError> {
         if address < self.base || address - self.base >= self.size {

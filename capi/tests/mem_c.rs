@@ -27,3 +27,54 @@ fn mem_layout() {
     let exe = compile("mem_layout.c");
     run(&exe, &[], Run::default()).expect_ok("mem_layout");
 }
+
+#[test]
+fn onesided_local() {
+    let exe = compile("onesided_local.c");
+    run(&exe, &[], Run::default()).expect_ok("onesided_local");
+}
+
+/// Two processes over the "TCP" type: the server prints its port, the client reads and writes
+/// its region, then tells it to quit.
+#[test]
+fn onesided_procs() {
+    use std::io::{BufRead, BufReader};
+    use std::time::Duration;
+    let exe = compile("onesided_procs.c");
+    let how = Run::default();
+    let mut server = c_harness::spawn(&exe, &["server"], &how);
+    let stdout = server.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("port ") {
+                let _ = tx.send(line.clone());
+            }
+            rest.push_str(&line);
+            rest.push('\n');
+        }
+        rest
+    });
+    let port = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(line) => line["port ".len()..].trim().to_string(),
+        Err(_) => {
+            let out = c_harness::finish(server, Duration::from_secs(1));
+            panic!(
+                "the server printed no port within 60 s:\n{}\n{}",
+                reader.join().unwrap_or_default(),
+                out.stderr
+            );
+        }
+    };
+    let client = run(&exe, &["client", &port], Run::default());
+    let out = c_harness::finish(server, how.timeout);
+    let server_stdout = reader.join().unwrap_or_default();
+    client.expect_ok("onesided_procs client");
+    assert!(
+        out.code == Some(0) && server_stdout.contains("server: ok"),
+        "onesided_procs server failed (exit {:?}):\n--- stdout\n{server_stdout}\n--- stderr\n{}",
+        out.code,
+        out.stderr
+    );
+}

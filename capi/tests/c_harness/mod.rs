@@ -32,7 +32,7 @@ pub fn compile(source: &str) -> PathBuf {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
     let status = Command::new(&cc)
-        .args(["-std=c11", "-D_GNU_SOURCE", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+        .args(["-std=c11", "-D_GNU_SOURCE", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pedantic"])
         .arg("-I")
         .arg(&include)
         .arg("-I")
@@ -120,12 +120,15 @@ pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
 }
 
 /// Waits for `child` at most `timeout`, killing it then; collects its output.
+/// (Its stdout is collected only if the caller has not taken it.)
 pub fn finish(mut child: Child, timeout: Duration) -> Outcome {
-    let mut out = child.stdout.take().expect("piped stdout");
+    let out = child.stdout.take();
     let mut err = child.stderr.take().expect("piped stderr");
     let out_t = std::thread::spawn(move || {
         let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
+        if let Some(mut out) = out {
+            let _ = out.read_to_string(&mut s);
+        }
         s
     });
     let err_t = std::thread::spawn(move || {
