@@ -78,3 +78,24 @@ fn onesided_procs() {
         out.stderr
     );
 }
+
+/// A synchronous 64 B call with caller-provided buffers allocates nothing on the calling thread
+/// in steady state, counted by the benchmark's own malloc family (see capi/bench/capi_bench.c;
+/// it also prints the whole process's count, the server's worker included). Not under
+/// valgrind, which replaces malloc itself.
+#[test]
+fn alloc_count_sync_call() {
+    if !c_harness::runner().is_empty() {
+        eprintln!("alloc_count_sync_call: skipped under CAPI_C_RUNNER (the program interposes malloc)");
+        return;
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench");
+    let exe = c_harness::compile_from(&dir, "capi_bench.c");
+    let out = run(&exe, &["-n", "5000", "-s", "64", "--check-zero-alloc"], Run::default());
+    out.expect_ok("capi_bench --check-zero-alloc");
+    assert!(
+        out.stdout.contains("heap allocations during 5000 sync calls: 0 on the calling thread"),
+        "{}",
+        out.stdout
+    );
+}

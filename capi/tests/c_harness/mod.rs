@@ -25,6 +25,11 @@ fn c_dir() -> PathBuf {
 
 /// Compiles `tests/c/<source>` into `target/<profile>/capi-c/<name>` and returns its path.
 pub fn compile(source: &str) -> PathBuf {
+    compile_from(&c_dir(), source)
+}
+
+/// Compiles `<dir>/<source>` (see [`compile`]).
+pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
     let lib = lib_dir();
     let out_dir = lib.join("capi-c");
     std::fs::create_dir_all(&out_dir).expect("create capi-c output directory");
@@ -37,7 +42,7 @@ pub fn compile(source: &str) -> PathBuf {
         .arg(&include)
         .arg("-I")
         .arg(c_dir())
-        .arg(c_dir().join(source))
+        .arg(dir.join(source))
         .arg("-o")
         .arg(&out)
         .arg("-L")
@@ -95,7 +100,7 @@ impl Outcome {
 }
 
 /// The runner prefix from `CAPI_C_RUNNER` (split on whitespace), if set.
-fn runner() -> Vec<String> {
+pub fn runner() -> Vec<String> {
     std::env::var("CAPI_C_RUNNER")
         .map(|r| r.split_whitespace().map(String::from).collect())
         .unwrap_or_default()
