@@ -231,3 +231,11 @@ fn two_processes_talk_over_the_tcp_type() {
     let rest = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
     assert!(rest.contains("COUNT 100"), "the server got every one-way message: {rest}");
 }
+
+#[test]
+fn bad_inputs_return_errors_and_never_crash() {
+    let exe = build("badinput.c", &[]);
+    let verbs = if cfg!(feature = "verbs") { "verbs" } else { "none" };
+    let text = run(&exe, &[verbs], &[("BYPASS_CAPI_LOG_LEVEL", "4")], Duration::from_secs(120));
+    assert!(text.contains("badinput ok"), "{text}");
+}
