@@ -10,7 +10,11 @@ use std::time::{Duration, Instant};
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
-    assert!(dir.join("libhcom4db.so").exists(), "libhcom4db.so is not in {} (run through cargo test)", dir.display());
+    assert!(
+        dir.join("libhcom4db.so").exists(),
+        "libhcom4db.so is not in {} (run through cargo test)",
+        dir.display()
+    );
     dir
 }
 
@@ -64,7 +68,11 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Stri
             let out = child.wait_with_output().unwrap();
             let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
             let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(status.success(), "{} failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}", exe.display());
+            assert!(
+                status.success(),
+                "{} failed ({status}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+                exe.display()
+            );
             return stdout;
         }
         if start.elapsed() > limit {
@@ -85,10 +93,17 @@ fn run(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> Stri
 fn header_compiles_standalone_in_c11_and_cxx17() {
     let dir = out_dir();
     let c = dir.join("header_only.c");
-    std::fs::write(&c, "#include \"hcom4db.h\"\nint main(void) { OckRpcMessage m = {0, 0}; (void)m; return 0; }\n").unwrap();
+    std::fs::write(
+        &c,
+        "#include \"hcom4db.h\"\nint main(void) { OckRpcMessage m = {0, 0}; (void)m; return 0; }\n",
+    )
+    .unwrap();
     let cpp = dir.join("header_only.cpp");
-    std::fs::write(&cpp, "#include \"hcom4db.h\"\nint main() { OckRpcMessage m = {nullptr, 0}; (void)m; return 0; }\n")
-        .unwrap();
+    std::fs::write(
+        &cpp,
+        "#include \"hcom4db.h\"\nint main() { OckRpcMessage m = {nullptr, 0}; (void)m; return 0; }\n",
+    )
+    .unwrap();
     for (compiler, std, file) in [("cc", "-std=c11", &c), ("c++", "-std=c++17", &cpp)] {
         let st = Command::new(compiler)
             .args([std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-I"])
@@ -238,4 +253,14 @@ fn bad_inputs_return_errors_and_never_crash() {
     let verbs = if cfg!(feature = "verbs") { "verbs" } else { "none" };
     let text = run(&exe, &[verbs], &[("BYPASS_CAPI_LOG_LEVEL", "4")], Duration::from_secs(120));
     assert!(text.contains("badinput ok"), "{text}");
+}
+
+#[test]
+fn bypass_backend_puts_the_caller_on_the_in_process_simulator() {
+    // The same program; its servers ask for TCP, the variable moves them to one in-process
+    // fabric (threaded engine).
+    let exe = build("basic.c", &[]);
+    let env = [("BYPASS_CAPI_LOG_LEVEL", "2"), ("BYPASS_BACKEND", "sim:threaded")];
+    let text = run(&exe, &[], &env, Duration::from_secs(120));
+    assert!(text.contains("basic ok"), "{text}");
 }
