@@ -21,3 +21,15 @@ pub fn guard<R>(name: &'static str, on_panic: R, f: impl FnOnce() -> R) -> R {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_the_error_value() {
+        assert_eq!(guard("t", -1, || 5), 5);
+        assert_eq!(guard("t", -1, || -> i32 { panic!("boom") }), -1);
+        assert_eq!(guard("t", -1, || -> i32 { std::panic::panic_any(17u8) }), -1);
+    }
+}
