@@ -48,15 +48,6 @@ pub(crate) enum Kind {
     Write,
 }
 
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Read => "OckRpcRead",
-            Kind::Write => "OckRpcWrite",
-        }
-    }
-}
-
 /// One `OckRpcRequest`, decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Request {
@@ -153,7 +144,6 @@ pub(crate) struct Failure {
 
 /// Checks the local side of every request (see the module docs).
 fn validate<R>(
-    kind: Kind,
     reqs: &dyn Fn(usize) -> Request,
     count: usize,
     resolve: Resolve<'_, R>,
@@ -161,7 +151,7 @@ fn validate<R>(
     if count == 0 {
         return Err(Failure {
             status: status::INVALID_PARAM,
-            message: format!("{}: an SGL request needs at least one entry (iovCount is 0)", kind.name()),
+            message: "an SGL request needs at least one entry (iovCount is 0)".into(),
         });
     }
     for i in 0..count {
@@ -169,16 +159,11 @@ fn validate<R>(
         if r.size == 0 {
             return Err(Failure {
                 status: status::INVALID_PARAM,
-                message: format!(
-                    "{}: request {i} has size 0 (give the number of bytes to move)",
-                    kind.name()
-                ),
+                message: format!("request {i} has size 0 (give the number of bytes to move)"),
             });
         }
-        resolve(r.l_key, r.l_address, u64::from(r.size)).map_err(|m| Failure {
-            status: status::INVALID_PARAM,
-            message: format!("{}: request {i}: {m}", kind.name()),
-        })?;
+        resolve(r.l_key, r.l_address, u64::from(r.size))
+            .map_err(|m| Failure { status: status::INVALID_PARAM, message: format!("request {i}: {m}") })?;
     }
     Ok(())
 }
@@ -220,12 +205,10 @@ pub(crate) fn run<D: Device + Clone>(
     timeout: Option<Duration>,
     done: Option<Done>,
 ) -> Result<(), Failure> {
-    validate(kind, reqs, count, resolve)?;
+    validate(reqs, count, resolve)?;
     let opts = OpOptions { timeout, ..OpOptions::default() };
-    let fail = |i: usize, e: RpcError| Failure {
-        status: status_of(kind, &e),
-        message: format!("{}: request {i}: {e}", kind.name()),
-    };
+    let fail =
+        |i: usize, e: RpcError| Failure { status: status_of(kind, &e), message: format!("request {i}: {e}") };
     let Some(done) = done else {
         for i in 0..count {
             let r = reqs(i);
@@ -311,7 +294,7 @@ fn run_on<D: Nic>(
 ///
 /// # Safety
 /// `cb` is NULL or points to a readable `OckRpcCallDone`.
-unsafe fn done_of(func: &str, cb: *const OckRpcCallDone) -> Result<Option<Done>, Failure> {
+unsafe fn done_of(cb: *const OckRpcCallDone) -> Result<Option<Done>, Failure> {
     if cb.is_null() {
         return Ok(None);
     }
@@ -319,13 +302,12 @@ unsafe fn done_of(func: &str, cb: *const OckRpcCallDone) -> Result<Option<Done>,
     let d = unsafe { std::ptr::read_unaligned(cb) };
     match d.cb {
         Some(f) => Ok(Some(Done { cb: f, arg: d.arg })),
-        None => Err(Failure { status: status::INVALID_PARAM, message: format!("{func}: cb->cb is NULL") }),
+        None => Err(Failure { status: status::INVALID_PARAM, message: "cb->cb is NULL".into() }),
     }
 }
 
 /// Runs the requests on client `h`.
 fn on_client(
-    func: &str,
     h: Handle,
     kind: Kind,
     reqs: &dyn Fn(usize) -> Request,
@@ -334,16 +316,12 @@ fn on_client(
 ) -> Result<(), Failure> {
     let dead = || Failure {
         status: status::INVALID_PARAM,
-        message: format!(
-            "{func}: client handle {h:#x} is not a live connection (never connected, or disconnected)"
-        ),
+        message: format!("client handle {h:#x} is not a live connection (never connected, or disconnected)"),
     };
     let obj = client::lookup(h).ok_or_else(dead)?;
     let channel = obj.channel().ok_or_else(|| Failure {
         status: status::INVALID_PARAM,
-        message: format!(
-            "{func}: client {h:#x} is a server-side connection; one-sided I/O needs a connected client"
-        ),
+        message: format!("client {h:#x} is a server-side connection; one-sided I/O needs a connected client"),
     })?;
     let server = obj.server().ok_or_else(dead)?;
     let timeout = obj.timeout();
@@ -354,11 +332,7 @@ fn finish(func: &str, result: Result<(), Failure>) -> i32 {
     match result {
         Ok(()) => status::OK,
         Err(f) => {
-            crate::log!(
-                crate::log::ERROR,
-                "{}",
-                if f.message.starts_with("Ock") { f.message } else { format!("{func}: {}", f.message) }
-            );
+            crate::log!(crate::log::ERROR, "{}", format!("{func}: {}", f.message));
             f.status
         }
     }
@@ -380,16 +354,16 @@ unsafe fn single(
             func,
             (|| {
                 // SAFETY: forwarded from this function's contract.
-                let done = unsafe { done_of(func, cb) }?;
+                let done = unsafe { done_of(cb) }?;
                 if req.is_null() {
                     return Err(Failure {
                         status: status::INVALID_PARAM,
-                        message: format!("{func}: req must not be NULL"),
+                        message: "req must not be NULL".into(),
                     });
                 }
                 // SAFETY: non-NULL, and the caller passes one readable request.
                 let r = unsafe { Request::read(req.cast(), 0) };
-                on_client(func, client, kind, &|_| r, 1, done)
+                on_client(client, kind, &|_| r, 1, done)
             })(),
         )
     })
@@ -412,11 +386,11 @@ unsafe fn sgl(
             func,
             (|| {
                 // SAFETY: forwarded from this function's contract.
-                let done = unsafe { done_of(func, cb) }?;
+                let done = unsafe { done_of(cb) }?;
                 if sgl.is_null() {
                     return Err(Failure {
                         status: status::INVALID_PARAM,
-                        message: format!("{func}: req must not be NULL"),
+                        message: "req must not be NULL".into(),
                     });
                 }
                 // SAFETY: non-NULL and readable (the struct is packed: read it without alignment).
@@ -425,12 +399,12 @@ unsafe fn sgl(
                 if iov.is_null() && count > 0 {
                     return Err(Failure {
                         status: status::INVALID_PARAM,
-                        message: format!("{func}: req->iov is NULL with iovCount {count}"),
+                        message: format!("req->iov is NULL with iovCount {count}"),
                     });
                 }
                 // SAFETY: `iov` holds `count` readable requests (the caller's contract); `i < count`.
                 let at = |i: usize| unsafe { Request::read(iov, i) };
-                on_client(func, client, kind, &at, count, done)
+                on_client(client, kind, &at, count, done)
             })(),
         )
     })
