@@ -5,7 +5,7 @@
 //! cleans its context up. (Regions are registered here through the crate's own registry; the
 //! C functions for that are the memory side's.)
 
-use bypass::hal::{Access, Device, MemoryRegion};
+use bypass::hal::{Access, MemoryRegion};
 use hcom4db::api_client::*;
 use hcom4db::api_server::*;
 use hcom4db::net::Nic;
@@ -58,10 +58,12 @@ unsafe extern "C" fn handler(ctx: usize, msg: OckRpcRndvMessage) {
     }
     SEEN.store(u64::from(msg.cnt), Ordering::SeqCst);
     let mut client = 0usize;
-    assert_eq!(OckRpcGetRndvClient(ctx, &mut client), 0);
+    // SAFETY: valid pointers.
+    assert_eq!(unsafe { OckRpcGetRndvClient(ctx, &mut client) }, 0);
     let mut out = [total, sum];
     let mut reply = OckRpcMessage { data: out.as_mut_ptr() as *mut c_void, len: 16 };
-    assert_eq!(OckRpcServerReplyRndv(ctx, 9, &mut reply, std::ptr::null_mut()), OCK_RPC_OK);
+    // SAFETY: valid pointers.
+    assert_eq!(unsafe { OckRpcServerReplyRndv(ctx, 9, &mut reply, std::ptr::null_mut()) }, OCK_RPC_OK);
     assert_eq!(OckRpcServerCleanupRndvCtx(ctx), 0);
     assert_ne!(OckRpcServerCleanupRndvCtx(ctx), 0, "cleaned up once");
     HANDLED.fetch_add(1, Ordering::SeqCst);
@@ -89,8 +91,8 @@ fn rendezvous_calls_with_the_malloc_hooks() {
         RpcConfigPair { key: keys[0].as_ptr(), value: tcp.as_ptr() },
         RpcConfigPair { key: keys[1].as_ptr(), value: range.as_ptr() },
         RpcConfigPair { key: keys[2].as_ptr(), value: yes.as_ptr() },
-        RpcConfigPair { key: k_malloc.as_ptr(), value: rndv_malloc as usize as *const c_char },
-        RpcConfigPair { key: k_free.as_ptr(), value: rndv_free as usize as *const c_char },
+        RpcConfigPair { key: k_malloc.as_ptr(), value: rndv_malloc as *const () as *const c_char },
+        RpcConfigPair { key: k_free.as_ptr(), value: rndv_free as *const () as *const c_char },
     ];
     let mut cfg = OckRpcCreateConfig {
         mask: OCK_RPC_CONFIG_USE_RPC_CONFIGS,
@@ -117,8 +119,8 @@ fn rendezvous_calls_with_the_malloc_hooks() {
     assert_eq!(OckRpcServerStart(server), OCK_RPC_OK);
     let port = hcom4db::server::lookup(server).unwrap().bound.lock().unwrap().unwrap().port();
     let mut client = 0usize;
-    // SAFETY: valid pointers.
     assert_eq!(
+        // SAFETY: valid pointers.
         unsafe { OckRpcClientConnectWithCfg(ip.as_ptr(), port, &mut client, std::ptr::null_mut()) },
         OCK_RPC_OK
     );
