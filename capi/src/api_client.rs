@@ -112,8 +112,11 @@ pub extern "C" fn OckRpcSetUpCtx(h: Handle, ctx: u64) -> c_int {
 }
 
 /// `OckRpcGetUpCtx`.
+///
+/// # Safety
+/// Pointer arguments are NULL or valid as the header says.
 #[no_mangle]
-pub extern "C" fn OckRpcGetUpCtx(h: Handle, ctx: *mut u64) -> c_int {
+pub unsafe extern "C" fn OckRpcGetUpCtx(h: Handle, ctx: *mut u64) -> c_int {
     guard("OckRpcGetUpCtx", OCK_RPC_ERR, || match (client::lookup(h), ctx.is_null()) {
         (Some(c), false) => {
             // SAFETY: checked non-NULL; the caller's out pointer.

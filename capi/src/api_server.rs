@@ -281,8 +281,11 @@ fn reply(
 }
 
 /// `OckRpcServerReply`.
+///
+/// # Safety
+/// Pointer arguments are NULL or valid as the header says.
 #[no_mangle]
-pub extern "C" fn OckRpcServerReply(
+pub unsafe extern "C" fn OckRpcServerReply(
     ctx: Handle,
     msg_id: u16,
     reply_msg: *mut OckRpcMessage,
@@ -292,8 +295,11 @@ pub extern "C" fn OckRpcServerReply(
 }
 
 /// `OckRpcServerReplyRndv`.
+///
+/// # Safety
+/// Pointer arguments are NULL or valid as the header says.
 #[no_mangle]
-pub extern "C" fn OckRpcServerReplyRndv(
+pub unsafe extern "C" fn OckRpcServerReplyRndv(
     ctx: Handle,
     msg_id: u16,
     reply_msg: *mut OckRpcMessage,
@@ -324,14 +330,20 @@ fn get_client(f: &'static str, h: Handle, out: *mut Handle) -> c_int {
 }
 
 /// `OckRpcGetClient`.
+///
+/// # Safety
+/// Pointer arguments are NULL or valid as the header says.
 #[no_mangle]
-pub extern "C" fn OckRpcGetClient(ctx: Handle, client: *mut Handle) -> c_int {
+pub unsafe extern "C" fn OckRpcGetClient(ctx: Handle, client: *mut Handle) -> c_int {
     get_client("OckRpcGetClient", ctx, client)
 }
 
 /// `OckRpcGetRndvClient`.
+///
+/// # Safety
+/// Pointer arguments are NULL or valid as the header says.
 #[no_mangle]
-pub extern "C" fn OckRpcGetRndvClient(ctx: Handle, client: *mut Handle) -> c_int {
+pub unsafe extern "C" fn OckRpcGetRndvClient(ctx: Handle, client: *mut Handle) -> c_int {
     get_client("OckRpcGetRndvClient", ctx, client)
 }
 

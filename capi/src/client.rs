@@ -37,6 +37,10 @@ pub struct ClientObj {
     server: Option<Arc<ServerObj>>,
     /// The break handler of a channel.
     pub on_break: OckRpcClientHandler,
+    /// The worker thread polling the channel (kept while the client lives, even if its server
+    /// is destroyed first).
+    #[allow(dead_code)] // held for its lifetime, never read
+    workers: Option<Arc<bypass::WorkerGroup>>,
 }
 
 /// Every live client handle.
@@ -50,7 +54,7 @@ pub fn lookup(h: Handle) -> Option<Arc<ClientObj>> {
 impl ClientObj {
     /// A new object.
     pub fn new(kind: ClientKind, server: Option<Arc<ServerObj>>, on_break: OckRpcClientHandler) -> Arc<Self> {
-        Arc::new(ClientObj { kind, timeout_ms: AtomicI64::new(-1), server, on_break })
+        Arc::new(ClientObj { kind, timeout_ms: AtomicI64::new(-1), server, on_break, workers: None })
     }
 
     /// The channel (for calls and one-sided I/O); `None` for a server-side connection.
@@ -127,8 +131,11 @@ pub fn connect(
         OCK_RPC_ERR_CONN_UNCONNECTED
     })?;
     let pollable = crate::by_dev!(&channel, c => c.pollable());
-    match server.client_workers() {
-        Ok(w) => w.add(pollable),
+    let workers = match server.client_workers() {
+        Ok(w) => {
+            w.add(pollable);
+            w
+        }
         Err(e) => {
             crate::log!(
                 crate::log::ERROR,
@@ -136,10 +143,16 @@ pub fn connect(
             );
             return Err(OCK_RPC_ERR);
         }
-    }
+    };
     let on_break = s.on_break;
     let info = std::ffi::CString::new(s.client_info.replace('\0', "")).unwrap_or_default();
-    let obj = ClientObj::new(ClientKind::Out(channel), Some(server), on_break);
+    let obj = Arc::new(ClientObj {
+        kind: ClientKind::Out(channel),
+        timeout_ms: AtomicI64::new(-1),
+        server: Some(server),
+        on_break,
+        workers: Some(workers),
+    });
     let h = CLIENTS.insert(obj.clone());
     if let Some(f) = on_break {
         let cb = move |_reason| {

@@ -327,3 +327,22 @@ pub unsafe fn parse(cfg: *const OckRpcCreateConfig) -> Result<Settings, OckRpcSt
     }
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_and_cpusets_make_the_pin_list() {
+        let s =
+            Settings { groups: vec![1, 2], cpusets: vec![Some((3, 3)), Some((4, 5))], ..Settings::default() };
+        assert_eq!(s.workers(), 3);
+        assert_eq!(s.pin(), vec![3, 4, 5]);
+        let na = Settings { groups: vec![1, 2], cpusets: vec![Some((3, 3)), None], ..Settings::default() };
+        assert!(na.pin().is_empty(), "\"na\" turns pinning off");
+        assert!(Settings::default().pin().is_empty());
+        assert_eq!(parse_range("k", "4000-5000"), Ok((4000, 5000)));
+        assert_eq!(parse_cpusets("k", "1-1,2-3,na"), Ok(vec![Some((1, 1)), Some((2, 3)), None]));
+        assert_eq!(parse_groups("k", "1,2,3"), Ok(vec![1, 2, 3]));
+    }
+}

@@ -28,8 +28,10 @@ pub mod server;
 pub mod tls;
 pub mod types;
 
-mod api_client;
-mod api_server;
+/// The exported client functions (public for the crate's Rust tests).
+pub mod api_client;
+/// The exported server functions.
+pub mod api_server;
 
 // The memory side: regions, one-sided I/O, the allocator.
 mod allocator;

@@ -70,6 +70,8 @@ pub struct Dispatch {
     pub conns: Mutex<HashMap<u32, Handle>>,
     /// The server's settings.
     pub settings: Settings,
+    /// Contexts whose handles all ended, for reuse (bounded by [`CTX_POOL_MAX`]).
+    pub ctx_pool: Mutex<Vec<Arc<Ctx>>>,
 }
 
 /// Where a server is in its life.
@@ -150,6 +152,7 @@ pub fn create(ip: String, port: u16, settings: Settings) -> Result<Arc<ServerObj
         services: Services::new(),
         conns: Mutex::new(HashMap::new()),
         settings: settings.clone(),
+        ctx_pool: Mutex::new(Vec::new()),
     });
     Ok(Arc::new(ServerObj {
         settings,
@@ -393,13 +396,7 @@ fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, req: Request<D>) {
     }
     // The message bytes live in the request's receive buffer (or its gathered rendezvous
     // memory), which stays put while the request is alive, wherever the `Request` moves.
-    let ctx = Arc::new(Ctx {
-        req: Mutex::new(Some(D::request(req))),
-        msg_id: id,
-        channel,
-        dispatch: d.clone(),
-        rndv,
-    });
+    let ctx = take_ctx(d, D::request(req), id, channel, rndv);
     let h = CTXS.insert(ctx);
     if rndv {
         // SAFETY: `f` was stored from an OckRpcMsgRndvHandler by OckRpcServerAddRndvService.
@@ -412,7 +409,44 @@ fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, req: Request<D>) {
         let handler: unsafe extern "C" fn(Handle, OckRpcMessage) = unsafe { std::mem::transmute(f) };
         // SAFETY: the caller's handler with a live context and message.
         unsafe { handler(h, parts[0]) };
-        CTXS.remove(h);
+        if let Some(ctx) = CTXS.remove(h) {
+            recycle(d, ctx);
+        }
+    }
+}
+
+/// Most idle contexts a server keeps.
+pub const CTX_POOL_MAX: usize = 1024;
+
+/// A context for `req`: a pooled one if there is one, else a new one.
+fn take_ctx(
+    d: &Arc<Dispatch>,
+    req: crate::net::AnyRequest,
+    msg_id: u16,
+    channel: u32,
+    rndv: bool,
+) -> Arc<Ctx> {
+    let pooled = d.ctx_pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    if let Some(mut ctx) = pooled {
+        if let Some(c) = Arc::get_mut(&mut ctx) {
+            *c.req.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(req);
+            c.msg_id = msg_id;
+            c.channel = channel;
+            c.rndv = rndv;
+            return ctx;
+        }
+    }
+    Arc::new(Ctx { req: Mutex::new(Some(req)), msg_id, channel, dispatch: d.clone(), rndv })
+}
+
+/// Takes back a context whose handler returned: into the pool if no clone holds it.
+fn recycle(d: &Arc<Dispatch>, mut ctx: Arc<Ctx>) {
+    let Some(c) = Arc::get_mut(&mut ctx) else { return }; // a clone lives on
+                                                          // A request nobody answered is dropped here (the client times out), outside the pool lock.
+    drop(c.req.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+    let mut pool = d.ctx_pool.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.len() < CTX_POOL_MAX {
+        pool.push(ctx);
     }
 }
 
@@ -427,5 +461,7 @@ pub fn destroy(obj: &Arc<ServerObj>) {
         });
     }
     let workers = obj.client_workers.lock().unwrap_or_else(|e| e.into_inner()).take();
-    drop(workers);
+    drop(workers); // clients of this device keep their own reference
+                   // Pooled contexts point back at the dispatch state: break the cycle.
+    obj.dispatch.ctx_pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }

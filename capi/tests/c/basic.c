@@ -387,6 +387,24 @@ int main(void)
     CHECK_EQ(OckRpcClientCall(c, 1000, &req, &tr, NULL), OCK_RPC_ERR_INVALID_PARAM);
     CHECK_EQ(g_logged_err, 1);
 
+    /* A client with the defaults (self-polling yes): async calls still complete, on the worker. */
+    {
+        OckRpcClient d = 0;
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &d, NULL), OCK_RPC_OK);
+        CHECK(wait_at_least(&g_new, 2, 10));
+        CHECK(strcmp(g_payload, "hello") == 0); /* the default client.create.info */
+        int before_done = atomic_load(&g_done);
+        char *b = (char *)malloc(10);
+        memcpy(b, "selfpolled", 10);
+        OckRpcMessage m = {b, 10};
+        OckRpcCallDone fd = {free_done, b};
+        CHECK_EQ(OckRpcClientCall(d, 2, &m, NULL, &fd), OCK_RPC_OK);
+        CHECK(wait_at_least(&g_done, before_done + 1, 20));
+        OckRpcClientDisconnect(d);
+        CHECK(wait_at_least(&g_break, 1, 20));
+        atomic_store(&g_break, 0);
+    }
+
     /* Disconnect: the server's break handler runs with the up context; the handle is gone. */
     OckRpcClientDisconnect(c);
     CHECK(wait_at_least(&g_break, 1, 20));
