@@ -99,3 +99,9 @@ fn alloc_count_sync_call() {
         out.stdout
     );
 }
+
+#[test]
+fn alloc_rndv() {
+    let exe = compile("alloc_rndv.c");
+    run(&exe, &[], Run::default()).expect_ok("alloc_rndv");
+}

@@ -26,14 +26,14 @@ struct wire_region {
 
 static struct wire_region exposed_region;
 
-static void on_region_info(OckRpcServerContext ctx, OckRpcMessage msg) {
+static inline void on_region_info(OckRpcServerContext ctx, OckRpcMessage msg) {
     (void)msg;
     OckRpcMessage reply = {&exposed_region, sizeof exposed_region};
     CHECK_RC(OckRpcServerReply(ctx, REGION_INFO, &reply, NULL), OCK_RPC_OK);
     OckRpcServerCleanupCtx(ctx);
 }
 
-static OckRpcCreateConfig peer_config(RpcConfigPair *pairs, int n) {
+static inline OckRpcCreateConfig peer_config(RpcConfigPair *pairs, int n) {
     OckRpcCreateConfig c;
     memset(&c, 0, sizeof c);
     c.mask = OCK_RPC_CONFIG_USE_RPC_CONFIGS;
@@ -44,7 +44,7 @@ static OckRpcCreateConfig peer_config(RpcConfigPair *pairs, int n) {
 
 /* Creates and starts a "TCP" server on a free port of 127.0.0.1 with the REGION_INFO service
  * (plus `extra`, if non-NULL); returns the port. */
-static uint16_t start_server(OckRpcServer *server, const OckRpcService *extra, int n_extra) {
+static inline uint16_t start_server(OckRpcServer *server, const OckRpcService *extra, int n_extra) {
     RpcConfigPair pairs[] = {
         {OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
         {OCK_RPC_STR_WRK_THR_GRP, "1"},
@@ -75,7 +75,7 @@ static uint16_t start_server(OckRpcServer *server, const OckRpcService *extra, i
 }
 
 /* Registers `size` bytes on `server` and publishes them as the region REGION_INFO answers. */
-static OckRpcMemoryRegion expose_region(OckRpcServer server, uint32_t size) {
+static inline OckRpcMemoryRegion expose_region(OckRpcServer server, uint32_t size) {
     OckRpcMemoryRegion mr = 0;
     CHECK_RC(OckRpcRegisterMemoryRegion(server, size, &mr), OCK_RPC_OK);
     OckRpcMemoryRegionInfo info;
@@ -87,7 +87,7 @@ static OckRpcMemoryRegion expose_region(OckRpcServer server, uint32_t size) {
     return mr;
 }
 
-static OckRpcClient connect_client(uint16_t port, const char *selfpolling) {
+static inline OckRpcClient connect_client(uint16_t port, const char *selfpolling) {
     RpcConfigPair pairs[] = {
         {OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
         {OCK_RPC_STR_ENABLE_SELFPOLLING, selfpolling},
@@ -100,7 +100,7 @@ static OckRpcClient connect_client(uint16_t port, const char *selfpolling) {
 }
 
 /* Asks the server which region it exposes (a library-allocated reply, freed with free()). */
-static struct wire_region fetch_region(OckRpcClient client) {
+static inline struct wire_region fetch_region(OckRpcClient client) {
     OckRpcMessage req = {"?", 1};
     OckRpcMessage rsp = {NULL, 0};
     CHECK_RC(OckRpcClientCall(client, REGION_INFO, &req, &rsp, NULL), OCK_RPC_OK);
@@ -111,7 +111,7 @@ static struct wire_region fetch_region(OckRpcClient client) {
     return r;
 }
 
-static OckRpcRequest request(uintptr_t l_address, uint32_t l_key, uintptr_t r_address, uint32_t r_key,
+static inline OckRpcRequest request(uintptr_t l_address, uint32_t l_key, uintptr_t r_address, uint32_t r_key,
                              uint32_t size) {
     OckRpcRequest r;
     r.lAddress = l_address;
@@ -128,20 +128,20 @@ struct waiter {
     atomic_int status;
 };
 
-static void waiter_cb(OckRpcStatus status, void *arg) {
+static inline void waiter_cb(OckRpcStatus status, void *arg) {
     struct waiter *w = arg;
     atomic_store(&w->status, (int)status);
     atomic_fetch_add(&w->calls, 1);
 }
 
-static uint64_t mono_ms(void) {
+static inline uint64_t mono_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
 }
 
 /* Waits (at most 20 s) for the callback; returns its status. */
-static int wait_done(struct waiter *w) {
+static inline int wait_done(struct waiter *w) {
     uint64_t deadline = mono_ms() + 20000;
     while (atomic_load(&w->calls) == 0) {
         CHECK(mono_ms() < deadline);
