@@ -1,0 +1,169 @@
+//! Compiles and runs the C test programs of `tests/c/` for the memory API's test drivers.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `target/<profile>`: where cargo put `libhcom4db.so` (the test binary is in its `deps/`).
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf();
+    assert!(
+        dir.join("libhcom4db.so").exists(),
+        "{} has no libhcom4db.so: build the library first (cargo build -p bypass-capi --release)",
+        dir.display()
+    );
+    dir
+}
+
+fn c_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c")
+}
+
+/// Compiles `tests/c/<source>` into `target/<profile>/capi-c/<name>` and returns its path.
+pub fn compile(source: &str) -> PathBuf {
+    compile_from(&c_dir(), source)
+}
+
+/// Compiles `<dir>/<source>` (see [`compile`]).
+pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
+    let lib = lib_dir();
+    let out_dir = lib.join("capi-c");
+    std::fs::create_dir_all(&out_dir).expect("create capi-c output directory");
+    let out = out_dir.join(source.trim_end_matches(".c"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
+    let status = Command::new(&cc)
+        .args(["-std=c11", "-D_GNU_SOURCE", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pedantic"])
+        .arg("-I")
+        .arg(&include)
+        .arg("-I")
+        .arg(c_dir())
+        .arg(dir.join(source))
+        .arg("-o")
+        .arg(&out)
+        .arg("-L")
+        .arg(&lib)
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lhcom4db", "-lpthread"])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e} (install gcc or set CC)"));
+    assert!(status.success(), "compiling {source} failed ({status})");
+    out
+}
+
+/// How to run a program.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Longest wait before the program is killed and the test fails.
+    pub timeout: Duration,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        // Generous: the same programs run under valgrind in CI.
+        Run { timeout: Duration::from_secs(120), env: Vec::new() }
+    }
+}
+
+/// The outcome of one program.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Exit code (`None`: killed by a signal or by the timeout).
+    pub code: Option<i32>,
+    /// Whether the timeout killed it.
+    pub timed_out: bool,
+    /// stdout and stderr.
+    pub stdout: String,
+    /// stderr.
+    pub stderr: String,
+}
+
+impl Outcome {
+    /// Panics with the program's output unless it exited 0.
+    pub fn expect_ok(&self, name: &str) -> &Self {
+        assert!(
+            self.code == Some(0) && !self.timed_out,
+            "{name} failed (exit {:?}, timed out: {})\n--- stdout\n{}\n--- stderr\n{}",
+            self.code,
+            self.timed_out,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+}
+
+/// The runner prefix from `CAPI_C_RUNNER` (split on whitespace), if set.
+pub fn runner() -> Vec<String> {
+    std::env::var("CAPI_C_RUNNER")
+        .map(|r| r.split_whitespace().map(String::from).collect())
+        .unwrap_or_default()
+}
+
+/// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
+pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
+    let prefix = runner();
+    let mut cmd = match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    for (k, v) in &how.env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()))
+}
+
+/// Waits for `child` at most `timeout`, killing it then; collects its output.
+/// (Its stdout is collected only if the caller has not taken it.)
+pub fn finish(mut child: Child, timeout: Duration) -> Outcome {
+    let out = child.stdout.take();
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut out) = out {
+            let _ = out.read_to_string(&mut s);
+        }
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + timeout;
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for the C program") {
+            break s;
+        }
+        if Instant::now() >= deadline {
+            timed_out = true;
+            let _ = child.kill();
+            break child.wait().expect("wait for the killed C program");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Outcome {
+        code: status.code(),
+        timed_out,
+        stdout: out_t.join().unwrap_or_default(),
+        stderr: err_t.join().unwrap_or_default(),
+    }
+}
+
+/// Runs `exe args…` to completion (bounded by `how.timeout`).
+pub fn run(exe: &Path, args: &[&str], how: Run) -> Outcome {
+    let child = spawn(exe, args, &how);
+    finish(child, how.timeout)
+}
