@@ -84,8 +84,9 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
                              simulated NIC"
                         }
                         CommType::Ubc => {
-                            "this build has no URMA backend; use type RDMA or TCP, or set BYPASS_BACKEND=sim to run on \
-                             the simulated NIC"
+                            "libhcom4db does not run on the URMA backend yet (the stack has it, feature `urma`; the C \
+                             library's type erasure does not): use type RDMA or TCP, or set BYPASS_BACKEND=sim to run \
+                             on the simulated NIC"
                         }
                         CommType::Tcp => "the server IP must be an IPv4 address of this host (TCP runs the simulated NIC on UDP)",
                     };

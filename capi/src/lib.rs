@@ -6,7 +6,7 @@
 //!
 //! Layout of the crate:
 //! - [`types`]: the C structs and status codes; [`handle`]: generational handle tables;
-//!   [`guard`]: the panic barrier of every export; [`log`]: the logger; [`config`]: config keys.
+//!   [`guard`]: the panic barrier of every export; [`log`](mod@log): the logger; [`config`]: config keys.
 //! - [`backend`] and [`net`]: the device of a server and the type erasure over backends.
 //! - [`server`], [`ctx`], [`client`], [`call`], [`regions`], [`tls`]: the objects.
 //! - `api_*`: the exported functions (each body in [`guard::guard`]).
