@@ -88,11 +88,12 @@ fn should_run(test: &str) -> Option<()> {
     Some(())
 }
 
-/// The network, rxe1 and the simulated NIC; torn down (qdiscs, rxe1, veth, namespace) on drop.
+/// The network, rxe1 and the simulated NIC; torn down (qdiscs, rxe1, veth, namespace) on drop,
+/// after both devices are closed (`rdma link delete` waits for rxe1's last user).
 struct Net {
-    _fabric: Fabric,
-    sim: SimNic,
-    rxe: VerbsDevice,
+    _fabric: std::mem::ManuallyDrop<Fabric>,
+    sim: std::mem::ManuallyDrop<SimNic>,
+    rxe: std::mem::ManuallyDrop<VerbsDevice>,
 }
 
 impl Net {
@@ -128,12 +129,19 @@ impl Net {
         let wire = WireConfig::parse(&format!("udp://{SIM_IP}:4791")).unwrap();
         let fabric = Fabric::with_config(FabricConfig { wire, mtu: MTU, ..FabricConfig::new(Engine::Threaded) });
         let sim = in_netns(NETNS, || fabric.try_add_nic()).expect("the sim NIC binds 10.77.0.2:4791 in netns sim");
-        Net { _fabric: fabric, sim, rxe }
+        use std::mem::ManuallyDrop as M;
+        Net { _fabric: M::new(fabric), sim: M::new(sim), rxe: M::new(rxe) }
     }
 }
 
 impl Drop for Net {
     fn drop(&mut self) {
+        // SAFETY: each field is dropped exactly once, here, and never used afterwards.
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.rxe);
+            std::mem::ManuallyDrop::drop(&mut self.sim);
+            std::mem::ManuallyDrop::drop(&mut self._fabric);
+        }
         teardown();
     }
 }
@@ -362,7 +370,7 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
         return;
     }
     let net = Net::up();
-    let (sim, rxe) = (("sim", &net.sim), ("rxe", &net.rxe));
+    let (sim, rxe) = (("sim", &*net.sim), ("rxe", &*net.rxe));
     let step = |s: &str| eprintln!("rxe_interop: {s}");
 
     step("SEND, SEND_IMM, WRITE, WRITE_IMM, READ both ways");
