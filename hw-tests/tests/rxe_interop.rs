@@ -153,6 +153,60 @@ fn teardown() {
     sh_quiet(&["ip", "netns", "del", NETNS]);
 }
 
+/// `BYPASS_RXE_PCAP=<file>`: everything on veth1 (both directions, as the sim's namespace sees
+/// it, after netem's drops on its side) captured with `dumpcap` into a pcap file that tshark and
+/// Wireshark decode as RoCEv2 (UDP port 4791).
+struct Capture(std::process::Child);
+
+impl Capture {
+    fn start(path: &str) -> Capture {
+        use std::io::BufRead;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", NETNS, "dumpcap", "-i", "veth1", "-P", "-w", path])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("BYPASS_RXE_PCAP: cannot run dumpcap: {e} (package tshark)"));
+        // dumpcap says "Capturing on 'veth1'" once it captures: wait for that line (bounded).
+        let err = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + WAIT;
+        let mut said = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.contains("Capturing on") => break,
+                Ok(l) => said = said + &l + "\n",
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("BYPASS_RXE_PCAP: dumpcap did not start capturing on veth1:\n{said}");
+                }
+            }
+        }
+        Capture(child)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // SIGINT: dumpcap writes what it has and exits; bounded, then killed.
+        // SAFETY: kill on our own child's pid, which has not been reaped yet.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs `f` with this thread in network namespace `name`, then moves it back.
 fn in_netns<R>(name: &str, f: impl FnOnce() -> R) -> R {
     let home = std::fs::File::open("/proc/thread-self/ns/net").expect("/proc/thread-self/ns/net");
@@ -370,6 +424,7 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
         return;
     }
     let net = Net::up();
+    let _capture = std::env::var("BYPASS_RXE_PCAP").ok().filter(|p| !p.is_empty()).map(|p| Capture::start(&p));
     let (sim, rxe) = (("sim", &*net.sim), ("rxe", &*net.rxe));
     let step = |s: &str| eprintln!("rxe_interop: {s}");
 
