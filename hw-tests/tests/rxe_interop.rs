@@ -127,8 +127,10 @@ impl Net {
 
         // The simulated NIC: its socket is created inside namespace `sim`.
         let wire = WireConfig::parse(&format!("udp://{SIM_IP}:4791")).unwrap();
-        let fabric = Fabric::with_config(FabricConfig { wire, mtu: MTU, ..FabricConfig::new(Engine::Threaded) });
-        let sim = in_netns(NETNS, || fabric.try_add_nic()).expect("the sim NIC binds 10.77.0.2:4791 in netns sim");
+        let fabric =
+            Fabric::with_config(FabricConfig { wire, mtu: MTU, ..FabricConfig::new(Engine::Threaded) });
+        let sim =
+            in_netns(NETNS, || fabric.try_add_nic()).expect("the sim NIC binds 10.77.0.2:4791 in netns sim");
         use std::mem::ManuallyDrop as M;
         Net { _fabric: M::new(fabric), sim: M::new(sim), rxe: M::new(rxe) }
     }
@@ -284,7 +286,8 @@ fn sends<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     let mut src = a.dev.register(8192, Access::LOCAL_WRITE).unwrap();
     let dst = b.dev.register(16384, ALL).unwrap();
     for i in 0..sizes.len() {
-        b.q.post_recv(&[RecvWr { wr_id: 100 + i as u64, sges: &[dst.sge(i * 8192, 8192).unwrap()] }]).unwrap();
+        b.q.post_recv(&[RecvWr { wr_id: 100 + i as u64, sges: &[dst.sge(i * 8192, 8192).unwrap()] }])
+            .unwrap();
     }
     for (i, &len) in sizes.iter().enumerate() {
         src.write(0, &pattern(len, i as u64)).unwrap();
@@ -300,7 +303,10 @@ fn sends<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     let got = take(b, 2, "receives");
     for (i, &len) in sizes.iter().enumerate() {
         let c = got[i];
-        assert_eq!((c.wr_id, c.status, c.opcode, c.byte_len), (100 + i as u64, Status::Success, CqOpcode::Recv, len as u32));
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (100 + i as u64, Status::Success, CqOpcode::Recv, len as u32)
+        );
         assert_eq!(c.imm, (i == 1).then_some(0xDEC0_DED1), "{} → {}: immediate", a.name, b.name);
         let mut bytes = vec![0u8; len];
         dst.read(i * 8192, &mut bytes).unwrap();
@@ -324,10 +330,19 @@ fn writes<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     ])
     .unwrap();
     let c = take(a, 2, "WRITEs");
-    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (1, Status::Success, CqOpcode::Write), "{} → {}", a.name, b.name);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode),
+        (1, Status::Success, CqOpcode::Write),
+        "{} → {}",
+        a.name,
+        b.name
+    );
     assert_eq!((c[1].wr_id, c[1].status), (2, Status::Success));
     let n = take(b, 1, "WRITE_IMM notification")[0];
-    assert_eq!((n.wr_id, n.status, n.opcode, n.byte_len, n.imm), (200, Status::Success, CqOpcode::RecvWriteImm, 100, Some(0x1234_5678)));
+    assert_eq!(
+        (n.wr_id, n.status, n.opcode, n.byte_len, n.imm),
+        (200, Status::Success, CqOpcode::RecvWriteImm, 100, Some(0x1234_5678))
+    );
     let mut bytes = vec![0u8; len];
     dst.read(0, &mut bytes).unwrap();
     assert!(bytes == pattern(len, 7), "{} → {}: WRITE of {len} B landed changed", a.name, b.name);
@@ -345,9 +360,15 @@ fn reads<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     let r = src.remote();
     a.q.post_send(&[SendWr::send(3, &[dst.sge(0, len).unwrap()])
         .with_op(SendOp::Read(RemoteAddr { addr: r.addr, key: r.key }))])
-    .unwrap();
+        .unwrap();
     let c = take(a, 1, "READ")[0];
-    assert_eq!((c.wr_id, c.status, c.opcode), (3, Status::Success, CqOpcode::Read), "{} reads {}", a.name, b.name);
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode),
+        (3, Status::Success, CqOpcode::Read),
+        "{} reads {}",
+        a.name,
+        b.name
+    );
     let mut bytes = vec![0u8; len];
     dst.read(0, &mut bytes).unwrap();
     assert!(bytes == pattern(len, 9), "{} read {len} B of {} changed", a.name, b.name);
@@ -361,7 +382,7 @@ fn wrong_rkey<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     let bad = RemoteKey::from_rkey(r.key.rkey() ^ 0x00A5_5A00);
     a.q.post_send(&[SendWr::send(4, &[src.sge(0, 64).unwrap()])
         .with_op(SendOp::Write(RemoteAddr { addr: r.addr, key: bad }))])
-    .unwrap();
+        .unwrap();
     let c = take(a, 1, "WRITE with a wrong rkey")[0];
     assert_eq!((c.wr_id, c.status), (4, Status::RemoteAccess), "{} → {}: wrong rkey", a.name, b.name);
     wait_until(&format!("{}'s queue in ERROR", a.name), || a.q.state() == QueueState::Error);
@@ -404,13 +425,24 @@ fn lossy_sequence<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>, 
     a.q.post_send(&wrs).unwrap();
     let sent = take(a, n, "lossy SENDs");
     for (i, c) in sent.iter().enumerate() {
-        assert_eq!((c.wr_id, c.status), (i as u64, Status::Success), "{} → {}: lossy SEND {i}", a.name, b.name);
+        assert_eq!(
+            (c.wr_id, c.status),
+            (i as u64, Status::Success),
+            "{} → {}: lossy SEND {i}",
+            a.name,
+            b.name
+        );
     }
     let got = take(b, n, "lossy receives");
     let mut extra = [Completion::default(); 4];
     assert_eq!(b.cq.poll(&mut extra).unwrap(), 0, "{}: no message arrives twice", b.name);
     for (i, c) in got.iter().enumerate() {
-        assert_eq!((c.wr_id, c.status, c.byte_len), (i as u64, Status::Success, len(i) as u32), "{}: message {i} in order", b.name);
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, Status::Success, len(i) as u32),
+            "{}: message {i} in order",
+            b.name
+        );
         let mut bytes = vec![0u8; len(i)];
         dst.read(i * slot, &mut bytes).unwrap();
         assert!(bytes == pattern(len(i), 1000 + i as u64), "{}: message {i} intact", b.name);
@@ -424,7 +456,8 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
         return;
     }
     let net = Net::up();
-    let _capture = std::env::var("BYPASS_RXE_PCAP").ok().filter(|p| !p.is_empty()).map(|p| Capture::start(&p));
+    let _capture =
+        std::env::var("BYPASS_RXE_PCAP").ok().filter(|p| !p.is_empty()).map(|p| Capture::start(&p));
     let (sim, rxe) = (("sim", &*net.sim), ("rxe", &*net.rxe));
     let step = |s: &str| eprintln!("rxe_interop: {s}");
 
@@ -464,7 +497,9 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
     lossy_sequence(&mut r, &mut s, 40);
     let after = net.sim.stats();
     let (retx, dups) = (after.retransmits - before.retransmits, after.duplicates - before.duplicates);
-    eprintln!("rxe_interop: under loss the sim retransmitted {retx} packet(s), saw {dups} duplicate(s): {after:?}");
+    eprintln!(
+        "rxe_interop: under loss the sim retransmitted {retx} packet(s), saw {dups} duplicate(s): {after:?}"
+    );
     assert!(retx > 0, "the sim retransmitted what netem dropped: {after:?}");
     assert_eq!(after.rx_malformed, 0, "{after:?}");
     step("done");

@@ -179,7 +179,7 @@ pub fn icrc_ipv4_id(ip: &[u8; 20], udp: &[u8; 8], transport: &[u8], sent: u32) -
         if v != 0 {
             rows[n] = (v, id);
             n += 1;
-            rows[..n].sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            rows[..n].sort_unstable_by_key(|r| std::cmp::Reverse(r.0));
         }
     }
     let (mut rest, mut id) = (diff, 0u16);
