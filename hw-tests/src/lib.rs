@@ -2,7 +2,8 @@
 //!
 //! Runs the hal conformance suite (`bypass_hal::conformance`, `tests/verbs_conformance.rs`) and
 //! the stack's RPC suite (`bypass::conformance`, `tests/verbs_rpc.rs`) on real NICs when the
-//! machine has one. Which device is chosen by the `BYPASS_HW`
+//! machine has one, and, on Soft-RoCE as root (the QEMU guest), a simulated NIC against rxe on
+//! a veth pair (`tests/rxe_interop.rs`). Which device is chosen by the `BYPASS_HW`
 //! environment variable, in the stack's backend-string form:
 //!
 //! | `BYPASS_HW` | runs on |

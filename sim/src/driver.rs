@@ -576,27 +576,20 @@ impl SimQueue {
         Ok(())
     }
 
-    /// `connect` to a peer on the UDP wire at `to`.
-    fn connect_udp(&mut self, peer: &QueueInfo, to: std::net::SocketAddrV4) -> Result<()> {
+    /// `connect` to a peer on the UDP wire whose GID is the IPv4 address `ip`.
+    fn connect_udp(&mut self, peer: &QueueInfo, ip: std::net::Ipv4Addr) -> Result<()> {
         let Some(port) = self.nic.udp.get().cloned() else {
             return Err(invalid(format!(
-                "the peer's queue is on a simulated NIC on the UDP wire ({to}), but this NIC's fabric \
-                 is on the {} wire: open this side with the UDP wire too (e.g. sim+udp://127.0.0.1:0)",
+                "the peer's queue is at the IP address {ip} (a simulated NIC on the UDP wire, or a \
+                 RoCEv2 NIC), but this NIC's fabric is on the {} wire: open this side with the UDP \
+                 wire too (e.g. sim+udp://127.0.0.1:0)",
                 self.wire_name()
             )));
         };
-        if to.port() == 0 {
-            return Err(invalid(format!(
-                "the peer's GID is the IP address {} but its queue info names no UDP port: it is not \
-                 a simulated NIC on the UDP wire (a RoCE NIC cannot be reached from the sim yet)",
-                to.ip()
-            )));
-        }
         if self.shared.state() != QueueState::Reset {
             return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
         }
-        port.ping(to).map_err(invalid)?;
-        let id = port.peer_id(to);
+        let (to, id) = port.reach(peer, ip).map_err(invalid)?;
         let link: Arc<dyn crate::wire::Wire> = Arc::new(crate::udp::UdpLink::new(port, to));
         let wire = self.nic.fabric.with_faults(link, self.shared.nic, self.shared.qpn, id);
         self.control(|qp, _| match qp.state {
@@ -695,7 +688,7 @@ impl Queue for SimQueue {
             return self.connect_shm(peer, at);
         }
         if let Some(ip) = crate::udp::ip_of_gid(&peer.gid) {
-            return self.connect_udp(peer, std::net::SocketAddrV4::new(ip, peer.lid));
+            return self.connect_udp(peer, ip);
         }
         if self.nic.udp.get().is_some() {
             return Err(invalid(

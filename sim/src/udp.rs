@@ -21,12 +21,23 @@
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
 //!   datagram answered by its receive thread, not by a queue) and fails with the reason when it
 //!   does not answer, rather than "connecting" and timing out later.
+//! - **Standard RoCEv2 peers** (Linux's rxe, a hardware NIC): a peer `QueueInfo` with an IPv4
+//!   GID and `lid` 0 — what a verbs queue reports on RoCE — is one. Such a NIC receives only on
+//!   UDP port 4791 and answers no ping, so the sim sends to `<ip>:4791` without pinging, and only
+//!   from a NIC bound at port 4791 itself (the peer sends its requests and responses there; a
+//!   NIC on another port is refused at `connect`, saying so). Its datagrams come from a per-queue
+//!   source port (rxe: `0xC000 | hash`), so they are matched to the peer by IP address, and their
+//!   ICRC covers an IPv4 ID the socket does not show: it is checked with the ID solved for
+//!   ([`roce::decode_udp_any_id`]). The sim's own datagrams carry ID 0, DF set (the socket asks
+//!   for path-MTU discovery, and Linux sends ID 0 on unconnected DF datagrams), which is what
+//!   their ICRC is computed over. docs/sim.md, "Interoperating with a real RoCEv2 NIC".
 
 use crate::nic::Nic;
 use crate::packet::{PacketHeader, ANY_QPN};
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints, Link};
 use crate::wire::{Transmit, Wire};
+use bypass_hal::QueueInfo;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
@@ -75,6 +86,9 @@ pub(crate) struct UdpPort {
     /// Peer socket addresses by source id, and the reverse map. A peer keeps its id for the
     /// NIC's life (one entry per peer NIC, not per connection).
     peers: RwLock<(Vec<SocketAddrV4>, HashMap<SocketAddrV4, u32>)>,
+    /// Standard RoCEv2 peers (see the module docs) by IP address: their source id (that of
+    /// `<ip>:4791`). Their datagrams come from any source port.
+    standard: RwLock<HashMap<Ipv4Addr, u32>>,
     tx: Mutex<TxBatch>,
     pub stats: UdpStats,
     /// Outstanding pings of `connect`'s reachability check: (nonce, answered). Only pongs to
@@ -113,6 +127,11 @@ impl UdpPort {
         let sock = UdpSocket::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("the UDP wire cannot bind {addr}: {e}")))?;
         sock.set_read_timeout(Some(RX_IDLE_CHECK))?;
+        // DF on every datagram, never fragmented by this host: Linux then sends IPv4 ID 0 (an
+        // unconnected socket), the header the ICRC is computed over, which a standard RoCEv2 peer
+        // checks. A datagram over the path MTU fails to send (counted, then retransmitted and
+        // failed by the transport) rather than arriving in fragments whose ID no ICRC covers.
+        set_int(&sock, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO);
         let local = match sock.local_addr()? {
             std::net::SocketAddr::V4(a) => a,
             other => return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("not IPv4: {other}"))),
@@ -123,8 +142,8 @@ impl UdpPort {
         for (force, plain) in
             [(libc::SO_RCVBUFFORCE, libc::SO_RCVBUF), (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF)]
         {
-            if !set_buffer(&sock, force, 8 << 20) {
-                set_buffer(&sock, plain, 8 << 20);
+            if !set_int(&sock, libc::SOL_SOCKET, force, 8 << 20) {
+                set_int(&sock, libc::SOL_SOCKET, plain, 8 << 20);
             }
         }
         let size = mtu as usize + OVERHEAD;
@@ -139,6 +158,7 @@ impl UdpPort {
             sock,
             local,
             peers: RwLock::new((Vec::new(), HashMap::new())),
+            standard: RwLock::new(HashMap::new()),
             tx: Mutex::new(tx),
             stats: UdpStats::default(),
             pongs: Mutex::new(Vec::new()),
@@ -174,8 +194,47 @@ impl UdpPort {
         id
     }
 
-    fn lookup(&self, addr: SocketAddrV4) -> u32 {
-        self.peers.read().unwrap_or_else(|e| e.into_inner()).1.get(&addr).copied().unwrap_or(UNKNOWN_PEER)
+    /// The source id of a datagram from `addr`, and whether it is from a standard RoCEv2 peer.
+    fn lookup(&self, addr: SocketAddrV4) -> (u32, bool) {
+        if let Some(&id) = self.peers.read().unwrap_or_else(|e| e.into_inner()).1.get(&addr) {
+            return (id, false);
+        }
+        match self.standard.read().unwrap_or_else(|e| e.into_inner()).get(addr.ip()) {
+            Some(&id) => (id, true),
+            None => (UNKNOWN_PEER, false),
+        }
+    }
+
+    /// Where a queue connecting to `peer` (whose GID is the IPv4 address `ip`) sends, and the
+    /// peer's source id: a sim NIC at `ip:lid` once it answered a ping, or a standard RoCEv2
+    /// NIC (`lid` 0) at `ip:4791`, which this NIC must be bound at port 4791 to talk to.
+    pub(crate) fn reach(&self, peer: &QueueInfo, ip: Ipv4Addr) -> Result<(SocketAddrV4, u32), String> {
+        if peer.lid != 0 {
+            let to = SocketAddrV4::new(ip, peer.lid);
+            self.ping(to)?;
+            return Ok((to, self.peer_id(to)));
+        }
+        if self.local.port() != roce::ROCE_PORT {
+            return Err(format!(
+                "the peer's queue info names the IP address {ip} and no UDP port (lid 0): a standard \
+                 RoCEv2 NIC, which sends its requests and acknowledgements to UDP port {p} only, but \
+                 this NIC is bound at {}: bind it at port {p} (sim+udp://{}:{p}), on an address of a \
+                 host or network namespace where no kernel RoCE device (rxe, a NIC) owns that port",
+                self.local,
+                self.local.ip(),
+                p = roce::ROCE_PORT
+            ));
+        }
+        if ip == *self.local.ip() {
+            return Err(format!(
+                "the peer's queue info names this NIC's own address {ip} with no UDP port: a \
+                 standard RoCEv2 peer must be another host (or network namespace)"
+            ));
+        }
+        let to = SocketAddrV4::new(ip, roce::ROCE_PORT);
+        let id = self.peer_id(to);
+        self.standard.write().unwrap_or_else(|e| e.into_inner()).insert(ip, id);
+        Ok((to, id))
     }
 
     /// Checks that a sim NIC answers at `peer`: sends a ping and waits for its pong.
@@ -341,16 +400,16 @@ fn sockaddr_in(a: SocketAddrV4) -> libc::sockaddr_in {
     }
 }
 
-/// Sets a socket buffer size option; false if the kernel refused it.
-fn set_buffer(sock: &UdpSocket, opt: libc::c_int, bytes: libc::c_int) -> bool {
+/// Sets an integer socket option; false if the kernel refused it.
+fn set_int(sock: &UdpSocket, level: libc::c_int, opt: libc::c_int, value: libc::c_int) -> bool {
     // SAFETY: setsockopt reads `size_of::<c_int>()` bytes at the pointer, which is a live c_int;
     // a failure leaves the socket as it was.
     let r = unsafe {
         libc::setsockopt(
             sock.as_raw_fd(),
-            libc::SOL_SOCKET,
+            level,
             opt,
-            (&bytes as *const libc::c_int).cast(),
+            (&value as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as u32,
         )
     };
@@ -391,7 +450,7 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
     let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
     let mut iovs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
     let local = port.local;
-    let mut last_peer: Option<(SocketAddrV4, u32)> = None;
+    let mut last_peer: Option<(SocketAddrV4, u32, bool)> = None;
     loop {
         match nic.upgrade() {
             Some(n) if !n.fabric.is_shut_down() => {}
@@ -466,7 +525,17 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
                 src_port: from.port(),
                 dst_port: local.port(),
             };
-            let frame = match roce::decode_udp(dgram, &ep) {
+            let (src, standard) = match last_peer {
+                Some((a, id, std)) if a == from => (id, std),
+                _ => {
+                    let (id, std) = port.lookup(from);
+                    last_peer = Some((from, id, std));
+                    (id, std)
+                }
+            };
+            let decoded =
+                if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
+            let frame = match decoded {
                 Ok(f) => f,
                 Err(e) => {
                     port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
@@ -474,14 +543,6 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
                         trace_malformed(n.addr, from, len, e);
                     }
                     continue;
-                }
-            };
-            let src = match last_peer {
-                Some((a, id)) if a == from => id,
-                _ => {
-                    let id = port.lookup(from);
-                    last_peer = Some((from, id));
-                    id
                 }
             };
             let rx = roce::RxContext {

@@ -1,7 +1,7 @@
 //! Encoding and decoding of RoCEv2 frames: the UDP payload (BTH … ICRC) and the whole
 //! Ethernet/IPv4/UDP frame around it.
 
-use super::icrc::{icrc_ipv4, ipv4_checksum, udp_checksum};
+use super::icrc::{icrc_ipv4, icrc_ipv4_id, ipv4_checksum, udp_checksum};
 use super::{
     mac_of_nic, nic_of_ip, Aeth, AtomicEth, EncodeError, Endpoints, Frame, FrameError, Opcode, Reth,
     AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, BTH_LEN, ETH_LEN, ICRC_LEN, IMMDT_LEN, IPV4_LEN,
@@ -300,7 +300,20 @@ pub fn decode_udp<'a>(bytes: &'a [u8], ep: &Endpoints) -> Result<Frame<'a>, Fram
     }
     let ip = ipv4_header(ep, 0, 0, 0, bytes.len());
     let udp = udp_header(ep, bytes.len());
-    parse_transport(bytes, &ip, &udp)
+    parse_transport(bytes, &ip, &udp, false)
+}
+
+/// Decodes a RoCEv2 UDP payload from a standard RoCEv2 NIC (Linux's rxe, hardware), whose IPv4
+/// header carried an ID the receiving UDP socket does not show: as [`decode_udp`], except that the
+/// ICRC is accepted if some IPv4 ID makes it right ([`super::icrc::icrc_ipv4_id`], a 16-bit
+/// weaker check). DF set, no options, as every RoCEv2 NIC sends (rxe: `prepare4`).
+pub fn decode_udp_any_id<'a>(bytes: &'a [u8], ep: &Endpoints) -> Result<Frame<'a>, FrameError> {
+    if bytes.len() > MAX_UDP_PAYLOAD {
+        return Err(FrameError::TooLong(bytes.len()));
+    }
+    let ip = ipv4_header(ep, 0, 0, 0, bytes.len());
+    let udp = udp_header(ep, bytes.len());
+    parse_transport(bytes, &ip, &udp, true)
 }
 
 /// Decodes an Ethernet II / IPv4 / UDP / RoCEv2 frame (trailing Ethernet padding allowed, no FCS,
@@ -356,7 +369,7 @@ pub fn decode_ethernet(bytes: &[u8]) -> Result<EthFrame<'_>, FrameError> {
     if sent_sum != 0 && udp_checksum(src_ip, dst_ip, datagram) != sent_sum {
         return Err(FrameError::BadUdpChecksum);
     }
-    let frame = parse_transport(&datagram[UDP_LEN..], &ip_hdr, &udp_hdr)?;
+    let frame = parse_transport(&datagram[UDP_LEN..], &ip_hdr, &udp_hdr, false)?;
     let mac =
         |at: usize| [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3], bytes[at + 4], bytes[at + 5]];
     Ok(EthFrame {
@@ -372,11 +385,13 @@ pub fn decode_ethernet(bytes: &[u8]) -> Result<EthFrame<'_>, FrameError> {
     })
 }
 
-/// Parses BTH … ICRC, with the ICRC over `ip` and `udp`.
+/// Parses BTH … ICRC, with the ICRC over `ip` and `udp` (with `any_id`: over `ip` with whatever
+/// IPv4 ID makes it right).
 fn parse_transport<'a>(
     bytes: &'a [u8],
     ip: &[u8; IPV4_LEN],
     udp: &[u8; UDP_LEN],
+    any_id: bool,
 ) -> Result<Frame<'a>, FrameError> {
     let len = bytes.len();
     if len < BTH_LEN + ICRC_LEN {
@@ -385,7 +400,7 @@ fn parse_transport<'a>(
     let (body, tail) = bytes.split_at(len - ICRC_LEN);
     let sent = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
     let computed = icrc_ipv4(ip, udp, body);
-    if sent != computed {
+    if sent != computed && !(any_id && icrc_ipv4_id(ip, udp, body, sent).is_some()) {
         return Err(FrameError::BadIcrc { sent, computed });
     }
     let tver = body[1] & 0x0F;

@@ -30,8 +30,8 @@ mod frame;
 pub mod icrc;
 
 pub use frame::{
-    decode_ethernet, decode_udp, encode_ethernet, encode_udp, encode_udp_with, ethernet_len, udp_icrc,
-    udp_len, EthFrame, Link,
+    decode_ethernet, decode_udp, decode_udp_any_id, encode_ethernet, encode_udp, encode_udp_with,
+    ethernet_len, udp_icrc, udp_len, EthFrame, Link,
 };
 
 use crate::packet::{PacketHeader, PacketKind, Syndrome};

@@ -1,0 +1,559 @@
+//! A simulated NIC and Linux's Soft-RoCE (rxe) exchange RC traffic on a real wire: the sim's UDP
+//! wire (RoCEv2 frames in UDP datagrams) in network namespace `sim`, an rxe device `rxe1` on the
+//! other end of a veth pair in the root namespace, connected queue pairs, traffic both ways, the
+//! error cases, and loss injected with netem (issue 13's acceptance test; docs/sim.md,
+//! "Interoperating with a real RoCEv2 NIC").
+//!
+//! It needs root, `ip`, `rdma` and `tc` (iproute2), the `veth`, `rdma_rxe` and `sch_netem`
+//! modules, and builds the network itself, so it runs only where `BYPASS_HW` names a Soft-RoCE
+//! device (`verbs:rxe…`) and the process is root — in the project's QEMU guest:
+//!
+//! ```text
+//! cargo test -p bypass-hw-tests --features verbs --release --no-run
+//! BYPASS_HW=verbs:rxe0 hw-tests/vm/run --timeout 500 -- target/release/deps/rxe_interop-… --test-threads=1
+//! ```
+//!
+//! Elsewhere it skips with a message. The network: `veth0` 10.77.0.1/24 (root namespace,
+//! carrying `rxe1`) ↔ `veth1` 10.77.0.2/24 (namespace `sim`). The kernel's rxe owns UDP port
+//! 4791 on every address of the root namespace, and a standard RoCEv2 peer sends only to 4791, so
+//! the simulated NIC's socket must be bound at 10.77.0.2:4791 inside `sim`. A socket belongs to
+//! the namespace of the thread that creates it and keeps it for life, so the test moves its own
+//! thread into `sim` (setns) just for the NIC's creation and back at once; everything else — the
+//! sim's device and receive threads, which only use the socket, and the verbs side — runs in one
+//! process, which lets the two sides exchange their `QueueInfo`s by value and check each other's
+//! memory directly.
+#![cfg(feature = "verbs")]
+
+use bypass_hal::verbs::VerbsDevice;
+use bypass_hal::*;
+use bypass_sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const RXE: &str = "rxe1";
+const RXE_IP: &str = "10.77.0.1";
+const SIM_IP: &str = "10.77.0.2";
+const NETNS: &str = "sim";
+/// veth's MTU is 1500: rxe's active MTU is 1024 (the largest IB MTU ≤ 1500 − 80), and both ends
+/// of a connection must segment alike.
+const MTU: u32 = 1024;
+/// Every wait in the test: the guest is emulated (TCG) and slow, and a lossy link retransmits.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Runs a setup command; panics with its output if it fails.
+#[track_caller]
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e} (iproute2 installed?)"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs a command whose failure does not matter (tearing down what may not exist).
+fn sh_quiet(args: &[&str]) {
+    let _ = Command::new(args[0]).args(&args[1..]).output();
+}
+
+/// Waits (bounded) until `cond` holds, polling every few milliseconds.
+#[track_caller]
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether this run should build the network: `BYPASS_HW` names a Soft-RoCE device and we are
+/// root. `None` after printing why not.
+fn should_run(test: &str) -> Option<()> {
+    let spec = bypass_hw_tests::verbs::requested_spec(test)?;
+    if !spec.starts_with("rxe") {
+        bypass_hw_tests::skip(test, &format!("BYPASS_HW=verbs:{spec} is no Soft-RoCE device (verbs:rxe0)"));
+        return None;
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        bypass_hw_tests::skip(test, "needs root to make a network namespace (run it in hw-tests/vm/run)");
+        return None;
+    }
+    Some(())
+}
+
+/// The network, rxe1 and the simulated NIC; torn down (qdiscs, rxe1, veth, namespace) on drop,
+/// after both devices are closed (`rdma link delete` waits for rxe1's last user).
+struct Net {
+    _fabric: std::mem::ManuallyDrop<Fabric>,
+    sim: std::mem::ManuallyDrop<SimNic>,
+    rxe: std::mem::ManuallyDrop<VerbsDevice>,
+}
+
+impl Net {
+    fn up() -> Net {
+        teardown();
+        sh(&["modprobe", "veth"]);
+        sh(&["ip", "netns", "add", NETNS]);
+        sh(&["ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1"]);
+        sh(&["ip", "link", "set", "veth1", "netns", NETNS]);
+        sh(&["ip", "addr", "add", &format!("{RXE_IP}/24"), "dev", "veth0"]);
+        sh(&["ip", "link", "set", "veth0", "up"]);
+        sh(&["ip", "-n", NETNS, "addr", "add", &format!("{SIM_IP}/24"), "dev", "veth1"]);
+        sh(&["ip", "-n", NETNS, "link", "set", "veth1", "up"]);
+        sh(&["ip", "-n", NETNS, "link", "set", "lo", "up"]);
+        sh(&["rdma", "link", "add", RXE, "type", "rxe", "netdev", "veth0"]);
+        let port = format!("/sys/class/infiniband/{RXE}/ports/1");
+        wait_until("rxe1 port 1 ACTIVE", || {
+            std::fs::read_to_string(format!("{port}/state")).is_ok_and(|s| s.contains("ACTIVE"))
+        });
+        // The GID of 10.77.0.1 appears once the address is up; the device picks it at open.
+        wait_until("rxe1's GID ::ffff:10.77.0.1", || {
+            (0..16).any(|i| {
+                std::fs::read_to_string(format!("{port}/gids/{i}"))
+                    .is_ok_and(|g| g.trim() == "0000:0000:0000:0000:0000:ffff:0a4d:0001")
+            })
+        });
+        let rxe = VerbsDevice::open_spec(&format!("{RXE},mtu={MTU}"))
+            .unwrap_or_else(|e| panic!("cannot open {RXE}: {e}"));
+        let want: std::net::Ipv4Addr = RXE_IP.parse().unwrap();
+        assert_eq!(rxe.gid().1, want.to_ipv6_mapped().octets(), "rxe1 uses the GID of {RXE_IP} (RoCE v2)");
+
+        // The simulated NIC: its socket is created inside namespace `sim`.
+        let wire = WireConfig::parse(&format!("udp://{SIM_IP}:4791")).unwrap();
+        let fabric =
+            Fabric::with_config(FabricConfig { wire, mtu: MTU, ..FabricConfig::new(Engine::Threaded) });
+        let sim =
+            in_netns(NETNS, || fabric.try_add_nic()).expect("the sim NIC binds 10.77.0.2:4791 in netns sim");
+        use std::mem::ManuallyDrop as M;
+        Net { _fabric: M::new(fabric), sim: M::new(sim), rxe: M::new(rxe) }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        // SAFETY: each field is dropped exactly once, here, and never used afterwards.
+        unsafe {
+            std::mem::ManuallyDrop::drop(&mut self.rxe);
+            std::mem::ManuallyDrop::drop(&mut self.sim);
+            std::mem::ManuallyDrop::drop(&mut self._fabric);
+        }
+        teardown();
+    }
+}
+
+fn teardown() {
+    sh_quiet(&["tc", "qdisc", "del", "dev", "veth0", "root"]);
+    sh_quiet(&["rdma", "link", "delete", RXE]);
+    sh_quiet(&["ip", "link", "del", "veth0"]);
+    sh_quiet(&["ip", "netns", "del", NETNS]);
+}
+
+/// `BYPASS_RXE_PCAP=<file>`: everything on veth1 (both directions, as the sim's namespace sees
+/// it, after netem's drops on its side) captured with `dumpcap` into a pcap file that tshark and
+/// Wireshark decode as RoCEv2 (UDP port 4791).
+struct Capture(std::process::Child);
+
+impl Capture {
+    fn start(path: &str) -> Capture {
+        use std::io::BufRead;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", NETNS, "dumpcap", "-i", "veth1", "-P", "-w", path])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("BYPASS_RXE_PCAP: cannot run dumpcap: {e} (package tshark)"));
+        // dumpcap says "Capturing on 'veth1'" once it captures: wait for that line (bounded).
+        let err = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + WAIT;
+        let mut said = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) if l.contains("Capturing on") => break,
+                Ok(l) => said = said + &l + "\n",
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    panic!("BYPASS_RXE_PCAP: dumpcap did not start capturing on veth1:\n{said}");
+                }
+            }
+        }
+        Capture(child)
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        // SIGINT: dumpcap writes what it has and exits; bounded, then killed.
+        // SAFETY: kill on our own child's pid, which has not been reaped yet.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGINT) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.0.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads a classic pcap file (Ethernet) and decodes every UDP-to-4791 frame with the sim's
+/// `decode_ethernet`, which checks the ICRC over the frame's own IPv4 and UDP headers (the IPv4
+/// ID included): both rxe's frames and the sim's as they were on the wire. Returns (frames,
+/// RoCEv2 frames).
+fn check_capture(path: &str) -> (usize, usize) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert!(
+        bytes.len() >= 24 && bytes[..4] == 0xA1B2_C3D4u32.to_le_bytes(),
+        "{path}: not a little-endian pcap"
+    );
+    assert_eq!(u32::from_le_bytes(bytes[20..24].try_into().unwrap()), 1, "{path}: not Ethernet");
+    let (mut at, mut frames, mut roce) = (24usize, 0, 0);
+    while at + 16 <= bytes.len() {
+        let incl = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+        let orig = u32::from_le_bytes(bytes[at + 12..at + 16].try_into().unwrap()) as usize;
+        let frame = &bytes[at + 16..(at + 16 + incl).min(bytes.len())];
+        at += 16 + incl;
+        frames += 1;
+        // IPv4, UDP, destination port 4791: a RoCEv2 frame (ARP and the rest are not).
+        let is_roce = frame.len() >= 42
+            && frame[12..14] == [8, 0]
+            && frame[23] == 17
+            && frame[36..38] == 4791u16.to_be_bytes();
+        if !is_roce {
+            continue;
+        }
+        assert_eq!(incl, orig, "{path}: frame {frames} truncated by the capture");
+        roce += 1;
+        // The UDP checksum of the sim's own datagrams is captured before veth's checksum offload
+        // fills it in (a partial sum), and the ICRC masks it anyway: checked as "none".
+        let mut frame = frame.to_vec();
+        frame[40..42].fill(0);
+        if let Err(e) = bypass_sim::roce::decode_ethernet(&frame) {
+            panic!(
+                "{path}: frame {frames} ({} → {}) does not decode: {e:?}",
+                ip(&frame[26..30]),
+                ip(&frame[30..34])
+            );
+        }
+    }
+    assert!(roce > 0, "{path}: no RoCEv2 frame captured");
+    (frames, roce)
+}
+
+fn ip(b: &[u8]) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3])
+}
+
+/// Runs `f` with this thread in network namespace `name`, then moves it back.
+fn in_netns<R>(name: &str, f: impl FnOnce() -> R) -> R {
+    let home = std::fs::File::open("/proc/thread-self/ns/net").expect("/proc/thread-self/ns/net");
+    let there = std::fs::File::open(format!("/run/netns/{name}")).expect("the namespace's file");
+    // SAFETY: setns on a namespace fd only changes this thread's network namespace.
+    let r = unsafe { libc::setns(there.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns into {name}: {}", std::io::Error::last_os_error());
+    let out = f();
+    // SAFETY: as above, back to the namespace the thread started in.
+    let r = unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns back: {}", std::io::Error::last_os_error());
+    out
+}
+
+/// The queue settings of both ends: a lost packet is retried after ~134 ms (2^15 × 4.096 µs, a
+/// few guest round trips), seven times; RNR retried without limit every ~10 ms.
+fn config() -> QueueConfig {
+    let mut c = QueueConfig::default();
+    c.timeout = AckTimeout::at_least(Duration::from_millis(100));
+    c.retry_count = 7;
+    c.rnr_retry = 7;
+    c.min_rnr_timer = RnrTimer::at_least(Duration::from_millis(10));
+    c
+}
+
+/// One end of a connection.
+struct End<'d, D: Device> {
+    name: &'static str,
+    dev: &'d D,
+    cq: D::Cq,
+    q: D::Queue,
+}
+
+/// A connected pair: `a` on device `da`, `b` on device `db`.
+fn connect<'a, 'b, A: Device, B: Device>(
+    (na, da): (&'static str, &'a A),
+    (nb, db): (&'static str, &'b B),
+) -> (End<'a, A>, End<'b, B>) {
+    let (ca, cb) = (da.create_cq(256).unwrap(), db.create_cq(256).unwrap());
+    let mut qa = da.create_queue(&config(), &ca, &ca).unwrap();
+    let mut qb = db.create_queue(&config(), &cb, &cb).unwrap();
+    let (ia, ib) = (qa.info(), qb.info());
+    qa.connect(&ib).unwrap_or_else(|e| panic!("{na} connects to {nb}: {e}"));
+    qb.connect(&ia).unwrap_or_else(|e| panic!("{nb} connects to {na}: {e}"));
+    (End { name: na, dev: da, cq: ca, q: qa }, End { name: nb, dev: db, cq: cb, q: qb })
+}
+
+/// Polls `n` completions (bounded).
+#[track_caller]
+fn take<D: Device>(e: &mut End<'_, D>, n: usize, what: &str) -> Vec<Completion> {
+    let deadline = Instant::now() + WAIT;
+    let mut got = Vec::new();
+    let mut wc = [Completion::default(); 32];
+    while got.len() < n {
+        assert!(Instant::now() < deadline, "{}: {what}: {} of {n} completions", e.name, got.len());
+        let k = e.cq.poll(&mut wc).unwrap();
+        got.extend_from_slice(&wc[..k]);
+        if k == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    got
+}
+
+/// `len` bytes of a pattern that differs per message.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len).map(|i| ((i as u64).wrapping_mul(31) ^ seed.wrapping_mul(0x9E37)) as u8).collect()
+}
+
+const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+
+/// SEND and SEND with immediate from `a` to `b`: a small message and one of five segments.
+fn sends<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
+    let sizes = [13usize, 5 * MTU as usize - 100];
+    let mut src = a.dev.register(8192, Access::LOCAL_WRITE).unwrap();
+    let dst = b.dev.register(16384, ALL).unwrap();
+    for i in 0..sizes.len() {
+        b.q.post_recv(&[RecvWr { wr_id: 100 + i as u64, sges: &[dst.sge(i * 8192, 8192).unwrap()] }])
+            .unwrap();
+    }
+    for (i, &len) in sizes.iter().enumerate() {
+        src.write(0, &pattern(len, i as u64)).unwrap();
+        let sge = [src.sge(0, len).unwrap()];
+        let mut wr = SendWr::send(i as u64, &sge);
+        if i == 1 {
+            wr = wr.with_op(SendOp::SendImm(0xDEC0_DED1));
+        }
+        a.q.post_send(&[wr]).unwrap();
+        let c = take(a, 1, "SEND")[0];
+        assert_eq!((c.wr_id, c.status), (i as u64, Status::Success), "{} → {} SEND {len} B", a.name, b.name);
+    }
+    let got = take(b, 2, "receives");
+    for (i, &len) in sizes.iter().enumerate() {
+        let c = got[i];
+        assert_eq!(
+            (c.wr_id, c.status, c.opcode, c.byte_len),
+            (100 + i as u64, Status::Success, CqOpcode::Recv, len as u32)
+        );
+        assert_eq!(c.imm, (i == 1).then_some(0xDEC0_DED1), "{} → {}: immediate", a.name, b.name);
+        let mut bytes = vec![0u8; len];
+        dst.read(i * 8192, &mut bytes).unwrap();
+        assert!(bytes == pattern(len, i as u64), "{} → {}: SEND of {len} B arrived changed", a.name, b.name);
+    }
+}
+
+/// WRITE (three segments) and WRITE with immediate from `a` into `b`'s memory.
+fn writes<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
+    let len = 3 * MTU as usize - 7;
+    let mut src = a.dev.register(8192, Access::LOCAL_WRITE).unwrap();
+    let dst = b.dev.register(8192, ALL).unwrap();
+    let r = dst.remote();
+    src.write(0, &pattern(len, 7)).unwrap();
+    src.write(4096, &pattern(100, 8)).unwrap();
+    b.q.post_recv(&[RecvWr { wr_id: 200, sges: &[] }]).unwrap();
+    let at = |off: u64| RemoteAddr { addr: r.addr + off, key: r.key };
+    a.q.post_send(&[
+        SendWr::send(1, &[src.sge(0, len).unwrap()]).with_op(SendOp::Write(at(0))),
+        SendWr::send(2, &[src.sge(4096, 100).unwrap()]).with_op(SendOp::WriteImm(at(4096), 0x1234_5678)),
+    ])
+    .unwrap();
+    let c = take(a, 2, "WRITEs");
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[0].opcode),
+        (1, Status::Success, CqOpcode::Write),
+        "{} → {}",
+        a.name,
+        b.name
+    );
+    assert_eq!((c[1].wr_id, c[1].status), (2, Status::Success));
+    let n = take(b, 1, "WRITE_IMM notification")[0];
+    assert_eq!(
+        (n.wr_id, n.status, n.opcode, n.byte_len, n.imm),
+        (200, Status::Success, CqOpcode::RecvWriteImm, 100, Some(0x1234_5678))
+    );
+    let mut bytes = vec![0u8; len];
+    dst.read(0, &mut bytes).unwrap();
+    assert!(bytes == pattern(len, 7), "{} → {}: WRITE of {len} B landed changed", a.name, b.name);
+    let mut bytes = vec![0u8; 100];
+    dst.read(4096, &mut bytes).unwrap();
+    assert!(bytes == pattern(100, 8), "{} → {}: WRITE_IMM landed changed", a.name, b.name);
+}
+
+/// READ of four segments by `a` from `b`'s memory.
+fn reads<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
+    let len = 4 * MTU as usize - 3;
+    let dst = a.dev.register(8192, Access::LOCAL_WRITE).unwrap();
+    let mut src = b.dev.register(8192, ALL).unwrap();
+    src.write(0, &pattern(len, 9)).unwrap();
+    let r = src.remote();
+    a.q.post_send(&[SendWr::send(3, &[dst.sge(0, len).unwrap()])
+        .with_op(SendOp::Read(RemoteAddr { addr: r.addr, key: r.key }))])
+        .unwrap();
+    let c = take(a, 1, "READ")[0];
+    assert_eq!(
+        (c.wr_id, c.status, c.opcode),
+        (3, Status::Success, CqOpcode::Read),
+        "{} reads {}",
+        a.name,
+        b.name
+    );
+    let mut bytes = vec![0u8; len];
+    dst.read(0, &mut bytes).unwrap();
+    assert!(bytes == pattern(len, 9), "{} read {len} B of {} changed", a.name, b.name);
+}
+
+/// A WRITE with a wrong rkey: remote access error at the requester, both queues in ERROR.
+fn wrong_rkey<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
+    let src = a.dev.register(4096, Access::LOCAL_WRITE).unwrap();
+    let dst = b.dev.register(4096, ALL).unwrap();
+    let r = dst.remote();
+    let bad = RemoteKey::from_rkey(r.key.rkey() ^ 0x00A5_5A00);
+    a.q.post_send(&[SendWr::send(4, &[src.sge(0, 64).unwrap()])
+        .with_op(SendOp::Write(RemoteAddr { addr: r.addr, key: bad }))])
+        .unwrap();
+    let c = take(a, 1, "WRITE with a wrong rkey")[0];
+    assert_eq!((c.wr_id, c.status), (4, Status::RemoteAccess), "{} → {}: wrong rkey", a.name, b.name);
+    wait_until(&format!("{}'s queue in ERROR", a.name), || a.q.state() == QueueState::Error);
+    wait_until(&format!("{}'s queue in ERROR", b.name), || b.q.state() == QueueState::Error);
+}
+
+/// A SEND to `b` with no receive posted: RNR NAKs until `b` posts one (after `rnr_seen` showed
+/// the first), then success.
+fn rnr<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>, rnr_seen: &dyn Fn() -> bool) {
+    let mut src = a.dev.register(4096, Access::LOCAL_WRITE).unwrap();
+    let dst = b.dev.register(4096, ALL).unwrap();
+    src.write(0, &pattern(300, 11)).unwrap();
+    a.q.post_send(&[SendWr::send(5, &[src.sge(0, 300).unwrap()])]).unwrap();
+    wait_until(&format!("an RNR NAK from {} to {}", b.name, a.name), rnr_seen);
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 0, "{}: the SEND waits for a receive", a.name);
+    b.q.post_recv(&[RecvWr { wr_id: 500, sges: &[dst.sge(0, 4096).unwrap()] }]).unwrap();
+    let c = take(a, 1, "SEND after RNR")[0];
+    assert_eq!((c.wr_id, c.status), (5, Status::Success), "{} → {} after RNR", a.name, b.name);
+    let r = take(b, 1, "receive after RNR")[0];
+    assert_eq!((r.wr_id, r.status, r.byte_len), (500, Status::Success, 300));
+    let mut bytes = vec![0u8; 300];
+    dst.read(0, &mut bytes).unwrap();
+    assert!(bytes == pattern(300, 11));
+}
+
+/// `n` messages from `a` to `b` over the lossy link, all posted at once (some of three
+/// segments): each arrives exactly once, in order, intact.
+fn lossy_sequence<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>, n: usize) {
+    let slot = 4096usize;
+    let mut src = a.dev.register(n * slot, Access::LOCAL_WRITE).unwrap();
+    let dst = b.dev.register(n * slot, ALL).unwrap();
+    let len = |i: usize| if i % 5 == 4 { 3 * MTU as usize - 11 } else { 40 + i };
+    for i in 0..n {
+        src.write(i * slot, &pattern(len(i), 1000 + i as u64)).unwrap();
+        b.q.post_recv(&[RecvWr { wr_id: i as u64, sges: &[dst.sge(i * slot, slot).unwrap()] }]).unwrap();
+    }
+    let sges: Vec<[Sge; 1]> = (0..n).map(|i| [src.sge(i * slot, len(i)).unwrap()]).collect();
+    let wrs: Vec<SendWr<'_>> = (0..n).map(|i| SendWr::send(i as u64, &sges[i])).collect();
+    a.q.post_send(&wrs).unwrap();
+    let sent = take(a, n, "lossy SENDs");
+    for (i, c) in sent.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status),
+            (i as u64, Status::Success),
+            "{} → {}: lossy SEND {i}",
+            a.name,
+            b.name
+        );
+    }
+    let got = take(b, n, "lossy receives");
+    let mut extra = [Completion::default(); 4];
+    assert_eq!(b.cq.poll(&mut extra).unwrap(), 0, "{}: no message arrives twice", b.name);
+    for (i, c) in got.iter().enumerate() {
+        assert_eq!(
+            (c.wr_id, c.status, c.byte_len),
+            (i as u64, Status::Success, len(i) as u32),
+            "{}: message {i} in order",
+            b.name
+        );
+        let mut bytes = vec![0u8; len(i)];
+        dst.read(i * slot, &mut bytes).unwrap();
+        assert!(bytes == pattern(len(i), 1000 + i as u64), "{}: message {i} intact", b.name);
+    }
+}
+
+#[test]
+fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
+    let test = "sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions";
+    if should_run(test).is_none() {
+        return;
+    }
+    let net = Net::up();
+    let pcap = std::env::var("BYPASS_RXE_PCAP").ok().filter(|p| !p.is_empty());
+    let capture = pcap.as_deref().map(Capture::start);
+    let (sim, rxe) = (("sim", &*net.sim), ("rxe", &*net.rxe));
+    let step = |s: &str| eprintln!("rxe_interop: {s}");
+
+    step("SEND, SEND_IMM, WRITE, WRITE_IMM, READ both ways");
+    let (mut s, mut r) = connect(sim, rxe);
+    sends(&mut s, &mut r);
+    sends(&mut r, &mut s);
+    writes(&mut s, &mut r);
+    writes(&mut r, &mut s);
+    reads(&mut s, &mut r);
+    reads(&mut r, &mut s);
+    let st = net.sim.stats();
+    assert_eq!(st.rx_malformed, 0, "every frame from rxe decoded: {st:?}");
+
+    step("wrong rkey: sim requester, rxe responder");
+    let (mut s, mut r) = connect(sim, rxe);
+    wrong_rkey(&mut s, &mut r);
+    step("wrong rkey: rxe requester, sim responder");
+    let (mut s, mut r) = connect(sim, rxe);
+    wrong_rkey(&mut r, &mut s);
+
+    step("RNR: sim sends to rxe with no receive posted");
+    let (mut s, mut r) = connect(sim, rxe);
+    let before = net.sim.stats().rnr_naks_received;
+    rnr(&mut s, &mut r, &|| net.sim.stats().rnr_naks_received > before);
+    step("RNR: rxe sends to sim with no receive posted");
+    let before = net.sim.stats().rnr_naks_sent;
+    rnr(&mut r, &mut s, &|| net.sim.stats().rnr_naks_sent > before);
+
+    step("10% loss each way (netem): sequences both ways");
+    sh(&["modprobe", "sch_netem"]);
+    sh(&["tc", "qdisc", "add", "dev", "veth0", "root", "netem", "loss", "10%"]);
+    sh(&["ip", "netns", "exec", NETNS, "tc", "qdisc", "add", "dev", "veth1", "root", "netem", "loss", "10%"]);
+    let (mut s, mut r) = connect(sim, rxe);
+    let before = net.sim.stats();
+    lossy_sequence(&mut s, &mut r, 40);
+    lossy_sequence(&mut r, &mut s, 40);
+    let after = net.sim.stats();
+    let (retx, dups) = (after.retransmits - before.retransmits, after.duplicates - before.duplicates);
+    eprintln!(
+        "rxe_interop: under loss the sim retransmitted {retx} packet(s), saw {dups} duplicate(s): {after:?}"
+    );
+    assert!(retx > 0, "the sim retransmitted what netem dropped: {after:?}");
+    assert_eq!(after.rx_malformed, 0, "{after:?}");
+    if let (Some(c), Some(path)) = (capture, pcap) {
+        drop(c);
+        let (frames, roce) = check_capture(&path);
+        eprintln!("rxe_interop: {path}: {frames} frames, {roce} RoCEv2 frames, every ICRC right");
+    }
+    step("done");
+}
