@@ -422,6 +422,44 @@ fn reads<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     assert!(bytes == pattern(len, 9), "{} read {len} B of {} changed", a.name, b.name);
 }
 
+/// Atomics across the two implementations: a FETCH_ADD and two COMPARE_SWAPs (one matching,
+/// one not) return the word's old value, and the word ends as a CPU's atomics would leave it —
+/// the AtomicETH and AtomicAckETH encodings and the responder's execution agree.
+fn atomics<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
+    let old = a.dev.register(64, Access::LOCAL_WRITE).unwrap();
+    let mut word = b.dev.register(4096, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC).unwrap();
+    word.write(16, &1000u64.to_ne_bytes()).unwrap();
+    let r = word.remote();
+    let at = RemoteAddr { addr: r.addr + 16, key: r.key };
+    let sges: Vec<[Sge; 1]> = (0..3).map(|i| [old.sge(i * 8, 8).unwrap()]).collect();
+    a.q.post_send(&[
+        SendWr::send(40, &sges[0]).with_op(SendOp::FetchAdd { remote: at, add: 24 }),
+        SendWr::send(41, &sges[1]).with_op(SendOp::CompareSwap { remote: at, compare: 1024, swap: 7 }),
+        SendWr::send(42, &sges[2]).with_op(SendOp::CompareSwap { remote: at, compare: 99, swap: 1 }),
+    ])
+    .unwrap();
+    let got: Vec<(u64, Status, CqOpcode)> =
+        take(a, 3, "atomics").iter().map(|c| (c.wr_id, c.status, c.opcode)).collect();
+    assert_eq!(
+        got,
+        [
+            (40, Status::Success, CqOpcode::FetchAdd),
+            (41, Status::Success, CqOpcode::CompareSwap),
+            (42, Status::Success, CqOpcode::CompareSwap)
+        ],
+        "{} atomics on {}",
+        a.name,
+        b.name
+    );
+    let mut olds = [0u8; 24];
+    old.read(0, &mut olds).unwrap();
+    let olds: Vec<u64> = olds.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(olds, [1000, 1024, 7], "{} atomics on {}: old values", a.name, b.name);
+    let mut w = [0u8; 8];
+    word.read(16, &mut w).unwrap();
+    assert_eq!(u64::from_ne_bytes(w), 7, "{} atomics on {}: the word", a.name, b.name);
+}
+
 /// A WRITE with a wrong rkey: remote access error at the requester, both queues in ERROR.
 fn wrong_rkey<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>) {
     let src = a.dev.register(4096, Access::LOCAL_WRITE).unwrap();
@@ -509,7 +547,7 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
     let (sim, rxe) = (("sim", &*net.sim), ("rxe", &*net.rxe));
     let step = |s: &str| eprintln!("rxe_interop: {s}");
 
-    step("SEND, SEND_IMM, WRITE, WRITE_IMM, READ both ways");
+    step("SEND, SEND_IMM, WRITE, WRITE_IMM, READ, atomics both ways");
     let (mut s, mut r) = connect(sim, rxe);
     sends(&mut s, &mut r);
     sends(&mut r, &mut s);
@@ -517,6 +555,12 @@ fn sim_and_rxe_exchange_rc_traffic_errors_and_retransmissions() {
     writes(&mut r, &mut s);
     reads(&mut s, &mut r);
     reads(&mut r, &mut s);
+    if net.rxe.caps().atomics {
+        atomics(&mut s, &mut r);
+        atomics(&mut r, &mut s);
+    } else {
+        eprintln!("rxe_interop: {} reports no atomics; skipping them", "rxe1");
+    }
     let st = net.sim.stats();
     assert_eq!(st.rx_malformed, 0, "every frame from rxe decoded: {st:?}");
 
