@@ -44,6 +44,8 @@ mod wr;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod side_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 

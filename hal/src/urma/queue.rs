@@ -19,15 +19,17 @@ use super::device::Context;
 use super::mr::{KeyFields, LocalSeg};
 use super::tables::{errno, status_error};
 use crate::{
-    CqOpcode, Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr,
-    Sge, WrFlags,
+    Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
 };
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::{URMA_EEXIST, URMA_SUCCESS};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
+
+use crate::side_ring::{pack, pack_state, state_of, unpack, SideRing};
+pub(crate) use crate::side_ring::{Done, Op};
 
 const RECV_BIT: u64 = 1 << 32;
 const EPOCH_MASK: u16 = 0x7fff;
@@ -44,113 +46,11 @@ pub(crate) fn decode_user_ctx(v: u64) -> (u16, u16, bool, u32) {
     ((v >> 48) as u16, ((v >> 33) as u16) & EPOCH_MASK, v & RECV_BIT != 0, v as u32)
 }
 
-fn pack(epoch: u16, low: u32) -> u64 {
-    (u64::from(epoch) << 32) | u64::from(low)
-}
-
-fn unpack(v: u64) -> (u16, u32) {
-    ((v >> 32) as u16, v as u32)
-}
-
-fn pack_state(epoch: u16, s: QueueState) -> u32 {
-    (u32::from(epoch) << 8)
-        | match s {
-            QueueState::Reset => 0,
-            QueueState::Ready => 1,
-            QueueState::Error => 2,
-        }
-}
-
-fn state_of(code: u32) -> QueueState {
-    match code & 0xff {
-        1 => QueueState::Ready,
-        2 => QueueState::Error,
-        _ => QueueState::Reset,
-    }
-}
-
 static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
 static NEXT_TAG: AtomicU16 = AtomicU16::new(1);
 
 fn next_epoch() -> u16 {
     NEXT_EPOCH.fetch_add(1, Ordering::Relaxed) & EPOCH_MASK
-}
-
-/// The kind of a work request, kept next to its user `wr_id`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Send = 0,
-    Write = 1,
-    Read = 2,
-    Recv = 3,
-}
-
-impl Op {
-    fn from_u8(v: u8) -> Op {
-        match v {
-            1 => Op::Write,
-            2 => Op::Read,
-            3 => Op::Recv,
-            _ => Op::Send,
-        }
-    }
-
-    pub(crate) fn opcode(self) -> CqOpcode {
-        match self {
-            Op::Send => CqOpcode::Send,
-            Op::Write => CqOpcode::Write,
-            Op::Read => CqOpcode::Read,
-            Op::Recv => CqOpcode::Recv,
-        }
-    }
-}
-
-/// One side ring: slot → (user `wr_id`, op), written by the poster before the post (release),
-/// read by the poller after the record (acquire).
-struct SideRing {
-    wr_ids: Box<[AtomicU64]>,
-    ops: Box<[AtomicU8]>,
-    mask: u32,
-    depth: u32,
-    /// `epoch << 32 | slots retired`, advanced by the poller.
-    retired: AtomicU64,
-}
-
-impl SideRing {
-    fn new(depth: u32, epoch: u16) -> Self {
-        let n = depth.next_power_of_two();
-        SideRing {
-            wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            ops: (0..n).map(|_| AtomicU8::new(0)).collect(),
-            mask: n - 1,
-            depth,
-            retired: AtomicU64::new(pack(epoch, 0)),
-        }
-    }
-
-    fn set(&self, index: u32, wr_id: u64, op: Op) {
-        let i = (index & self.mask) as usize;
-        self.ops[i].store(op as u8, Ordering::Relaxed);
-        self.wr_ids[i].store(wr_id, Ordering::Release);
-    }
-
-    fn get(&self, index: u32) -> (u64, Op) {
-        let i = (index & self.mask) as usize;
-        let wr_id = self.wr_ids[i].load(Ordering::Acquire);
-        (wr_id, Op::from_u8(self.ops[i].load(Ordering::Relaxed)))
-    }
-
-    fn free(&self, head: u32) -> u32 {
-        let (_, retired) = unpack(self.retired.load(Ordering::Acquire));
-        self.depth.saturating_sub(head.wrapping_sub(retired))
-    }
-}
-
-/// A record resolved against the side ring.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Done {
-    pub(crate) user_wr_id: u64,
-    pub(crate) op: Op,
 }
 
 /// The part of a queue its CQs' pollers (and the async event reader) see.

@@ -21,12 +21,13 @@
 use super::cq::{CqShared, VerbsCq};
 use super::device::Context;
 use super::tables::{self, errno, verb_error};
-use crate::{
-    CqOpcode, Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags,
-};
+use crate::{Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags};
 use rdma_sys::*;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
+
+use crate::side_ring::{pack, pack_state, state_of, unpack, SideRing};
+pub(crate) use crate::side_ring::{Done, Op};
 
 /// The live registrations, read-locked across an INLINE post.
 type RegionsGuard<'a> = std::sync::RwLockReadGuard<'a, std::collections::HashMap<u32, (u64, u64)>>;
@@ -42,122 +43,9 @@ fn decode_wr_id(wr_id: u64) -> (u16, bool, u32) {
     ((wr_id >> 48) as u16, wr_id & RECV_BIT != 0, (wr_id & INDEX_MASK) as u32)
 }
 
-fn pack(epoch: u16, low: u32) -> u64 {
-    (u64::from(epoch) << 32) | u64::from(low)
-}
-
-fn unpack(v: u64) -> (u16, u32) {
-    ((v >> 32) as u16, v as u32)
-}
-
-fn state_code(s: QueueState) -> u32 {
-    match s {
-        QueueState::Reset => 0,
-        QueueState::Ready => 1,
-        QueueState::Error => 2,
-    }
-}
-
-fn state_of(code: u32) -> QueueState {
-    match code & 0xff {
-        1 => QueueState::Ready,
-        2 => QueueState::Error,
-        _ => QueueState::Reset,
-    }
-}
-
-fn pack_state(epoch: u16, s: QueueState) -> u32 {
-    (u32::from(epoch) << 8) | state_code(s)
-}
-
 /// First epochs of new queues: a queue reusing a destroyed one's QPN must not take its stale
 /// completions for its own.
 static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
-
-/// The kind of a work request, kept next to its user `wr_id` (failed completions carry no opcode).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Send = 0,
-    Write = 1,
-    Read = 2,
-    Recv = 3,
-    CompareSwap = 4,
-    FetchAdd = 5,
-}
-
-impl Op {
-    fn from_u8(v: u8) -> Op {
-        match v {
-            1 => Op::Write,
-            2 => Op::Read,
-            3 => Op::Recv,
-            4 => Op::CompareSwap,
-            5 => Op::FetchAdd,
-            _ => Op::Send,
-        }
-    }
-
-    pub(crate) fn opcode(self) -> CqOpcode {
-        match self {
-            Op::Send => CqOpcode::Send,
-            Op::Write => CqOpcode::Write,
-            Op::Read => CqOpcode::Read,
-            Op::Recv => CqOpcode::Recv,
-            Op::CompareSwap => CqOpcode::CompareSwap,
-            Op::FetchAdd => CqOpcode::FetchAdd,
-        }
-    }
-}
-
-/// One side ring: slot → (user `wr_id`, op). Written by the poster before the post (release),
-/// read by the poller after the completion (acquire), so the two never race.
-struct SideRing {
-    wr_ids: Box<[AtomicU64]>,
-    ops: Box<[AtomicU8]>,
-    mask: u32,
-    /// Slots the queue may have outstanding (the configured depth).
-    depth: u32,
-    /// `epoch << 32 | slots retired`, advanced by the poller.
-    retired: AtomicU64,
-}
-
-impl SideRing {
-    fn new(depth: u32, epoch: u16) -> Self {
-        let n = depth.next_power_of_two();
-        SideRing {
-            wr_ids: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            ops: (0..n).map(|_| AtomicU8::new(0)).collect(),
-            mask: n - 1,
-            depth,
-            retired: AtomicU64::new(pack(epoch, 0)),
-        }
-    }
-
-    fn set(&self, index: u32, wr_id: u64, op: Op) {
-        let i = (index & self.mask) as usize;
-        self.ops[i].store(op as u8, Ordering::Relaxed);
-        self.wr_ids[i].store(wr_id, Ordering::Release);
-    }
-
-    fn get(&self, index: u32) -> (u64, Op) {
-        let i = (index & self.mask) as usize;
-        let wr_id = self.wr_ids[i].load(Ordering::Acquire);
-        (wr_id, Op::from_u8(self.ops[i].load(Ordering::Relaxed)))
-    }
-
-    /// Free slots for a poster whose head is `head`.
-    fn free(&self, head: u32) -> u32 {
-        let (_, retired) = unpack(self.retired.load(Ordering::Acquire));
-        self.depth.saturating_sub(head.wrapping_sub(retired))
-    }
-}
-
-/// A completion resolved against the side ring.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Done {
-    pub(crate) user_wr_id: u64,
-    pub(crate) op: Op,
-}
 
 /// The part of a queue that its CQs' pollers see.
 pub(crate) struct QueueShared {
