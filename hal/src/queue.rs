@@ -193,6 +193,12 @@ impl QueueInfo {
 /// Posting takes a batch and rings the doorbell once per batch. A batch is all-or-nothing: when
 /// the queue lacks room for every request, nothing is posted and [`crate::Error::WouldBlock`] says
 /// so. Completions go to the CQs given at creation.
+///
+/// Dropping a queue destroys it, as `ibv_destroy_qp` and `urma_delete_jetty` do: work still
+/// outstanding on it (posted sends and receives) is discarded **without completions**. Code that
+/// must account for every request (buffers lent to receives, calls waiting for a send) moves the
+/// queue to ERROR first ([`Queue::set_error`], or an error does it), polls the flush completions,
+/// then drops it.
 pub trait Queue: Send {
     /// This queue's number.
     fn qpn(&self) -> u32;
