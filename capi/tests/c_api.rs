@@ -7,12 +7,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn lib_dir() -> PathBuf {
+/// `target/<profile>`: where the compiled C programs go (the test binary is in its `deps/`).
+fn profile_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// The directory holding `libhcom4db.so`: `target/<profile>/deps/` when cargo built the cdylib
+/// as a dependency of these tests (a plain `cargo test` leaves it there), else `target/<profile>/`
+/// (after a `cargo build`).
+fn lib_dir() -> PathBuf {
+    let profile = profile_dir();
+    let deps = profile.join("deps");
+    let dir = if deps.join("libhcom4db.so").exists() { deps } else { profile };
     assert!(
         dir.join("libhcom4db.so").exists(),
-        "libhcom4db.so is not in {} (run through cargo test)",
+        "libhcom4db.so is in neither {0}/deps nor {0} (run through cargo test -p bypass-capi)",
         dir.display()
     );
     dir
@@ -27,7 +37,7 @@ fn include() -> PathBuf {
 }
 
 fn out_dir() -> PathBuf {
-    let d = lib_dir().join("capi-c-tests");
+    let d = profile_dir().join("capi-c-tests");
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -9,14 +9,30 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// `target/<profile>`: where the compiled C programs go (the test binary is in its `deps/`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// The directory holding `libhcom4db.so`: `target/<profile>/deps/` when cargo built the cdylib
+/// as a dependency of these tests (a plain `cargo test` leaves it there), else `target/<profile>/`
+/// (after a `cargo build`).
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    let profile = profile_dir();
+    let deps = profile.join("deps");
+    let dir = if deps.join("libhcom4db.so").exists() { deps } else { profile };
+    assert!(
+        dir.join("libhcom4db.so").exists(),
+        "libhcom4db.so is in neither {0}/deps nor {0} (run through cargo test -p bypass-capi)",
+        dir.display()
+    );
+    dir
 }
 
 #[test]
 fn tls_through_the_three_callbacks() {
-    let dir = lib_dir().join("capi-c-tests");
+    let dir = profile_dir().join("capi-c-tests");
     std::fs::create_dir_all(&dir).unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.distinguished_name.push(DnType::CommonName, "capi test CA");

@@ -31,7 +31,9 @@ CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test mem_
 echo "== memcheck: the foundation's single-process C tests under valgrind ($((SECONDS - started)) s)"
 cargo test -p bypass-capi --release --quiet --test c_api >/dev/null
 bin=target/release/capi-c-tests
-lib="$PWD/target/release"
+# The library where `cargo test` left it (deps/), or where `cargo build` puts it.
+lib="$PWD/target/release/deps"
+[ -e "$lib/libhcom4db.so" ] || lib="$PWD/target/release"
 verbs=none
 run() {
     local name=$1

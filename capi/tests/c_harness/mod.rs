@@ -7,13 +7,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `target/<profile>`: where cargo put `libhcom4db.so` (the test binary is in its `deps/`).
+/// `target/<profile>`: where the compiled C programs go (the test binary is in its `deps/`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
+}
+
+/// The directory holding `libhcom4db.so`: `target/<profile>/deps/` when cargo built the cdylib
+/// as a dependency of these tests (a plain `cargo test` leaves it there), else `target/<profile>/`
+/// (after a `cargo build`).
 pub fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test binary path");
-    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf();
+    let profile = profile_dir();
+    let deps = profile.join("deps");
+    let dir = if deps.join("libhcom4db.so").exists() { deps } else { profile };
     assert!(
         dir.join("libhcom4db.so").exists(),
-        "{} has no libhcom4db.so: build the library first (cargo build -p bypass-capi --release)",
+        "libhcom4db.so is in neither {0}/deps nor {0} (run through cargo test -p bypass-capi)",
         dir.display()
     );
     dir
@@ -31,7 +40,7 @@ pub fn compile(source: &str) -> PathBuf {
 /// Compiles `<dir>/<source>` (see [`compile`]).
 pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
     let lib = lib_dir();
-    let out_dir = lib.join("capi-c");
+    let out_dir = profile_dir().join("capi-c");
     std::fs::create_dir_all(&out_dir).expect("create capi-c output directory");
     let out = out_dir.join(source.trim_end_matches(".c"));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
