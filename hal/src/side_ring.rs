@@ -5,7 +5,7 @@
 //! number, or a reset queue, never takes a stale completion for its own).
 
 use crate::{CqOpcode, QueueState};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 /// `epoch` in the high half, `low` in the low half.
 pub(crate) fn pack(epoch: u16, low: u32) -> u64 {
@@ -120,4 +120,58 @@ impl SideRing {
 pub(crate) struct Done {
     pub(crate) user_wr_id: u64,
     pub(crate) op: Op,
+}
+
+/// Poller side: resolves the completion of slot `index` of `ring` issued in `epoch`; `None` if
+/// it belongs to an earlier incarnation of the queue (a reset moved the epoch on). Retires the
+/// slot(s) and, for an error, moves the tracked `state` to ERROR (the device has).
+pub(crate) fn retire(
+    ring: &SideRing,
+    state: &AtomicU32,
+    epoch: u16,
+    index: u32,
+    success: bool,
+) -> Option<Done> {
+    let cur = ring.retired.load(Ordering::Acquire);
+    let (cur_epoch, retired) = unpack(cur);
+    if cur_epoch != epoch {
+        return None;
+    }
+    let (user_wr_id, op) = ring.get(index);
+    let next = index.wrapping_add(1);
+    // Completions of one side arrive in order; never move the count backwards. Either way the
+    // epoch is checked again after reading the side ring: a reset in between makes the entry
+    // read a stale one.
+    let moved = if (next.wrapping_sub(retired) as i32) > 0 {
+        ring.retired.compare_exchange(cur, pack(epoch, next), Ordering::AcqRel, Ordering::Acquire).is_err()
+    } else {
+        unpack(ring.retired.load(Ordering::Acquire)).0 != epoch
+    };
+    if moved {
+        return None;
+    }
+    if !success {
+        let _ = state.compare_exchange(
+            pack_state(epoch, QueueState::Ready),
+            pack_state(epoch, QueueState::Error),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+    Some(Done { user_wr_id, op })
+}
+
+/// The device moved the queue to ERROR (an async event said so): READY → ERROR in `state`,
+/// keeping its epoch.
+pub(crate) fn device_error(state: &AtomicU32) {
+    let cur = state.load(Ordering::Acquire);
+    if state_of(cur) == QueueState::Ready {
+        let epoch = (cur >> 8) as u16;
+        let _ = state.compare_exchange(
+            cur,
+            pack_state(epoch, QueueState::Error),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
 }

@@ -28,7 +28,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::side_ring::{pack, pack_state, state_of, unpack, SideRing};
+use crate::side_ring::{pack, pack_state, state_of, SideRing};
 pub(crate) use crate::side_ring::{Done, Op};
 
 const RECV_BIT: u64 = 1 << 32;
@@ -89,46 +89,12 @@ impl QueueShared {
     pub(crate) fn complete(&self, user_ctx: u64, success: bool) -> Option<Done> {
         let (_, epoch, recv, index) = decode_user_ctx(user_ctx);
         let ring = if recv { &self.recv } else { &self.send };
-        let cur = ring.retired.load(Ordering::Acquire);
-        let (cur_epoch, retired) = unpack(cur);
-        if cur_epoch != epoch {
-            return None;
-        }
-        let (user_wr_id, op) = ring.get(index);
-        let next = index.wrapping_add(1);
-        let moved = if (next.wrapping_sub(retired) as i32) > 0 {
-            ring.retired
-                .compare_exchange(cur, pack(epoch, next), Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        } else {
-            unpack(ring.retired.load(Ordering::Acquire)).0 != epoch
-        };
-        if moved {
-            return None;
-        }
-        if !success {
-            let _ = self.state.compare_exchange(
-                pack_state(epoch, QueueState::Ready),
-                pack_state(epoch, QueueState::Error),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
-        Some(Done { user_wr_id, op })
+        crate::side_ring::retire(ring, &self.state, epoch, index, success)
     }
 
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
-        let cur = self.state.load(Ordering::Acquire);
-        if state_of(cur) == QueueState::Ready {
-            let epoch = (cur >> 8) as u16;
-            let _ = self.state.compare_exchange(
-                cur,
-                pack_state(epoch, QueueState::Error),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
+        crate::side_ring::device_error(&self.state);
     }
 }
 

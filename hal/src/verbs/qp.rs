@@ -26,7 +26,7 @@ use rdma_sys::*;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::side_ring::{pack, pack_state, state_of, unpack, SideRing};
+use crate::side_ring::{pack, pack_state, state_of, SideRing};
 pub(crate) use crate::side_ring::{Done, Op};
 
 /// The live registrations, read-locked across an INLINE post.
@@ -78,50 +78,12 @@ impl QueueShared {
     pub(crate) fn complete(&self, wr_id: u64, success: bool) -> Option<Done> {
         let (epoch, recv, index) = decode_wr_id(wr_id);
         let ring = if recv { &self.recv } else { &self.send };
-        let cur = ring.retired.load(Ordering::Acquire);
-        let (cur_epoch, retired) = unpack(cur);
-        if cur_epoch != epoch {
-            return None;
-        }
-        let (user_wr_id, op) = ring.get(index);
-        let next = index.wrapping_add(1);
-        // Completions of one side arrive in order; never move the count backwards. Either way the
-        // epoch is checked again after reading the side ring: a reset in between makes the entry
-        // read a stale one.
-        let moved = if (next.wrapping_sub(retired) as i32) > 0 {
-            ring.retired
-                .compare_exchange(cur, pack(epoch, next), Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        } else {
-            unpack(ring.retired.load(Ordering::Acquire)).0 != epoch
-        };
-        if moved {
-            // A reset moved the epoch on between the load and now: the completion is stale.
-            return None;
-        }
-        if !success {
-            let _ = self.state.compare_exchange(
-                pack_state(epoch, QueueState::Ready),
-                pack_state(epoch, QueueState::Error),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
-        Some(Done { user_wr_id, op })
+        crate::side_ring::retire(ring, &self.state, epoch, index, success)
     }
 
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
-        let cur = self.state.load(Ordering::Acquire);
-        if state_of(cur) == QueueState::Ready {
-            let epoch = (cur >> 8) as u16;
-            let _ = self.state.compare_exchange(
-                cur,
-                pack_state(epoch, QueueState::Error),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-        }
+        crate::side_ring::device_error(&self.state);
     }
 }
 
