@@ -34,9 +34,11 @@ static void on_rndv(OckRpcServerRndvContext ctx, OckRpcRndvMessage msg) {
     }
     uint64_t out[2] = {total, bad};
     OckRpcMessage reply = {out, sizeof out};
+    /* Counted before the reply: the client checks the count as soon as its call returns, which
+       may be before this worker runs another instruction after ReplyRndv. */
+    atomic_fetch_add(&handled, 1);
     CHECK_RC(OckRpcServerReplyRndv(ctx, RNDV_ID, &reply, NULL), OCK_RPC_OK);
     CHECK_RC(OckRpcServerCleanupRndvCtx(ctx), 0);
-    atomic_fetch_add(&handled, 1);
 }
 
 static OckRpcMemoryAllocator allocator_over(OckRpcMemoryRegion mr) {
