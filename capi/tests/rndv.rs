@@ -62,11 +62,12 @@ unsafe extern "C" fn handler(ctx: usize, msg: OckRpcRndvMessage) {
     assert_eq!(unsafe { OckRpcGetRndvClient(ctx, &mut client) }, 0);
     let mut out = [total, sum];
     let mut reply = OckRpcMessage { data: out.as_mut_ptr() as *mut c_void, len: 16 };
+    // Counted before the reply: the caller checks the count as soon as its call completes.
+    HANDLED.fetch_add(1, Ordering::SeqCst);
     // SAFETY: valid pointers.
     assert_eq!(unsafe { OckRpcServerReplyRndv(ctx, 9, &mut reply, std::ptr::null_mut()) }, OCK_RPC_OK);
     assert_eq!(OckRpcServerCleanupRndvCtx(ctx), 0);
     assert_ne!(OckRpcServerCleanupRndvCtx(ctx), 0, "cleaned up once");
-    HANDLED.fetch_add(1, Ordering::SeqCst);
 }
 
 fn register<D: Nic>(d: &D, len: usize, fill: u8) -> RegionEntry {
