@@ -1537,9 +1537,31 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
     /// with `reason`'s error, then the break callback runs, once.
+    /// Polls until the device has nothing more to give (bounded): completions that arrived
+    /// before the channel closed are handled as usual.
+    fn collect_arrived(&self) {
+        let mut idle = 0;
+        for _ in 0..1_000 {
+            if self.poll() == 0 {
+                idle += 1;
+                if idle == 3 {
+                    return;
+                }
+                self.ep.device.progress();
+            } else {
+                idle = 0;
+            }
+        }
+    }
+
     pub(crate) fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
+        }
+        if reason == CloseReason::PeerClosed {
+            // A peer that answers and then closes: its answers reached our NIC before its close
+            // reached us (the control stream closes after the queues). Deliver them first.
+            self.collect_arrived();
         }
         let reason = self.live.set_reason(reason);
         // One-sided operations are left to their own completions (collected below: failing the

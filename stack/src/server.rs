@@ -39,7 +39,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod events;
 mod monitor;
@@ -338,6 +338,12 @@ pub struct ServerStats {
     /// Times accepting paused for 100 ms because the process ran out of file descriptors
     /// (`EMFILE`/`ENFILE`); the kernel kept the waiting connections in its backlog.
     pub accept_pauses: u64,
+    /// Closes by the application (shutdown, [`Connection::close`]) that waited for replies
+    /// already posted to be acknowledged before failing the queues.
+    pub lingers: u64,
+    /// Of those, closes whose replies were not all acknowledged within the wait (half a
+    /// second; e.g. a client that stopped): those replies were discarded unsent.
+    pub linger_timeouts: u64,
 }
 
 #[derive(Default)]
@@ -351,6 +357,8 @@ struct Counters {
     grants: AtomicU64,
     protocol_errors: AtomicU64,
     failed_replies: AtomicU64,
+    lingers: AtomicU64,
+    linger_timeouts: AtomicU64,
     handler_panics: AtomicU64,
     handshake_timeouts: AtomicU64,
     accept_pauses: AtomicU64,
@@ -988,6 +996,28 @@ impl<D: Device + Clone> Conn<D> {
         self.close_with(CloseReason::Local);
     }
 
+    /// A close the application asked for (server shutdown, [`Connection::close`]): replies
+    /// already posted are given until `deadline` to be acknowledged by the client before the
+    /// queues are failed, so a handler that answers and then shuts the server down is heard.
+    /// (Failing a queue discards what it has not sent, as destroying a QP does.)
+    /// [`ServerStats::lingers`] and [`ServerStats::linger_timeouts`] count them.
+    fn close_gracefully(self: &Arc<Self>, deadline: Instant) {
+        let waiting = || self.ep.tx.in_use() > 0 && !self.ep.is_closed();
+        if waiting() {
+            bump(&self.counters.lingers);
+            while waiting() && Instant::now() < deadline {
+                if self.poll() == 0 {
+                    self.ep.device.progress();
+                    std::thread::yield_now();
+                }
+            }
+            if waiting() {
+                bump(&self.counters.linger_timeouts);
+            }
+        }
+        self.close();
+    }
+
     /// Closes the connection for `reason` (the first close's reason stands); the break callback
     /// runs once, for a connection the new-connection callback accepted.
     fn close_with(&self, reason: CloseReason) {
@@ -1198,6 +1228,8 @@ impl<D: Device + Clone> Server<D> {
             handler_panics: l(&c.handler_panics),
             handshake_timeouts: l(&c.handshake_timeouts),
             accept_pauses: l(&c.accept_pauses),
+            lingers: l(&c.lingers),
+            linger_timeouts: l(&c.linger_timeouts),
         }
     }
 
@@ -1214,8 +1246,9 @@ impl<D: Device + Clone> Server<D> {
         }
         // Closed outside the lock: each close runs the break callback.
         let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).drain(..).collect();
+        let deadline = Instant::now() + LINGER;
         for c in conns {
-            c.close();
+            c.close_gracefully(deadline);
         }
     }
 }
@@ -1225,6 +1258,11 @@ impl<D: Device + Clone> Drop for Server<D> {
         self.shutdown();
     }
 }
+
+/// How long a server shutdown or an application's close of a connection waits, at most, for
+/// the replies already posted to be acknowledged (the client's NIC has them) before the queues
+/// are failed. Zero extra time when nothing is outstanding; a dead client costs at most this.
+const LINGER: Duration = Duration::from_millis(500);
 
 /// Most handshakes in progress at once. Past it the acceptor stops accepting for a while, and
 /// new connections wait in the kernel's listen backlog until a pending handshake ends (answered,

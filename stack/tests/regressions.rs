@@ -1,6 +1,7 @@
 //! Regression tests: the server's handshakes must not wait on each other (an idle TCP
 //! connection must not block real clients), large message sizes must not multiply into
-//! gigabytes of registered memory, and an idle server's worker must sleep by default.
+//! gigabytes of registered memory, an idle server's worker must sleep by default, and a reply
+//! posted just before the server closes must still reach the client.
 //!
 //! Every wait is bounded (by [`WAIT_LIMIT`] or a round count) and panics with what it saw; no
 //! test asserts timing or sleeps to "wait enough".
@@ -309,4 +310,56 @@ fn over_the_memory_limit_fails_fast_naming_it() {
         other => panic!("four 16 MiB queues against a 256 MiB server limit: {other:?}"),
     }
     assert_eq!(server.registered_bytes(), 0, "nothing stays registered for the refused client");
+}
+
+// ---- A reply posted just before the server closes the connection reaches the client. ----
+
+/// A handler answers, and the application closes the connection before the server's NIC has
+/// sent the answer (Stepped: nothing is sent until the test steps). The close lingers until the
+/// client has the reply, and the client, seeing the server close, first takes what already
+/// arrived: the call succeeds. (Before: the close failed the queue at once, discarding the
+/// reply, and the call failed with Closed — the C API's two-process one-sided test hit it when
+/// its server shut down right after answering QUIT.)
+#[test]
+fn a_reply_posted_before_the_close_reaches_the_client() {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::{Arc, Mutex};
+    // 0: waiting; 1: the handler runs; 2: the test let it reply; 3: it replied.
+    let stage = Arc::new(AtomicU8::new(0));
+    let conn: Arc<Mutex<Option<Connection<SimNic>>>> = Arc::default();
+    let mut functions = Functions::new();
+    let (s, c) = (stage.clone(), conn.clone());
+    functions.register(ECHO, move |req| {
+        *c.lock().unwrap() = Some(req.connection());
+        s.store(1, Ordering::Release);
+        let start = Instant::now();
+        while s.load(Ordering::Acquire) != 2 && start.elapsed() < WAIT_LIMIT {
+            std::thread::yield_now();
+        }
+        let _ = req.reply_with(Status::Success, |args, out| {
+            out.get_mut(..args.len()).ok_or(args.len())?.copy_from_slice(args);
+            Ok(args.len())
+        });
+        s.store(3, Ordering::Release);
+    });
+    let fabric = Fabric::new(Engine::Stepped { seed: 0x5EED_0C10 });
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions).expect("bind");
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let mut fut = channel.call_future(&CallOptions::default(), ECHO, b"last words").expect("start a call");
+    until("the handler to run", || drop(fabric.step()), || stage.load(Ordering::Acquire) == 1);
+    // No stepping from here until the close waits: the reply stays unsent.
+    stage.store(2, Ordering::Release);
+    until("the handler to reply", || {}, || stage.load(Ordering::Acquire) == 3);
+    let conn = conn.lock().unwrap().take().expect("the handler kept its connection");
+    let close = std::thread::spawn(move || conn.close());
+    until("the close to wait for the reply", || {}, || server.stats().lingers == 1 || close.is_finished());
+    until("the close to finish", || drop(fabric.step()), || close.is_finished());
+    close.join().expect("close");
+    // The channel is not polled here: what ends the call is the client seeing the server close.
+    until("the call to end", || drop(fabric.step()), || fut.is_done());
+    assert!(channel.is_closed());
+    assert_eq!(poll_once(&mut fut).expect("done").expect("the call the server answered"), b"last words");
+    let stats = server.stats();
+    assert_eq!((stats.lingers, stats.linger_timeouts), (1, 0), "{stats:?}");
 }

@@ -43,6 +43,9 @@ pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
     let out_dir = profile_dir().join("capi-c");
     std::fs::create_dir_all(&out_dir).expect("create capi-c output directory");
     let out = out_dir.join(source.trim_end_matches(".c"));
+    // Built under a name of this process and renamed into place: two test processes compiling
+    // the same program never run (or overwrite) a half-written file.
+    let partial = out.with_extension(format!("partial-{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
     let status = Command::new(&cc)
@@ -53,7 +56,7 @@ pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
         .arg(c_dir())
         .arg(dir.join(source))
         .arg("-o")
-        .arg(&out)
+        .arg(&partial)
         .arg("-L")
         .arg(&lib)
         .arg(format!("-Wl,-rpath,{}", lib.display()))
@@ -61,6 +64,8 @@ pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
         .status()
         .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?}: {e} (install gcc or set CC)"));
     assert!(status.success(), "compiling {source} failed ({status})");
+    std::fs::rename(&partial, &out)
+        .unwrap_or_else(|e| panic!("cannot move {} into place: {e}", partial.display()));
     out
 }
 

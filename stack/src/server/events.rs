@@ -132,9 +132,10 @@ impl<D: Device + Clone> Connection<D> {
     }
 
     /// Closes the connection (the client sees the server close it; the break callback runs with
-    /// [`CloseReason::Local`]).
+    /// [`CloseReason::Local`]). Replies already posted are first given up to half a second to be
+    /// acknowledged, so they reach the client.
     pub fn close(&self) {
-        self.conn.close();
+        self.conn.close_gracefully(std::time::Instant::now() + super::LINGER);
     }
 
     /// Test hook: with `true`, keepalive probes on this connection are dropped unanswered, as by
