@@ -347,17 +347,35 @@ fn a_reply_posted_before_the_close_reaches_the_client() {
     let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     let mut fut = channel.call_future(&CallOptions::default(), ECHO, b"last words").expect("start a call");
-    until("the handler to run", || drop(fabric.step()), || stage.load(Ordering::Acquire) == 1);
+    until(
+        "the handler to run",
+        || {
+            fabric.step();
+        },
+        || stage.load(Ordering::Acquire) == 1,
+    );
     // No stepping from here until the close waits: the reply stays unsent.
     stage.store(2, Ordering::Release);
     until("the handler to reply", || {}, || stage.load(Ordering::Acquire) == 3);
     let conn = conn.lock().unwrap().take().expect("the handler kept its connection");
     let close = std::thread::spawn(move || conn.close());
     until("the close to wait for the reply", || {}, || server.stats().lingers == 1 || close.is_finished());
-    until("the close to finish", || drop(fabric.step()), || close.is_finished());
+    until(
+        "the close to finish",
+        || {
+            fabric.step();
+        },
+        || close.is_finished(),
+    );
     close.join().expect("close");
     // The channel is not polled here: what ends the call is the client seeing the server close.
-    until("the call to end", || drop(fabric.step()), || fut.is_done());
+    until(
+        "the call to end",
+        || {
+            fabric.step();
+        },
+        || fut.is_done(),
+    );
     assert!(channel.is_closed());
     assert_eq!(poll_once(&mut fut).expect("done").expect("the call the server answered"), b"last words");
     let stats = server.stats();
