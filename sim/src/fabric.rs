@@ -70,7 +70,8 @@ pub enum Engine {
     /// and polls run due timers. Fastest; the default for benchmarks.
     Inline,
     /// One device thread per NIC: it spins briefly after work, then parks until the next doorbell
-    /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device.
+    /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device; a poll
+    /// that finds work flagged runs it itself rather than wait for the device thread.
     Threaded,
     /// Nothing moves until [`Fabric::step`] is called. Time is virtual ([`Fabric::advance`]), and
     /// each step runs one ready unit of device work chosen by a generator seeded with `seed`, so

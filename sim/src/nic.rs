@@ -94,11 +94,22 @@ impl Nic {
 
     /// Called on every CQ poll of this NIC. The Inline engine has no thread of its own: polls run
     /// work flagged for this NIC and, every few polls, its due timers (other NICs' timers are run
-    /// by idle pollers through [`FabricShared::help`](crate::fabric::FabricShared::help)).
+    /// by idle pollers through [`FabricShared::help`](crate::fabric::FabricShared::help)). The
+    /// Threaded engine's polls run flagged work too (timers stay with the device thread).
     #[inline]
     pub(crate) fn on_poll(&self, check_timers: bool) {
-        if self.fabric.config.engine != Engine::Inline {
-            return;
+        match self.fabric.config.engine {
+            Engine::Inline => {}
+            Engine::Threaded => {
+                // A poller that finds work flagged runs it (unless the device thread is at it):
+                // its spin would otherwise wait for the device thread to be scheduled, which on
+                // a machine with more spinning threads than cores costs a time slice per hop.
+                if self.work.load(Ordering::Relaxed) {
+                    self.run_inline();
+                }
+                return;
+            }
+            Engine::Stepped { .. } => return,
         }
         let due = check_timers && {
             let d = self.deadline.load(Ordering::Relaxed);
