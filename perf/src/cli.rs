@@ -96,7 +96,8 @@ pub struct Args {
     #[arg(short = 'w', long, default_value_t = 32, value_name = "N")]
     pub window: u32,
 
-    /// Batch: work requests per doorbell (hal), calls started between two polls (rpc),
+    /// Batch: work requests per doorbell (hal), calls started between two polls and posted
+    /// together with one doorbell per 16 (rpc, `Channel::batch`),
     /// messages per write() (tcp) [default: hal min(32, window); rpc window; tcp 1]
     #[arg(short = 'b', long, value_name = "N")]
     pub batch: Option<u32>,

@@ -5,7 +5,8 @@
 //!   With `--one-thread` the call is started with a callback and the client thread polls both
 //!   the channel and the server.
 //! - `rate`: calls with completion callbacks, up to `window` in flight, `batch` started between
-//!   two polls of the channel; the server echoes the arguments.
+//!   two polls of the channel (more than one: staged in a `CallBatch` and posted together, one
+//!   doorbell per 16); the server echoes the arguments.
 //! - `bw`: the same loop, but the server replies with no data (one-way bytes).
 //!
 //! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
@@ -275,9 +276,16 @@ impl<D: Device + Clone> Rig<D> {
                 }
             }
             let mut k = 0;
+            // More than one call per turn: staged and posted together (one doorbell).
+            let mut staged = (batch > 1).then(|| self.channel.batch());
             while k < batch && below(started, limit) && started - finished < window {
                 let d = done.clone();
-                match self.channel.call_callback(&opts, function, args, move |r| d.finish(r.map(|_| ()))) {
+                let callback = move |r: Result<&[u8], RpcError>| d.finish(r.map(|_| ()));
+                let start = match staged.as_mut() {
+                    Some(b) => b.call_callback(&opts, function, args, callback),
+                    None => self.channel.call_callback(&opts, function, args, callback),
+                };
+                match start {
                     Ok(()) => {
                         started += 1;
                         k += 1;
@@ -286,6 +294,7 @@ impl<D: Device + Clone> Rig<D> {
                     Err(e) => return Err(call_err(e)),
                 }
             }
+            drop(staged);
             if self.one_thread {
                 self.poll_server();
             }

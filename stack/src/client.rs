@@ -37,6 +37,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod batch;
+pub use batch::CallBatch;
 mod monitor;
 mod one_sided;
 mod recovery;
@@ -630,8 +632,13 @@ impl<D: Device + Clone> Channel<D> {
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start =
-            self.inner.start_args(opts, function, rndv::Args::Segments(segments), Sink::Shot(shot.clone()));
+        let start = self.inner.start_args(
+            opts,
+            function,
+            rndv::Args::Segments(segments),
+            Sink::Shot(shot.clone()),
+            None,
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
@@ -1072,15 +1079,19 @@ impl<D: Device + Clone> ChannelInner<D> {
         args: &[u8],
         sink: Sink,
     ) -> Result<(), RpcError> {
-        self.start_args(opts, function, rndv::Args::Bytes(args), sink)
+        self.start_args(opts, function, rndv::Args::Bytes(args), sink, None)
     }
 
+    /// Starts a call. With `staging` (a [`CallBatch`]) its request is staged there instead of
+    /// posted; the batch posts it with the others. A call that would have to wait for a credit
+    /// or a send context first posts what is staged (their responses are what frees them).
     fn start_args(
         &self,
         opts: &CallOptions,
         function: FunctionId,
         args: rndv::Args<'_, '_, D::Region>,
         sink: Sink,
+        mut staging: Option<&mut batch::Staging>,
     ) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
@@ -1096,6 +1107,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         let deadline = self.deadline_of(opts);
         let q = self.pick_queue(opts.queue)?;
+        if let Some(st) = staging.as_deref_mut() {
+            st.before_start(self, q);
+        }
         self.take_credit(q, opts, deadline)?;
         let h = match self.take_tx(opts, deadline) {
             Ok(h) => h,
@@ -1169,33 +1183,39 @@ impl<D: Device + Clone> ChannelInner<D> {
             one_sided: false,
         });
         slot.handle.store(h.to_u64(), Ordering::Release);
+        let staged = batch::Staged { h, len: len as u32, q, req_id, mode: opts.mode };
+        if let Some(st) = staging {
+            self.armed(function, h, deadline);
+            st.push(self, staged);
+            return Ok(());
+        }
         if let Err(e) = self.ep.post_send(q, h, len) {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
             // the meantime, undo it and report the error here; else that path delivered.
-            let claimed = self.ep.tx.claim_completion(h) == Ok(true);
-            if claimed {
-                drop(self.rndv_take(h));
-            }
-            let pending = if claimed { self.take_pending(h) } else { None };
-            if opts.mode != CallMode::EarlyRsp {
-                self.table.cancel(req_id);
-            }
-            let _ = self.ep.tx.fail(h, FailReason::SendError);
-            let _ = self.credits[q].give(1);
-            if let (true, Some(p)) = (claimed && trace::is_enabled(), &pending) {
-                trace_call_end(p, false);
-            }
-            drop(pending);
-            return if claimed { Err(e) } else { Ok(()) };
+            return match self.unpost(&staged) {
+                Some(pending) => {
+                    if trace::is_enabled() {
+                        trace_call_end(&pending, false);
+                    }
+                    drop(pending);
+                    Err(e)
+                }
+                None => Ok(()),
+            };
         }
+        self.armed(function, h, deadline);
+        Ok(())
+    }
+
+    /// A started call's request is posted (or staged): counts it and arms its deadline.
+    fn armed(&self, function: FunctionId, h: TxHandle, deadline: u64) {
         if !crate::liveness::is_probe(function) {
             self.counters.calls.fetch_add(1, Ordering::Relaxed);
         }
         if deadline != NO_DEADLINE {
-            slot.deadline.store(deadline, Ordering::SeqCst);
+            self.slots[h.index as usize].deadline.store(deadline, Ordering::SeqCst);
             self.next_scan.fetch_min(deadline, Ordering::SeqCst);
         }
-        Ok(())
     }
 
     /// Delivers a call's outcome (recording its end first, if recording). A completion callback
@@ -1222,6 +1242,23 @@ impl<D: Device + Clone> ChannelInner<D> {
                 self.channel_id
             );
         }
+    }
+
+    /// Undoes a started call whose request could not be posted: if no other path (close, queue
+    /// failure) claimed it meanwhile, returns its pending call for the caller to report (else
+    /// that path delivered). Its context, request id and credit are released either way.
+    fn unpost(&self, s: &batch::Staged) -> Option<Pending> {
+        let claimed = self.ep.tx.claim_completion(s.h) == Ok(true);
+        if claimed {
+            drop(self.rndv_take(s.h));
+        }
+        let pending = if claimed { self.take_pending(s.h) } else { None };
+        if s.mode != CallMode::EarlyRsp {
+            self.table.cancel(s.req_id);
+        }
+        let _ = self.ep.tx.fail(s.h, FailReason::SendError);
+        let _ = self.credits[s.q].give(1);
+        pending
     }
 
     /// Releases a context that was never posted, and its credit.

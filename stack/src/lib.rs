@@ -158,7 +158,8 @@ pub use backend::{Backend, WithDevices};
 pub use call::{CallFuture, Callback};
 #[cfg(not(loom))]
 pub use client::{
-    CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats, LocalRange, OpFuture, OpOptions, MAX_SGES,
+    CallBatch, CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats, LocalRange, OpFuture, OpOptions,
+    MAX_SGES,
 };
 #[cfg(not(loom))]
 pub use endpoint::DEFAULT_MEMORY_LIMIT;
