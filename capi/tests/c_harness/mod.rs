@@ -120,17 +120,22 @@ pub fn runner() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
-pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
+/// A command running `exe` under `CAPI_C_RUNNER` (if set).
+pub fn command(exe: &Path) -> Command {
     let prefix = runner();
-    let mut cmd = match prefix.split_first() {
+    match prefix.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
             c.args(rest).arg(exe);
             c
         }
         None => Command::new(exe),
-    };
+    }
+}
+
+/// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
+pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
+    let mut cmd = command(exe);
     cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in &how.env {
         cmd.env(k, v);
