@@ -45,7 +45,10 @@ pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
     let out = out_dir.join(source.trim_end_matches(".c"));
     // Built under a name of this process and renamed into place: two test processes compiling
     // the same program never run (or overwrite) a half-written file.
-    let partial = out.with_extension(format!("partial-{}", std::process::id()));
+    // (A counter too: two tests of one process may compile the same program at once.)
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = out.with_extension(format!("partial-{}-{seq}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
     let status = Command::new(&cc)
