@@ -3,12 +3,12 @@
 //! | `server.create.type` | backend spec |
 //! |---|---|
 //! | `RDMA` (default) | `verbs` (the first RDMA device; feature `verbs`) |
-//! | `UBC` | `urma` (the URMA backend, when the stack has it) |
+//! | `UBC` | `urma` (the first URMA device liburma lists; liburma from `$BYPASS_URMA_LIB`, else `liburma.so.0`; feature `urma`) |
 //! | `TCP` | `sim+udp://IP:0`: the simulated NIC on the UDP wire, bound to the server's IP |
 //!
 //! `BYPASS_BACKEND` (any spec `bypass::Backend::open` takes: `sim`, `sim+shm`,
-//! `sim+udp://10.0.0.5:0`, `verbs:rxe0`, ...) replaces the choice for every server of the
-//! process. Opened backends are shared by spec while a server uses them, so that servers and
+//! `sim+udp://10.0.0.5:0`, `verbs:rxe0`, `urma:bypass_sim0,lib=/path/liburma.so`, ...) replaces
+//! the choice for every server of the process. Opened backends are shared by spec while a server uses them, so that servers and
 //! clients of one process on the in-process simulator share its fabric.
 
 use crate::net::{Dev, Nic};
@@ -83,10 +83,15 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
                              and build libhcom4db with `--features verbs`, or set BYPASS_BACKEND=sim to run on the \
                              simulated NIC"
                         }
+                        CommType::Ubc if !cfg!(feature = "urma") => {
+                            "this libhcom4db was built without the URMA backend: build it with `--features urma`, \
+                             or use type RDMA or TCP, or set BYPASS_BACKEND=sim to run on the simulated NIC"
+                        }
                         CommType::Ubc => {
-                            "libhcom4db does not run on the URMA backend yet (the stack has it, feature `urma`; the C \
-                             library's type erasure does not): use type RDMA or TCP, or set BYPASS_BACKEND=sim to run \
-                             on the simulated NIC"
+                            "install UMDK's liburma.so.0 with a UB device, or point BYPASS_URMA_LIB at a liburma \
+                             (sim-urma's liburma.so runs on the simulated NIC); choose the device with \
+                             BYPASS_BACKEND=urma:<device>[,lib=<path>]; or set BYPASS_BACKEND=sim to run on the \
+                             simulated NIC"
                         }
                         CommType::Tcp => "the server IP must be an IPv4 address of this host (TCP runs the simulated NIC on UDP)",
                     };
@@ -103,6 +108,10 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
         Backend::Sim { fabric, .. } => Nic::dev(fabric.add_nic()),
         #[cfg(feature = "verbs")]
         Backend::Verbs(d) => Nic::dev(d.clone()),
+        // The servers of a process share the server context (as they share a verbs device);
+        // their clients connect from it, so a client and a server of one process loop back.
+        #[cfg(feature = "urma")]
+        Backend::Urma { server, .. } => Nic::dev(server.clone()),
         #[allow(unreachable_patterns)]
         _ => {
             crate::log!(crate::log::ERROR, "backend {spec:?} is not supported by libhcom4db");

@@ -19,17 +19,27 @@ pub type VerbsNic = bypass::hal::verbs::VerbsDevice;
 #[cfg(not(feature = "verbs"))]
 pub type VerbsNic = SimNic;
 
-/// One value per compiled backend: `S` on the simulator, `V` on verbs.
+/// The URMA device (with feature `urma`).
+#[cfg(feature = "urma")]
+pub type UrmaNic = bypass::hal::urma::UrmaDevice;
+/// Without feature `urma`, a stand-in type; [`ByDev::Urma`] does not exist then.
+#[cfg(not(feature = "urma"))]
+pub type UrmaNic = SimNic;
+
+/// One value per compiled backend: `S` on the simulator, `V` on verbs, `U` on URMA.
 #[derive(Debug)]
-pub enum ByDev<S, V> {
+pub enum ByDev<S, V, U> {
     /// The simulated NIC (`TCP` type, or `BYPASS_BACKEND=sim...`).
     Sim(S),
     /// An RDMA NIC (`RDMA` type).
     #[cfg(feature = "verbs")]
     Verbs(V),
-    /// Never constructed (keeps `V` used in every build).
+    /// A URMA (UB) device (`UBC` type).
+    #[cfg(feature = "urma")]
+    Urma(U),
+    /// Never constructed (keeps `V` and `U` used in every build).
     #[doc(hidden)]
-    _Never(Infallible, PhantomData<V>),
+    _Never(Infallible, PhantomData<(V, U)>),
 }
 
 /// Runs `$body` with `$x` bound to the value inside a [`ByDev`] (by value or by reference, as
@@ -41,23 +51,29 @@ macro_rules! by_dev {
             $crate::net::ByDev::Sim($x) => $body,
             #[cfg(feature = "verbs")]
             $crate::net::ByDev::Verbs($x) => $body,
+            #[cfg(feature = "urma")]
+            $crate::net::ByDev::Urma($x) => $body,
             $crate::net::ByDev::_Never(..) => unreachable!("ByDev::_Never is never constructed"),
         }
     };
 }
 
 /// A device of the server.
-pub type Dev = ByDev<SimNic, VerbsNic>;
+pub type Dev = ByDev<SimNic, VerbsNic, UrmaNic>;
 /// A started server.
-pub type AnyServer = ByDev<Server<SimNic>, Server<VerbsNic>>;
+pub type AnyServer = ByDev<Server<SimNic>, Server<VerbsNic>, Server<UrmaNic>>;
 /// A client's channel.
-pub type AnyChannel = ByDev<Channel<SimNic>, Channel<VerbsNic>>;
+pub type AnyChannel = ByDev<Channel<SimNic>, Channel<VerbsNic>, Channel<UrmaNic>>;
 /// A server-side connection.
-pub type AnyConn = ByDev<Connection<SimNic>, Connection<VerbsNic>>;
+pub type AnyConn = ByDev<Connection<SimNic>, Connection<VerbsNic>, Connection<UrmaNic>>;
 /// A request being handled.
-pub type AnyRequest = ByDev<Request<SimNic>, Request<VerbsNic>>;
+pub type AnyRequest = ByDev<Request<SimNic>, Request<VerbsNic>, Request<UrmaNic>>;
 /// A registered memory region.
-pub type AnyRegion = ByDev<Arc<<SimNic as Device>::Region>, Arc<<VerbsNic as Device>::Region>>;
+pub type AnyRegion = ByDev<
+    Arc<<SimNic as Device>::Region>,
+    Arc<<VerbsNic as Device>::Region>,
+    Arc<<UrmaNic as Device>::Region>,
+>;
 
 /// A device type the C API runs on: wraps its generic objects into the `Any*` enums.
 pub trait Nic: Device + Clone + Send + Sync + 'static {
@@ -128,6 +144,36 @@ impl Nic for VerbsNic {
     fn region_of(r: &AnyRegion) -> Option<&Arc<Self::Region>> {
         match r {
             ByDev::Verbs(r) => Some(r),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+#[cfg(feature = "urma")]
+impl Nic for UrmaNic {
+    fn dev(d: Self) -> Dev {
+        ByDev::Urma(d)
+    }
+    fn server(s: Server<Self>) -> AnyServer {
+        ByDev::Urma(s)
+    }
+    fn channel(c: Channel<Self>) -> AnyChannel {
+        ByDev::Urma(c)
+    }
+    fn conn(c: Connection<Self>) -> AnyConn {
+        ByDev::Urma(c)
+    }
+    fn request(r: Request<Self>) -> AnyRequest {
+        ByDev::Urma(r)
+    }
+    fn region(r: Arc<Self::Region>) -> AnyRegion {
+        ByDev::Urma(r)
+    }
+    fn region_of(r: &AnyRegion) -> Option<&Arc<Self::Region>> {
+        match r {
+            ByDev::Urma(r) => Some(r),
+            #[allow(unreachable_patterns)]
             _ => None,
         }
     }

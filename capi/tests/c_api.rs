@@ -3,6 +3,8 @@
 //! `target/<profile>/deps/c_api-*` → `target/<profile>/libhcom4db.so`, which cargo builds
 //! before the tests (the crate's cdylib).
 
+mod c_harness;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -65,8 +67,9 @@ fn build(name: &str, extra: &[&str]) -> PathBuf {
 }
 
 /// Runs `exe` with `env`, at most `limit`; returns its stdout, panics on failure.
+/// (Under `CAPI_C_RUNNER`, e.g. valgrind, if set: capi/tests/memcheck.sh.)
 fn run(exe: &Path, args: &[&str], env: &[(&str, &str)], limit: Duration) -> String {
-    let mut cmd = Command::new(exe);
+    let mut cmd = c_harness::command(exe);
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
@@ -205,7 +208,7 @@ fn two_processes_talk_over_the_tcp_type() {
     let exe = build("proc.c", &[]);
     let base = 30000 + (std::process::id() % 9000);
     let range = format!("{base}-{}", base + 200);
-    let mut server = Command::new(&exe)
+    let mut server = c_harness::command(&exe)
         .args(["server", &range])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

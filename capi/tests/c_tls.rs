@@ -1,6 +1,8 @@
 //! TLS from C: certificates generated here (rcgen), handed to `tests/c/tls.c` as files; the
 //! key is encrypted, so the passphrase callback and its erase function are exercised.
 
+mod c_harness;
+
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -77,7 +79,8 @@ fn tls_through_the_three_callbacks() {
         .status()
         .unwrap();
     assert!(st.success(), "compiling tls.c failed");
-    let mut child = Command::new(&exe)
+    // Under `CAPI_C_RUNNER` (valgrind in capi/tests/memcheck.sh) if set.
+    let mut child = c_harness::command(&exe)
         .arg(&ca_path)
         .arg(&cert_path)
         .arg(&key_path)

@@ -10,8 +10,10 @@
 # 2. The foundation's programs (tests/c_api.rs, tests/c_tls.rs build them into
 #    target/release/capi-c-tests/) are built by a normal run of those drivers, then each
 #    single-process one is run here under valgrind with the arguments and environment its
-#    driver gives it. (proc and tls need their drivers' orchestration: once c_api.rs honours
-#    CAPI_C_RUNNER too, step 1 covers them.)
+#    driver gives it.
+# 3. The two-process program (proc.c, both processes) and the TLS program (tls.c) need their
+#    drivers' orchestration (ports, certificates): those drivers honour $CAPI_C_RUNNER, and
+#    this script runs just those two tests under it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v valgrind >/dev/null 2>&1; then
@@ -49,4 +51,8 @@ run layout "${vg[@]}" "$bin/layout"
 run basic env BYPASS_CAPI_LOG_LEVEL=2 "${vg[@]}" "$bin/basic"
 run badinput env BYPASS_CAPI_LOG_LEVEL=4 "${vg[@]}" "$bin/badinput" "$verbs"
 run dlopen_cbb env OCK_RPC_LIB_PATH="$lib" "${vg[@]}" "$bin/dlopen_cbb"
+
+echo "== memcheck: two processes (proc.c) and TLS (tls.c) under valgrind ($((SECONDS - started)) s)"
+CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test c_api --test c_tls -- \
+    --test-threads=1 --exact two_processes_talk_over_the_tcp_type tls_through_the_three_callbacks
 echo "== memcheck: done ($((SECONDS - started)) s)"

@@ -42,11 +42,17 @@ static inline OckRpcCreateConfig peer_config(RpcConfigPair *pairs, int n) {
     return c;
 }
 
-/* Creates and starts a "TCP" server on a free port of 127.0.0.1 with the REGION_INFO service
+/* The communication type of the servers and clients: $CAPI_COMM_TYPE (e.g. "UBC"), else "TCP". */
+static inline const char *peer_comm_type(void) {
+    const char *t = getenv("CAPI_COMM_TYPE");
+    return t != NULL && t[0] != '\0' ? t : "TCP";
+}
+
+/* Creates and starts a "TCP" (or $CAPI_COMM_TYPE) server on a free port of 127.0.0.1 with the REGION_INFO service
  * (plus `extra`, if non-NULL); returns the port. */
 static inline uint16_t start_server(OckRpcServer *server, const OckRpcService *extra, int n_extra) {
     RpcConfigPair pairs[] = {
-        {OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
+        {OCK_RPC_STR_COMMUNICATION_TYPE, peer_comm_type()},
         {OCK_RPC_STR_WRK_THR_GRP, "1"},
         {OCK_RPC_STR_WRK_CPU_SET, "na"},
     };
@@ -89,7 +95,7 @@ static inline OckRpcMemoryRegion expose_region(OckRpcServer server, uint32_t siz
 
 static inline OckRpcClient connect_client(uint16_t port, const char *selfpolling) {
     RpcConfigPair pairs[] = {
-        {OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
+        {OCK_RPC_STR_COMMUNICATION_TYPE, peer_comm_type()},
         {OCK_RPC_STR_ENABLE_SELFPOLLING, selfpolling},
     };
     OckRpcCreateConfig cfg = peer_config(pairs, 2);

@@ -1,4 +1,4 @@
-/* One-sided READ and WRITE between two processes over the "TCP" type.
+/* One-sided READ and WRITE between two processes over the "TCP" type (or $CAPI_COMM_TYPE).
  *
  *   onesided_procs server          prints "port N", serves until a client sends QUIT
  *   onesided_procs client PORT     reads the server's pattern, writes its own, has it checked

@@ -1,4 +1,4 @@
-/* Two processes over the TCP type. `proc server LOW-HIGH` serves echo (id 1) and a one-way
+/* Two processes over the TCP type (or $CAPI_COMM_TYPE, e.g. UBC). `proc server LOW-HIGH` serves echo (id 1) and a one-way
  * counter (id 2, whose total it prints at the end) until stdin closes; `proc client PORT` talks
  * to it and exits. */
 #include <unistd.h>
@@ -29,7 +29,7 @@ static void free_done(OckRpcStatus st, void *arg)
 static OckRpcServer make(const char *range)
 {
     RpcConfigPair pairs[] = {
-        {OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
+        {OCK_RPC_STR_COMMUNICATION_TYPE, comm_type()},
         {OCK_RPC_STR_SERVER_PORT_RANGE, range},
         {OCK_RPC_STR_WRK_THR_GRP, "2"},
         {OCK_RPC_STR_ENABLE_POLL_WORKER, "no"},

@@ -58,6 +58,13 @@ static inline OckRpcCreateConfig make_cfg(RpcConfigPair *pairs, int n)
     return c;
 }
 
+/* The communication type of the test's servers: $CAPI_COMM_TYPE (e.g. "UBC"), else "TCP". */
+static inline const char *comm_type(void)
+{
+    const char *t = getenv("CAPI_COMM_TYPE");
+    return t != NULL && t[0] != '\0' ? t : "TCP";
+}
+
 #define FN_VALUE(f) ((const char *)(uintptr_t)(f))
 
 #endif

@@ -45,7 +45,10 @@ pub fn compile_from(dir: &Path, source: &str) -> PathBuf {
     let out = out_dir.join(source.trim_end_matches(".c"));
     // Built under a name of this process and renamed into place: two test processes compiling
     // the same program never run (or overwrite) a half-written file.
-    let partial = out.with_extension(format!("partial-{}", std::process::id()));
+    // (A counter too: two tests of one process may compile the same program at once.)
+    static SEQ: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = out.with_extension(format!("partial-{}-{seq}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let include = Path::new(env!("CARGO_MANIFEST_DIR")).join("include");
     let status = Command::new(&cc)
@@ -120,17 +123,22 @@ pub fn runner() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
-pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
+/// A command running `exe` under `CAPI_C_RUNNER` (if set).
+pub fn command(exe: &Path) -> Command {
     let prefix = runner();
-    let mut cmd = match prefix.split_first() {
+    match prefix.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
             c.args(rest).arg(exe);
             c
         }
         None => Command::new(exe),
-    };
+    }
+}
+
+/// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
+pub fn spawn(exe: &Path, args: &[&str], how: &Run) -> Child {
+    let mut cmd = command(exe);
     cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in &how.env {
         cmd.env(k, v);
