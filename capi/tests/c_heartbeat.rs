@@ -8,7 +8,7 @@ mod c_harness;
 
 use c_harness::compile;
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,7 @@ fn peer_dies(death: Death) -> f64 {
     let client_exe = compile("heartbeat.c");
     let base = 33000 + (std::process::id() % 9000) + if matches!(death, Death::Frozen) { 0 } else { 300 };
     let range = format!("{base}-{}", base + 200);
-    let mut server = Command::new(&server_exe)
+    let mut server = c_harness::command(&server_exe)
         .args(["server", &range])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -85,7 +85,7 @@ fn peer_dies(death: Death) -> f64 {
     let port = expect_line(&server_lines, "PORT ", Duration::from_secs(60), "the server");
 
     // The client waits at most 20 s for the break (5 missed 1 s heartbeats: about 5 s).
-    let mut client = Command::new(&client_exe)
+    let mut client = c_harness::command(&client_exe)
         .args([port.as_str(), "1", "20"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

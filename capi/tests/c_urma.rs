@@ -17,7 +17,7 @@ mod c_harness;
 use c_harness::{compile, Run};
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// sim-urma's `liburma.so`, built by cargo with these tests (a dev-dependency): next to the
@@ -75,7 +75,7 @@ fn proc_pair(env: &[(String, String)]) {
     let exe = compile("proc.c");
     let base = 31000 + (std::process::id() % 9000);
     let range = format!("{base}-{}", base + 200);
-    let mut server = Command::new(&exe)
+    let mut server = c_harness::command(&exe)
         .args(["server", &range])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())

@@ -123,17 +123,27 @@ pub fn runner() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// A command running `exe` under `CAPI_C_RUNNER` (if set).
+/// A command running `exe` under `CAPI_C_RUNNER` (if set). The library directory the program
+/// was linked against comes first in its `LD_LIBRARY_PATH`: cargo runs tests with its output
+/// directories there (`target/<profile>` too), where an older `libhcom4db.so` left by a
+/// `cargo build` would otherwise win over the program's RUNPATH.
 pub fn command(exe: &Path) -> Command {
     let prefix = runner();
-    match prefix.split_first() {
+    let mut c = match prefix.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
             c.args(rest).arg(exe);
             c
         }
         None => Command::new(exe),
+    };
+    let mut path = std::ffi::OsString::from(lib_dir());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
     }
+    c.env("LD_LIBRARY_PATH", path);
+    c
 }
 
 /// Starts `exe args…` (under `CAPI_C_RUNNER`) with piped output.
