@@ -261,3 +261,29 @@ impl SharedRecv for VerbsSharedRecv {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_retire_once_in_any_order() {
+        let slots = SrqSlots {
+            wr_ids: (0..4).map(|_| AtomicU64::new(0)).collect(),
+            busy: (0..4).map(|_| AtomicBool::new(false)).collect(),
+            completed: AtomicU32::new(0),
+        };
+        for (i, id) in [(0usize, 10u64), (1, 11), (3, 13)] {
+            slots.wr_ids[i].store(id, Ordering::Relaxed);
+            slots.busy[i].store(true, Ordering::Release);
+        }
+        let user = |wr_id| slots.retire(SRQ_BIT | wr_id).map(|d| (d.user_wr_id, d.op));
+        assert_eq!(user(3), Some((13, Op::Recv)));
+        assert_eq!(user(0), Some((10, Op::Recv)));
+        assert_eq!(user(0), None, "a slot retires once");
+        assert_eq!(user(2), None, "a slot never posted");
+        assert_eq!(user(9), None, "a slot outside the table");
+        assert_eq!(slots.completed.load(Ordering::Acquire), 2);
+        assert!(slots.busy[1].load(Ordering::Acquire));
+    }
+}

@@ -177,8 +177,9 @@ pub fn shared_recv_destroy_refused_while_used<E: Env>(env: &E) {
 }
 
 /// A queue on a shared receive queue that goes to ERROR does not flush the shared queue's
-/// receives (they are the shared queue's): nothing completes on the CQ, and the next message to
-/// the other queue on the same shared queue lands in the first receive posted.
+/// receives (they are the shared queue's): nothing completes on the CQ, and the next messages to
+/// the other queue on the same shared queue land in the receives in posting order. The failed
+/// queue then recovers (ERROR → RESET → READY with its peer) and takes the next shared receive.
 pub fn shared_recv_survives_a_failed_queue<E: Env>(env: &E) {
     if skip_without_shared_recv(env, "shared_recv_survives_a_failed_queue") {
         return;
@@ -186,11 +187,12 @@ pub fn shared_recv_survives_a_failed_queue<E: Env>(env: &E) {
     let cfg = fit(env, QueueConfig::default().with_depths(8, 8));
     let mut srq = shared_recv(env, 8);
     let mut recv_cq = env.b().create_cq(2 * cfg.recv_depth + 1).expect("create the shared receive CQ");
-    let (_a1, mut b1) = connect_on_shared(env, &cfg, &recv_cq, &srq);
+    let (mut a1, mut b1) = connect_on_shared(env, &cfg, &recv_cq, &srq);
     let (mut a2, b2) = connect_on_shared(env, &cfg, &recv_cq, &srq);
-    let dst = sink(env.b(), 128);
+    let dst = sink(env.b(), 192);
     post_shared(&mut srq, 30, &dst, 0, 64);
     post_shared(&mut srq, 31, &dst, 64, 64);
+    post_shared(&mut srq, 32, &dst, 128, 64);
     b1.queue.set_error().expect("set_error");
     assert_eq!(b1.queue.state(), QueueState::Error);
     expect_none(
@@ -208,5 +210,19 @@ pub fn shared_recv_survives_a_failed_queue<E: Env>(env: &E) {
         check_numbered(&c, b2.queue.qpn(), 30 + i, &dst, i as usize * 64, i, 40, what);
         send_ok(env, &mut a2, i, CqOpcode::Send, what);
     }
+    let what = "the failed queue after recovery";
+    a1.queue.set_error().expect("set_error on the failed queue's peer");
+    expect_none(env, &mut a1.send_cq, QUIET, what);
+    expect_none(env, &mut a1.recv_cq, QUIET, what);
+    b1.queue.reset().expect("reset the failed queue");
+    a1.queue.reset().expect("reset its peer");
+    let (ia, ib) = (a1.queue.info(), b1.queue.info());
+    a1.queue.connect(&ib).expect("reconnect A to B");
+    b1.queue.connect(&ia).expect("reconnect B to A");
+    a1.queue.post_send(&[SendWr::send(7, &sges[0])]).expect("post SEND");
+    let c = wait_one(env, &mut recv_cq, what);
+    check_numbered(&c, b1.queue.qpn(), 32, &dst, 128, 0, 40, what);
+    send_ok(env, &mut a1, 7, CqOpcode::Send, what);
+    expect_none(env, &mut recv_cq, QUIET, what);
     drop(src);
 }
