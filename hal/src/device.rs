@@ -1,6 +1,8 @@
 //! The device: capabilities, and the factory of regions, completion queues and queues.
 
-use crate::{Access, AsyncEvent, CompletionQueue, EventChannel, MemoryRegion, Queue, QueueConfig, Result};
+use crate::{
+    Access, AsyncEvent, CompletionQueue, EventChannel, MemoryRegion, Queue, QueueConfig, Result, SharedRecv,
+};
 use std::os::fd::BorrowedFd;
 
 /// Limits of a device.
@@ -31,10 +33,16 @@ pub struct DeviceCaps {
     /// operations (verbs `atomic_cap` HCA or GLOB). Posting one where this is false is
     /// `Error::Unsupported`.
     pub atomics: bool,
+    /// Most shared receive queues ([`crate::SharedRecv`]) the device has (0: none; creating one
+    /// is `Error::Unsupported` then).
+    pub max_shared_recv: u32,
+    /// Most receive slots of one shared receive queue.
+    pub max_shared_recv_depth: u32,
 }
 
 impl DeviceCaps {
-    /// Caps from the limits every field names; the read limits default to 16.
+    /// Caps from the limits every field names; the read limits default to 16, shared receive
+    /// queues to none.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         max_queue_depth: u32,
@@ -56,6 +64,8 @@ impl DeviceCaps {
             max_rd_atomic: 16,
             max_dest_rd_atomic: 16,
             atomics: false,
+            max_shared_recv: 0,
+            max_shared_recv_depth: 0,
         }
     }
 }
@@ -93,6 +103,8 @@ pub trait Device: Send + Sync + 'static {
     type Cq: CompletionQueue;
     /// Reliable-connected queue.
     type Queue: Queue;
+    /// Shared receive queue.
+    type SharedRecv: SharedRecv;
     /// Completion event channel that several CQs can share (verbs: `ibv_comp_channel`; URMA:
     /// jfce).
     type Channel: EventChannel;
@@ -133,6 +145,25 @@ pub trait Device: Send + Sync + 'static {
         config: &QueueConfig,
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
+    ) -> Result<Self::Queue>;
+
+    /// Creates a shared receive queue of at least `depth` receives of up to `max_sge` SGEs each
+    /// (see [`SharedRecv`] for the contract); `depth` within
+    /// [`DeviceCaps::max_shared_recv_depth`], `max_sge` within [`DeviceCaps::max_recv_sge`].
+    /// `Error::Unsupported` on a device whose [`DeviceCaps::max_shared_recv`] is 0 (the `urma`
+    /// backend, for now).
+    fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<Self::SharedRecv>;
+
+    /// Creates a queue in RESET, as [`create_queue`](Self::create_queue) does, that takes its
+    /// receives from `shared` (created on this device); its own
+    /// [`post_recv`](Queue::post_recv) is refused. Receive completions go to `recv_cq` with
+    /// this queue's qpn and the `wr_id` posted to `shared`.
+    fn create_queue_on_shared(
+        &self,
+        config: &QueueConfig,
+        send_cq: &Self::Cq,
+        recv_cq: &Self::Cq,
+        shared: &Self::SharedRecv,
     ) -> Result<Self::Queue>;
 
     /// The device's asynchronous-event fd (verbs: the context's `async_fd`), readable when

@@ -43,6 +43,10 @@ pub enum Error {
     /// The device ran out of a resource (queue numbers, keys, memory).
     #[error("out of resources: {0}")]
     OutOfResources(String),
+    /// The object is still in use by another (a shared receive queue by a queue: verbs `EBUSY`);
+    /// release the users first.
+    #[error("busy: {0}")]
+    Busy(String),
     /// The operation is not supported by this device or backend.
     #[error("unsupported: {0}")]
     Unsupported(String),

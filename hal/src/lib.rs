@@ -16,6 +16,7 @@
 //! | [`MemoryRegion`] | `ibv_mr` | target segment + token | entry in the NIC's key table |
 //! | [`CompletionQueue`] | `ibv_cq` + channel | jfc + jfce | CQE ring with owner bit |
 //! | [`Queue`] | RC `ibv_qp` | RC jetty on its own JFR, bound | QP context + SQ/RQ rings |
+//! | [`SharedRecv`] | `ibv_srq` | a JFR shared by several jettys | receive ring shared by QPs |
 //! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, uasid, token | NIC address, qpn |
 //!
 //! Backends behind features: `verbs` ([`verbs`], libibverbs) and `urma` (`urma`, liburma
@@ -36,6 +37,7 @@ mod error;
 mod event;
 mod mr;
 mod queue;
+mod shared_recv;
 mod sync;
 mod timer;
 pub mod trace;
@@ -63,5 +65,6 @@ pub use error::{Error, Result};
 pub use event::{AsyncEvent, EventChannel};
 pub use mr::{Access, MemoryRegion, RemoteAddr, RemoteKey, RemoteRegion, Sge};
 pub use queue::{Queue, QueueConfig, QueueInfo, QueueInfoError, QueueState};
+pub use shared_recv::SharedRecv;
 pub use timer::{AckTimeout, RnrTimer};
 pub use wr::{check_send_wr, RecvWr, SendOp, SendWr, WrFlags, ATOMIC_SIZE};

@@ -24,11 +24,13 @@ pub enum QueueState {
 pub struct QueueConfig {
     /// Send-queue slots (outstanding send-side work requests).
     pub send_depth: u32,
-    /// Receive-queue slots.
+    /// Receive-queue slots. A queue on a [`crate::SharedRecv`] has no receive queue of its own:
+    /// hardware backends ignore it, the simulator bounds with it the receives the queue took from
+    /// the shared queue whose completions are not yet polled (beyond them it answers RNR).
     pub recv_depth: u32,
     /// Most SGEs in one send-side work request.
     pub max_send_sge: u32,
-    /// Most SGEs in one receive.
+    /// Most SGEs in one receive (on a [`crate::SharedRecv`], the shared queue's limit applies).
     pub max_recv_sge: u32,
     /// Most bytes of one INLINE work request.
     pub max_inline: u32,
@@ -229,7 +231,9 @@ pub trait Queue: Send {
     /// queue in ERROR accepts posts, as hardware does, and flushes them.
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()>;
     /// Posts receives and rings the receive doorbell once; the same rules as
-    /// [`post_send`](Self::post_send).
+    /// [`post_send`](Self::post_send). A queue that takes its receives from a
+    /// [`crate::SharedRecv`] refuses it ([`crate::Error::InvalidArgument`]): post to the shared
+    /// queue.
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()>;
 }
 

@@ -13,6 +13,7 @@ use crate::layout::{self, cqe_flags, WqeOp};
 use crate::nic::Nic;
 use crate::ring::{CqRing, WorkRing};
 use crate::shared::{armed, CqShared, QueueShared, SideTable};
+use crate::shared_recv::SimSharedRecv;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{
@@ -172,6 +173,103 @@ impl SimNic {
         Ok(SimRegion { nic: self.nic.clone(), _owner: self.owner.clone(), ptr, layout, len, key, access })
     }
 
+    /// Creates a queue; with `srq`, one that takes its receives from that shared receive queue.
+    fn new_queue(
+        &self,
+        config: &QueueConfig,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        srq: Option<&SimSharedRecv>,
+    ) -> Result<SimQueue> {
+        let caps = &self.nic.caps;
+        let c = config;
+        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
+        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
+            return Err(invalid(format!("queue depths must be in 1..={}", caps.max_queue_depth)));
+        }
+        if c.max_send_sge == 0
+            || c.max_send_sge > caps.max_send_sge
+            || c.max_recv_sge == 0
+            || c.max_recv_sge > caps.max_recv_sge
+        {
+            return Err(invalid(format!("SGE limits must be in 1..={}", caps.max_send_sge)));
+        }
+        if c.max_inline > caps.max_inline {
+            return Err(invalid(format!(
+                "max_inline {} exceeds the device's {}",
+                c.max_inline, caps.max_inline
+            )));
+        }
+        if c.retry_count > 7 || c.rnr_retry > 7 {
+            return Err(invalid("retry_count and rnr_retry are 0..=7"));
+        }
+        if !Arc::ptr_eq(&send_cq.nic, &self.nic) || !Arc::ptr_eq(&recv_cq.nic, &self.nic) {
+            return Err(invalid("the CQs belong to another NIC"));
+        }
+        let srq = match srq {
+            Some(s) if !Arc::ptr_eq(&s.nic, &self.nic) => {
+                return Err(invalid("the shared receive queue belongs to another NIC"))
+            }
+            Some(s) => Some(s.shared.clone()),
+            None => None,
+        };
+        let sq_depth = c.send_depth.next_power_of_two();
+        // On a shared receive queue, the queue's own ring holds the receives the device took
+        // from it whose completions are not yet polled (see `SrqShared`).
+        let rq_depth = c.recv_depth.next_power_of_two();
+        let sq_stride = layout::wqe_stride(c.max_send_sge, c.max_inline);
+        let rq_sge = srq.as_ref().map_or(c.max_recv_sge, |s| s.max_sge);
+        let rq_stride = layout::wqe_stride(rq_sge, 0);
+        let psn = self.nic.fabric.next_psn();
+        let mut dev = sync::lock(&self.nic.dev);
+        if dev.qps.len() >= crate::device::MAX_QUEUES {
+            return Err(Error::OutOfResources(format!(
+                "the NIC has all {} queue numbers in use",
+                crate::device::MAX_QUEUES
+            )));
+        }
+        let qpn = dev.qps.len() as u32;
+        let shared = Arc::new(QueueShared {
+            nic: self.nic.addr,
+            qpn,
+            config: *c,
+            sq: WorkRing::new(sq_depth, sq_stride),
+            rq: WorkRing::new(rq_depth, rq_stride),
+            sq_ids: SideTable::new(sq_depth),
+            rq_ids: SideTable::new(rq_depth),
+            sq_ci: AtomicU32::new(0),
+            rq_ci: AtomicU32::new(0),
+            state: AtomicU8::new(0),
+            psn: AtomicU32::new(psn),
+            epoch: AtomicU32::new(0),
+            srq,
+        });
+        if let Some(srq) = &shared.srq {
+            srq.users.fetch_add(1, Ordering::AcqRel);
+        }
+        dev.qps.push(Some(Box::new(QpCtx::new(
+            shared.clone(),
+            send_cq.shared.clone(),
+            recv_cq.shared.clone(),
+        ))));
+        drop(dev);
+        for cq in [&send_cq.shared, &recv_cq.shared] {
+            let mut list = sync::lock(&cq.attach);
+            if !list.iter().any(|q| Arc::ptr_eq(q, &shared)) {
+                list.push(shared.clone());
+            }
+            cq.attach_pending.store(true, Ordering::Release);
+        }
+        Ok(SimQueue {
+            nic: self.nic.clone(),
+            _owner: self.owner.clone(),
+            wqe: vec![0u8; sq_stride.max(rq_stride)].into(),
+            shared,
+            sq_pi: 0,
+            rq_pi: 0,
+        })
+    }
+
     fn new_cq(&self, depth: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
         if depth == 0 || depth > self.nic.caps.max_cq_depth {
             return Err(invalid(format!("CQ depth {depth} is outside 1..={}", self.nic.caps.max_cq_depth)));
@@ -211,6 +309,7 @@ impl Device for SimNic {
     type Cq = SimCq;
     type Queue = SimQueue;
     type Channel = SimChannel;
+    type SharedRecv = SimSharedRecv;
 
     fn caps(&self) -> DeviceCaps {
         self.nic.caps
@@ -255,79 +354,21 @@ impl Device for SimNic {
     }
 
     fn create_queue(&self, config: &QueueConfig, send_cq: &SimCq, recv_cq: &SimCq) -> Result<SimQueue> {
-        let caps = &self.nic.caps;
-        let c = config;
-        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
-        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
-            return Err(invalid(format!("queue depths must be in 1..={}", caps.max_queue_depth)));
-        }
-        if c.max_send_sge == 0
-            || c.max_send_sge > caps.max_send_sge
-            || c.max_recv_sge == 0
-            || c.max_recv_sge > caps.max_recv_sge
-        {
-            return Err(invalid(format!("SGE limits must be in 1..={}", caps.max_send_sge)));
-        }
-        if c.max_inline > caps.max_inline {
-            return Err(invalid(format!(
-                "max_inline {} exceeds the device's {}",
-                c.max_inline, caps.max_inline
-            )));
-        }
-        if c.retry_count > 7 || c.rnr_retry > 7 {
-            return Err(invalid("retry_count and rnr_retry are 0..=7"));
-        }
-        if !Arc::ptr_eq(&send_cq.nic, &self.nic) || !Arc::ptr_eq(&recv_cq.nic, &self.nic) {
-            return Err(invalid("the CQs belong to another NIC"));
-        }
-        let sq_depth = c.send_depth.next_power_of_two();
-        let rq_depth = c.recv_depth.next_power_of_two();
-        let sq_stride = layout::wqe_stride(c.max_send_sge, c.max_inline);
-        let rq_stride = layout::wqe_stride(c.max_recv_sge, 0);
-        let psn = self.nic.fabric.next_psn();
-        let mut dev = sync::lock(&self.nic.dev);
-        if dev.qps.len() >= crate::device::MAX_QUEUES {
-            return Err(Error::OutOfResources(format!(
-                "the NIC has all {} queue numbers in use",
-                crate::device::MAX_QUEUES
-            )));
-        }
-        let qpn = dev.qps.len() as u32;
-        let shared = Arc::new(QueueShared {
-            nic: self.nic.addr,
-            qpn,
-            config: *c,
-            sq: WorkRing::new(sq_depth, sq_stride),
-            rq: WorkRing::new(rq_depth, rq_stride),
-            sq_ids: SideTable::new(sq_depth),
-            rq_ids: SideTable::new(rq_depth),
-            sq_ci: AtomicU32::new(0),
-            rq_ci: AtomicU32::new(0),
-            state: AtomicU8::new(0),
-            psn: AtomicU32::new(psn),
-            epoch: AtomicU32::new(0),
-        });
-        dev.qps.push(Some(Box::new(QpCtx::new(
-            shared.clone(),
-            send_cq.shared.clone(),
-            recv_cq.shared.clone(),
-        ))));
-        drop(dev);
-        for cq in [&send_cq.shared, &recv_cq.shared] {
-            let mut list = sync::lock(&cq.attach);
-            if !list.iter().any(|q| Arc::ptr_eq(q, &shared)) {
-                list.push(shared.clone());
-            }
-            cq.attach_pending.store(true, Ordering::Release);
-        }
-        Ok(SimQueue {
-            nic: self.nic.clone(),
-            _owner: self.owner.clone(),
-            wqe: vec![0u8; sq_stride.max(rq_stride)].into(),
-            shared,
-            sq_pi: 0,
-            rq_pi: 0,
-        })
+        self.new_queue(config, send_cq, recv_cq, None)
+    }
+
+    fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<SimSharedRecv> {
+        SimSharedRecv::new(self.nic.clone(), self.owner.clone(), depth, max_sge)
+    }
+
+    fn create_queue_on_shared(
+        &self,
+        config: &QueueConfig,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        shared: &SimSharedRecv,
+    ) -> Result<SimQueue> {
+        self.new_queue(config, send_cq, recv_cq, Some(shared))
     }
 
     /// Inline engine: runs the fabric's NICs that have work on this thread (see
@@ -867,46 +908,28 @@ impl Queue for SimQueue {
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.shared.srq.is_some() {
+            return Err(invalid(
+                "this queue takes its receives from a shared receive queue: post them to the SharedRecv",
+            ));
+        }
         self.need_connected("post_recv")?;
-        let cfg = &self.shared.config;
-        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > cfg.max_recv_sge as usize) {
-            return Err(invalid(format!(
-                "{} SGEs exceed the queue's max_recv_sge {}",
-                wr.sges.len(),
-                cfg.max_recv_sge
-            )));
-        }
-        let rq = &self.shared.rq;
-        if !has_room(rq, self.rq_pi, &self.shared.rq_ci, wrs.len(), "receive")? {
+        let sh = &self.shared;
+        if !write_recvs(
+            &sh.rq,
+            &sh.rq_ids,
+            &sh.rq_ci,
+            &mut self.rq_pi,
+            &mut self.wqe,
+            sh.config.max_recv_sge,
+            wrs,
+        )? {
             return Ok(());
-        }
-        let stride = rq.stride();
-        for wr in wrs {
-            let idx = self.rq_pi;
-            let buf = &mut self.wqe[..stride];
-            layout::encode_wqe(
-                buf,
-                WqeOp::Recv,
-                WrFlags::SIGNALED,
-                rq.owner(idx),
-                0,
-                0,
-                0,
-                idx,
-                wr.sges,
-                None,
-            );
-            // SAFETY: as in post_send, for the receive ring.
-            unsafe {
-                self.shared.rq_ids.set(idx, wr.wr_id);
-                rq.write(idx, &self.wqe[..used_blocks(WrFlags::empty(), wr.sges)]);
-            }
-            self.rq_pi = idx.wrapping_add(1);
         }
         if trace::is_enabled() {
             self.trace_doorbell("doorbell rq", self.rq_pi, wrs.len());
         }
-        rq.ring_doorbell(self.rq_pi);
+        self.shared.rq.ring_doorbell(self.rq_pi);
         self.nic.bells.ring(self.shared.qpn);
         // The device reads the receive ring when a message arrives; it only needs a kick if the
         // queue is in ERROR (the receives are flushed at once), or to let a device thread look.
@@ -919,11 +942,51 @@ impl Queue for SimQueue {
     }
 }
 
+/// Writes receive WQEs for `wrs` into `ring` from producer index `*pi` on (advancing it) and
+/// their `wr_id`s into `ids`, all or nothing: more SGEs than `max_sge` is `InvalidArgument`, too
+/// little room (against the consumer index `ci`) `WouldBlock`. Returns false for an empty batch.
+/// The caller rings the doorbell. The caller must be the ring's only producer (`&mut` of the
+/// handle that owns `pi`).
+pub(crate) fn write_recvs(
+    ring: &WorkRing,
+    ids: &SideTable,
+    ci: &AtomicU32,
+    pi: &mut u32,
+    wqe: &mut [u8],
+    max_sge: u32,
+    wrs: &[RecvWr<'_>],
+) -> Result<bool> {
+    if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge as usize) {
+        return Err(invalid(format!("{} SGEs exceed the queue's max_recv_sge {max_sge}", wr.sges.len())));
+    }
+    if !has_room(ring, *pi, ci, wrs.len(), "receive")? {
+        return Ok(false);
+    }
+    let stride = ring.stride();
+    for wr in wrs {
+        let idx = *pi;
+        let buf = &mut wqe[..stride];
+        layout::encode_wqe(buf, WqeOp::Recv, WrFlags::SIGNALED, ring.owner(idx), 0, 0, 0, idx, wr.sges, None);
+        // SAFETY: the caller is the only poster and slot `idx` is free (checked above against
+        // the consumer index the poller, or for a shared ring the device, publishes).
+        unsafe {
+            ids.set(idx, wr.wr_id);
+            ring.write(idx, &wqe[..used_blocks(WrFlags::empty(), wr.sges)]);
+        }
+        *pi = idx.wrapping_add(1);
+    }
+    Ok(true)
+}
+
 impl Drop for SimQueue {
     fn drop(&mut self) {
         let mut dev = sync::lock(&self.nic.dev);
         if let Some(slot) = dev.qps.get_mut(self.shared.qpn as usize) {
             *slot = None;
+        }
+        drop(dev);
+        if let Some(srq) = &self.shared.srq {
+            srq.users.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

@@ -156,6 +156,8 @@ impl FabricConfig {
                     1 << 40,
                 );
                 caps.atomics = true;
+                caps.max_shared_recv = 1 << 10;
+                caps.max_shared_recv_depth = 1 << 15;
                 caps
             },
             faults: FaultPlan::NONE,

@@ -59,6 +59,7 @@ pub mod pcap;
 mod ring;
 pub mod roce;
 mod shared;
+mod shared_recv;
 mod shm;
 mod sync;
 mod udp;
@@ -115,6 +116,7 @@ pub mod loom_api {
                 state: AtomicU8::new(state_to_u8(QueueState::Ready)),
                 psn: AtomicU32::new(0),
                 epoch: AtomicU32::new(0),
+                srq: None,
             })
         }
 
@@ -263,3 +265,4 @@ pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
 pub use events::SimChannel;
 pub use fabric::{Engine, Fabric, FabricConfig, WireConfig};
 pub use fault::{FaultPlan, FaultStats};
+pub use shared_recv::SimSharedRecv;

@@ -43,7 +43,9 @@ impl SideTable {
         self.0[i].with_mut(|p| unsafe { *p = wr_id });
     }
     /// # Safety
-    /// Only the poller calls this, for a slot whose completion it has just read.
+    /// Only the poller calls this, for a slot whose completion it has just read; or (for a
+    /// shared receive ring) the device, for a slot below the producer index it acquired, which
+    /// the poster does not rewrite until the device frees it.
     pub(crate) unsafe fn get(&self, index: u32) -> u64 {
         let i = index as usize & (self.0.len() - 1);
         // SAFETY: the completion (acquired) happens after the poster's write; the poster does not
@@ -77,6 +79,10 @@ pub(crate) struct QueueShared {
     pub psn: AtomicU32,
     /// Bumped by every reset; CQEs carry it so that the poller drops those of an earlier life.
     pub epoch: AtomicU32,
+    /// The shared receive queue this queue takes its receives from (`None`: its own `rq`, which
+    /// the driver fills). With one, the device is the producer of `rq` and `rq_ids`: it copies
+    /// each receive it takes from the shared ring into `rq` (see [`SrqShared`]).
+    pub srq: Option<Arc<SrqShared>>,
 }
 
 impl QueueShared {
@@ -86,6 +92,30 @@ impl QueueShared {
     pub(crate) fn set_state(&self, s: QueueState) {
         self.state.store(state_to_u8(s), Ordering::Release);
     }
+}
+
+/// A shared receive queue as driver and device see it: a receive ring the driver fills and the
+/// device takes from, for every queue created on it, in posting order.
+///
+/// When a queue on it needs a receive, the device (under its lock, so queues of one NIC never
+/// race for a slot) copies the next shared WQE into that queue's own receive ring and its
+/// `wr_id` into the queue's side table, then frees the shared slot at once. From there the
+/// receive is the queue's: its completion, its flush on ERROR, and the freeing of its slot by the
+/// poller follow the queue's own ring, so completions may be polled from any CQ in any order
+/// without the shared ring caring (what a free list does on hardware).
+#[derive(Debug)]
+pub(crate) struct SrqShared {
+    /// The NIC it belongs to.
+    pub nic: u32,
+    /// Most SGEs per receive.
+    pub max_sge: u32,
+    pub ring: WorkRing,
+    pub ids: SideTable,
+    /// Slots below this index are free again: advanced by the device as it takes receives (it
+    /// is the ring's consumer and fetch index at once).
+    pub ci: AtomicU32,
+    /// Live queues created on it (destroy is refused while non-zero).
+    pub users: AtomicU32,
 }
 
 /// Arm states of a CQ.

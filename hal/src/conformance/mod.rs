@@ -217,6 +217,10 @@ macro_rules! __conformance_module {
                 shared_event_channel,
                 caller_memory_registration,
                 atomics_compare_swap_and_fetch_add,
+                shared_recv_serves_several_queues,
+                shared_recv_empty_is_receiver_not_ready,
+                shared_recv_destroy_refused_while_used,
+                shared_recv_survives_a_failed_queue,
             );
         }
     };

@@ -22,6 +22,9 @@ use crate::{
 };
 use std::time::Duration;
 
+mod shared_recv;
+pub use shared_recv::*;
+
 /// How long "nothing more arrives" is watched for.
 const QUIET: Duration = Duration::from_millis(5);
 
@@ -1314,6 +1317,8 @@ fn caps<E: Env>(env: &E) -> DeviceCaps {
         max_rd_atomic: a.max_rd_atomic.min(b.max_rd_atomic),
         max_dest_rd_atomic: a.max_dest_rd_atomic.min(b.max_dest_rd_atomic),
         atomics: a.atomics && b.atomics,
+        max_shared_recv: a.max_shared_recv.min(b.max_shared_recv),
+        max_shared_recv_depth: a.max_shared_recv_depth.min(b.max_shared_recv_depth),
     }
 }
 

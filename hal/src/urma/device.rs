@@ -5,6 +5,7 @@ use super::cq::{ChannelInner, UrmaChannel, UrmaCq};
 use super::loader::{self, Lib};
 use super::mr::{LocalSeg, UrmaRegion};
 use super::queue::UrmaQueue;
+use super::srq::UrmaSharedRecv;
 use super::tables::{self, errno, status_error};
 use crate::{Access, AsyncEvent, Device, DeviceCaps, Error, QueueConfig, Result};
 use bypass_urma_abi as abi;
@@ -373,6 +374,7 @@ impl Device for UrmaDevice {
     type Cq = UrmaCq;
     type Queue = UrmaQueue;
     type Channel = UrmaChannel;
+    type SharedRecv = UrmaSharedRecv;
 
     fn caps(&self) -> DeviceCaps {
         self.ctx.caps
@@ -405,6 +407,20 @@ impl Device for UrmaDevice {
 
     fn create_queue(&self, config: &QueueConfig, send_cq: &UrmaCq, recv_cq: &UrmaCq) -> Result<UrmaQueue> {
         UrmaQueue::new(&self.ctx, config, send_cq, recv_cq)
+    }
+
+    fn create_shared_recv(&self, _depth: u32, _max_sge: u32) -> Result<UrmaSharedRecv> {
+        Err(UrmaSharedRecv::unsupported(&self.ctx.name))
+    }
+
+    fn create_queue_on_shared(
+        &self,
+        _: &QueueConfig,
+        _: &UrmaCq,
+        _: &UrmaCq,
+        shared: &UrmaSharedRecv,
+    ) -> Result<UrmaQueue> {
+        match shared.never {}
     }
 
     fn async_event_fd(&self) -> Option<BorrowedFd<'_>> {

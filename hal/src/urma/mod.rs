@@ -72,6 +72,7 @@ mod env;
 mod loader;
 mod mr;
 mod queue;
+mod srq;
 mod tables;
 
 pub use cq::{UrmaChannel, UrmaCq};
@@ -81,3 +82,4 @@ pub use env::UrmaEnv;
 pub use loader::{DEFAULT_LIB, LIB_ENV, SPEC_ENV};
 pub use mr::UrmaRegion;
 pub use queue::UrmaQueue;
+pub use srq::UrmaSharedRecv;

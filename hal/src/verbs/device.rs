@@ -4,6 +4,7 @@
 use super::cq::{ChannelInner, VerbsChannel, VerbsCq};
 use super::mr::VerbsRegion;
 use super::qp::VerbsQueue;
+use super::srq::VerbsSharedRecv;
 use super::tables::{self, errno, verb_error};
 use crate::{Access, AsyncEvent, Device, DeviceCaps, DeviceConfig, Error, QueueConfig, Result};
 use rdma_sys::*;
@@ -307,6 +308,8 @@ impl VerbsDevice {
         // Requester depth (initiator) and responder depth, in verbs' names.
         caps.max_rd_atomic = dattr.max_qp_init_rd_atom.clamp(0, 255) as u8;
         caps.max_dest_rd_atomic = dattr.max_qp_rd_atom.clamp(0, 255) as u8;
+        caps.max_shared_recv = positive(dattr.max_srq);
+        caps.max_shared_recv_depth = positive(dattr.max_srq_wr);
         // HCA (atomic with respect to this NIC's operations) or GLOB (also to other NICs and
         // the CPU); rxe reports HCA.
         caps.atomics = dattr.atomic_cap != ibv_atomic_cap::IBV_ATOMIC_NONE;
@@ -535,6 +538,7 @@ impl Device for VerbsDevice {
     type Cq = VerbsCq;
     type Queue = VerbsQueue;
     type Channel = VerbsChannel;
+    type SharedRecv = VerbsSharedRecv;
 
     fn caps(&self) -> DeviceCaps {
         self.ctx.caps
@@ -566,7 +570,21 @@ impl Device for VerbsDevice {
     }
 
     fn create_queue(&self, config: &QueueConfig, send_cq: &VerbsCq, recv_cq: &VerbsCq) -> Result<VerbsQueue> {
-        VerbsQueue::new(&self.ctx, config, send_cq, recv_cq)
+        VerbsQueue::new(&self.ctx, config, send_cq, recv_cq, None)
+    }
+
+    fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<VerbsSharedRecv> {
+        VerbsSharedRecv::new(&self.ctx, depth, max_sge)
+    }
+
+    fn create_queue_on_shared(
+        &self,
+        config: &QueueConfig,
+        send_cq: &VerbsCq,
+        recv_cq: &VerbsCq,
+        shared: &VerbsSharedRecv,
+    ) -> Result<VerbsQueue> {
+        VerbsQueue::new(&self.ctx, config, send_cq, recv_cq, Some(shared))
     }
 
     fn async_event_fd(&self) -> Option<BorrowedFd<'_>> {

@@ -11,6 +11,7 @@
 //! | [`crate::CompletionQueue`] | [`VerbsCq`]: an `ibv_cq` on its own or a shared `ibv_comp_channel` |
 //! | [`crate::EventChannel`] | [`VerbsChannel`]: an `ibv_comp_channel` (fd non-blocking) |
 //! | [`crate::Queue`] | [`VerbsQueue`]: an RC `ibv_qp` and the backend's slot bookkeeping |
+//! | [`crate::SharedRecv`] | [`VerbsSharedRecv`]: an `ibv_srq` and its slot table |
 //!
 //! Resources keep their parents alive (a queue its CQs, a CQ its channel, all of them the
 //! context), so drop order never matters. What libibverbs leaves to its caller the backend does
@@ -35,9 +36,11 @@ mod cq;
 mod device;
 mod mr;
 mod qp;
+mod srq;
 mod tables;
 
 pub use cq::{VerbsChannel, VerbsCq};
 pub use device::{device_names, parse_spec, VerbsDevice};
 pub use mr::VerbsRegion;
 pub use qp::VerbsQueue;
+pub use srq::VerbsSharedRecv;

@@ -20,6 +20,7 @@
 
 use super::cq::{CqShared, VerbsCq};
 use super::device::Context;
+use super::srq::{SrqObj, SrqSlots, VerbsSharedRecv, SRQ_BIT};
 use super::tables::{self, errno, verb_error};
 use crate::{Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags};
 use rdma_sys::*;
@@ -55,6 +56,8 @@ pub(crate) struct QueueShared {
     /// `epoch << 8 | state`.
     state: AtomicU32,
     alive: AtomicBool,
+    /// The slot table of the shared receive queue the queue takes its receives from.
+    srq: Option<Arc<SrqSlots>>,
 }
 
 impl std::fmt::Debug for QueueShared {
@@ -76,6 +79,13 @@ impl QueueShared {
     /// earlier incarnation of the queue. Retires the slot(s) and, for an error, moves the tracked
     /// state to ERROR (the device has).
     pub(crate) fn complete(&self, wr_id: u64, success: bool) -> Option<Done> {
+        if wr_id & SRQ_BIT != 0 {
+            let done = self.srq.as_ref()?.retire(wr_id)?;
+            if !success {
+                self.device_error();
+            }
+            return Some(done);
+        }
         let (epoch, recv, index) = decode_wr_id(wr_id);
         let ring = if recv { &self.recv } else { &self.send };
         crate::side_ring::retire(ring, &self.state, epoch, index, success)
@@ -130,6 +140,8 @@ pub struct VerbsQueue {
     send_sges: Box<[ibv_sge]>,
     recv_wrs: Box<[ibv_recv_wr]>,
     recv_sges: Box<[ibv_sge]>,
+    /// The shared receive queue the queue takes its receives from (kept alive: the QP uses it).
+    srq: Option<Arc<SrqObj>>,
 }
 
 // SAFETY: an ibv_qp may be posted to and modified from any thread (the provider locks); the
@@ -175,6 +187,7 @@ impl VerbsQueue {
         c: &QueueConfig,
         send_cq: &VerbsCq,
         recv_cq: &VerbsCq,
+        srq: Option<&VerbsSharedRecv>,
     ) -> Result<Self> {
         let caps = &ctx.caps;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
@@ -208,6 +221,13 @@ impl VerbsQueue {
         if !Arc::ptr_eq(&send_cq.shared.ctx, ctx) || !Arc::ptr_eq(&recv_cq.shared.ctx, ctx) {
             return Err(invalid("the CQs belong to another device (context)"));
         }
+        if let Some(s) = srq {
+            if !Arc::ptr_eq(s.obj.ctx(), ctx) {
+                return Err(invalid("the shared receive queue belongs to another device (context)"));
+            }
+        }
+        // A queue on a shared receive queue has no receive queue of its own: no slots for it.
+        let recv_depth = if srq.is_some() { 0 } else { c.recv_depth };
         let epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
         let mut attr: ibv_qp_init_attr = zeroed();
         attr.send_cq = send_cq.shared.cq;
@@ -216,19 +236,23 @@ impl VerbsQueue {
         attr.sq_sig_all = 0;
         attr.cap = ibv_qp_cap {
             max_send_wr: c.send_depth,
-            max_recv_wr: c.recv_depth,
+            max_recv_wr: recv_depth,
             max_send_sge: c.max_send_sge,
-            max_recv_sge: c.max_recv_sge,
+            max_recv_sge: if srq.is_some() { 0 } else { c.max_recv_sge },
             max_inline_data: c.max_inline,
         };
+        if let Some(s) = srq {
+            attr.srq = s.obj.srq;
+        }
         // The shared part must exist (at a fixed address) before the QP: its context points at it.
         // The qpn is filled in right after creation, before anything can see it.
         let mut shared = Arc::new(QueueShared {
             qpn: 0,
             send: SideRing::new(c.send_depth, epoch),
-            recv: SideRing::new(c.recv_depth, epoch),
+            recv: SideRing::new(recv_depth.max(1), epoch),
             state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
             alive: AtomicBool::new(true),
+            srq: srq.map(|s| s.slots.clone()),
         });
         attr.qp_context = Arc::as_ptr(&shared).cast_mut().cast();
         // SAFETY: the PD and CQs are live and belong to this context; `attr` is a valid in/out
@@ -251,7 +275,7 @@ impl VerbsQueue {
             cq.attach(&shared);
         }
         let send_sges = (c.send_depth as usize) * (c.max_send_sge as usize);
-        let recv_sges = (c.recv_depth as usize) * (c.max_recv_sge as usize);
+        let recv_sges = (recv_depth as usize) * (c.max_recv_sge as usize);
         Ok(VerbsQueue {
             qp,
             ctx: ctx.clone(),
@@ -265,8 +289,9 @@ impl VerbsQueue {
             recv_head: 0,
             send_wrs: (0..c.send_depth).map(|_| zeroed()).collect(),
             send_sges: (0..send_sges).map(|_| zeroed()).collect(),
-            recv_wrs: (0..c.recv_depth).map(|_| zeroed()).collect(),
+            recv_wrs: (0..recv_depth).map(|_| zeroed()).collect(),
             recv_sges: (0..recv_sges).map(|_| zeroed()).collect(),
+            srq: srq.map(|s| s.obj.clone()),
         })
     }
 
@@ -611,6 +636,11 @@ impl Queue for VerbsQueue {
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(invalid(
+                "this queue takes its receives from a shared receive queue: post them to the SharedRecv",
+            ));
+        }
         self.need_posting_state("post_recv")?;
         if wrs.is_empty() {
             return Ok(());
@@ -690,6 +720,7 @@ mod tests {
             recv: SideRing::new(4, 9),
             state: AtomicU32::new(pack_state(9, QueueState::Ready)),
             alive: AtomicBool::new(true),
+            srq: None,
         };
         for i in 0..3 {
             q.send.set(i, 100 + u64::from(i), Op::Write);

@@ -244,6 +244,8 @@ pub(crate) struct DeviceState {
     pub addr: u32,
     pub mtu: u32,
     pub events: Arc<AsyncEvents>,
+    /// Shared receive queues created and not yet dropped (at most `caps.max_shared_recv`).
+    pub shared_recvs: u32,
 }
 
 // SAFETY: the raw pointers in the key table point into registrations whose memory is freed only
@@ -264,6 +266,7 @@ impl DeviceState {
             outbox_blocked: false,
             stats: NicStats::default(),
             to_flush: Vec::with_capacity(64),
+            shared_recvs: 0,
             caps,
             addr,
             mtu,

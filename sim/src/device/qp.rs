@@ -448,8 +448,60 @@ impl QpCtx {
     }
 
     fn fetch_rq(&self) -> Option<Result<Wqe, layout::WqeFault>> {
-        let ring = &self.shared.rq;
-        (ring.producer() != self.rq_fetch).then(|| fetch(ring, self.rq_fetch))
+        if !self.have_recv() {
+            return None;
+        }
+        Some(fetch(&self.shared.rq, self.rq_fetch))
+    }
+
+    /// True when the queue's receive ring holds a receive not yet fetched. A queue on a shared
+    /// receive queue with none takes the shared queue's next receive into its ring first (see
+    /// [`SrqShared`](crate::shared::SrqShared)); false if the shared queue is empty, or the
+    /// queue's ring is full of completions its user has not polled: a receiver not ready.
+    fn have_recv(&self) -> bool {
+        let rq = &self.shared.rq;
+        let pi = rq.producer();
+        if pi != self.rq_fetch {
+            return true;
+        }
+        let Some(srq) = &self.shared.srq else { return false };
+        if pi.wrapping_sub(self.shared.rq_ci.load(crate::sync::Ordering::Acquire)) >= rq.depth() {
+            return false;
+        }
+        let s = srq.ci.load(crate::sync::Ordering::Relaxed);
+        if srq.ring.producer() == s {
+            return false;
+        }
+        let mut sges = [bypass_hal::Sge::default(); MAX_SGE];
+        // A shared WQE the device cannot read is handed on as one the queue rejects (an
+        // operation that is no receive): the message fails with LocalQueueOperation, as for a bad
+        // WQE in the queue's own ring.
+        let (op, n) = match fetch(&srq.ring, s) {
+            Ok(w) if w.op == WqeOp::Recv && u32::from(w.nsge) <= srq.max_sge => {
+                let n = usize::from(w.nsge);
+                for (i, sge) in sges.iter_mut().enumerate().take(n) {
+                    // SAFETY: `s` is below the producer index just acquired and not yet freed, so
+                    // the driver leaves the slot alone.
+                    *sge = w.sge(i, |i| unsafe { srq.ring.sge(s, i) });
+                }
+                (WqeOp::Recv, n)
+            }
+            _ => (WqeOp::Send, 0),
+        };
+        let mut buf = [0u8; layout::MAX_WQE];
+        let used = (WQE_HEADER + n * layout::WQE_SGE).div_ceil(BLOCK) * BLOCK;
+        layout::encode_wqe(&mut buf, op, WrFlags::SIGNALED, rq.owner(pi), 0, 0, 0, pi, &sges[..n], None);
+        // SAFETY: with a shared receive queue the device (under its lock) is the only producer of
+        // the queue's ring and side table; slot `pi` is free (checked against the consumer index
+        // the poller publishes). The shared slot `s` is below the acquired producer index and is
+        // freed only below, after its wr_id was read.
+        unsafe {
+            self.shared.rq_ids.set(pi, srq.ids.get(s));
+            rq.write(pi, &buf[..used]);
+        }
+        rq.ring_doorbell(pi.wrapping_add(1));
+        srq.ci.store(s.wrapping_add(1), crate::sync::Ordering::Release);
+        true
     }
 
     // ---------------------------------------------------------------- requester
@@ -1209,7 +1261,7 @@ impl QpCtx {
             }
         };
         let consumes_recv = hdr.last && hdr.has_imm;
-        if consumes_recv && self.shared.rq.producer() == self.rq_fetch {
+        if consumes_recv && !self.have_recv() {
             ctx.stats.rnr_naks_sent += 1;
             self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
             return;

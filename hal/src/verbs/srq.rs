@@ -1,0 +1,289 @@
+//! Shared receive queues: an `ibv_srq`, and the slot table that maps the `wr_id`s libibverbs
+//! sees back to the user's.
+//!
+//! The receives of a shared queue complete on the CQs of whichever queues took them, in any
+//! order, polled from any thread; so unlike a queue's side ring (retired in order) the slots here
+//! are freed one by one: each has a busy flag the poster sets and the poller clears. The poster
+//! counts free slots as posted minus completed (a counter the pollers advance) so a batch is
+//! all-or-nothing, then takes free slots round-robin from a cursor.
+//!
+//! The `wr_id` libibverbs sees is `SRQ_BIT | slot`: the poller of a queue on a shared queue tells
+//! its receive completions by the bit. It carries no queue epoch (the poster cannot know which
+//! queue will take the receive), so a queue reset does not hide its receive completions still in
+//! the CQ from before the reset (mlx5-class providers purge them; rxe does not).
+
+use super::device::Context;
+use super::tables::{errno, verb_error};
+use crate::side_ring::{Done, Op};
+use crate::{Error, RecvWr, Result, Sge, SharedRecv};
+use rdma_sys::*;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Marks the `wr_id` of a shared queue's receive (bits 48.. are a queue's epoch, 47 its receive
+/// bit, 0..32 a slot).
+pub(crate) const SRQ_BIT: u64 = 1 << 46;
+const INDEX_MASK: u64 = 0xffff_ffff;
+
+/// The `ibv_srq`; destroyed when the handle and every queue created on it are gone.
+pub(crate) struct SrqObj {
+    pub(crate) srq: *mut ibv_srq,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: an ibv_srq may be posted to from any thread (the provider locks); the handle that posts
+// takes `&mut self`.
+unsafe impl Send for SrqObj {}
+// SAFETY: as above; shared references only read the pointer.
+unsafe impl Sync for SrqObj {}
+
+impl SrqObj {
+    pub(crate) fn ctx(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for SrqObj {
+    fn drop(&mut self) {
+        // SAFETY: live and destroyed once; no queue uses it any more (each holds this object).
+        let rc = unsafe { ibv_destroy_srq(self.srq) };
+        debug_assert_eq!(rc, 0, "ibv_destroy_srq on {} failed", self.ctx.name);
+    }
+}
+
+/// The slot table the pollers of the queues on a shared queue resolve completions with.
+#[derive(Debug)]
+pub(crate) struct SrqSlots {
+    wr_ids: Box<[AtomicU64]>,
+    busy: Box<[AtomicBool]>,
+    /// Receives completed (on any queue), advanced by the pollers.
+    completed: AtomicU32,
+}
+
+impl SrqSlots {
+    /// Poller side: the completion of libibverbs `wr_id` (which has [`SRQ_BIT`]); `None` for a
+    /// slot that is not outstanding.
+    pub(crate) fn retire(&self, wr_id: u64) -> Option<Done> {
+        let i = (wr_id & INDEX_MASK) as usize;
+        let busy = self.busy.get(i)?;
+        let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
+        if !busy.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.completed.fetch_add(1, Ordering::Release);
+        Some(Done { user_wr_id, op: Op::Recv })
+    }
+}
+
+/// A shared receive queue on a verbs device (see [`crate::SharedRecv`]).
+pub struct VerbsSharedRecv {
+    pub(crate) obj: Arc<SrqObj>,
+    pub(crate) slots: Arc<SrqSlots>,
+    depth: u32,
+    max_sge: u32,
+    /// Receives posted (the poster's count; free = depth − (posted − completed)).
+    posted: u32,
+    cursor: u32,
+    wrs: Box<[ibv_recv_wr]>,
+    sges: Box<[ibv_sge]>,
+    taken: Box<[u32]>,
+}
+
+// SAFETY: the buffers are plain data owned by this handle, which posts through `&mut self`.
+unsafe impl Send for VerbsSharedRecv {}
+
+impl std::fmt::Debug for VerbsSharedRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsSharedRecv")
+            .field("depth", &self.depth)
+            .field("max_sge", &self.max_sge)
+            .field("posted", &self.posted)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY (for the zeroed values below): ibv_recv_wr, ibv_sge and ibv_srq_init_attr are C structs
+// of integers and raw pointers: all-zero is valid.
+fn zeroed<T>() -> T {
+    // SAFETY: only instantiated with the plain-old-data types listed above.
+    unsafe { std::mem::zeroed() }
+}
+
+impl VerbsSharedRecv {
+    pub(crate) fn new(ctx: &Arc<Context>, depth: u32, max_sge: u32) -> Result<Self> {
+        let caps = &ctx.caps;
+        if caps.max_shared_recv == 0 {
+            return Err(Error::Unsupported(format!("{} has no shared receive queues (max_srq 0)", ctx.name)));
+        }
+        if depth == 0 || depth > caps.max_shared_recv_depth {
+            return Err(Error::InvalidArgument(format!(
+                "shared receive queue depth {depth} is outside 1..={} on {}",
+                caps.max_shared_recv_depth, ctx.name
+            )));
+        }
+        if max_sge == 0 || max_sge > caps.max_recv_sge {
+            return Err(Error::InvalidArgument(format!(
+                "shared receive queue max_sge {max_sge} is outside 1..={} on {}",
+                caps.max_recv_sge, ctx.name
+            )));
+        }
+        let mut init: ibv_srq_init_attr = zeroed();
+        init.attr.max_wr = depth;
+        init.attr.max_sge = max_sge;
+        // SAFETY: the PD is live; `init` is a valid in/out pointer.
+        let srq = unsafe { ibv_create_srq(ctx.pd, &mut init) };
+        if srq.is_null() {
+            return Err(verb_error(
+                "ibv_create_srq",
+                errno(),
+                &format!("a shared receive queue of {depth} receives of {max_sge} SGEs on {}", ctx.name),
+            ));
+        }
+        let slots = Arc::new(SrqSlots {
+            wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
+            busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
+            completed: AtomicU32::new(0),
+        });
+        Ok(VerbsSharedRecv {
+            obj: Arc::new(SrqObj { srq, ctx: ctx.clone() }),
+            slots,
+            depth,
+            max_sge,
+            posted: 0,
+            cursor: 0,
+            wrs: (0..depth).map(|_| zeroed()).collect(),
+            sges: (0..depth as usize * max_sge as usize).map(|_| zeroed()).collect(),
+            taken: vec![0; depth as usize].into(),
+        })
+    }
+
+    /// Takes the next free slot from the cursor on (the caller checked that enough are free).
+    fn take_slot(&mut self) -> u32 {
+        loop {
+            let i = self.cursor;
+            self.cursor = if i + 1 == self.depth { 0 } else { i + 1 };
+            if !self.slots.busy[i as usize].load(Ordering::Acquire) {
+                return i;
+            }
+        }
+    }
+}
+
+fn fill_sges(dst: &mut [ibv_sge], src: &[Sge]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = ibv_sge { addr: s.addr, length: s.len, lkey: s.lkey };
+    }
+}
+
+impl SharedRecv for VerbsSharedRecv {
+    fn depth(&self) -> u32 {
+        self.depth
+    }
+
+    fn max_sge(&self) -> u32 {
+        self.max_sge
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let max_sge = self.max_sge as usize;
+        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed the shared receive queue's max_sge {max_sge}",
+                wr.sges.len()
+            )));
+        }
+        let outstanding = self.posted.wrapping_sub(self.slots.completed.load(Ordering::Acquire));
+        let free = self.depth.saturating_sub(outstanding);
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "shared receive", free, wanted: wrs.len() });
+        }
+        let n = wrs.len();
+        for (i, wr) in wrs.iter().enumerate() {
+            let slot = self.take_slot();
+            self.taken[i] = slot;
+            self.slots.wr_ids[slot as usize].store(wr.wr_id, Ordering::Relaxed);
+            self.slots.busy[slot as usize].store(true, Ordering::Release);
+            let sges = &mut self.sges[i * max_sge..i * max_sge + wr.sges.len()];
+            fill_sges(sges, wr.sges);
+            let sg_list = sges.as_mut_ptr();
+            let next = if i + 1 < n {
+                // SAFETY: `i + 1 < n <= depth`, in bounds of the buffer.
+                unsafe { self.wrs.as_mut_ptr().add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+            let w = &mut self.wrs[i];
+            w.wr_id = SRQ_BIT | u64::from(slot);
+            w.next = next;
+            w.sg_list = sg_list;
+            w.num_sge = wr.sges.len() as i32;
+        }
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the chain and its SGE lists live in this handle's buffers for the call; the SRQ
+        // is live. Receive memory is checked by the device through the lkeys.
+        let rc = unsafe { ibv_post_srq_recv(self.obj.srq, self.wrs.as_mut_ptr(), &mut bad) };
+        if rc != 0 {
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: `bad` points into the chain that starts at `wrs`.
+                unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
+            };
+            for &slot in &self.taken[posted..n] {
+                self.slots.busy[slot as usize].store(false, Ordering::Release);
+            }
+            self.posted = self.posted.wrapping_add(posted as u32);
+            return Err(verb_error(
+                "ibv_post_srq_recv",
+                rc,
+                &format!(
+                    "receive {posted} of a batch of {n} on a shared receive queue of {} refused, the {posted} \
+                     before it were posted",
+                    self.obj.ctx.name
+                ),
+            ));
+        }
+        self.posted = self.posted.wrapping_add(n as u32);
+        Ok(())
+    }
+
+    fn destroy(self) -> Result<(), (Self, Error)> {
+        let users = Arc::strong_count(&self.obj) - 1;
+        if users > 0 {
+            let e = Error::Busy(format!(
+                "the shared receive queue is used by {users} queue(s) (EBUSY): drop them before destroying it"
+            ));
+            return Err((self, e));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_retire_once_in_any_order() {
+        let slots = SrqSlots {
+            wr_ids: (0..4).map(|_| AtomicU64::new(0)).collect(),
+            busy: (0..4).map(|_| AtomicBool::new(false)).collect(),
+            completed: AtomicU32::new(0),
+        };
+        for (i, id) in [(0usize, 10u64), (1, 11), (3, 13)] {
+            slots.wr_ids[i].store(id, Ordering::Relaxed);
+            slots.busy[i].store(true, Ordering::Release);
+        }
+        let user = |wr_id| slots.retire(SRQ_BIT | wr_id).map(|d| (d.user_wr_id, d.op));
+        assert_eq!(user(3), Some((13, Op::Recv)));
+        assert_eq!(user(0), Some((10, Op::Recv)));
+        assert_eq!(user(0), None, "a slot retires once");
+        assert_eq!(user(2), None, "a slot never posted");
+        assert_eq!(user(9), None, "a slot outside the table");
+        assert_eq!(slots.completed.load(Ordering::Acquire), 2);
+        assert!(slots.busy[1].load(Ordering::Acquire));
+    }
+}
