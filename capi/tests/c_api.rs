@@ -204,56 +204,7 @@ fn every_server_and_client_function_in_one_process() {
 
 #[test]
 fn two_processes_talk_over_the_tcp_type() {
-    use std::io::{BufRead, BufReader, Read};
-    let exe = build("proc.c", &[]);
-    let base = 30000 + (std::process::id() % 9000);
-    let range = format!("{base}-{}", base + 200);
-    let mut server = c_harness::command(&exe)
-        .args(["server", &range])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start the server process");
-    let stdout = server.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut line = String::new();
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            if let Some(p) = line.trim().strip_prefix("PORT ") {
-                let _ = tx.send(p.to_string());
-                break;
-            }
-            line.clear();
-        }
-        let mut rest = String::new();
-        let _ = r.read_to_string(&mut rest);
-        let _ = tx.send(rest);
-    });
-    let port = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = server.kill();
-            panic!("the server process printed no port within 60 s: {e}");
-        }
-    };
-    let client = std::panic::catch_unwind(|| run(&exe, &["client", &port], &[], Duration::from_secs(90)));
-    drop(server.stdin.take()); // the server exits when its stdin closes
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = server.kill();
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let status = server.wait().unwrap();
-    let client = client.unwrap_or_else(|e| std::panic::resume_unwind(e));
-    assert!(client.contains("client ok"), "{client}");
-    assert!(status.success(), "the server process failed: {status}");
-    let rest = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
-    assert!(rest.contains("COUNT 100"), "the server got every one-way message: {rest}");
+    c_harness::proc_pair(&build("proc.c", &[]), &[]);
 }
 
 #[test]

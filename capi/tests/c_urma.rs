@@ -15,10 +15,8 @@
 mod c_harness;
 
 use c_harness::{compile, Run};
-use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// sim-urma's `liburma.so`, built by cargo with these tests (a dev-dependency): next to the
 /// library, in `target/<profile>/deps/`, or in `target/<profile>/`.
@@ -69,70 +67,9 @@ fn one_sided_read_and_write_in_one_process_on_urma() {
     c_harness::run(&exe, &[], Run { env, ..Run::default() }).expect_ok("onesided_local.c on urma");
 }
 
-/// proc.c's two processes with `env`: the server prints its port and serves until its stdin
-/// closes, the client calls, sends 100 one-way messages, calls with an iovec.
+/// proc.c's two processes with `env` (see [`c_harness::proc_pair`]).
 fn proc_pair(env: &[(String, String)]) {
-    let exe = compile("proc.c");
-    let base = 31000 + (std::process::id() % 9000);
-    let range = format!("{base}-{}", base + 200);
-    let mut server = c_harness::command(&exe)
-        .args(["server", &range])
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the server process");
-    let mut stderr = server.stderr.take().unwrap();
-    let err_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = stderr.read_to_string(&mut s);
-        s
-    });
-    let stdout = server.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stdout);
-        let mut line = String::new();
-        while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-            if let Some(p) = line.trim().strip_prefix("PORT ") {
-                let _ = tx.send(p.to_string());
-                break;
-            }
-            line.clear();
-        }
-        let mut rest = String::new();
-        let _ = r.read_to_string(&mut rest);
-        let _ = tx.send(rest);
-    });
-    let port = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = server.kill();
-            let _ = server.wait();
-            panic!(
-                "the server process printed no port within 60 s ({e}):\n{}",
-                err_t.join().unwrap_or_default()
-            );
-        }
-    };
-    let client =
-        c_harness::run(&exe, &["client", &port], Run { env: env.to_vec(), timeout: Duration::from_secs(90) });
-    drop(server.stdin.take()); // the server exits when its stdin closes
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.try_wait().unwrap().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if server.try_wait().unwrap().is_none() {
-        let _ = server.kill();
-    }
-    let status = server.wait().unwrap();
-    let server_err = err_t.join().unwrap_or_default();
-    client.expect_ok("proc client");
-    assert!(client.stdout.contains("client ok"), "{}", client.stdout);
-    assert!(status.success(), "the server process failed: {status}\n{server_err}");
-    let rest = rx.recv_timeout(Duration::from_secs(10)).unwrap_or_default();
-    assert!(rest.contains("COUNT 100"), "the server got every one-way message: {rest}");
+    c_harness::proc_pair(&compile("proc.c"), env);
 }
 
 #[test]
@@ -150,31 +87,8 @@ fn one_sided_between_two_processes_over_the_ubc_type() {
     let exe = compile("onesided_procs.c");
     let env = urma_env(Some("shm"), &[("CAPI_COMM_TYPE", "UBC")]);
     let how = Run { env, ..Run::default() };
-    let mut server = c_harness::spawn(&exe, &["server"], &how);
-    let stdout = server.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        let mut rest = String::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("port ") {
-                let _ = tx.send(line.clone());
-            }
-            rest.push_str(&line);
-            rest.push('\n');
-        }
-        rest
-    });
-    let port = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(line) => line["port ".len()..].trim().to_string(),
-        Err(_) => {
-            let out = c_harness::finish(server, Duration::from_secs(1));
-            panic!(
-                "the server printed no port within 60 s:\n{}\n{}",
-                reader.join().unwrap_or_default(),
-                out.stderr
-            );
-        }
-    };
+    let served = c_harness::serve(c_harness::spawn(&exe, &["server"], &how), "port ");
+    let (server, port, reader) = (served.child, served.value, served.stdout);
     let client = c_harness::run(&exe, &["client", &port], how.clone());
     let out = c_harness::finish(server, how.timeout);
     let server_stdout = reader.join().unwrap_or_default();

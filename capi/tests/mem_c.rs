@@ -38,35 +38,10 @@ fn onesided_local() {
 /// its region, then tells it to quit.
 #[test]
 fn onesided_procs() {
-    use std::io::{BufRead, BufReader};
-    use std::time::Duration;
     let exe = compile("onesided_procs.c");
     let how = Run::default();
-    let mut server = c_harness::spawn(&exe, &["server"], &how);
-    let stdout = server.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let reader = std::thread::spawn(move || {
-        let mut rest = String::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.starts_with("port ") {
-                let _ = tx.send(line.clone());
-            }
-            rest.push_str(&line);
-            rest.push('\n');
-        }
-        rest
-    });
-    let port = match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(line) => line["port ".len()..].trim().to_string(),
-        Err(_) => {
-            let out = c_harness::finish(server, Duration::from_secs(1));
-            panic!(
-                "the server printed no port within 60 s:\n{}\n{}",
-                reader.join().unwrap_or_default(),
-                out.stderr
-            );
-        }
-    };
+    let served = c_harness::serve(c_harness::spawn(&exe, &["server"], &how), "port ");
+    let (server, port, reader) = (served.child, served.value, served.stdout);
     let client = run(&exe, &["client", &port], Run::default());
     let out = c_harness::finish(server, how.timeout);
     let server_stdout = reader.join().unwrap_or_default();

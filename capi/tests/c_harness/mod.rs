@@ -199,3 +199,67 @@ pub fn run(exe: &Path, args: &[&str], how: Run) -> Outcome {
     let child = spawn(exe, args, &how);
     finish(child, how.timeout)
 }
+
+/// A server process started by a test, whose stdout a thread reads.
+pub struct Served {
+    pub child: Child,
+    /// What follows `prefix` on the first line that starts with it (e.g. the port).
+    pub value: String,
+    /// The rest of the child's stdout (every line, the matched one included) once it closes.
+    pub stdout: std::thread::JoinHandle<String>,
+}
+
+/// Takes `child`'s piped stdout and waits at most 60 s for a line starting with `prefix`; a
+/// child that prints none is killed and the test fails with what it printed.
+pub fn serve(mut child: Child, prefix: &'static str) -> Served {
+    use std::io::{BufRead, BufReader};
+    let stdout = child.stdout.take().expect("the server's stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(v) = line.strip_prefix(prefix) {
+                let _ = tx.send(v.trim().to_string());
+            }
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(value) => Served { child, value, stdout: reader },
+        Err(_) => {
+            let out = finish(child, Duration::from_secs(1));
+            panic!(
+                "the server printed no {prefix:?} line within 60 s:\n{}\n{}",
+                reader.join().unwrap_or_default(),
+                out.stderr
+            );
+        }
+    }
+}
+
+/// proc.c's two processes with `env`: the server prints its port and serves until its stdin
+/// closes; the client calls, sends 100 one-way messages, calls with an iovec. Checks both ends.
+pub fn proc_pair(exe: &Path, env: &[(String, String)]) {
+    let base = 31000 + (std::process::id() % 9000);
+    let range = format!("{base}-{}", base + 200);
+    let server = command(exe)
+        .args(["server", &range])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", exe.display()));
+    let mut served = serve(server, "PORT ");
+    let client =
+        run(exe, &["client", &served.value], Run { env: env.to_vec(), timeout: Duration::from_secs(90) });
+    drop(served.child.stdin.take()); // the server exits when its stdin closes
+    let out = finish(served.child, Duration::from_secs(30));
+    let server_stdout = served.stdout.join().unwrap_or_default();
+    client.expect_ok("proc client");
+    assert!(client.stdout.contains("client ok"), "{}", client.stdout);
+    assert!(out.code == Some(0), "the server process failed (exit {:?}):\n{}", out.code, out.stderr);
+    assert!(server_stdout.contains("COUNT 100"), "the server got every one-way message: {server_stdout}");
+}
