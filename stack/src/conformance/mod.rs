@@ -428,6 +428,7 @@ macro_rules! __rpc_suite_module {
                 callbacks_every_mode,
                 futures_every_mode,
                 message_size_limits,
+                large_rendezvous_echo,
                 ack_arrives_before_response,
                 unknown_function,
                 handler_status_errors,
