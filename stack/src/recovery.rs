@@ -1,6 +1,6 @@
 //! Queue recovery: a queue that went to ERROR is brought back.
 //!
-//! The client drives it (its monitor thread, the one that owns the control stream); the server
+//! The client drives it (the channel's watch in the control loop, which owns the control stream, runs it on a short-lived thread aside); the server
 //! answers. For queue `q`:
 //!
 //! 1. **Fail** (already done when the failure was seen): the queue is marked not READY and moved

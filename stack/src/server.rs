@@ -30,7 +30,7 @@ use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::liveness::{self, CloseReason, Keepalive, Live};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
-use crate::worker::{spawn_started, PollMode, Pollable, WorkerConfig, WorkerGroup};
+use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
 use crate::RpcError;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -1407,16 +1407,13 @@ impl<D: Device + Clone> ServerInner<D> {
         }
     }
 
-    /// Starts the thread that watches the client's stream (its closure closes `conn`; it carries
-    /// queue resets) and runs keepalive.
+    /// Hands the client's stream to the process's control loop, which watches it (its closure
+    /// closes `conn`; it carries queue resets) and runs keepalive.
     fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
         let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
-        let keepalive = self.config.keepalive;
-        spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
-            monitor::run(stream, weak, keepalive)
-        })
-        .map_err(control::ControlError::from)?;
+        crate::reactor::watch(Box::new(monitor::ConnWatch::new(stream, weak, self.config.keepalive)))
+            .map_err(control::ControlError::from)?;
         Ok(())
     }
 
