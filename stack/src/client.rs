@@ -510,7 +510,9 @@ impl<D: Device + Clone> Channel<D> {
         let remaining = left(&format!(
             "creating the endpoint and registering {} bytes of buffers ({} queue(s), window {window}, \
              {}-byte messages)",
-            ep.registered, config.queues, config.msg_size
+            ep.registered(),
+            config.queues,
+            config.msg_size
         ))?;
         let hello = ClientHello {
             version: CONTROL_VERSION,
@@ -665,7 +667,7 @@ impl<D: Device + Clone> Channel<D> {
             table_in_use: t.outstanding,
             credits: i.credits.iter().map(|c| u64::from(c.available())).sum(),
             ready_queues: i.ep.ready_queues(),
-            registered_bytes: i.ep.registered,
+            registered_bytes: i.ep.registered(),
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
             keepalive_probes: i.live.probes.load(Ordering::Relaxed),
             recoveries: i.recovery.recovered.load(Ordering::Relaxed),
@@ -1049,7 +1051,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
-            if let Some(h) = self.ep.tx.get(opts.mode, 0) {
+            if let Some(h) = self.ep.get_tx(opts.mode, 0)? {
                 return Ok(h);
             }
             if self.poll_send() > 0 {

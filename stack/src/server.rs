@@ -792,7 +792,7 @@ impl<D: Device + Clone> Conn<D> {
     fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
-            if let Some(tx) = self.ep.tx.get(CallMode::EarlyRsp, 0) {
+            if let Some(tx) = self.ep.get_tx(CallMode::EarlyRsp, 0)? {
                 return Ok(tx);
             }
             if self.ep.is_closed() {
@@ -1189,7 +1189,7 @@ impl<D: Device + Clone> Server<D> {
     /// Bytes of registered buffers over all open connections (each at most
     /// [`ServerConfig::memory_limit`]).
     pub fn registered_bytes(&self) -> u64 {
-        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered).sum()
+        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered()).sum()
     }
 
     /// Rendezvous counters, and the rendezvous memory held over all open connections.
