@@ -686,6 +686,40 @@ mod tests {
         }
     }
 
+    /// Send buffers are registered a chunk at a time, as contexts are first handed out: an
+    /// endpoint whose calls never overlap keeps only the first chunk; one with more contexts in
+    /// use registers more, once, and each context's buffer is its own.
+    #[test]
+    fn send_buffers_are_registered_a_chunk_at_a_time() {
+        let fabric = Fabric::new(Engine::Inline);
+        let nic = fabric.add_nic();
+        let s = Sizes { queues: 2, send_depth: 10, ..sizes() };
+        let ep = Endpoint::new(&nic, s).expect("endpoint");
+        let recv = (2 * 4 * 256) as u64;
+        let chunk = (SEND_CHUNK * 256) as u64;
+        assert_eq!(ep.registered(), recv + chunk, "the first chunk only");
+        let mode = crate::tx_ctx::CallMode::EarlyRsp;
+        for _ in 0..100 {
+            let h = ep.get_tx(mode, 0).unwrap().expect("a context");
+            let _ = ep.tx.fail(h, FailReason::SendError);
+        }
+        assert_eq!(ep.registered(), recv + chunk, "one context at a time reuses the first chunk");
+        let held: Vec<TxHandle> = (0..20).map(|_| ep.get_tx(mode, 0).unwrap().expect("a context")).collect();
+        assert!(ep.get_tx(mode, 0).unwrap().is_none(), "20 contexts in all");
+        assert_eq!(ep.registered(), recv + 20 * 256, "all three chunks (8 + 8 + 4 contexts)");
+        for (i, h) in held.iter().enumerate() {
+            // SAFETY: `h` is live, ours and never posted; no other reference to its buffer.
+            unsafe { ep.send_buf(*h) }.fill(i as u8);
+        }
+        for (i, h) in held.iter().enumerate() {
+            // SAFETY: as above; the previous borrow ended.
+            assert!(
+                unsafe { ep.send_buf(*h) }.iter().all(|&b| b == i as u8),
+                "context {i}'s buffer is its own"
+            );
+        }
+    }
+
     /// Regression: a post on a failed queue was `Device(BadState)` whether the connection was
     /// closed or one queue had failed. It is `Queue(Flushed)` for a failed queue of an open
     /// connection and `Closed` once the connection is closed.

@@ -330,3 +330,174 @@ fn run(shared: Arc<Shared>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    fn until(what: &str, cond: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < LIMIT, "gave up waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A test connection: counts its events; goes aside once when asked, blocking there until
+    /// released; ends when its socket turns readable.
+    struct Probe {
+        sock: UnixStream,
+        ticks: Arc<AtomicUsize>,
+        wakes: Arc<AtomicUsize>,
+        go_aside: Arc<AtomicBool>,
+        release: Option<mpsc::Receiver<()>>,
+        dropped: Arc<AtomicBool>,
+        next: Option<Instant>,
+        every: Option<Duration>,
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::Release);
+        }
+    }
+
+    impl Watch for Probe {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn has_buffered(&mut self) -> bool {
+            false
+        }
+        fn on_readable(&mut self) -> Step {
+            Step::Done
+        }
+        fn on_timer(&mut self, now: Instant) -> Step {
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+            self.next = self.every.map(|e| now + e);
+            Step::Keep
+        }
+        fn on_wake(&mut self) -> Step {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            if self.go_aside.swap(false, Ordering::AcqRel) {
+                Step::Aside
+            } else {
+                Step::Keep
+            }
+        }
+        fn deadline(&self) -> Option<Instant> {
+            self.next
+        }
+        fn aside(&mut self) -> bool {
+            if let Some(r) = self.release.take() {
+                let _ = r.recv_timeout(LIMIT);
+            }
+            true
+        }
+    }
+
+    struct Handles {
+        peer: UnixStream,
+        ticks: Arc<AtomicUsize>,
+        wakes: Arc<AtomicUsize>,
+        go_aside: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    fn probe(every: Option<Duration>, release: Option<mpsc::Receiver<()>>) -> (Box<Probe>, Handles) {
+        let (sock, peer) = UnixStream::pair().unwrap();
+        let h = Handles {
+            peer,
+            ticks: Arc::default(),
+            wakes: Arc::default(),
+            go_aside: Arc::default(),
+            dropped: Arc::default(),
+        };
+        let p = Probe {
+            sock,
+            ticks: h.ticks.clone(),
+            wakes: h.wakes.clone(),
+            go_aside: h.go_aside.clone(),
+            release,
+            dropped: h.dropped.clone(),
+            next: every.map(|e| Instant::now() + e),
+            every,
+        };
+        (Box::new(p), h)
+    }
+
+    #[test]
+    fn a_connection_aside_does_not_stall_the_others_and_comes_back() {
+        let (tx, rx) = mpsc::channel();
+        let (slow, slow_h) = probe(None, Some(rx));
+        let (busy, busy_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(slow).unwrap();
+        watch(busy).unwrap();
+        until("the slow one registered", || slow_h.wakes.load(Ordering::Relaxed) >= 1);
+        slow_h.go_aside.store(true, Ordering::Release);
+        wake();
+        until("the slow one to go aside", || !slow_h.go_aside.load(Ordering::Acquire));
+        let at = busy_h.ticks.load(Ordering::Relaxed);
+        until("the other's timer to keep firing", || busy_h.ticks.load(Ordering::Relaxed) >= at + 20);
+        let wakes = slow_h.wakes.load(Ordering::Relaxed);
+        tx.send(()).unwrap();
+        // Back in the loop: its registration asks it on_wake again.
+        until("the slow one to be watched again", || slow_h.wakes.load(Ordering::Relaxed) > wakes);
+        // A peer that closes ends each watch (dropped, its socket with it).
+        drop(slow_h.peer);
+        drop(busy_h.peer);
+        until("both watches to end", || {
+            slow_h.dropped.load(Ordering::Acquire) && busy_h.dropped.load(Ordering::Acquire)
+        });
+    }
+
+    #[test]
+    fn a_panic_in_one_connection_drops_only_it() {
+        struct Panics(UnixStream, Arc<AtomicBool>);
+        impl Drop for Panics {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::Release);
+            }
+        }
+        impl Watch for Panics {
+            fn fd(&self) -> RawFd {
+                self.0.as_raw_fd()
+            }
+            fn has_buffered(&mut self) -> bool {
+                false
+            }
+            fn on_readable(&mut self) -> Step {
+                panic!("on_readable panics (contained)")
+            }
+            fn on_timer(&mut self, _: Instant) -> Step {
+                Step::Keep
+            }
+            fn on_wake(&mut self) -> Step {
+                Step::Keep
+            }
+            fn deadline(&self) -> Option<Instant> {
+                None
+            }
+            fn aside(&mut self) -> bool {
+                false
+            }
+        }
+        let (sock, mut peer) = UnixStream::pair().unwrap();
+        let gone = Arc::new(AtomicBool::new(false));
+        watch(Box::new(Panics(sock, gone.clone()))).unwrap();
+        let (other, other_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(other).unwrap();
+        std::io::Write::write_all(&mut peer, b"x").unwrap();
+        until("the panicking watch to be dropped", || gone.load(Ordering::Acquire));
+        let at = other_h.ticks.load(Ordering::Relaxed);
+        until("the loop to go on for the other", || other_h.ticks.load(Ordering::Relaxed) >= at + 5);
+        drop(other_h.peer);
+        until("the other to end", || other_h.dropped.load(Ordering::Acquire));
+    }
+}
