@@ -46,15 +46,21 @@ fn main() {
         env!("CARGO_PKG_VERSION")
     );
     println!(
-        "{:>6} {:>8} {:>8} {:>10} {:>10} {:>12} {:>12} {:>12} {:>9} {:>9}",
+        "columns: threads and RSS with the channels open; +: growth over the server alone; /conn: per \
+         connection (client channel + server connection); reg: registered buffers; recv: receive \
+         buffers among them; beyond_recv: RSS growth per connection less its receive buffers"
+    );
+    println!(
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>7}",
         "conns",
         "threads",
         "+threads",
         "rss_MiB",
         "+rss_MiB",
-        "rss/conn_KiB",
-        "reg/conn_KiB",
-        "recv/conn_KiB",
+        "rss/conn",
+        "reg/conn",
+        "recv/conn",
+        "beyond_recv",
         "calls_ok",
         "open_s"
     );
@@ -98,16 +104,18 @@ fn measure(n: usize) -> Result<(), String> {
     let recv = recv_bytes(&channels);
     let kib = |b: f64| b / 1024.0;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let per_conn = rss1.saturating_sub(rss0) as f64 / n as f64;
     println!(
-        "{:>6} {:>8} {:>8} {:>10.1} {:>10.1} {:>12.1} {:>12.1} {:>12.1} {:>9} {:>9.2}",
+        "{:>6} {:>8} {:>8} {:>9.1} {:>9.1} {:>5.0} KiB {:>5.0} KiB {:>5.0} KiB {:>8.0} KiB {:>9} {:>7.2}",
         n,
         threads1,
         threads1 as i64 - threads0 as i64,
         mib(rss1),
         mib(rss1.saturating_sub(rss0)),
-        kib(rss1.saturating_sub(rss0) as f64 / n as f64),
+        kib(per_conn),
         kib(reg as f64 / n as f64),
         kib(recv as f64 / n as f64),
+        kib(per_conn - recv as f64 / n as f64),
         format!("{ok}/{n}"),
         open_s
     );
