@@ -713,10 +713,8 @@ mod tests {
         }
         for (i, h) in held.iter().enumerate() {
             // SAFETY: as above; the previous borrow ended.
-            assert!(
-                unsafe { ep.send_buf(*h) }.iter().all(|&b| b == i as u8),
-                "context {i}'s buffer is its own"
-            );
+            let buf = unsafe { ep.send_buf(*h) };
+            assert!(buf.iter().all(|&b| b == i as u8), "context {i}'s buffer is its own");
         }
     }
 
