@@ -312,7 +312,8 @@ pub struct ChannelStats {
     pub credits: u64,
     /// Queues still READY.
     pub ready_queues: usize,
-    /// Bytes of registered send and receive buffers (at most [`ChannelConfig::memory_limit`]).
+    /// Bytes of registered send and receive buffers so far (at most [`ChannelConfig::memory_limit`]):
+    /// the receive buffers and the send buffers of the chunks of 8 send contexts used yet.
     pub registered_bytes: u64,
     /// Completion callbacks ([`Channel::call_callback`]) that panicked. Each panic was contained:
     /// its call counts as finished and its send context was released; the first one per channel
