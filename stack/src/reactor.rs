@@ -71,9 +71,11 @@ struct State {
     running: Option<Arc<Shared>>,
     /// Connections handed over and not yet taken by the loop.
     new: Vec<Box<dyn Watch>>,
+    /// [`wake`] was called: every connection is to be asked [`Watch::on_wake`].
+    scan: bool,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { running: None, new: Vec::new() });
+static STATE: Mutex<State> = Mutex::new(State { running: None, new: Vec::new(), scan: false });
 
 /// The epoll data of the loop's own eventfd.
 const WAKE_KEY: u64 = u64::MAX;
@@ -100,8 +102,10 @@ pub(crate) fn watch(w: Box<dyn Watch>) -> std::io::Result<()> {
 
 /// Makes the loop ask every connection [`Watch::on_wake`] (a queue waits for recovery).
 pub(crate) fn wake() {
-    if let Some(s) = &lock(&STATE).running {
+    let mut st = lock(&STATE);
+    if let Some(s) = &st.running {
         s.wake.signal();
+        st.scan = true;
     }
 }
 
@@ -251,14 +255,24 @@ fn run(shared: Arc<Shared>) {
         Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
-        let new = {
+        let (new, scan) = {
             let mut st = lock(&STATE);
             if st.new.is_empty() && table.live == 0 {
                 st.running = None;
+                st.scan = false;
                 return;
             }
-            std::mem::take(&mut st.new)
+            (std::mem::take(&mut st.new), std::mem::take(&mut st.scan))
         };
+        if scan {
+            // Before the new ones (which are asked on registration anyway).
+            for idx in 0..table.slots.len() {
+                if table.slots[idx].is_some() {
+                    let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_wake());
+                    table.apply(&shared, idx, step);
+                }
+            }
+        }
         for w in new {
             table.insert(&shared, w);
         }
@@ -290,26 +304,17 @@ fn run(shared: Arc<Shared>) {
             }
             continue;
         }
-        let mut woken = false;
         for ev in &events[..n as usize] {
             let key = ev.u64;
             if key == WAKE_KEY {
-                woken = true;
+                // New connections or a scan to do: taken at the top of the loop.
+                shared.wake.clear();
                 continue;
             }
             let idx = key as usize;
             let step = guarded(table.slots.get_mut(idx).and_then(Option::as_mut), |e| e.w.on_readable());
             if table.slots.get(idx).is_some_and(Option::is_some) {
                 table.apply(&shared, idx, step);
-            }
-        }
-        if woken {
-            shared.wake.clear();
-            for idx in 0..table.slots.len() {
-                if table.slots[idx].is_some() {
-                    let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_wake());
-                    table.apply(&shared, idx, step);
-                }
             }
         }
         let now = Instant::now();
