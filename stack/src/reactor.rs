@@ -11,9 +11,10 @@
 //!
 //! The rare exchanges that block on a peer — a client's queue recovery, a server answering a
 //! queue reset — are run *aside*: the loop stops watching the stream and hands the connection to
-//! a short-lived thread (`bypass-ctl-aside`), which does the exchange with ordinary blocking
-//! reads and writes (TLS included) and then gives the connection back to the loop. Other
-//! connections are never stalled by one peer.
+//! a short-lived thread (`bypass-ctl-aside`, at most 16 at once: more connections aside wait
+//! their turn), which does the exchange with ordinary blocking reads and writes (TLS included)
+//! and then gives the connection back to the loop. Other connections are never stalled by one
+//! peer.
 //!
 //! The loop starts with the first watched connection and ends when none is left (including none
 //! in the queue of new ones); the next one starts it again. A panic inside one connection's
@@ -228,23 +229,50 @@ fn guarded(e: Option<&mut Entry>, f: impl FnOnce(&mut Entry) -> Step) -> Step {
     }
 }
 
-/// Runs `w.aside()` on its own short-lived thread, then hands it back to the loop. If no thread
-/// can be started it runs here (delaying the other connections, but not losing this one).
+/// Most aside threads at once; connections beyond wait in [`ASIDE`]'s queue for one to be free
+/// (a recovery storm — every channel of a failed NIC — does not start a thread per channel).
+const MAX_ASIDE_THREADS: usize = 16;
+
+/// Aside threads running, and connections waiting for one.
+struct Aside {
+    threads: usize,
+    queue: std::collections::VecDeque<Box<dyn Watch>>,
+}
+
+static ASIDE: Mutex<Aside> = Mutex::new(Aside { threads: 0, queue: std::collections::VecDeque::new() });
+
+/// Runs `w.aside()` off the loop, on a short-lived thread (at most [`MAX_ASIDE_THREADS`]; each
+/// takes the waiting connections one after another before it ends), then hands it back to the
+/// loop. If no thread can be started it runs here (delaying the other connections, but not
+/// losing this one).
 fn run_aside(w: Box<dyn Watch>) {
-    let slot = Arc::new(Mutex::new(Some(w)));
-    let theirs = slot.clone();
-    let job = move || {
-        let Some(mut w) = lock(&theirs).take() else { return };
-        let again = catch_unwind(AssertUnwindSafe(|| w.aside())).unwrap_or(false);
-        if again {
-            let _ = watch(w);
+    {
+        let mut a = lock(&ASIDE);
+        a.queue.push_back(w);
+        if a.threads >= MAX_ASIDE_THREADS {
+            return;
         }
-    };
-    if std::thread::Builder::new().name("bypass-ctl-aside".into()).spawn(job).is_err() {
-        if let Some(mut w) = lock(&slot).take() {
-            if w.aside() {
-                let _ = watch(w);
+        a.threads += 1;
+    }
+    if std::thread::Builder::new().name("bypass-ctl-aside".into()).spawn(aside_thread).is_err() {
+        aside_thread();
+    }
+}
+
+/// Takes waiting connections until none is left.
+fn aside_thread() {
+    loop {
+        let next = {
+            let mut a = lock(&ASIDE);
+            let next = a.queue.pop_front();
+            if next.is_none() {
+                a.threads -= 1;
             }
+            next
+        };
+        let Some(mut w) = next else { return };
+        if catch_unwind(AssertUnwindSafe(|| w.aside())).unwrap_or(false) {
+            let _ = watch(w);
         }
     }
 }
@@ -460,6 +488,78 @@ mod tests {
         until("both watches to end", || {
             slow_h.dropped.load(Ordering::Acquire) && busy_h.dropped.load(Ordering::Acquire)
         });
+    }
+
+    /// A storm of connections going aside at once (every channel of a failed NIC recovering)
+    /// runs on at most `MAX_ASIDE_THREADS` threads; every one comes back.
+    #[test]
+    fn asides_share_a_bounded_set_of_threads() {
+        struct Blocks {
+            sock: UnixStream,
+            inside: Arc<AtomicUsize>,
+            most: Arc<AtomicUsize>,
+            back: Arc<AtomicUsize>,
+            release: Arc<AtomicBool>,
+            went: bool,
+        }
+        impl Watch for Blocks {
+            fn fd(&self) -> RawFd {
+                self.sock.as_raw_fd()
+            }
+            fn has_buffered(&mut self) -> bool {
+                false
+            }
+            fn on_readable(&mut self) -> Step {
+                Step::Done
+            }
+            fn on_timer(&mut self, _: Instant) -> Step {
+                Step::Keep
+            }
+            fn on_wake(&mut self) -> Step {
+                if self.went {
+                    self.back.fetch_add(1, Ordering::AcqRel);
+                    return Step::Keep;
+                }
+                self.went = true;
+                Step::Aside
+            }
+            fn deadline(&self) -> Option<Instant> {
+                None
+            }
+            fn aside(&mut self) -> bool {
+                let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
+                self.most.fetch_max(now, Ordering::AcqRel);
+                until("the release", || self.release.load(Ordering::Acquire) || now > MAX_ASIDE_THREADS);
+                self.inside.fetch_sub(1, Ordering::AcqRel);
+                true
+            }
+        }
+        let (inside, most, back): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>) =
+            (Arc::default(), Arc::default(), Arc::default());
+        let release = Arc::new(AtomicBool::new(false));
+        let n = MAX_ASIDE_THREADS + 4;
+        let mut peers = Vec::new();
+        for _ in 0..n {
+            let (sock, peer) = UnixStream::pair().unwrap();
+            peers.push(peer);
+            let w = Blocks {
+                sock,
+                inside: inside.clone(),
+                most: most.clone(),
+                back: back.clone(),
+                release: release.clone(),
+                went: false,
+            };
+            watch(Box::new(w)).unwrap();
+        }
+        until("the thread limit to be reached", || inside.load(Ordering::Acquire) >= MAX_ASIDE_THREADS);
+        release.store(true, Ordering::Release);
+        until("every connection to come back", || back.load(Ordering::Acquire) == n);
+        assert!(
+            most.load(Ordering::Acquire) <= MAX_ASIDE_THREADS,
+            "at most {MAX_ASIDE_THREADS} aside at once"
+        );
+        drop(peers);
     }
 
     #[test]
