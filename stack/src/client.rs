@@ -29,7 +29,7 @@ use crate::liveness::{CloseReason, Keepalive, Live};
 use crate::req_table::ReqTable;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
-use crate::worker::{spawn_started, Pollable};
+use crate::worker::Pollable;
 use crate::RpcError;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::fd::RawFd;
@@ -314,7 +314,8 @@ pub struct ChannelStats {
     pub credits: u64,
     /// Queues still READY.
     pub ready_queues: usize,
-    /// Bytes of registered send and receive buffers (at most [`ChannelConfig::memory_limit`]).
+    /// Bytes of registered send and receive buffers so far (at most [`ChannelConfig::memory_limit`]):
+    /// the receive buffers and the send buffers of the chunks of 8 send contexts used yet.
     pub registered_bytes: u64,
     /// Completion callbacks ([`Channel::call_callback`]) that panicked. Each panic was contained:
     /// its call counts as finished and its send context was released; the first one per channel
@@ -421,8 +422,6 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     live: Live,
     /// The break callback, and the reason once the channel closed.
     on_break: Mutex<BreakSlot>,
-    /// Wakes the monitor thread (a queue to recover).
-    wake: Arc<crate::worker::WakeFd>,
     /// Queues waiting for recovery.
     recovery: recovery::State,
 }
@@ -514,7 +513,9 @@ impl<D: Device + Clone> Channel<D> {
         let remaining = left(&format!(
             "creating the endpoint and registering {} bytes of buffers ({} queue(s), window {window}, \
              {}-byte messages)",
-            ep.registered, config.queues, config.msg_size
+            ep.registered(),
+            config.queues,
+            config.msg_size
         ))?;
         let hello = ClientHello {
             version: CONTROL_VERSION,
@@ -551,10 +552,10 @@ impl<D: Device + Clone> Channel<D> {
             )));
         }
         let held = (0..ep.tx.capacity()).map(|_| Mutex::new(Default::default())).collect();
-        // The monitor thread owns the stream (TLS or not): it alone reads and writes it after the
-        // handshake (keepalive, queue re-exchange); a clone of its socket shuts it down.
+        // The channel's watch in the process's control loop owns the stream (TLS or not): it
+        // alone reads and writes it after the handshake (queue re-exchange, aside); a clone of
+        // its socket shuts it down, which the loop sees.
         let shutdown = stream.tcp().try_clone().map_err(control::ControlError::from)?;
-        let wake = Arc::new(crate::worker::WakeFd::new().map_err(control::ControlError::from)?);
         let keepalive = config.keepalive;
         let recovery_state = recovery::State::new(config.queues);
         let rndv = rndv::State::new(device, ep.tx.capacity());
@@ -580,14 +581,11 @@ impl<D: Device + Clone> Channel<D> {
             ep,
             live: Live::new(),
             on_break: Mutex::default(),
-            wake: wake.clone(),
             recovery: recovery_state,
         });
         let weak = Arc::downgrade(&inner);
-        spawn_started(format!("bypass-ch{}-ctl", inner.channel_id), move || {
-            monitor::run(stream, weak, wake, keepalive)
-        })
-        .map_err(control::ControlError::from)?;
+        crate::reactor::watch(Box::new(monitor::ChannelWatch::new(stream, weak, keepalive)))
+            .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
 
@@ -677,7 +675,7 @@ impl<D: Device + Clone> Channel<D> {
             table_in_use: t.outstanding,
             credits: i.credits.iter().map(|c| u64::from(c.available())).sum(),
             ready_queues: i.ep.ready_queues(),
-            registered_bytes: i.ep.registered,
+            registered_bytes: i.ep.registered(),
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
             keepalive_probes: i.live.probes.load(Ordering::Relaxed),
             recoveries: i.recovery.recovered.load(Ordering::Relaxed),
@@ -940,8 +938,10 @@ impl<D: Device + Clone> Channel<D> {
 
     /// Sets the callback that runs once when the channel closes, with the reason: the peer went
     /// away (closed, or stopped answering keepalive probes), the queues failed past recovery, or
-    /// this side closed it. It runs on the thread that closes the channel (its monitor thread, a
-    /// poller, or the one calling [`Channel::close`] or dropping the last handle), after every
+    /// this side closed it. It runs on the thread that closes the channel (the process's control
+    /// loop thread `bypass-ctl` for a peer that closed or stopped answering — keep it short there:
+    /// it delays the other connections' keepalive —, a recovery thread, a poller, or the one
+    /// calling [`Channel::close`] or dropping the last handle), after every
     /// outstanding call got its outcome; if the channel is closed already, it runs at once on
     /// this thread. A panic in it is contained. Replaces a callback set earlier that has not run.
     pub fn set_break_callback(&self, callback: impl FnOnce(CloseReason) + Send + 'static) {
@@ -1059,7 +1059,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
-            if let Some(h) = self.ep.tx.get(opts.mode, 0) {
+            if let Some(h) = self.ep.get_tx(opts.mode, 0)? {
                 return Ok(h);
             }
             if self.poll_send() > 0 {
@@ -1560,8 +1560,8 @@ impl<D: Device + Clone> ChannelInner<D> {
         // the cause rather than whichever completion happened to be polled first.
         self.fail_calls(&|p: &Pending| p.queue == q && !p.one_sided, &make, FailReason::Cancelled);
         if self.config.recovery.is_some() && !self.ep.is_closed() {
-            // The monitor thread brings it back (or closes the channel past the budget).
-            return self.recovery.request(q, &self.wake);
+            // The control loop brings it back, aside (or closes the channel past the budget).
+            return self.recovery.request(q);
         }
         if self.ep.ready_queues() == 0 {
             self.close_with(CloseReason::QueuesFailed);
@@ -1623,7 +1623,6 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         // Whatever is still waiting for its own completion ends now, exactly once.
         self.fail_calls(&|_| true, &|| reason.call_error(), FailReason::Cancelled);
-        self.wake.signal();
         self.fire_break(reason);
     }
 

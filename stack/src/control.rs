@@ -6,7 +6,7 @@
 //! with a [`ServerHello`] or refuses with a [`Reject`]. After a successful handshake the data path
 //! runs on the queues, and the TCP stream stays open: **its closure means the connection is
 //! closed**. Since version 3 it also carries the [`session`] frames (queue reset and its answer,
-//! for queue recovery) and nothing else; a monitor thread on each side reads it.
+//! for queue recovery) and nothing else; the process's control loop on each side watches it.
 //!
 //! The stream may be TLS 1.3 ([`ControlStream`], [`connect_with`], [`Handshake::with_tls`];
 //! see [`crate::tls`]): then a TLS handshake comes first and every frame below travels inside
@@ -85,7 +85,7 @@
 //! travel on the stream (version 3): the client's [`QueueReset`] and the server's
 //! [`QueueResetDone`], which re-exchange one queue's [`QueueInfo`] when that queue is recovered
 //! from ERROR. Anything else after the handshake is a protocol error that closes the connection
-//! (the stack's monitor threads; [`wait_closed`] is the plain form that treats any byte as
+//! (the stack's control loop; [`wait_closed`] is the plain form that treats any byte as
 //! closure).
 //!
 //! ## Errors

@@ -4,10 +4,15 @@
 //! `Endpoint` plus their own logic. Memory is laid out so that ownership follows the protocol and
 //! needs no bookkeeping on the hot path:
 //!
-//! - **send buffers**: one registered region of `tx_capacity × msg_size` bytes; send context `i`
-//!   (see [`crate::tx_ctx`]) owns bytes `i × msg_size ..`. Whoever holds a live context writes
-//!   its buffer; the context is released only after the send completion, so the NIC never reads
-//!   a buffer that is being rewritten.
+//! - **send buffers**: `msg_size` bytes per send context (see [`crate::tx_ctx`]), registered in
+//!   chunks of [`SEND_CHUNK`] contexts: send context `i` owns bytes `(i % SEND_CHUNK) × msg_size ..`
+//!   of chunk `i / SEND_CHUNK`. The first chunk is registered with the endpoint, the others the
+//!   first time a context of theirs is handed out ([`Endpoint::get_tx`]; once per chunk for the
+//!   life of the endpoint). The slab hands out the most recently freed context first, so an idle
+//!   or lightly loaded connection keeps using the first chunk and never registers the rest: its
+//!   send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
+//!   live context writes its buffer; the context is released only after the send completion, so
+//!   the NIC never reads a buffer that is being rewritten.
 //! - **receive buffers**: one registered region of `queues × recv_depth × msg_size` bytes;
 //!   buffer `b` belongs to queue `b / recv_depth` and is posted with `wr_id = b`. A buffer is
 //!   either posted or owned by exactly one party (the poller that took its completion, or a
@@ -24,10 +29,13 @@ use crate::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
     RecvWr, SendOp, SendWr, Sge, WrFlags,
 };
-use crate::tx_ctx::{TxHandle, TxSlab};
+use crate::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::RpcError;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Send contexts whose buffers are registered together (see the module docs).
+pub(crate) const SEND_CHUNK: usize = 8;
 
 /// Locks a mutex; a poisoned mutex (a thread panicked while holding it) is still usable here
 /// because every critical section leaves its data consistent before anything can panic.
@@ -213,15 +221,18 @@ pub(crate) struct Endpoint<D: Device> {
     pub(crate) recv_cq: Mutex<D::Cq>,
     pub(crate) queues: Box<[QueueSlot<D::Queue>]>,
     pub(crate) tx: TxSlab,
-    send_region: D::Region,
+    /// The send buffers, [`SEND_CHUNK`] contexts' worth per region, each registered on first use.
+    send_chunks: Box<[OnceLock<D::Region>]>,
+    /// Taken to register a chunk (so that two threads do not both register it).
+    chunk_init: Mutex<()>,
     recv_region: D::Region,
     pub(crate) msg_size: usize,
     /// SGEs per send-side work request the queues were created with.
     pub(crate) max_send_sge: usize,
     recv_depth: u32,
     repost_batch: usize,
-    /// Bytes registered for the send and receive buffers.
-    pub(crate) registered: u64,
+    /// Bytes registered for the send and receive buffers so far.
+    registered: AtomicU64,
     /// Set for good when the connection closes (before its queues are failed), so a post that
     /// finds its queue failed can tell a closed connection ([`RpcError::Closed`]) from a queue
     /// that failed on its own ([`RpcError::Queue`]).
@@ -284,24 +295,72 @@ impl<D: Device + Clone> Endpoint<D> {
         }
         let tx =
             TxSlab::new(tx_capacity).map_err(|e| RpcError::InvalidArgument(format!("send contexts: {e}")))?;
-        let send_region = device.register(tx_capacity * s.msg_size, Access::LOCAL_WRITE)?;
+        let send_chunks: Box<[OnceLock<D::Region>]> =
+            (0..tx_capacity.div_ceil(SEND_CHUNK)).map(|_| OnceLock::new()).collect();
         let recv_region = device.register(recv_count * s.msg_size, Access::LOCAL_WRITE)?;
-        let registered = (send_region.len() + recv_region.len()) as u64;
-        Ok(Endpoint {
-            registered,
+        let ep = Endpoint {
+            registered: AtomicU64::new(recv_region.len() as u64),
             device: device.clone(),
             send_cq: Mutex::new(send_cq),
             recv_cq: Mutex::new(recv_cq),
             queues: queues.into_boxed_slice(),
             tx,
-            send_region,
+            send_chunks,
+            chunk_init: Mutex::new(()),
             recv_region,
             msg_size: s.msg_size,
             max_send_sge: config.max_send_sge as usize,
             recv_depth: s.recv_depth,
             repost_batch: s.repost_batch.clamp(1, MAX_REPOST_BATCH),
             closed: AtomicBool::new(false),
-        })
+        };
+        // The slab hands out context 0 first: its chunk is there from the start.
+        ep.send_chunk(0)?;
+        Ok(ep)
+    }
+
+    /// Bytes registered for the send and receive buffers so far.
+    pub(crate) fn registered(&self) -> u64 {
+        self.registered.load(Ordering::Relaxed)
+    }
+
+    /// The registered chunk of send buffers holding context `index`'s, registering it first if
+    /// no context of it was handed out before.
+    fn send_chunk(&self, index: usize) -> Result<&D::Region, RpcError> {
+        let cell = &self.send_chunks[index / SEND_CHUNK];
+        if let Some(r) = cell.get() {
+            return Ok(r);
+        }
+        let _init = lock(&self.chunk_init);
+        if let Some(r) = cell.get() {
+            return Ok(r);
+        }
+        let contexts = SEND_CHUNK.min(self.tx.capacity() - index / SEND_CHUNK * SEND_CHUNK);
+        let region = self.device.register(contexts * self.msg_size, Access::LOCAL_WRITE)?;
+        self.registered.fetch_add(region.len() as u64, Ordering::Relaxed);
+        Ok(cell.get_or_init(|| region))
+    }
+
+    /// A free send context for a message of mode `mode` (see [`TxSlab::get`]), its send buffer
+    /// registered; `Ok(None)` when every context is in use. The first use of a chunk of
+    /// [`SEND_CHUNK`] contexts registers it (once for the endpoint's life); an error doing so
+    /// is returned and the context goes back.
+    pub(crate) fn get_tx(&self, mode: CallMode, token: u64) -> Result<Option<TxHandle>, RpcError> {
+        let Some(h) = self.tx.get(mode, token) else { return Ok(None) };
+        if let Err(e) = self.send_chunk(h.index as usize) {
+            let _ = self.tx.fail(h, FailReason::SendError);
+            return Err(e);
+        }
+        Ok(Some(h))
+    }
+
+    /// Context `index`'s send buffer: its chunk and its offset in it. The chunk is registered
+    /// (the context was handed out by [`Endpoint::get_tx`]).
+    fn send_slot(&self, index: u32) -> (&D::Region, usize) {
+        let i = index as usize;
+        let region =
+            self.send_chunks[i / SEND_CHUNK].get().expect("a handed-out context's chunk is registered");
+        (region, (i % SEND_CHUNK) * self.msg_size)
     }
 
     /// What the peer needs to connect to each of our queues, in order.
@@ -508,20 +567,21 @@ impl<D: Device + Clone> Endpoint<D> {
     /// reference to this buffer while the returned one lives.
     #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn send_buf(&self, tx: TxHandle) -> &mut [u8] {
-        let off = tx.index as usize * self.msg_size;
-        assert!(off + self.msg_size <= self.send_region.len(), "send buffer {} out of range", tx.index);
+        let (region, off) = self.send_slot(tx.index);
+        assert!(off + self.msg_size <= region.len(), "send buffer {} out of range", tx.index);
         // SAFETY: in bounds (asserted). A context owns its buffer exclusively from `get` to its
         // release, and the NIC reads it only between the post and the send completion, which
         // comes before the release (caller's contract: not posted yet). The region has no
         // remote access and outlives `&self`.
-        unsafe { std::slice::from_raw_parts_mut(self.send_region.as_ptr().add(off), self.msg_size) }
+        unsafe { std::slice::from_raw_parts_mut(region.as_ptr().add(off), self.msg_size) }
     }
 
     /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`.
     pub(crate) fn post_send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
         let slot = &self.queues[q];
         self.check_ready(q)?;
-        let sge = self.send_region.sge(tx.index as usize * self.msg_size, len)?;
+        let (region, off) = self.send_slot(tx.index);
+        let sge = region.sge(off, len)?;
         let mut queue = lock(&slot.q);
         queue.post_send(&[SendWr::send(tx.to_u64(), &[sge])])?;
         Ok(())
@@ -542,7 +602,8 @@ impl<D: Device + Clone> Endpoint<D> {
         self.check_ready(q)?;
         let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
         for (sge, (tx, len)) in sges.iter_mut().zip(items) {
-            *sge = self.send_region.sge(tx.index as usize * self.msg_size, *len as usize)?;
+            let (region, off) = self.send_slot(tx.index);
+            *sge = region.sge(off, *len as usize)?;
         }
         let wrs: [SendWr<'_>; MAX_REPOST_BATCH] = std::array::from_fn(|i| {
             let wr_id = items.get(i).map_or(0, |(tx, _)| tx.to_u64());
@@ -625,6 +686,38 @@ mod tests {
         }
     }
 
+    /// Send buffers are registered a chunk at a time, as contexts are first handed out: an
+    /// endpoint whose calls never overlap keeps only the first chunk; one with more contexts in
+    /// use registers more, once, and each context's buffer is its own.
+    #[test]
+    fn send_buffers_are_registered_a_chunk_at_a_time() {
+        let fabric = Fabric::new(Engine::Inline);
+        let nic = fabric.add_nic();
+        let s = Sizes { queues: 2, send_depth: 10, ..sizes() };
+        let ep = Endpoint::new(&nic, s).expect("endpoint");
+        let recv = (2 * 4 * 256) as u64;
+        let chunk = (SEND_CHUNK * 256) as u64;
+        assert_eq!(ep.registered(), recv + chunk, "the first chunk only");
+        let mode = crate::tx_ctx::CallMode::EarlyRsp;
+        for _ in 0..100 {
+            let h = ep.get_tx(mode, 0).unwrap().expect("a context");
+            let _ = ep.tx.fail(h, FailReason::SendError);
+        }
+        assert_eq!(ep.registered(), recv + chunk, "one context at a time reuses the first chunk");
+        let held: Vec<TxHandle> = (0..20).map(|_| ep.get_tx(mode, 0).unwrap().expect("a context")).collect();
+        assert!(ep.get_tx(mode, 0).unwrap().is_none(), "20 contexts in all");
+        assert_eq!(ep.registered(), recv + 20 * 256, "all three chunks (8 + 8 + 4 contexts)");
+        for (i, h) in held.iter().enumerate() {
+            // SAFETY: `h` is live, ours and never posted; no other reference to its buffer.
+            unsafe { ep.send_buf(*h) }.fill(i as u8);
+        }
+        for (i, h) in held.iter().enumerate() {
+            // SAFETY: as above; the previous borrow ended.
+            let buf = unsafe { ep.send_buf(*h) };
+            assert!(buf.iter().all(|&b| b == i as u8), "context {i}'s buffer is its own");
+        }
+    }
+
     /// Regression: a post on a failed queue was `Device(BadState)` whether the connection was
     /// closed or one queue had failed. It is `Queue(Flushed)` for a failed queue of an open
     /// connection and `Closed` once the connection is closed.
@@ -636,7 +729,7 @@ mod tests {
         let b = Endpoint::new(&nb, sizes()).expect("endpoint b");
         a.connect(&b.infos()).expect("connect a");
         b.connect(&a.infos()).expect("connect b");
-        let tx = a.tx.get(crate::tx_ctx::CallMode::EarlyRsp, 0).expect("a context");
+        let tx = a.get_tx(crate::tx_ctx::CallMode::EarlyRsp, 0).expect("registered").expect("a context");
         a.check_ready(1).expect("queue 1 is READY");
         a.fail_queue(0);
         match a.post_send(0, tx, 16) {

@@ -144,6 +144,8 @@ mod error;
 #[cfg(not(loom))]
 mod liveness;
 #[cfg(not(loom))]
+mod reactor;
+#[cfg(not(loom))]
 mod recovery;
 #[cfg(not(loom))]
 mod rndv;

@@ -17,16 +17,14 @@
 //! `interval × (misses + 1)`, from the client's first probe on (a client without keepalive
 //! never probes, and the server then relies on the TCP stream alone).
 //!
-//! Timing uses the real monotonic clock (not a simulated device's clock), and the channel's
-//! monitor thread (the one that watches the control stream) runs it: it looks every
-//! `interval / 4`, and, when nobody else has polled the channel since its last look, polls it
-//! itself so that an idle channel's probe responses are collected. The hot path pays one
+//! Timing uses the real monotonic clock (not a simulated device's clock), and the process's
+//! control loop ([`crate::reactor`], the thread that watches every control stream) runs it: it
+//! looks at each channel every `interval / 4`, and, when nobody else has polled the channel
+//! since its last look, polls it itself so that an idle channel's probe responses are collected. The hot path pays one
 //! relaxed load (and, after a quiet spell, one store) per non-empty poll of the receive CQ.
 
 use crate::wire::FunctionId;
 use crate::RpcError;
-use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
@@ -173,7 +171,7 @@ impl std::fmt::Display for CloseReason {
     }
 }
 
-/// Per-connection state shared by the data path (which marks traffic) and the monitor thread.
+/// Per-connection state shared by the data path (which marks traffic) and the control loop.
 pub(crate) struct Live {
     /// Set by pollers when they received something; taken by the monitor.
     heard: AtomicBool,
@@ -284,37 +282,6 @@ impl Silence {
         self.quiet_since = now;
         self.last_look = now;
     }
-}
-
-/// Waits until `stream` is readable (data, end of stream or an error: the next read will not
-/// block), `wake` (if any) is signalled, or `timeout` (`None`: no limit) passes. Returns
-/// whether the stream is readable.
-pub(crate) fn wait_readable(
-    stream: &mut crate::control::ControlStream,
-    wake: Option<RawFd>,
-    timeout: Option<Duration>,
-) -> io::Result<bool> {
-    use crate::control::ControlIo;
-    if stream.buffered() > 0 {
-        return Ok(true); // decrypted bytes are waiting: the socket may never turn readable for them
-    }
-    let mut pfds = [
-        libc::pollfd { fd: stream.tcp().as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        // A negative fd is ignored by poll(2).
-        libc::pollfd { fd: wake.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-    ];
-    let ms = match timeout {
-        None => -1,
-        Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int,
-    };
-    // SAFETY: `pfds` is a valid array of two pollfd structs for the whole call, and both fds
-    // are open (borrowed from live owners) while it runs.
-    let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        return if e.kind() == io::ErrorKind::Interrupted { Ok(false) } else { Err(e) };
-    }
-    Ok(pfds[0].revents != 0)
 }
 
 /// Whether `f` is the keepalive function.

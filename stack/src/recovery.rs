@@ -1,7 +1,7 @@
 //! Queue recovery: a queue that went to ERROR is brought back.
 //!
-//! The client drives it (its monitor thread, the one that owns the control stream); the server
-//! answers. For queue `q`:
+//! The client drives it (the channel's watch in the control loop, which owns the control
+//! stream, runs it aside on a short-lived thread); the server answers. For queue `q`:
 //!
 //! 1. **Fail** (already done when the failure was seen): the queue is marked not READY and moved
 //!    to ERROR; the calls outstanding on it fail once with [`RpcError::Queue`](crate::RpcError::Queue)

@@ -30,7 +30,7 @@ use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::liveness::{self, CloseReason, Keepalive, Live};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
-use crate::worker::{spawn_started, PollMode, Pollable, WorkerConfig, WorkerGroup};
+use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
 use crate::RpcError;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -792,7 +792,7 @@ impl<D: Device + Clone> Conn<D> {
     fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
-            if let Some(tx) = self.ep.tx.get(CallMode::EarlyRsp, 0) {
+            if let Some(tx) = self.ep.get_tx(CallMode::EarlyRsp, 0)? {
                 return Ok(tx);
             }
             if self.ep.is_closed() {
@@ -1189,7 +1189,7 @@ impl<D: Device + Clone> Server<D> {
     /// Bytes of registered buffers over all open connections (each at most
     /// [`ServerConfig::memory_limit`]).
     pub fn registered_bytes(&self) -> u64 {
-        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered).sum()
+        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered()).sum()
     }
 
     /// Rendezvous counters, and the rendezvous memory held over all open connections.
@@ -1407,16 +1407,13 @@ impl<D: Device + Clone> ServerInner<D> {
         }
     }
 
-    /// Starts the thread that watches the client's stream (its closure closes `conn`; it carries
-    /// queue resets) and runs keepalive.
+    /// Hands the client's stream to the process's control loop, which watches it (its closure
+    /// closes `conn`; it carries queue resets) and runs keepalive.
     fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
         let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
-        let keepalive = self.config.keepalive;
-        spawn_started(format!("bypass-conn{}-ctl", conn.channel_id), move || {
-            monitor::run(stream, weak, keepalive)
-        })
-        .map_err(control::ControlError::from)?;
+        crate::reactor::watch(Box::new(monitor::ConnWatch::new(stream, weak, self.config.keepalive)))
+            .map_err(control::ControlError::from)?;
         Ok(())
     }
 

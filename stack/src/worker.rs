@@ -248,18 +248,6 @@ impl Drop for WorkerGroup {
     }
 }
 
-/// Starts a named thread running `f` and returns once it runs, so that its start-up (and any
-/// failure to start) happens before the caller goes on, not in the middle of later work.
-pub(crate) fn spawn_started(name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
-    let (started, wait) = std::sync::mpsc::sync_channel::<()>(1);
-    std::thread::Builder::new().name(name).spawn(move || {
-        let _ = started.send(());
-        f();
-    })?;
-    let _ = wait.recv();
-    Ok(())
-}
-
 /// Pins the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.

@@ -1,14 +1,17 @@
-//! The channel's monitor thread: it watches the control stream (its closure, or any byte the
-//! server sends unasked, closes the channel), runs keepalive (see [`crate::liveness`]) and
-//! recovers failed queues (see [`crate::recovery`]).
+//! A channel's watch in the process's control loop ([`crate::reactor`]): the control stream's
+//! closure (or any byte the server sends unasked) closes the channel; keepalive looks run on
+//! the loop's timers (see [`crate::liveness`]); failed queues are recovered aside, on a
+//! short-lived thread that owns the stream meanwhile (see [`crate::recovery`]).
 
 use super::{CallOptions, ChannelInner};
 use crate::call::{self, Oneshot, Sink};
+use crate::control::{ControlIo, ControlStream};
 use crate::hal::Device;
-use crate::liveness::{self, CloseReason, Keepalive, Silence};
+use crate::liveness::{CloseReason, Keepalive, Silence};
+use crate::reactor::{Step, Watch};
 use crate::tx_ctx::CallMode;
 use crate::wire::FunctionId;
-use crate::worker::WakeFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -22,47 +25,92 @@ pub(super) struct KeepaliveState {
     next_look: Instant,
 }
 
-pub(super) fn run<D: Device + Clone>(
-    mut stream: crate::control::ControlStream,
+/// A channel's control stream and timers, as the process's control loop watches them.
+pub(super) struct ChannelWatch<D: Device + Clone> {
+    stream: ControlStream,
     channel: Weak<ChannelInner<D>>,
-    wake: Arc<WakeFd>,
-    keepalive: Option<Keepalive>,
-) {
-    let now = Instant::now();
-    let mut ka = keepalive.map(|keepalive| KeepaliveState {
-        keepalive,
-        silence: Silence::new(now),
-        probe: None,
-        last_polls: u32::MAX,
-        next_look: now + keepalive.tick(),
-    });
-    loop {
-        let timeout = ka.as_ref().map(|k| k.next_look.saturating_duration_since(Instant::now()));
-        // An error of poll(2) itself is treated like a broken stream.
-        let readable = liveness::wait_readable(&mut stream, Some(wake.raw()), timeout).unwrap_or(true);
-        wake.clear();
-        let Some(inner) = channel.upgrade() else { return };
-        if inner.ep.is_closed() {
-            return;
-        }
-        if readable {
+    ka: Option<KeepaliveState>,
+}
+
+impl<D: Device + Clone> ChannelWatch<D> {
+    pub(super) fn new(
+        stream: ControlStream,
+        channel: Weak<ChannelInner<D>>,
+        keepalive: Option<Keepalive>,
+    ) -> Self {
+        let now = Instant::now();
+        let ka = keepalive.map(|keepalive| KeepaliveState {
+            keepalive,
+            silence: Silence::new(now),
+            probe: None,
+            last_polls: u32::MAX,
+            next_look: now + keepalive.tick(),
+        });
+        ChannelWatch { stream, channel, ka }
+    }
+
+    /// The channel, unless it is gone or closed (then the loop stops watching it).
+    fn open(&self) -> Option<Arc<ChannelInner<D>>> {
+        self.channel.upgrade().filter(|c| !c.ep.is_closed())
+    }
+}
+
+impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
+    fn fd(&self) -> RawFd {
+        self.stream.tcp().as_raw_fd()
+    }
+
+    fn has_buffered(&mut self) -> bool {
+        self.stream.buffered() > 0
+    }
+
+    fn on_readable(&mut self) -> Step {
+        if let Some(inner) = self.open() {
             // End of stream, an error, or bytes nobody asked for (answers to our own requests
-            // are read where they are awaited): the connection is over.
+            // are read where they are awaited, aside): the connection is over.
             inner.close_with(CloseReason::PeerClosed);
-            return;
         }
-        let recovered = inner.recover_pending(&mut stream);
-        if let Some(k) = ka.as_mut() {
-            let now = Instant::now();
-            if recovered {
-                // The data path was down meanwhile, by our own doing: silence counts from now.
-                k.silence.restart(now);
-            }
+        Step::Done
+    }
+
+    fn on_timer(&mut self, now: Instant) -> Step {
+        let Some(inner) = self.open() else { return Step::Done };
+        if let Some(k) = self.ka.as_mut() {
             if now >= k.next_look {
                 k.next_look = now + k.keepalive.tick();
                 inner.keepalive_look(k, now);
             }
         }
+        if inner.ep.is_closed() {
+            Step::Done
+        } else {
+            Step::Keep
+        }
+    }
+
+    fn on_wake(&mut self) -> Step {
+        match self.open() {
+            None => Step::Done,
+            Some(inner) if inner.recovery.pending() => Step::Aside,
+            Some(_) => Step::Keep,
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.ka.as_ref().map(|k| k.next_look)
+    }
+
+    fn aside(&mut self) -> bool {
+        let Some(inner) = self.open() else { return false };
+        if inner.recover_pending(&mut self.stream) {
+            if let Some(k) = self.ka.as_mut() {
+                // The data path was down meanwhile, by our own doing: silence counts from now.
+                let now = Instant::now();
+                k.silence.restart(now);
+                k.next_look = now + k.keepalive.tick();
+            }
+        }
+        !inner.ep.is_closed()
     }
 }
 

@@ -1,5 +1,6 @@
-//! Queue recovery on the client (see [`crate::recovery`] for the sequence): the monitor thread,
-//! which owns the control stream, brings failed queues back.
+//! Queue recovery on the client (see [`crate::recovery`] for the sequence): the channel's watch
+//! ([`super::monitor`]), which owns the control stream, brings failed queues back, on a
+//! short-lived thread aside from the process's control loop.
 
 use super::ChannelInner;
 use crate::control::session::{self, SessionFrame};
@@ -8,7 +9,6 @@ use crate::endpoint::lock;
 use crate::hal::Device;
 use crate::liveness::CloseReason;
 use crate::recovery::{Budget, Recovery};
-use crate::worker::WakeFd;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -32,10 +32,15 @@ impl State {
         }
     }
 
-    /// Queue `q` failed: the monitor is to recover it.
-    pub(super) fn request(&self, q: usize, wake: &WakeFd) {
+    /// Queue `q` failed: the control loop is to recover it.
+    pub(super) fn request(&self, q: usize) {
         self.needs[q].store(true, Ordering::Release);
-        wake.signal();
+        crate::reactor::wake();
+    }
+
+    /// Whether a queue waits for recovery.
+    pub(super) fn pending(&self) -> bool {
+        self.needs.iter().any(|n| n.load(Ordering::Acquire))
     }
 
     fn next(&self) -> Option<usize> {
@@ -58,7 +63,7 @@ impl From<RpcError> for Failed {
 }
 
 impl<D: Device + Clone> ChannelInner<D> {
-    /// Recovers the queues that asked for it, each within its budget (monitor thread). Returns
+    /// Recovers the queues that asked for it, each within its budget (aside from the control loop). Returns
     /// whether it tried any.
     pub(super) fn recover_pending(&self, stream: &mut crate::control::ControlStream) -> bool {
         let Some(policy) = self.config.recovery else { return false };

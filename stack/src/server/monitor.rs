@@ -1,65 +1,152 @@
-//! A connection's monitor thread on the server: it reads the client's control stream (its
-//! closure, or anything but a queue reset, closes the connection), answers queue resets (see
-//! [`crate::recovery`]) and judges keepalive silence (see [`crate::liveness`]).
+//! A connection's watch in the process's control loop ([`crate::reactor`]) on the server: the
+//! client's control stream closing (or carrying anything but a queue reset) closes the
+//! connection; a queue reset is read and answered aside, on a short-lived thread that owns the
+//! stream meanwhile (see [`crate::recovery`]); keepalive silence is judged on the loop's timers
+//! (see [`crate::liveness`]).
 
 use super::Conn;
 use crate::control::session::{self, SessionFrame};
+use crate::control::{ControlIo, ControlStream};
 use crate::hal::Device;
-use crate::liveness::{self, CloseReason, Keepalive, Silence};
+use crate::liveness::{CloseReason, Keepalive, Silence};
+use crate::reactor::{Step, Watch};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Limit for reading one control frame once its first byte is there, and for writing one.
 pub(crate) const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(super) fn run<D: Device + Clone>(
-    mut stream: crate::control::ControlStream,
+/// A server connection's control stream and keepalive timer, as the control loop watches them.
+pub(super) struct ConnWatch<D: Device + Clone> {
+    stream: ControlStream,
     conn: Weak<Conn<D>>,
     keepalive: Option<Keepalive>,
-) {
-    let mut silence = Silence::new(Instant::now());
-    let mut next_look = keepalive.map(|k| Instant::now() + k.tick());
-    loop {
-        let timeout = next_look.map(|t| t.saturating_duration_since(Instant::now()));
-        let readable = liveness::wait_readable(&mut stream, None, timeout).unwrap_or(true);
-        let Some(c) = conn.upgrade() else { return };
-        if c.ep.is_closed() {
-            return;
+    silence: Silence,
+    next_look: Option<Instant>,
+}
+
+impl<D: Device + Clone> ConnWatch<D> {
+    pub(super) fn new(stream: ControlStream, conn: Weak<Conn<D>>, keepalive: Option<Keepalive>) -> Self {
+        let now = Instant::now();
+        ConnWatch {
+            stream,
+            conn,
+            keepalive,
+            silence: Silence::new(now),
+            next_look: keepalive.map(|k| now + k.tick()),
         }
-        if readable {
-            let answered = match session::read_frame(&mut stream, FRAME_TIMEOUT) {
-                Ok(SessionFrame::QueueReset(r)) => {
-                    let answer = c.reset_queue(&r);
-                    answer.encode().and_then(|frame| session::write_frame(&mut stream, &frame, FRAME_TIMEOUT))
-                }
-                Ok(other) => {
-                    Err(crate::control::ControlError::Malformed(format!("{other:?} sent to a server")))
-                }
-                Err(e) => Err(e),
-            };
-            if answered.is_err() {
-                // End of stream, garbage, or an answer we could not write: the client is gone.
+    }
+
+    fn open(&self) -> Option<Arc<Conn<D>>> {
+        self.conn.upgrade().filter(|c| !c.ep.is_closed())
+    }
+}
+
+/// What the socket holds, without reading it (`MSG_PEEK | MSG_DONTWAIT`).
+enum Peek {
+    /// Bytes: a frame (or a TLS record) to read, aside.
+    Data,
+    /// End of stream or an error.
+    Closed,
+    /// Nothing after all.
+    Empty,
+}
+
+fn peek(fd: RawFd) -> Peek {
+    let mut b = 0u8;
+    // SAFETY: reads at most 1 byte into a live u8; `fd` is an open socket borrowed from the
+    // stream we own. MSG_PEEK leaves the byte in the socket for the stream's own reads.
+    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    match n {
+        0 => Peek::Closed,
+        n if n > 0 => Peek::Data,
+        _ => match std::io::Error::last_os_error().kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Peek::Empty,
+            _ => Peek::Closed,
+        },
+    }
+}
+
+impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
+    fn fd(&self) -> RawFd {
+        self.stream.tcp().as_raw_fd()
+    }
+
+    fn has_buffered(&mut self) -> bool {
+        self.stream.buffered() > 0
+    }
+
+    fn on_readable(&mut self) -> Step {
+        let Some(c) = self.open() else { return Step::Done };
+        if self.stream.buffered() > 0 {
+            return Step::Aside;
+        }
+        match peek(self.fd()) {
+            Peek::Data => Step::Aside,
+            Peek::Empty => Step::Keep,
+            Peek::Closed => {
                 c.close_with(CloseReason::PeerClosed);
-                return;
-            }
-            // The reset took a while; the silence meanwhile is ours, not the client's.
-            silence.restart(Instant::now());
-        }
-        if let (Some(k), Some(at)) = (keepalive, next_look) {
-            let now = Instant::now();
-            if now >= at {
-                next_look = Some(now + k.tick());
-                if c.live.frozen.load(Ordering::Acquire) {
-                    silence.restart(now);
-                    continue;
-                }
-                let quiet = silence.look(&c.live, now);
-                if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
-                    c.close_with(CloseReason::KeepaliveTimeout);
-                    return;
-                }
+                Step::Done
             }
         }
+    }
+
+    fn on_timer(&mut self, now: Instant) -> Step {
+        let Some(c) = self.open() else { return Step::Done };
+        let (Some(k), Some(at)) = (self.keepalive, self.next_look) else { return Step::Keep };
+        if now < at {
+            return Step::Keep;
+        }
+        self.next_look = Some(now + k.tick());
+        if c.live.frozen.load(Ordering::Acquire) {
+            self.silence.restart(now);
+            return Step::Keep;
+        }
+        let quiet = self.silence.look(&c.live, now);
+        if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
+            c.close_with(CloseReason::KeepaliveTimeout);
+            return Step::Done;
+        }
+        Step::Keep
+    }
+
+    fn on_wake(&mut self) -> Step {
+        if self.open().is_some() {
+            Step::Keep
+        } else {
+            Step::Done
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.next_look
+    }
+
+    /// Reads the client's frame (a queue reset) and answers it, blocking (bounded by
+    /// [`FRAME_TIMEOUT`] each way).
+    fn aside(&mut self) -> bool {
+        let Some(c) = self.open() else { return false };
+        let answered = match session::read_frame(&mut self.stream, FRAME_TIMEOUT) {
+            Ok(SessionFrame::QueueReset(r)) => {
+                let answer = c.reset_queue(&r);
+                answer
+                    .encode()
+                    .and_then(|frame| session::write_frame(&mut self.stream, &frame, FRAME_TIMEOUT))
+            }
+            Ok(other) => Err(crate::control::ControlError::Malformed(format!("{other:?} sent to a server"))),
+            Err(e) => Err(e),
+        };
+        if answered.is_err() {
+            // End of stream, garbage, or an answer we could not write: the client is gone.
+            c.close_with(CloseReason::PeerClosed);
+            return false;
+        }
+        // The reset took a while; the silence meanwhile is ours, not the client's.
+        let now = Instant::now();
+        self.silence.restart(now);
+        self.next_look = self.keepalive.map(|k| now + k.tick());
+        !c.ep.is_closed()
     }
 }

@@ -1,5 +1,6 @@
 //! Queue recovery on the server (see [`crate::recovery`]): the client asks, the connection's
-//! monitor thread resets its end of the queue and answers.
+//! watch resets its end of the queue and answers (aside from the control loop, on a short-lived
+//! thread).
 
 use super::Conn;
 use crate::control::{QueueReset, QueueResetDone};
@@ -9,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 impl<D: Device + Clone> Conn<D> {
-    /// Resets and reconnects the queue a client's [`QueueReset`] names (monitor thread).
+    /// Resets and reconnects the queue a client's [`QueueReset`] names (aside from the control loop).
     pub(super) fn reset_queue(&self, r: &QueueReset) -> QueueResetDone {
         let result =
             self.try_reset_queue(r).map_err(|e| format!("the server could not reset queue {}: {e}", r.queue));

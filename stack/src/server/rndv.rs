@@ -540,7 +540,7 @@ impl<D: Device + Clone> Conn<D> {
                 if !is_rsp && (st.inflight >= rndv.op_limit || (is_read && st.reads >= rndv.rd_limit)) {
                     break;
                 }
-                let Some(tx) = self.ep.tx.get(CallMode::EarlyRsp, 0) else { break };
+                let Ok(Some(tx)) = self.ep.get_tx(CallMode::EarlyRsp, 0) else { break };
                 let Some(op) = st.fifo.pop_front() else { break };
                 rndv.pending.fetch_sub(1, Ordering::AcqRel);
                 match op {

@@ -1,0 +1,167 @@
+//! `bypass-conns`: what idle connections cost. Opens 1, 100 and 1000 channels (or the counts
+//! given as arguments) from one process to one server in the same process, on the sim (Inline
+//! engine), and prints the process's threads (`Threads:` of `/proc/self/status`) and resident
+//! memory (`VmRSS:`) before and with the channels open, the growth per connection, the
+//! registered buffer bytes per connection (client and server side; receive buffers counted
+//! apart), and whether one call on every channel works. `docs/BENCHMARKS.md` records figures.
+//!
+//! ```text
+//! cargo run --release -p bypass-perf --bin bypass-conns            # 1, 100, 1000
+//! cargo run --release -p bypass-perf --bin bypass-conns -- 10 5000
+//! ```
+//!
+//! A "connection" is one client channel and its server-side connection: both live in this
+//! process, so the figures per connection hold both ends.
+
+use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::{Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use std::time::Instant;
+
+const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
+    Some(f) => f,
+    None => panic!("bad function id"),
+};
+const NAME: &str = "conns";
+
+fn main() {
+    let counts: Vec<usize> = {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        if args.is_empty() {
+            vec![1, 100, 1000]
+        } else {
+            args.iter()
+                .map(|a| {
+                    a.parse().ok().filter(|&n| n > 0).unwrap_or_else(|| {
+                        eprintln!("bypass-conns: `{a}` is not a connection count (a positive integer)");
+                        std::process::exit(2)
+                    })
+                })
+                .collect()
+        }
+    };
+    raise_fd_limit();
+    println!(
+        "bypass-conns {}: idle channels to one server in one process, sim (Inline engine), default \
+         ChannelConfig/ServerConfig (keepalive on, 1 worker)",
+        env!("CARGO_PKG_VERSION")
+    );
+    println!(
+        "columns: threads and RSS with the channels open; +: growth over the server alone; /conn: per \
+         connection (client channel + server connection); reg: registered buffers; recv: receive \
+         buffers among them; beyond_recv: RSS growth per connection less its receive buffers"
+    );
+    println!(
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>7}",
+        "conns",
+        "threads",
+        "+threads",
+        "rss_MiB",
+        "+rss_MiB",
+        "rss/conn",
+        "reg/conn",
+        "recv/conn",
+        "beyond_recv",
+        "calls_ok",
+        "open_s"
+    );
+    for &n in &counts {
+        if let Err(e) = measure(n) {
+            eprintln!("bypass-conns: {n} connections: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn measure(n: usize) -> Result<(), String> {
+    let fabric = Fabric::new(Engine::Inline);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let mut functions = Functions::new();
+    functions.register(ECHO, |req| {
+        let args = req.args().to_vec();
+        let _ = req.reply(&args);
+    });
+    let mut server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions)
+        .map_err(|e| format!("bind: {e}"))?;
+    let (threads0, rss0) = status();
+    let started = Instant::now();
+    let mut channels: Vec<Channel<SimNic>> = Vec::with_capacity(n);
+    for i in 0..n {
+        let ch = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME))
+            .map_err(|e| format!("connect #{i}: {e}"))?;
+        channels.push(ch);
+    }
+    let open_s = started.elapsed().as_secs_f64();
+    let (threads1, rss1) = status();
+    let mut ok = 0;
+    let mut rsp = Vec::new();
+    for ch in &channels {
+        if ch.call(ECHO, b"ping", &mut rsp).is_ok() && rsp == b"ping" {
+            ok += 1;
+        }
+    }
+    let client_reg: u64 = channels.iter().map(|c| c.stats().registered_bytes).sum();
+    let reg = client_reg + server.registered_bytes();
+    let recv = recv_bytes(&channels);
+    let kib = |b: f64| b / 1024.0;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let per_conn = rss1.saturating_sub(rss0) as f64 / n as f64;
+    println!(
+        "{:>6} {:>8} {:>8} {:>9.1} {:>9.1} {:>5.0} KiB {:>5.0} KiB {:>5.0} KiB {:>8.0} KiB {:>9} {:>7.2}",
+        n,
+        threads1,
+        threads1 as i64 - threads0 as i64,
+        mib(rss1),
+        mib(rss1.saturating_sub(rss0)),
+        kib(per_conn),
+        kib(reg as f64 / n as f64),
+        kib(recv as f64 / n as f64),
+        kib(per_conn - recv as f64 / n as f64),
+        format!("{ok}/{n}"),
+        open_s
+    );
+    drop(channels);
+    server.shutdown();
+    if ok != n {
+        return Err(format!("{} of {n} calls failed", n - ok));
+    }
+    Ok(())
+}
+
+/// Receive buffer bytes of the channels and their server connections: what the default
+/// configuration posts (client: 4 × window + repost batch per queue; server: window + batch).
+fn recv_bytes(channels: &[Channel<SimNic>]) -> u64 {
+    channels
+        .iter()
+        .map(|c| {
+            let w = u64::from(c.window());
+            let batch = w.min(16);
+            let msg = ChannelConfig::default().msg_size as u64;
+            c.queues() as u64 * ((4 * w + batch) + (w + batch)) * msg
+        })
+        .sum()
+}
+
+/// (threads, resident bytes) of this process, from `/proc/self/status`.
+fn status() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (field("Threads:"), field("VmRSS:") * 1024)
+}
+
+/// Every connection holds a few descriptors on each side (sockets, CQ event fds): use the
+/// hard limit.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `lim` is a valid rlimit for getrlimit to fill in.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 && lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: `lim` is a valid rlimit read just above.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+    }
+}

@@ -1,0 +1,608 @@
+//! The process's control-plane event loop: one thread (`bypass-ctl`) watches the control stream
+//! of every client channel and every server connection in the process and runs their keepalive
+//! timers, so a connection costs no thread of its own.
+//!
+//! It waits in `epoll_wait(2)` (level-triggered) on every watched stream's socket and on its own
+//! eventfd, with a timeout to the earliest timer (a binary heap of deadlines, stale entries
+//! skipped). What a watched connection does on each event is its [`Watch`] implementation
+//! (`client::monitor`, `server::monitor`); everything it does on the loop is bounded local work
+//! that never waits on a peer: judging a closed stream, a keepalive look (polling the channel,
+//! starting a probe call), closing a connection (which runs its break callback here).
+//!
+//! The rare exchanges that block on a peer — a client's queue recovery, a server answering a
+//! queue reset — are run *aside*: the loop stops watching the stream and hands the connection to
+//! a short-lived thread (`bypass-ctl-aside`, at most 16 at once: more connections aside wait
+//! their turn), which does the exchange with ordinary blocking reads and writes (TLS included)
+//! and then gives the connection back to the loop. Other connections are never stalled by one
+//! peer.
+//!
+//! The loop starts with the first watched connection and ends when none is left (including none
+//! in the queue of new ones); the next one starts it again. A panic inside one connection's
+//! handling is contained: that connection is no longer watched (its stream is dropped, which
+//! the peer sees as closure), the others go on.
+
+use crate::endpoint::lock;
+use crate::worker::WakeFd;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// What the loop does with a connection after one of its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Go on watching it.
+    Keep,
+    /// Stop watching it (closed, or gone): it is dropped, and its stream with it.
+    Done,
+    /// Run [`Watch::aside`] on a short-lived thread, then watch it again if that says so.
+    Aside,
+}
+
+/// A connection the loop watches: its control stream's socket and its timers.
+pub(crate) trait Watch: Send + 'static {
+    /// The socket to wait on (readable, or hung up).
+    fn fd(&self) -> RawFd;
+    /// Whether bytes already wait inside the stream (decrypted TLS records) that will not make
+    /// the socket readable again. Asked whenever the connection is (re)registered.
+    fn has_buffered(&mut self) -> bool;
+    /// The socket is readable or hung up (or [`has_buffered`](Self::has_buffered) said so).
+    fn on_readable(&mut self) -> Step;
+    /// Its [`deadline`](Self::deadline) passed.
+    fn on_timer(&mut self, now: Instant) -> Step;
+    /// Someone called [`wake`]: look whether there is work (a queue to recover, a closed
+    /// connection). Also asked when the connection is (re)registered.
+    fn on_wake(&mut self) -> Step;
+    /// When [`on_timer`](Self::on_timer) should run next (`None`: no timer).
+    fn deadline(&self) -> Option<Instant>;
+    /// The blocking part, off the loop; returns whether the loop should watch it again.
+    fn aside(&mut self) -> bool;
+}
+
+/// The running loop's wake-up and new connections.
+struct Shared {
+    epoll: OwnedFd,
+    wake: WakeFd,
+}
+
+struct State {
+    /// The running loop (`None`: no thread; the next [`watch`] starts one).
+    running: Option<Arc<Shared>>,
+    /// Connections handed over and not yet taken by the loop.
+    new: Vec<Box<dyn Watch>>,
+    /// [`wake`] was called: every connection is to be asked [`Watch::on_wake`].
+    scan: bool,
+}
+
+static STATE: Mutex<State> = Mutex::new(State { running: None, new: Vec::new(), scan: false });
+
+/// The epoll data of the loop's own eventfd.
+const WAKE_KEY: u64 = u64::MAX;
+
+/// Hands `w` to the loop (starting it if none runs). On error (no thread or epoll instance could
+/// be made) `w` is dropped.
+pub(crate) fn watch(w: Box<dyn Watch>) -> std::io::Result<()> {
+    let mut st = lock(&STATE);
+    let shared = match &st.running {
+        Some(s) => s.clone(),
+        None => {
+            let s = Arc::new(Shared::new()?);
+            let t = s.clone();
+            std::thread::Builder::new().name("bypass-ctl".into()).spawn(move || run(t))?;
+            st.running = Some(s.clone());
+            s
+        }
+    };
+    st.new.push(w);
+    drop(st);
+    shared.wake.signal();
+    Ok(())
+}
+
+/// Makes the loop ask every connection [`Watch::on_wake`] (a queue waits for recovery).
+pub(crate) fn wake() {
+    let mut st = lock(&STATE);
+    if let Some(s) = &st.running {
+        s.wake.signal();
+        st.scan = true;
+    }
+}
+
+impl Shared {
+    fn new() -> std::io::Result<Self> {
+        // SAFETY: epoll_create1 takes no pointers; the flag is valid.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just returned by epoll_create1, is open, and nothing else owns it.
+        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let wake = WakeFd::new()?;
+        let s = Shared { epoll, wake };
+        s.ctl(libc::EPOLL_CTL_ADD, s.wake.raw(), WAKE_KEY)?;
+        Ok(s)
+    }
+
+    fn ctl(&self, op: libc::c_int, fd: RawFd, key: u64) -> std::io::Result<()> {
+        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: key };
+        // SAFETY: `ev` is a valid epoll_event for the call; both fds are open (the epoll fd is
+        // ours, `fd` is borrowed from a watched connection that is alive).
+        let rc = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// A watched connection in the loop's table.
+struct Entry {
+    w: Box<dyn Watch>,
+    /// The deadline in the heap for it (`None`: none), and its generation (older heap items
+    /// for this slot are stale).
+    scheduled: Option<Instant>,
+    gen: u64,
+}
+
+/// The loop's own table: slots of entries and the timer heap.
+struct Table {
+    slots: Vec<Option<Entry>>,
+    free: Vec<usize>,
+    live: usize,
+    timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
+    next_gen: u64,
+}
+
+impl Table {
+    fn insert(&mut self, shared: &Shared, w: Box<dyn Watch>) {
+        let fd = w.fd();
+        let idx = self.free.pop().unwrap_or_else(|| {
+            self.slots.push(None);
+            self.slots.len() - 1
+        });
+        if let Err(e) = shared.ctl(libc::EPOLL_CTL_ADD, fd, idx as u64) {
+            // Cannot be watched: dropping it closes its stream, which its peer sees as closure,
+            // and leaves it to its own data path to notice.
+            eprintln!("bypass: the control loop cannot watch a control stream (epoll_ctl: {e}); dropping it");
+            self.free.push(idx);
+            return;
+        }
+        self.slots[idx] = Some(Entry { w, scheduled: None, gen: 0 });
+        self.live += 1;
+        let step = guarded(self.slots[idx].as_mut(), |e| {
+            if e.w.has_buffered() {
+                e.w.on_readable()
+            } else {
+                e.w.on_wake()
+            }
+        });
+        self.apply(shared, idx, step);
+    }
+
+    /// Carries out `step` for slot `idx` (and reschedules its timer if it stays).
+    fn apply(&mut self, shared: &Shared, idx: usize, step: Step) {
+        let Some(e) = self.slots[idx].as_mut() else { return };
+        match step {
+            Step::Keep => {
+                let d = e.w.deadline();
+                if d != e.scheduled {
+                    self.next_gen += 1;
+                    e.gen = self.next_gen;
+                    e.scheduled = d;
+                    if let Some(d) = d {
+                        self.timers.push(Reverse((d, idx, e.gen)));
+                    }
+                }
+            }
+            Step::Done | Step::Aside => {
+                let e = self.remove(shared, idx);
+                if step == Step::Aside {
+                    run_aside(e.w);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, shared: &Shared, idx: usize) -> Entry {
+        let e = self.slots[idx].take().expect("a live slot");
+        let _ = shared.ctl(libc::EPOLL_CTL_DEL, e.w.fd(), 0);
+        self.free.push(idx);
+        self.live -= 1;
+        e
+    }
+}
+
+/// Runs `f` on the entry; a panic counts as [`Step::Done`] (reported).
+fn guarded(e: Option<&mut Entry>, f: impl FnOnce(&mut Entry) -> Step) -> Step {
+    let Some(e) = e else { return Step::Done };
+    match catch_unwind(AssertUnwindSafe(|| f(e))) {
+        Ok(step) => step,
+        Err(payload) => {
+            let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+            eprintln!(
+                "bypass: the control loop's handling of a connection panicked; that connection is dropped"
+            );
+            Step::Done
+        }
+    }
+}
+
+/// Most aside threads at once; connections beyond wait in [`ASIDE`]'s queue for one to be free
+/// (a recovery storm — every channel of a failed NIC — does not start a thread per channel).
+const MAX_ASIDE_THREADS: usize = 16;
+
+/// Aside threads running, and connections waiting for one.
+struct Aside {
+    threads: usize,
+    queue: std::collections::VecDeque<Box<dyn Watch>>,
+}
+
+static ASIDE: Mutex<Aside> = Mutex::new(Aside { threads: 0, queue: std::collections::VecDeque::new() });
+
+/// Runs `w.aside()` off the loop, on a short-lived thread (at most [`MAX_ASIDE_THREADS`]; each
+/// takes the waiting connections one after another before it ends), then hands it back to the
+/// loop. If no thread can be started it runs here (delaying the other connections, but not
+/// losing this one).
+fn run_aside(w: Box<dyn Watch>) {
+    {
+        let mut a = lock(&ASIDE);
+        a.queue.push_back(w);
+        if a.threads >= MAX_ASIDE_THREADS {
+            return;
+        }
+        a.threads += 1;
+    }
+    if std::thread::Builder::new().name("bypass-ctl-aside".into()).spawn(aside_thread).is_err() {
+        aside_thread();
+    }
+}
+
+/// Takes waiting connections until none is left.
+fn aside_thread() {
+    loop {
+        let next = {
+            let mut a = lock(&ASIDE);
+            let next = a.queue.pop_front();
+            if next.is_none() {
+                a.threads -= 1;
+            }
+            next
+        };
+        let Some(mut w) = next else { return };
+        if catch_unwind(AssertUnwindSafe(|| w.aside())).unwrap_or(false) {
+            let _ = watch(w);
+        }
+    }
+}
+
+/// The loop itself.
+fn run(shared: Arc<Shared>) {
+    let mut table =
+        Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    loop {
+        let (new, scan) = {
+            let mut st = lock(&STATE);
+            if st.new.is_empty() && table.live == 0 {
+                st.running = None;
+                st.scan = false;
+                return;
+            }
+            (std::mem::take(&mut st.new), std::mem::take(&mut st.scan))
+        };
+        if scan {
+            // Before the new ones (which are asked on registration anyway).
+            for idx in 0..table.slots.len() {
+                if table.slots[idx].is_some() {
+                    let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_wake());
+                    table.apply(&shared, idx, step);
+                }
+            }
+        }
+        for w in new {
+            table.insert(&shared, w);
+        }
+        if table.live == 0 {
+            continue; // look at the queue of new ones again (and end if it is empty)
+        }
+        let timeout = match table.timers.peek() {
+            None => -1,
+            Some(Reverse((d, _, _))) => {
+                d.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000).min(i32::MAX as u128)
+                    as libc::c_int
+            }
+        };
+        // SAFETY: `events` is a valid, writable array of `events.len()` epoll_event structs.
+        let n = unsafe {
+            libc::epoll_wait(
+                shared.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as libc::c_int,
+                timeout,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                // Not expected (the arguments are valid); give the CPU back rather than spin.
+                eprintln!("bypass: the control loop's epoll_wait failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            continue;
+        }
+        for ev in &events[..n as usize] {
+            let key = ev.u64;
+            if key == WAKE_KEY {
+                // New connections or a scan to do: taken at the top of the loop.
+                shared.wake.clear();
+                continue;
+            }
+            let idx = key as usize;
+            let step = guarded(table.slots.get_mut(idx).and_then(Option::as_mut), |e| e.w.on_readable());
+            if table.slots.get(idx).is_some_and(Option::is_some) {
+                table.apply(&shared, idx, step);
+            }
+        }
+        let now = Instant::now();
+        while let Some(&Reverse((d, idx, gen))) = table.timers.peek() {
+            if d > now {
+                break;
+            }
+            table.timers.pop();
+            let current = table.slots[idx].as_ref().is_some_and(|e| e.gen == gen && e.scheduled == Some(d));
+            if !current {
+                continue; // stale: rescheduled or removed since
+            }
+            if let Some(e) = table.slots[idx].as_mut() {
+                e.scheduled = None;
+            }
+            let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_timer(now));
+            table.apply(&shared, idx, step);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    const LIMIT: Duration = Duration::from_secs(30);
+
+    fn until(what: &str, cond: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < LIMIT, "gave up waiting for {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A test connection: counts its events; goes aside once when asked, blocking there until
+    /// released; ends when its socket turns readable.
+    struct Probe {
+        sock: UnixStream,
+        ticks: Arc<AtomicUsize>,
+        wakes: Arc<AtomicUsize>,
+        go_aside: Arc<AtomicBool>,
+        release: Option<mpsc::Receiver<()>>,
+        dropped: Arc<AtomicBool>,
+        next: Option<Instant>,
+        every: Option<Duration>,
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::Release);
+        }
+    }
+
+    impl Watch for Probe {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn has_buffered(&mut self) -> bool {
+            false
+        }
+        fn on_readable(&mut self) -> Step {
+            Step::Done
+        }
+        fn on_timer(&mut self, now: Instant) -> Step {
+            self.ticks.fetch_add(1, Ordering::Relaxed);
+            self.next = self.every.map(|e| now + e);
+            Step::Keep
+        }
+        fn on_wake(&mut self) -> Step {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            if self.go_aside.swap(false, Ordering::AcqRel) {
+                Step::Aside
+            } else {
+                Step::Keep
+            }
+        }
+        fn deadline(&self) -> Option<Instant> {
+            self.next
+        }
+        fn aside(&mut self) -> bool {
+            if let Some(r) = self.release.take() {
+                let _ = r.recv_timeout(LIMIT);
+            }
+            true
+        }
+    }
+
+    struct Handles {
+        peer: UnixStream,
+        ticks: Arc<AtomicUsize>,
+        wakes: Arc<AtomicUsize>,
+        go_aside: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    fn probe(every: Option<Duration>, release: Option<mpsc::Receiver<()>>) -> (Box<Probe>, Handles) {
+        let (sock, peer) = UnixStream::pair().unwrap();
+        let h = Handles {
+            peer,
+            ticks: Arc::default(),
+            wakes: Arc::default(),
+            go_aside: Arc::default(),
+            dropped: Arc::default(),
+        };
+        let p = Probe {
+            sock,
+            ticks: h.ticks.clone(),
+            wakes: h.wakes.clone(),
+            go_aside: h.go_aside.clone(),
+            release,
+            dropped: h.dropped.clone(),
+            next: every.map(|e| Instant::now() + e),
+            every,
+        };
+        (Box::new(p), h)
+    }
+
+    #[test]
+    fn a_connection_aside_does_not_stall_the_others_and_comes_back() {
+        let (tx, rx) = mpsc::channel();
+        let (slow, slow_h) = probe(None, Some(rx));
+        let (busy, busy_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(slow).unwrap();
+        watch(busy).unwrap();
+        until("the slow one registered", || slow_h.wakes.load(Ordering::Relaxed) >= 1);
+        slow_h.go_aside.store(true, Ordering::Release);
+        wake();
+        until("the slow one to go aside", || !slow_h.go_aside.load(Ordering::Acquire));
+        let at = busy_h.ticks.load(Ordering::Relaxed);
+        until("the other's timer to keep firing", || busy_h.ticks.load(Ordering::Relaxed) >= at + 20);
+        let wakes = slow_h.wakes.load(Ordering::Relaxed);
+        tx.send(()).unwrap();
+        // Back in the loop: its registration asks it on_wake again.
+        until("the slow one to be watched again", || slow_h.wakes.load(Ordering::Relaxed) > wakes);
+        // A peer that closes ends each watch (dropped, its socket with it).
+        drop(slow_h.peer);
+        drop(busy_h.peer);
+        until("both watches to end", || {
+            slow_h.dropped.load(Ordering::Acquire) && busy_h.dropped.load(Ordering::Acquire)
+        });
+    }
+
+    /// A storm of connections going aside at once (every channel of a failed NIC recovering)
+    /// runs on at most `MAX_ASIDE_THREADS` threads; every one comes back.
+    #[test]
+    fn asides_share_a_bounded_set_of_threads() {
+        struct Blocks {
+            sock: UnixStream,
+            inside: Arc<AtomicUsize>,
+            most: Arc<AtomicUsize>,
+            back: Arc<AtomicUsize>,
+            release: Arc<AtomicBool>,
+            went: bool,
+        }
+        impl Watch for Blocks {
+            fn fd(&self) -> RawFd {
+                self.sock.as_raw_fd()
+            }
+            fn has_buffered(&mut self) -> bool {
+                false
+            }
+            fn on_readable(&mut self) -> Step {
+                Step::Done
+            }
+            fn on_timer(&mut self, _: Instant) -> Step {
+                Step::Keep
+            }
+            fn on_wake(&mut self) -> Step {
+                if self.went {
+                    self.back.fetch_add(1, Ordering::AcqRel);
+                    return Step::Keep;
+                }
+                self.went = true;
+                Step::Aside
+            }
+            fn deadline(&self) -> Option<Instant> {
+                None
+            }
+            fn aside(&mut self) -> bool {
+                let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
+                self.most.fetch_max(now, Ordering::AcqRel);
+                until("the release", || self.release.load(Ordering::Acquire) || now > MAX_ASIDE_THREADS);
+                self.inside.fetch_sub(1, Ordering::AcqRel);
+                true
+            }
+        }
+        let (inside, most, back): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>) =
+            (Arc::default(), Arc::default(), Arc::default());
+        let release = Arc::new(AtomicBool::new(false));
+        let n = MAX_ASIDE_THREADS + 4;
+        let mut peers = Vec::new();
+        for _ in 0..n {
+            let (sock, peer) = UnixStream::pair().unwrap();
+            peers.push(peer);
+            let w = Blocks {
+                sock,
+                inside: inside.clone(),
+                most: most.clone(),
+                back: back.clone(),
+                release: release.clone(),
+                went: false,
+            };
+            watch(Box::new(w)).unwrap();
+        }
+        until("the thread limit to be reached", || inside.load(Ordering::Acquire) >= MAX_ASIDE_THREADS);
+        release.store(true, Ordering::Release);
+        until("every connection to come back", || back.load(Ordering::Acquire) == n);
+        assert!(
+            most.load(Ordering::Acquire) <= MAX_ASIDE_THREADS,
+            "at most {MAX_ASIDE_THREADS} aside at once"
+        );
+        drop(peers);
+    }
+
+    #[test]
+    fn a_panic_in_one_connection_drops_only_it() {
+        struct Panics(UnixStream, Arc<AtomicBool>);
+        impl Drop for Panics {
+            fn drop(&mut self) {
+                self.1.store(true, Ordering::Release);
+            }
+        }
+        impl Watch for Panics {
+            fn fd(&self) -> RawFd {
+                self.0.as_raw_fd()
+            }
+            fn has_buffered(&mut self) -> bool {
+                false
+            }
+            fn on_readable(&mut self) -> Step {
+                panic!("on_readable panics (contained)")
+            }
+            fn on_timer(&mut self, _: Instant) -> Step {
+                Step::Keep
+            }
+            fn on_wake(&mut self) -> Step {
+                Step::Keep
+            }
+            fn deadline(&self) -> Option<Instant> {
+                None
+            }
+            fn aside(&mut self) -> bool {
+                false
+            }
+        }
+        let (sock, mut peer) = UnixStream::pair().unwrap();
+        let gone = Arc::new(AtomicBool::new(false));
+        watch(Box::new(Panics(sock, gone.clone()))).unwrap();
+        let (other, other_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(other).unwrap();
+        std::io::Write::write_all(&mut peer, b"x").unwrap();
+        until("the panicking watch to be dropped", || gone.load(Ordering::Acquire));
+        let at = other_h.ticks.load(Ordering::Relaxed);
+        until("the loop to go on for the other", || other_h.ticks.load(Ordering::Relaxed) >= at + 5);
+        drop(other_h.peer);
+        until("the other to end", || other_h.dropped.load(Ordering::Acquire));
+    }
+}
