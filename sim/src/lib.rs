@@ -115,6 +115,7 @@ pub mod loom_api {
                 state: AtomicU8::new(state_to_u8(QueueState::Ready)),
                 psn: AtomicU32::new(0),
                 epoch: AtomicU32::new(0),
+                first_epoch: 0,
             })
         }
 

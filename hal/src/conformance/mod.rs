@@ -217,6 +217,7 @@ macro_rules! __conformance_module {
                 shared_event_channel,
                 caller_memory_registration,
                 atomics_compare_swap_and_fetch_add,
+                destroyed_queue_numbers_never_deliver,
             );
         }
     };

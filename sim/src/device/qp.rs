@@ -113,8 +113,8 @@ fn status_name(s: Status) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct QpCtx {
     pub shared: Arc<QueueShared>,
-    send_cq: Arc<CqShared>,
-    recv_cq: Arc<CqShared>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
     pub state: QueueState,
     pub remote: Option<Remote>,
     timeout: Nanos,
