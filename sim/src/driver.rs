@@ -336,6 +336,12 @@ impl Device for SimNic {
         }
     }
 
+    /// Stepped engine: yes, only the test's `Fabric::step`, `run_until_idle` and `advance` move
+    /// the NIC and its clock.
+    fn externally_stepped(&self) -> bool {
+        matches!(self.nic.fabric.config.engine, crate::Engine::Stepped { .. })
+    }
+
     /// The fabric's clock: real time, or the virtual clock of the Stepped engine.
     fn now(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.nic.fabric.clock.now())

@@ -170,6 +170,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         remote_offset: u64,
         opts: &OpOptions,
         sink: Sink,
+        blocking: Option<&'static str>,
     ) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
@@ -208,6 +209,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         let deadline = self.deadline_of(&call_opts);
         let q = self.pick_queue(opts.queue)?;
+        if let Some(what) = blocking {
+            self.refuse_to_block(what)?;
+        }
         let h = self.take_tx(&call_opts, deadline)?;
         {
             let mut held = lock(&self.held[h.index as usize]);
