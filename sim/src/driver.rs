@@ -306,7 +306,13 @@ impl Device for SimNic {
             epoch: AtomicU32::new(new.epoch),
             first_epoch: new.epoch,
         });
-        dev.install(Box::new(QpCtx::new(shared.clone(), send_cq.shared.clone(), recv_cq.shared.clone())));
+        let responder = c.max_dest_rd_atomic.min(caps.max_dest_rd_atomic);
+        dev.install(Box::new(QpCtx::new(
+            shared.clone(),
+            send_cq.shared.clone(),
+            recv_cq.shared.clone(),
+            responder,
+        )));
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {
             let mut list = sync::lock(&cq.attach);
@@ -675,6 +681,8 @@ impl Queue for SimQueue {
         let (gid, lid) = SimNic { nic: self.nic.clone(), owner: self._owner.clone() }.endpoint();
         let mut info = QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
         info.lid = lid;
+        info.responder_resources =
+            self.shared.config.max_dest_rd_atomic.min(self.nic.caps.max_dest_rd_atomic);
         info
     }
 

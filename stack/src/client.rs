@@ -630,14 +630,13 @@ impl<D: Device + Clone> Channel<D> {
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start =
-            self.inner.start_args(
-                opts,
-                function,
-                rndv::Args::Segments(segments),
-                Sink::Shot(shot.clone()),
-                Some("Channel::call_segments_with"),
-            );
+        let start = self.inner.start_args(
+            opts,
+            function,
+            rndv::Args::Segments(segments),
+            Sink::Shot(shot.clone()),
+            Some("Channel::call_segments_with"),
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
@@ -708,8 +707,13 @@ impl<D: Device + Clone> Channel<D> {
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start =
-            self.inner.start_args(opts, function, rndv::Args::Bytes(args), Sink::Shot(shot.clone()), Some("Channel::call"));
+        let start = self.inner.start_args(
+            opts,
+            function,
+            rndv::Args::Bytes(args),
+            Sink::Shot(shot.clone()),
+            Some("Channel::call"),
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
@@ -840,8 +844,15 @@ impl<D: Device + Clone> Channel<D> {
             one_sided::OpKind::Write => "Channel::write",
         };
         let shot = call::blocking_shot();
-        let start =
-            self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()), Some(what));
+        let start = self.inner.start_op(
+            kind,
+            local,
+            remote,
+            remote_offset,
+            opts,
+            Sink::Shot(shot.clone()),
+            Some(what),
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(&mut Vec::new()).unwrap_or(Err(RpcError::Closed))

@@ -1492,6 +1492,7 @@ impl<D: Device + Clone> ServerInner<D> {
             self.functions.rndv_alloc.clone(),
             self.config.rndv_memory_limit,
             &self.config.queue_config,
+            hello.queues.iter().map(|q| q.responder_resources).min().unwrap_or(0),
             n,
             window,
             ep.tx.capacity(),

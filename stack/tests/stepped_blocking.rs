@@ -57,7 +57,10 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
 fn assert_refused(what: &str, r: Result<(), RpcError>) {
     match r {
         Err(RpcError::InvalidArgument(m)) => {
-            assert!(m.contains("Stepped") && m.contains("call_future"), "{what}: the error says what to do: {m}");
+            assert!(
+                m.contains("Stepped") && m.contains("call_future"),
+                "{what}: the error says what to do: {m}"
+            );
         }
         other => panic!("{what}: expected a clear refusal, got {other:?}"),
     }
