@@ -1491,8 +1491,8 @@ impl<D: Device + Clone> ServerInner<D> {
             &self.device,
             self.functions.rndv_alloc.clone(),
             self.config.rndv_memory_limit,
-            &self.config.queue_config,
-            hello.queues.iter().map(|q| q.responder_resources).min().unwrap_or(0),
+            // The queues' initiator depth: at most the client's responder resources.
+            hello.queues.iter().fold(self.config.queue_config.max_rd_atomic, |d, q| q.initiator_depth(d)),
             n,
             window,
             ep.tx.capacity(),

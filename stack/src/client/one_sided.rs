@@ -162,6 +162,9 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     /// Starts a one-sided operation; its outcome goes to `sink` (unless this returns an error).
+    /// Starts a one-sided operation. `blocking`: the name of the blocking call starting it (it
+    /// is refused on a device a test steps, after the argument checks).
+    #[allow(clippy::too_many_arguments)] // one more than the lint's 7: the blocking caller's name
     pub(crate) fn start_op(
         &self,
         kind: OpKind,

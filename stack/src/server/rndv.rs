@@ -168,8 +168,7 @@ impl<D: Device + Clone> ConnRndv<D> {
         device: &D,
         alloc: Option<Arc<dyn RndvAllocator<D::Region>>>,
         limit: u64,
-        queue_config: &hal::QueueConfig,
-        peer_resources: u8,
+        initiator_depth: u8,
         queues: usize,
         window: u32,
         tx_capacity: usize,
@@ -184,12 +183,7 @@ impl<D: Device + Clone> ConnRndv<D> {
             limit,
             in_use: Arc::new(AtomicU64::new(0)),
             chunk: chunk_size(caps.max_msg_size),
-            // The queues' initiator depth: at most the client's responder resources (0: unknown).
-            rd_limit: u32::from(match peer_resources {
-                0 => queue_config.max_rd_atomic.min(caps.max_rd_atomic),
-                r => queue_config.max_rd_atomic.min(caps.max_rd_atomic).min(r),
-            })
-            .max(1),
+            rd_limit: u32::from(initiator_depth.min(caps.max_rd_atomic)).max(1),
             op_limit: window.max(1),
             queues: (0..queues)
                 .map(|_| Mutex::new(QueueOps { fifo: VecDeque::new(), reads: 0, inflight: 0 }))
