@@ -182,6 +182,19 @@ pub trait Device: Send + Sync + 'static {
     /// default does nothing.
     fn progress(&self) {}
 
+    /// Whether the device moves only when something outside it steps it: the simulator's
+    /// Stepped engine, which a test drives one unit of work at a time and whose clock ([`now`])
+    /// is virtual and stands still between the test's moves. On such a device nothing a waiting
+    /// thread does ([`progress`], polling) makes work advance or deadlines pass, so a blocking
+    /// wait would never end: layers above refuse to block on it and ask for a non-blocking form.
+    /// Hardware and self-running simulators return `false` (the default).
+    ///
+    /// [`now`]: Self::now
+    /// [`progress`]: Self::progress
+    fn externally_stepped(&self) -> bool {
+        false
+    }
+
     /// The device's clock: time since an arbitrary fixed point, monotonic. Timeouts above the
     /// HAL (per-call deadlines) are measured with it, so a simulated device with a virtual clock
     /// makes them deterministic. The default is the process's monotonic clock.

@@ -91,9 +91,16 @@ impl QueueConfig {
 /// | `lid` | LID (InfiniBand) | (unused) | 0 |
 /// | `uasid` | 0 | the jetty's uasid | 0 |
 /// | `token` | 0 | the jetty's token value | 0 |
+/// | `responder_resources` | the QP's `max_dest_rd_atomic` | (unused) | the queue's `max_dest_rd_atomic` |
 ///
 /// The control plane carries it as [`encode`](Self::encode) writes it: a version byte, a length
 /// byte and the fields, so a later version can append fields that older readers skip.
+///
+/// `responder_resources` is what rdma_cm's connection request carries: how many READs and
+/// atomics the queue serves in flight as responder. [`Queue::connect`] keeps the connecting
+/// queue's initiator depth (its `max_rd_atomic`) at or below it, so a requester never has more
+/// READs outstanding than its peer has resources for (over that, a responder may NAK them or, as
+/// rxe does, drop the duplicate of a READ whose response was lost, and the request fails).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub struct QueueInfo {
@@ -109,6 +116,10 @@ pub struct QueueInfo {
     pub uasid: u32,
     /// Access token of the queue (URMA; 0 where unused).
     pub token: u32,
+    /// READs and atomics the queue serves in flight as responder (its `max_dest_rd_atomic`,
+    /// clamped to the device's). 0: not known (an encoding from before this field, or a backend
+    /// without the notion): the connecting queue keeps its own `max_rd_atomic`.
+    pub responder_resources: u8,
 }
 
 /// Why bytes are not a [`QueueInfo`].
@@ -134,10 +145,23 @@ pub enum QueueInfoError {
 impl QueueInfo {
     /// The encoding version this build writes.
     pub const VERSION: u8 = 1;
-    /// Bytes of version 1's fields.
+    /// Bytes of version 1's first fields (gid .. token), which every reader needs.
     const BODY_LEN: usize = 16 + 4 + 4 + 2 + 4 + 4;
+    /// Bytes of the fields this build writes: version 1's, then `responder_resources` (u8),
+    /// appended later (a body of 34 bytes has none: it decodes as 0).
+    const BODY_LEN_WRITTEN: usize = Self::BODY_LEN + 1;
     /// Size of the encoded form this build writes: version, length, fields.
-    pub const ENCODED_LEN: usize = 2 + Self::BODY_LEN;
+    pub const ENCODED_LEN: usize = 2 + Self::BODY_LEN_WRITTEN;
+
+    /// The initiator depth a queue configured with `max_rd_atomic` (already clamped to its
+    /// device) uses towards this peer: `max_rd_atomic`, lowered to the peer's responder
+    /// resources when they are known.
+    pub fn initiator_depth(&self, max_rd_atomic: u8) -> u8 {
+        match self.responder_resources {
+            0 => max_rd_atomic,
+            r => max_rd_atomic.min(r),
+        }
+    }
 
     /// A queue's info from its GID, number and first PSN (the other fields zero).
     pub fn new(gid: [u8; 16], qpn: u32, psn: u32) -> Self {
@@ -145,22 +169,25 @@ impl QueueInfo {
     }
 
     /// Encodes for a control-plane exchange: version, body length, then gid (16), qpn, psn, lid
-    /// (u16), uasid, token, little-endian.
+    /// (u16), uasid, token, responder_resources (u8), little-endian.
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
         b[0] = Self::VERSION;
-        b[1] = Self::BODY_LEN as u8;
+        b[1] = Self::BODY_LEN_WRITTEN as u8;
         b[2..18].copy_from_slice(&self.gid);
         b[18..22].copy_from_slice(&self.qpn.to_le_bytes());
         b[22..26].copy_from_slice(&self.psn.to_le_bytes());
         b[26..28].copy_from_slice(&self.lid.to_le_bytes());
         b[28..32].copy_from_slice(&self.uasid.to_le_bytes());
         b[32..36].copy_from_slice(&self.token.to_le_bytes());
+        b[36] = self.responder_resources;
         b
     }
 
     /// Decodes one encoded info from the front of `b`; returns it and the bytes it took. A body
-    /// longer than version 1's (a later writer's extra fields) is accepted and the rest skipped.
+    /// of version 1's first 34 bytes (an earlier writer) has `responder_resources` 0; a longer
+    /// one than this build writes (a later writer's extra fields) is accepted and the rest
+    /// skipped.
     pub fn decode(b: &[u8]) -> Result<(Self, usize), QueueInfoError> {
         if b.len() < 2 {
             return Err(QueueInfoError::Truncated { have: b.len(), need: 2 });
@@ -185,6 +212,7 @@ impl QueueInfo {
             lid: u16::from_le_bytes([b[26], b[27]]),
             uasid: u32_at(28),
             token: u32_at(32),
+            responder_resources: if body > Self::BODY_LEN { b[2 + Self::BODY_LEN] } else { 0 },
         };
         Ok((info, 2 + body))
     }
@@ -247,19 +275,37 @@ mod tests {
         info.lid = 0x1234;
         info.uasid = 7;
         info.token = 0xdead_beef;
+        info.responder_resources = 3;
         let b = info.encode();
-        let mut want = vec![1u8, 34];
+        let mut want = vec![1u8, 35];
         want.extend([0xaa; 16]);
-        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
+        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde, 3]);
         assert_eq!(b.to_vec(), want);
         assert_eq!(QueueInfo::decode(&b), Ok((info, QueueInfo::ENCODED_LEN)));
+        // An earlier writer's 34-byte body: no responder resources known.
+        let mut old = want[..36].to_vec();
+        old[1] = 34;
+        old.push(0x77); // the next entry's first byte, not ours
+        let mut want_old = info;
+        want_old.responder_resources = 0;
+        assert_eq!(QueueInfo::decode(&old), Ok((want_old, 36)));
+    }
+
+    #[test]
+    fn initiator_depth_is_clamped_to_the_peers_responder_resources() {
+        let mut peer = QueueInfo::new([0; 16], 2, 0);
+        assert_eq!(peer.initiator_depth(4), 4, "unknown resources: our own depth");
+        peer.responder_resources = 1;
+        assert_eq!(peer.initiator_depth(4), 1);
+        peer.responder_resources = 16;
+        assert_eq!(peer.initiator_depth(4), 4);
     }
 
     #[test]
     fn queue_info_refuses_bad_bytes_and_skips_later_fields() {
         let b = QueueInfo::new([1; 16], 9, 10).encode();
         assert_eq!(QueueInfo::decode(&b[..1]), Err(QueueInfoError::Truncated { have: 1, need: 2 }));
-        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 36 }));
+        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 37 }));
         let mut v2 = b.to_vec();
         v2[0] = 2;
         assert_eq!(QueueInfo::decode(&v2), Err(QueueInfoError::Version(2)));
@@ -270,6 +316,6 @@ mod tests {
         longer[1] += 3;
         longer.extend([0xff; 3]);
         longer.push(0x55);
-        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 39)));
+        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 40)));
     }
 }

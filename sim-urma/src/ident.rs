@@ -5,8 +5,9 @@
 //!   the EID knows how to reach the NIC. On the UDP wire the GID is IPv4-mapped (`::ffff:a.b.c.d`,
 //!   what `urma_u32_to_eid` builds) and the NIC's UDP port rides in bytes 4..6 (zero in a real
 //!   IPv4-mapped address); on the shared-memory and in-process wires it is the sim's own GID.
-//! - **Jetty id.** `qpn | generation << 16`: the sim queue number (below 2^16) and a per-context
-//!   counter, so an id is never reused by a later jetty and is never 0.
+//! - **Jetty id.** `qpn | generation << 24`: the sim queue number (24 bits; the sim reuses numbers
+//!   of destroyed queues with a generation of their own in bits 16..24) and 8 bits of a
+//!   per-context counter, so an id is not reused by the next jetties and is never 0.
 //! - **PSN.** A URMA peer learns only `{eid, uasid, id}` of a jetty, never a PSN; both ends derive
 //!   the jetty's first PSN from those with [`psn_of`], and the library sets it on the sim queue.
 //! - **Token.** The public `seg.token_id` is the sim's key XOR [`mix`] of the token value; an
@@ -64,12 +65,12 @@ fn is_v4_mapped(g: &[u8; 16]) -> bool {
 
 /// Jetty id from a queue number and a generation.
 pub(crate) fn jetty_id(qpn: u32, generation: u32) -> u32 {
-    (qpn & 0xffff) | (generation.max(1) & 0xffff) << 16
+    (qpn & 0x00ff_ffff) | (generation.max(1) & 0xff) << 24
 }
 
 /// The sim queue number inside a jetty id.
 pub(crate) fn qpn_of(id: u32) -> u32 {
-    id & 0xffff
+    id & 0x00ff_ffff
 }
 
 #[cfg(test)]
@@ -98,6 +99,7 @@ mod tests {
         }
         assert_ne!(psn_of(&[1; 16], 5, jetty_id(3, 1)), psn_of(&[1; 16], 5, jetty_id(3, 2)));
         assert_eq!(qpn_of(jetty_id(0x1234, 9)), 0x1234);
+        assert_eq!(qpn_of(jetty_id(0x07_1234, 300)), 0x07_1234, "a reused sim number keeps its generation");
         assert_ne!(jetty_id(0, 0), 0);
     }
 }

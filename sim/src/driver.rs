@@ -222,16 +222,15 @@ impl SimNic {
         let rq_stride = layout::wqe_stride(rq_sge, 0);
         let psn = self.nic.fabric.next_psn();
         let mut dev = sync::lock(&self.nic.dev);
-        if dev.qps.len() >= crate::device::MAX_QUEUES {
+        let Some(new) = dev.alloc_queue() else {
             return Err(Error::OutOfResources(format!(
-                "the NIC has all {} queue numbers in use",
-                crate::device::MAX_QUEUES
+                "the NIC has {} queues open, its most: destroy one first",
+                crate::device::MAX_QUEUES - 2
             )));
-        }
-        let qpn = dev.qps.len() as u32;
+        };
         let shared = Arc::new(QueueShared {
             nic: self.nic.addr,
-            qpn,
+            qpn: new.qpn,
             config: *c,
             sq: WorkRing::new(sq_depth, sq_stride),
             rq: WorkRing::new(rq_depth, rq_stride),
@@ -241,23 +240,28 @@ impl SimNic {
             rq_ci: AtomicU32::new(0),
             state: AtomicU8::new(0),
             psn: AtomicU32::new(psn),
-            epoch: AtomicU32::new(0),
+            epoch: AtomicU32::new(new.epoch),
+            first_epoch: new.epoch,
             srq,
         });
         if let Some(srq) = &shared.srq {
             srq.users.fetch_add(1, Ordering::AcqRel);
         }
-        dev.qps.push(Some(Box::new(QpCtx::new(
+        let responder = c.max_dest_rd_atomic.min(caps.max_dest_rd_atomic);
+        dev.install(Box::new(QpCtx::new(
             shared.clone(),
             send_cq.shared.clone(),
             recv_cq.shared.clone(),
-        ))));
+            responder,
+        )));
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {
             let mut list = sync::lock(&cq.attach);
-            if !list.iter().any(|q| Arc::ptr_eq(q, &shared)) {
-                list.push(shared.clone());
+            let slot = crate::device::slot_of(shared.qpn);
+            if list.len() <= slot {
+                list.resize(slot + 1, None);
             }
+            list[slot] = Some(shared.clone());
             cq.attach_pending.store(true, Ordering::Release);
         }
         Ok(SimQueue {
@@ -297,7 +301,6 @@ impl SimNic {
             shared,
             ci: 0,
             queues: Vec::new(),
-            last: 0,
             idle: 0,
             frees: Vec::with_capacity(POLL_FREES),
         })
@@ -380,6 +383,12 @@ impl Device for SimNic {
         }
     }
 
+    /// Stepped engine: yes, only the test's `Fabric::step`, `run_until_idle` and `advance` move
+    /// the NIC and its clock.
+    fn externally_stepped(&self) -> bool {
+        matches!(self.nic.fabric.config.engine, crate::Engine::Stepped { .. })
+    }
+
     /// The fabric's clock: real time, or the virtual clock of the Stepped engine.
     fn now(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.nic.fabric.clock.now())
@@ -445,8 +454,8 @@ pub struct SimCq {
     _owner: Arc<FabricOwner>,
     shared: Arc<CqShared>,
     ci: u32,
-    queues: Vec<Arc<QueueShared>>,
-    last: usize,
+    /// The queues completing here, by slot (a copy of `CqShared::attach`).
+    queues: Vec<Option<Arc<QueueShared>>>,
     /// Consecutive empty polls (Inline engine: after a few, help other NICs along).
     idle: u32,
     /// Work-ring slots one poll frees after giving the CQ slots back: (queue, receive?, new CI).
@@ -454,13 +463,10 @@ pub struct SimCq {
 }
 
 impl SimCq {
-    fn queue(&mut self, qpn: u32) -> Option<&QueueShared> {
-        if self.queues.get(self.last).is_some_and(|q| q.qpn == qpn) {
-            return Some(&self.queues[self.last]);
-        }
-        let i = self.queues.iter().position(|q| q.qpn == qpn)?;
-        self.last = i;
-        Some(&self.queues[i])
+    /// The queue numbered `qpn` (generation included) among those completing here.
+    #[inline]
+    fn queue(&self, qpn: u32) -> Option<&QueueShared> {
+        self.queues.get(crate::device::slot_of(qpn))?.as_deref().filter(|q| q.qpn == qpn)
     }
 }
 
@@ -483,11 +489,7 @@ impl CompletionQueue for SimCq {
         if self.shared.attach_pending.load(Ordering::Acquire) {
             self.shared.attach_pending.store(false, Ordering::Relaxed);
             let list = sync::lock(&self.shared.attach);
-            for q in list.iter() {
-                if !self.queues.iter().any(|x| Arc::ptr_eq(x, q)) {
-                    self.queues.push(q.clone());
-                }
-            }
+            self.queues.clone_from(&list);
         }
         // Work-ring slots are freed only after the CQ slots are given back: a poster on another
         // thread may reuse a freed ring slot at once, and its completion must find room in the
@@ -501,6 +503,9 @@ impl CompletionQueue for SimCq {
             consumed += 1;
             let recv = cqe.flags & cqe_flags::RECV != 0;
             let (wr_id, current) = match self.queue(cqe.qpn) {
+                // A CQE of a destroyed queue whose number a later queue has now (its slot reused
+                // 256 times): not this queue's, and it frees none of its ring slots.
+                Some(q) if (cqe.epoch.wrapping_sub(q.first_epoch) as i32) < 0 => (0, false),
                 Some(q) => {
                     let ids = if recv { &q.rq_ids } else { &q.sq_ids };
                     // A CQE of an earlier life of the queue (before a reset) still frees its
@@ -509,8 +514,8 @@ impl CompletionQueue for SimCq {
                     // SAFETY: we are the poller and have just read this slot's completion; the
                     // slot is not freed (so not reused) before the end of this poll.
                     let id = unsafe { ids.get(cqe.wqe_index) };
-                    let last = self.last;
-                    self.frees.push((last, recv, cqe.wqe_index.wrapping_add(1)));
+                    let slot = crate::device::slot_of(cqe.qpn);
+                    self.frees.push((slot, recv, cqe.wqe_index.wrapping_add(1)));
                     (id, current)
                 }
                 // A CQE of a queue already destroyed: nobody can own it (verbs drops these too).
@@ -533,7 +538,7 @@ impl CompletionQueue for SimCq {
             self.idle = 0;
             self.shared.ring.release(self.ci);
             for &(qi, recv, next) in &self.frees {
-                if let Some(q) = self.queues.get(qi) {
+                if let Some(q) = self.queues.get(qi).and_then(|q| q.as_deref()) {
                     let ci = if recv { &q.rq_ci } else { &q.sq_ci };
                     ci.store(next, Ordering::Release);
                 }
@@ -717,6 +722,8 @@ impl Queue for SimQueue {
         let (gid, lid) = SimNic { nic: self.nic.clone(), owner: self._owner.clone() }.endpoint();
         let mut info = QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
         info.lid = lid;
+        info.responder_resources =
+            self.shared.config.max_dest_rd_atomic.min(self.nic.caps.max_dest_rd_atomic);
         info
     }
 
@@ -980,11 +987,21 @@ pub(crate) fn write_recvs(
 
 impl Drop for SimQueue {
     fn drop(&mut self) {
-        let mut dev = sync::lock(&self.nic.dev);
-        if let Some(slot) = dev.qps.get_mut(self.shared.qpn as usize) {
-            *slot = None;
+        let qp = sync::lock(&self.nic.dev).remove(self.shared.qpn);
+        // The CQs forget the queue (their pollers drop its CQEs still in the ring, as verbs
+        // does), so its number can name a later queue there.
+        if let Some(qp) = qp {
+            for cq in [&qp.send_cq, &qp.recv_cq] {
+                let mut list = sync::lock(&cq.attach);
+                if let Some(slot) = list.get_mut(crate::device::slot_of(self.shared.qpn)) {
+                    if slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, &self.shared)) {
+                        *slot = None;
+                    }
+                }
+                cq.attach_pending.store(true, Ordering::Release);
+            }
         }
-        drop(dev);
+        // After the device dropped the queue: it takes no more receives from the shared queue.
         if let Some(srq) = &self.shared.srq {
             srq.users.fetch_sub(1, Ordering::AcqRel);
         }

@@ -117,6 +117,7 @@ pub mod loom_api {
                 psn: AtomicU32::new(0),
                 epoch: AtomicU32::new(0),
                 srq: None,
+                first_epoch: 0,
             })
         }
 

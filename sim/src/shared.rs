@@ -83,6 +83,9 @@ pub(crate) struct QueueShared {
     /// the driver fills). With one, the device is the producer of `rq` and `rq_ids`: it copies
     /// each receive it takes from the shared ring into `rq` (see [`SrqShared`]).
     pub srq: Option<Arc<SrqShared>>,
+    /// `epoch` when the queue was created: CQEs of an earlier epoch belong to a destroyed queue
+    /// that had the same number (see `device::SLOT_BITS`).
+    pub first_epoch: u32,
 }
 
 impl QueueShared {
@@ -135,8 +138,9 @@ pub(crate) struct CqShared {
     pub event: EventFd,
     /// Set once the device had to drop a completion.
     pub overflow: AtomicBool,
-    /// Queues created on this CQ since the poller last looked (it maps CQEs to side tables).
-    pub attach: Mutex<Vec<Arc<QueueShared>>>,
+    /// The queues completing to this CQ, indexed by their slot (`device::slot_of` their
+    /// number): the poller maps CQEs to side tables with its copy, taken when `attach_pending`.
+    pub attach: Mutex<Vec<Option<Arc<QueueShared>>>>,
     pub attach_pending: AtomicBool,
     /// The owning NIC's count of armed CQs.
     pub nic_armed: Arc<AtomicU32>,

@@ -635,6 +635,7 @@ impl<D: Device + Clone> Channel<D> {
             function,
             rndv::Args::Segments(segments),
             Sink::Shot(shot.clone()),
+            Some("Channel::call_segments_with"),
             None,
         );
         let result = start.and_then(|()| {
@@ -691,6 +692,14 @@ impl<D: Device + Clone> Channel<D> {
     /// A blocking call with explicit options. `response` receives the response bytes (empty for
     /// the modes without a response); on any error it is left empty. With `self_poll` the calling
     /// thread polls the channel while it waits; otherwise it sleeps until a worker delivers.
+    ///
+    /// On a device that moves only when a test steps it (the simulator's Stepped engine, see
+    /// `hal::Device::externally_stepped`) every blocking call — this one, [`Channel::call`],
+    /// [`Channel::call_segments_with`], [`Channel::read`], [`Channel::write`] — fails at once with
+    /// [`RpcError::InvalidArgument`] saying so, rather than wait for work and a deadline that
+    /// nothing would ever advance: use [`Channel::call_future`] or [`Channel::call_callback`] and
+    /// drive the fabric (`Fabric::step`, `run_until_idle`, `advance`) until the call is done. A
+    /// call that would wait for a credit or a send context fails the same way.
     pub fn call_with(
         &self,
         opts: &CallOptions,
@@ -699,7 +708,14 @@ impl<D: Device + Clone> Channel<D> {
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start = self.inner.start(opts, function, args, Sink::Shot(shot.clone()));
+        let start = self.inner.start_args(
+            opts,
+            function,
+            rndv::Args::Bytes(args),
+            Sink::Shot(shot.clone()),
+            Some("Channel::call"),
+            None,
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
@@ -825,8 +841,20 @@ impl<D: Device + Clone> Channel<D> {
         remote_offset: u64,
         opts: &OpOptions,
     ) -> Result<(), RpcError> {
+        let what = match kind {
+            one_sided::OpKind::Read => "Channel::read",
+            one_sided::OpKind::Write => "Channel::write",
+        };
         let shot = call::blocking_shot();
-        let start = self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()));
+        let start = self.inner.start_op(
+            kind,
+            local,
+            remote,
+            remote_offset,
+            opts,
+            Sink::Shot(shot.clone()),
+            Some(what),
+        );
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(&mut Vec::new()).unwrap_or(Err(RpcError::Closed))
@@ -844,7 +872,7 @@ impl<D: Device + Clone> Channel<D> {
         opts: &OpOptions,
     ) -> Result<OpFuture, RpcError> {
         let shot = Arc::new(Oneshot::default());
-        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()))?;
+        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Shot(shot.clone()), None)?;
         Ok(OpFuture(CallFuture { shot }))
     }
 
@@ -858,7 +886,7 @@ impl<D: Device + Clone> Channel<D> {
         callback: impl FnOnce(Result<(), RpcError>) + Send + 'static,
     ) -> Result<(), RpcError> {
         let cb: Callback = Box::new(move |r: Result<&[u8], RpcError>| callback(r.map(drop)));
-        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Callback(cb))
+        self.inner.start_op(kind, local, remote, remote_offset, opts, Sink::Callback(cb), None)
     }
 
     fn wait(&self, shot: &Oneshot) {
@@ -1036,12 +1064,29 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
     }
 
+    /// Fails a blocking operation (`what`) on a device that only a test's stepping moves: the
+    /// wait would never end (see [`Channel::call_with`]).
+    pub(crate) fn refuse_to_block(&self, what: &str) -> Result<(), RpcError> {
+        if !self.ep.device.externally_stepped() {
+            return Ok(());
+        }
+        Err(RpcError::InvalidArgument(format!(
+            "{what} would block forever: the device moves only when a test steps it (the simulator's \
+             Stepped engine), and its virtual clock, which deadlines are measured on, stands still while \
+             this thread waits; use Channel::call_future or a callback (Channel::call_callback, \
+             read_future/write_future for one-sided operations), CallOptions::wait_for_credit = false, \
+             and drive the fabric (Fabric::step, run_until_idle, advance) until the call is done"
+        )))
+    }
+
     /// One empty turn of a wait loop: fails if the channel closed, or (checked every 64th turn,
-    /// together with the device's `progress` and a yield) if the deadline passed.
+    /// together with the device's `progress` and a yield) if the deadline passed. On a device that
+    /// only a test's stepping moves, fails at once (the wait would never end).
     fn idle_turn(&self, spins: &mut u32, deadline: u64) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
         }
+        self.refuse_to_block("waiting for a credit or a send context")?;
         *spins += 1;
         if *spins % 64 == 0 {
             self.ep.device.progress();
@@ -1079,10 +1124,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         args: &[u8],
         sink: Sink,
     ) -> Result<(), RpcError> {
-        self.start_args(opts, function, rndv::Args::Bytes(args), sink, None)
+        self.start_args(opts, function, rndv::Args::Bytes(args), sink, None, None)
     }
 
-    /// Starts a call. With `staging` (a [`CallBatch`]) its request is staged there instead of
+    /// Starts a call. `blocking` names a blocking API (refused on an externally stepped device).
+    /// With `staging` (a [`CallBatch`]) its request is staged there instead of
     /// posted; the batch posts it with the others. A call that would have to wait for a credit
     /// or a send context first posts what is staged (their responses are what frees them).
     fn start_args(
@@ -1091,6 +1137,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         function: FunctionId,
         args: rndv::Args<'_, '_, D::Region>,
         sink: Sink,
+        blocking: Option<&'static str>,
         mut staging: Option<&mut batch::Staging>,
     ) -> Result<(), RpcError> {
         if self.ep.is_closed() {
@@ -1107,6 +1154,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         let deadline = self.deadline_of(opts);
         let q = self.pick_queue(opts.queue)?;
+        // After the checks that need no waiting, so a blocking call gets the same errors for bad
+        // arguments on every engine.
+        if let Some(what) = blocking {
+            self.refuse_to_block(what)?;
+        }
         if let Some(st) = staging.as_deref_mut() {
             st.before_start(self, q);
         }

@@ -23,7 +23,7 @@
 //! | 0-3 | magic `"BYPC"` (`42 59 50 43`) |
 //! | 4 | message type: 1 = client hello, 2 = server hello, 3 = reject, 4 = queue reset, 5 = queue reset answer ([`session`]) |
 //! | 5 | reserved, must be 0 |
-//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 3) |
+//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 4) |
 //! | 8-11 | body length in bytes (u32), at most [`MAX_BODY_LEN`] (64 KiB) |
 //! | 12.. | body |
 //!
@@ -31,9 +31,11 @@
 //!
 //! - a *string* is a u16 length followed by that many bytes of UTF-8;
 //! - a *queue list* is a u16 count followed by `count` queue infos, each as
-//!   [`QueueInfo::encode`] writes it: a version byte (1), a body length byte (34 in version 1;
-//!   a reader skips what follows the fields it knows), then gid 16, qpn u32, psn u32, lid u16,
-//!   uasid u32, token u32 — room for a verbs GID/QPN/PSN/LID and a URMA EID/jetty id/uasid/token;
+//!   [`QueueInfo::encode`] writes it: a version byte (1), a body length byte (35; a reader skips
+//!   what follows the fields it knows), then gid 16, qpn u32, psn u32, lid u16, uasid u32,
+//!   token u32 — room for a verbs GID/QPN/PSN/LID and a URMA EID/jetty id/uasid/token — and
+//!   `responder_resources` u8 (since control version 4: the queue's `max_dest_rd_atomic`; each
+//!   side keeps its queues' initiator depth at or below the peer's, as rdma_cm negotiates);
 //! - integers are fixed-size, little-endian.
 //!
 //! ### Client hello (type 1)
@@ -120,10 +122,14 @@ use crate::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
 ///
-/// Version 3 added the frames exchanged after the handshake (queue reset and its answer, for
-/// queue recovery; see [`session`]); versions 1 and 2 allowed no byte after it. A server refuses
-/// a client of another version with a *version* reject, as before.
-pub const CONTROL_VERSION: u16 = 3;
+/// Version 4 added `responder_resources` to every queue info (the 35-byte body): both sides
+/// connect with an initiator depth of at most the peer's responder resources, so a client whose
+/// `max_rd_atomic` is above the server's `max_dest_rd_atomic` (or the other way round) no longer
+/// has READs outstanding that the responder has no resource for. Version 3 added the frames
+/// exchanged after the handshake (queue reset and its answer, for queue recovery; see
+/// [`session`]); versions 1 and 2 allowed no byte after it. A server refuses a client of another
+/// version with a *version* reject, as before.
+pub const CONTROL_VERSION: u16 = 4;
 
 /// Longest server name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
@@ -1488,25 +1494,27 @@ mod tests {
                 q.lid = 0x0405;
                 q.uasid = 0x0607;
                 q.token = 0xDEAD_BEEF;
+                q.responder_resources = 2;
                 q
             }],
         };
         #[rustfmt::skip]
         let expected: &[u8] = &[
-            // header: magic, type 1, reserved, version 1, body length 55
-            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x37, 0x00, 0x00, 0x00,
+            // header: magic, type 1, reserved, version 1, body length 56
+            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x38, 0x00, 0x00, 0x00,
             // window 8, max_msg 4096
             0x08, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00,
             // server name "srv"
             0x03, 0x00, 0x73, 0x72, 0x76,
             // client info "hi"
             0x02, 0x00, 0x68, 0x69,
-            // one queue: info version 1, 34 bytes: gid, qpn, psn, lid, uasid, token
+            // one queue: info version 1, 35 bytes: gid, qpn, psn, lid, uasid, token,
+            // responder_resources
             0x01, 0x00,
-            0x01, 0x22,
+            0x01, 0x23,
             0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
             0x03, 0x02, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, 0x05, 0x04, 0x07, 0x06, 0x00, 0x00,
-            0xef, 0xbe, 0xad, 0xde,
+            0xef, 0xbe, 0xad, 0xde, 0x02,
         ];
         assert_eq!(hello.encode().unwrap(), expected);
         assert_eq!(ClientHello::decode(expected).unwrap(), hello);
@@ -1897,16 +1905,34 @@ mod tests {
     #[test]
     fn version_mismatch_on_both_sides() {
         let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-        // A version-1 client (before queue infos were versioned) meets a version-3 server.
+        // A version-1 client (before queue infos were versioned) meets a version-4 server.
         let hello = ClientHello { version: 1, ..client_hello("alpha", 1) };
         match connect(addr, &hello, T) {
-            Err(ControlError::VersionMismatch { ours: 1, theirs: 3 }) => {}
-            other => panic!("client: expected VersionMismatch {{ 1, 3 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 1, theirs: 4 }) => {}
+            other => panic!("client: expected VersionMismatch {{ 1, 4 }}, got {other:?}"),
         }
         match server.join().unwrap().0 {
-            Err(ControlError::VersionMismatch { ours: 3, theirs: 1 }) => {}
-            other => panic!("server: expected VersionMismatch {{ 3, 1 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 4, theirs: 1 }) => {}
+            other => panic!("server: expected VersionMismatch {{ 4, 1 }}, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_version_3_client_is_refused_by_a_version_4_server() {
+        // Version 3 queue infos had no responder resources: a version-3 peer would connect with
+        // an initiator depth the other side may have no resources for.
+        let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
+        let hello = ClientHello { version: 3, ..client_hello("alpha", 1) };
+        match connect(addr, &hello, T) {
+            Err(e @ ControlError::VersionMismatch { ours: 3, theirs: CONTROL_VERSION }) => {
+                assert!(e.to_string().contains("version 4"), "the error names both versions: {e}");
+            }
+            other => panic!("client: expected VersionMismatch, got {other:?}"),
+        }
+        assert!(matches!(
+            server.join().unwrap().0,
+            Err(ControlError::VersionMismatch { ours: 4, theirs: 3 })
+        ));
     }
 
     #[test]

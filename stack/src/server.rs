@@ -1488,7 +1488,8 @@ impl<D: Device + Clone> ServerInner<D> {
             &self.device,
             self.functions.rndv_alloc.clone(),
             self.config.rndv_memory_limit,
-            &self.config.queue_config,
+            // The queues' initiator depth: at most the client's responder resources.
+            hello.queues.iter().fold(self.config.queue_config.max_rd_atomic, |d, q| q.initiator_depth(d)),
             n,
             window,
             ep.tx.capacity(),

@@ -221,6 +221,7 @@ macro_rules! __conformance_module {
                 shared_recv_empty_is_receiver_not_ready,
                 shared_recv_destroy_refused_while_used,
                 shared_recv_survives_a_failed_queue,
+                destroyed_queue_numbers_never_deliver,
             );
         }
     };

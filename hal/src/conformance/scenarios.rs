@@ -1303,6 +1303,56 @@ pub fn atomics_compare_swap_and_fetch_add<E: Env>(env: &E) {
     assert_eq!(p.a.queue.state(), QueueState::Error, "{what}: the requester's queue fails");
 }
 
+/// Queues come and go: 1,000 queues created and destroyed one after another on one CQ are all
+/// created, each with a number that its info gives peers and that differs from the number of the
+/// queue destroyed just before it (verbs: 24-bit QPNs; the simulator: a reused slot gets a new
+/// generation; Soft-RoCE allocates cyclically). A queue destroyed while its peer
+/// still sends to it delivers nothing to a later queue of its device, even one connected to the
+/// same sender (so expecting the PSNs it sends) that may have taken the destroyed queue's number
+/// (the simulator reuses the slot at once, with a new generation; Soft-RoCE and NICs reuse
+/// numbers only after a long cycle): packets for a number not in use are dropped.
+pub fn destroyed_queue_numbers_never_deliver<E: Env>(env: &E) {
+    let small = fit(
+        env,
+        QueueConfig {
+            send_depth: 1,
+            recv_depth: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline: 0,
+            ..QueueConfig::default()
+        },
+    );
+    let cq = env.a().create_cq(2).expect("create CQ");
+    let mut previous = None;
+    for i in 0..1000 {
+        let q = env.a().create_queue(&small, &cq, &cq);
+        let q = q.unwrap_or_else(|e| panic!("create queue #{i} (the others are destroyed): {e}"));
+        assert_eq!(q.qpn(), q.info().qpn, "queue #{i}: its number is the one its info gives peers");
+        assert_ne!(Some(q.qpn()), previous, "queue #{i} has the number of the queue destroyed just before");
+        previous = Some(q.qpn());
+    }
+    drop(cq);
+    let cfg = fit(env, QueueConfig::default());
+    let (mut a, mut b) = (side(env.a(), &cfg), side(env.b(), &cfg));
+    let info_a = a.queue.info();
+    connect(&mut a, &mut b);
+    drop(b);
+    let mut b2 = side(env.b(), &cfg);
+    b2.queue.connect(&info_a).expect("connect the later queue to the same sender");
+    let dst = sink(env.b(), 4 * 64);
+    for i in 0..4 {
+        post_recv_buf(&mut b2, 100 + i as u64, &dst, i * 64, 64);
+    }
+    let src = source(env.a(), &pattern(57, 4 * 64));
+    for i in 0..4 {
+        send_bytes(&mut a, i as u64, &src, i * 64, 64);
+    }
+    let what = "SENDs to a destroyed queue";
+    expect_none(env, &mut b2.recv_cq, Duration::from_millis(20), what);
+    check_region(&dst, 0, &[0; 4 * 64], what);
+}
+
 /// The limits both devices support.
 fn caps<E: Env>(env: &E) -> DeviceCaps {
     let (a, b) = (env.a().caps(), env.b().caps());

@@ -372,7 +372,8 @@ impl VerbsQueue {
         a.retry_cnt = if ctx.soft_roce { c.retry_count.min(6) } else { c.retry_count };
         a.rnr_retry = c.rnr_retry;
         a.sq_psn = self.psn;
-        a.max_rd_atomic = c.max_rd_atomic.min(ctx.caps.max_rd_atomic);
+        // The initiator depth, at most the peer's responder resources (as rdma_cm negotiates).
+        a.max_rd_atomic = peer.initiator_depth(c.max_rd_atomic.min(ctx.caps.max_rd_atomic));
         self.modify(
             &mut a,
             m::IBV_QP_STATE
@@ -489,6 +490,7 @@ impl Queue for VerbsQueue {
     fn info(&self) -> QueueInfo {
         let mut info = QueueInfo::new(self.ctx.gid, self.shared.qpn, self.psn);
         info.lid = self.ctx.lid;
+        info.responder_resources = self.config.max_dest_rd_atomic.min(self.ctx.caps.max_dest_rd_atomic);
         info
     }
 

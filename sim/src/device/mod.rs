@@ -190,8 +190,56 @@ fn trace_flight(hdr: &PacketHeader, sent_at: u64) {
     }
 }
 
-/// Most queues per NIC (queue numbers index the doorbell bitmap).
-pub(crate) const MAX_QUEUES: usize = 1 << 16;
+/// Most queues open at once per NIC: a queue number's low [`SLOT_BITS`] bits name its slot in
+/// the queue table and the doorbell bitmap.
+pub(crate) const MAX_QUEUES: usize = 1 << SLOT_BITS;
+
+/// Queue numbers are 24 bits, as on the wire (the BTH's destination QP): the low `SLOT_BITS`
+/// name a slot of the queue table, the upper 8 a generation of that slot, bumped each time the
+/// slot is given to a new queue. A number therefore comes back only after its slot was reused 256
+/// times, and a packet, doorbell, queued response or CQE for a destroyed queue whose slot now
+/// holds another queue carries the old generation and is dropped (as a NIC drops packets for a
+/// queue number that is not in use). Slots 0 and 1 are never used: queue numbers 0 and 1 are
+/// InfiniBand's management queues (QP0, QP1).
+pub(crate) const SLOT_BITS: u32 = 16;
+
+/// The queue-table slot of queue number `qpn`.
+#[inline]
+pub(crate) const fn slot_of(qpn: u32) -> usize {
+    (qpn & ((1 << SLOT_BITS) - 1)) as usize
+}
+
+/// The queue in `qps` numbered `qpn`: the occupant of its slot, if its number (generation
+/// included) is `qpn`.
+#[inline]
+fn find(qps: &mut [Option<Box<QpCtx>>], qpn: u32) -> Option<&mut QpCtx> {
+    qps.get_mut(slot_of(qpn))?.as_deref_mut().filter(|q| q.shared.qpn == qpn)
+}
+
+/// Read-only [`find`].
+#[inline]
+fn find_ref(qps: &[Option<Box<QpCtx>>], qpn: u32) -> Option<&QpCtx> {
+    qps.get(slot_of(qpn))?.as_deref().filter(|q| q.shared.qpn == qpn)
+}
+
+/// What a queue-table slot remembers of the queues it held.
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotLife {
+    /// The generation the slot's next queue gets (upper bits of its number).
+    generation: u8,
+    /// The first CQE epoch of the slot's next queue: past every epoch of the queues it held, so
+    /// that a CQE of a destroyed queue is never taken for one of a later queue with the same
+    /// number (after 256 reuses of the slot).
+    next_epoch: u32,
+}
+
+/// A queue number given out by [`DeviceState::alloc_queue`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NewQueue {
+    pub qpn: u32,
+    /// The queue's first CQE epoch.
+    pub epoch: u32,
+}
 
 /// The doorbell list: one bit per queue, set by the driver after it rings a queue's doorbell and
 /// taken by the device, so a device pass visits the queues that have something to do rather than
@@ -206,14 +254,17 @@ impl Bells {
         Bells { words: (0..MAX_QUEUES / 64).map(|_| crate::sync::AtomicU64::new(0)).collect() }
     }
 
-    /// Driver side: queue `qpn` has new work queue entries (after its doorbell was rung).
+    /// Driver side: queue `qpn` has new work queue entries (after its doorbell was rung). The
+    /// bell is its slot's: a bell a destroyed queue rang only makes the device look at the slot's
+    /// next queue, which finds nothing to do unless it has work of its own.
     #[inline]
     pub(crate) fn ring(&self, qpn: u32) {
-        let (w, b) = (qpn as usize / 64, qpn % 64);
+        let slot = slot_of(qpn);
+        let (w, b) = (slot / 64, slot % 64);
         self.words[w].fetch_or(1 << b, crate::sync::Ordering::Release);
     }
 
-    /// Device side: calls `f` for every queue below `queues` whose bell rang, clearing them.
+    /// Device side: calls `f` for every slot below `queues` whose bell rang, clearing them.
     fn drain(&self, queues: usize, mut f: impl FnMut(u32)) {
         for (w, word) in self.words.iter().take(queues.div_ceil(64)).enumerate() {
             if word.load(crate::sync::Ordering::Relaxed) == 0 {
@@ -233,8 +284,14 @@ impl Bells {
 #[derive(Debug)]
 pub(crate) struct DeviceState {
     pub keys: KeyTable,
+    /// The queue table, indexed by [`slot_of`] a queue number.
     pub qps: Vec<Option<Box<QpCtx>>>,
-    /// Queues that may have send work or a timer: the only ones a device pass visits.
+    /// Per slot of `qps`: what the next queue in it gets.
+    lives: Vec<SlotLife>,
+    /// Slots of destroyed queues, reused oldest first (so a number's slot rests as long as
+    /// possible before its next generation).
+    free: VecDeque<u32>,
+    /// Queues (by number) that may have send work or a timer: the only ones a device pass visits.
     active: Vec<u32>,
     pub outbox: VecDeque<TxDesc>,
     pub outbox_blocked: bool,
@@ -258,9 +315,11 @@ impl DeviceState {
         DeviceState {
             keys: KeyTable::default(),
             // Queue numbers 0 and 1 are InfiniBand's management queues (QP0, QP1): a RoCE
-            // dissector or NIC treats packets to them as management traffic, so data queues start
-            // at 2.
+            // dissector or NIC treats packets to them as management traffic, so slots 0 and 1 are
+            // never used and data queues start at 2.
             qps: vec![None, None],
+            lives: vec![SlotLife::default(); 2],
+            free: VecDeque::new(),
             active: Vec::with_capacity(64),
             outbox: VecDeque::with_capacity(1024),
             outbox_blocked: false,
@@ -272,6 +331,43 @@ impl DeviceState {
             mtu,
             events,
         }
+    }
+
+    /// Takes a slot for a new queue: the oldest freed one, else a new one. `None` when all
+    /// [`MAX_QUEUES`] slots hold queues. The caller puts the queue in with [`Self::install`]
+    /// before it releases the device lock.
+    pub(crate) fn alloc_queue(&mut self) -> Option<NewQueue> {
+        let slot = match self.free.pop_front() {
+            Some(s) => s as usize,
+            None if self.qps.len() < MAX_QUEUES => {
+                self.qps.push(None);
+                self.lives.push(SlotLife::default());
+                self.qps.len() - 1
+            }
+            None => return None,
+        };
+        let life = self.lives[slot];
+        Some(NewQueue { qpn: u32::from(life.generation) << SLOT_BITS | slot as u32, epoch: life.next_epoch })
+    }
+
+    /// Puts a queue whose number [`Self::alloc_queue`] gave into its slot.
+    pub(crate) fn install(&mut self, qp: Box<QpCtx>) {
+        let slot = slot_of(qp.shared.qpn);
+        debug_assert!(self.qps[slot].is_none(), "slot {slot} was given out twice");
+        self.qps[slot] = Some(qp);
+    }
+
+    /// Removes queue `qpn` (a queue being destroyed) and frees its slot for a later queue, with
+    /// the next generation. Returns the queue's context, `None` if there is no such queue.
+    pub(crate) fn remove(&mut self, qpn: u32) -> Option<Box<QpCtx>> {
+        let slot = slot_of(qpn);
+        find(&mut self.qps, qpn)?;
+        let qp = self.qps[slot].take()?;
+        let life = &mut self.lives[slot];
+        life.generation = life.generation.wrapping_add(1);
+        life.next_epoch = qp.shared.epoch.load(crate::sync::Ordering::Acquire).wrapping_add(1);
+        self.free.push_back(slot as u32);
+        Some(qp)
     }
 
     fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
@@ -287,7 +383,7 @@ impl DeviceState {
         f: impl FnOnce(&mut QpCtx, &mut Ctx<'_>) -> R,
     ) -> Option<R> {
         let (qps, mut ctx) = self.split(now);
-        let qp = qps.get_mut(qpn as usize)?.as_mut()?;
+        let qp = find(qps, qpn)?;
         let r = f(qp, &mut ctx);
         qp.take_cq_overflow(&mut ctx);
         Some(r)
@@ -297,7 +393,7 @@ impl DeviceState {
     /// per burst). `eager`: this NIC's user is about to sleep, so receivers must not wait for it.
     pub(crate) fn flush_wires(&mut self, eager: bool) {
         while let Some(qpn) = self.to_flush.pop() {
-            if let Some(qp) = self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+            if let Some(qp) = find(&mut self.qps, qpn) {
                 qp.pending_flush = false;
                 if let Some(r) = &qp.remote {
                     r.wire.flush(eager);
@@ -308,7 +404,7 @@ impl DeviceState {
 
     /// Puts queue `qpn` on the active list (if it exists and is not on it already).
     pub(crate) fn list(&mut self, qpn: u32) {
-        if let Some(qp) = self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+        if let Some(qp) = find(&mut self.qps, qpn) {
             if !qp.listed {
                 qp.listed = true;
                 self.active.push(qpn);
@@ -319,11 +415,11 @@ impl DeviceState {
     /// Lists every queue whose doorbell rang since the last call.
     pub(crate) fn take_bells(&mut self, bells: &Bells) {
         let DeviceState { qps, active, .. } = self;
-        bells.drain(qps.len(), |qpn| {
-            if let Some(qp) = qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+        bells.drain(qps.len(), |slot| {
+            if let Some(qp) = qps[slot as usize].as_deref_mut() {
                 if !qp.listed {
                     qp.listed = true;
-                    active.push(qpn);
+                    active.push(qp.shared.qpn);
                 }
             }
         });
@@ -334,7 +430,8 @@ impl DeviceState {
         let mut i = 0;
         while i < self.active.len() {
             let qpn = self.active[i];
-            let keep = match self.qps.get_mut(qpn as usize).and_then(|q| q.as_mut()) {
+            // A number whose queue was destroyed (its slot empty or reused) finds nothing.
+            let keep = match find(&mut self.qps, qpn) {
                 Some(qp) if qp.has_send_work(now) || qp.deadline() != NEVER => true,
                 Some(qp) => {
                     qp.listed = false;
@@ -354,9 +451,10 @@ impl DeviceState {
     pub(crate) fn unblock(&mut self) {
         self.outbox_blocked = false;
         for i in 0..self.qps.len() {
-            let blocked = self.qps[i].as_mut().is_some_and(|qp| std::mem::take(&mut qp.wire_blocked));
-            if blocked {
-                self.list(i as u32);
+            let Some(qp) = self.qps[i].as_deref_mut() else { continue };
+            if std::mem::take(&mut qp.wire_blocked) {
+                let qpn = qp.shared.qpn;
+                self.list(qpn);
             }
         }
     }
@@ -378,7 +476,7 @@ impl DeviceState {
         if !self.outbox.is_empty() && !self.outbox_blocked {
             out.push((tag, Unit::Tx));
         }
-        for qp in self.active.iter().filter_map(|&q| self.qps[q as usize].as_deref()) {
+        for qp in self.active.iter().filter_map(|&q| find_ref(&self.qps, q)) {
             if qp.has_send_work(now) {
                 out.push((tag, Unit::Send(qp.shared.qpn)));
             }
@@ -392,7 +490,7 @@ impl DeviceState {
     pub(crate) fn deadline(&self) -> Nanos {
         self.active
             .iter()
-            .filter_map(|&q| self.qps[q as usize].as_deref())
+            .filter_map(|&q| find_ref(&self.qps, q))
             .map(|q| q.deadline())
             .min()
             .unwrap_or(NEVER)
@@ -502,7 +600,8 @@ impl DeviceState {
 
     /// Handles one inbound packet, wherever it was received (the inbox, or a byte wire's ring
     /// read in place): hands it to its queue if the queue is connected to the packet's sender,
-    /// else counts it as ignored.
+    /// else counts it as ignored (also a packet for a destroyed queue whose slot holds a newer
+    /// queue: its number's generation differs).
     pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: &[u8]) {
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
@@ -532,9 +631,10 @@ impl DeviceState {
             return false;
         }
         let Some(desc) = self.outbox.front().copied() else { return false };
-        let qp = self.qps.get(desc.qpn as usize).and_then(|q| q.as_deref());
+        let qp = find_ref(&self.qps, desc.qpn);
         let Some((qp, remote)) = qp.and_then(|qp| qp.remote.as_ref().map(|r| (qp, r))) else {
-            self.outbox.pop_front(); // the queue was reset or destroyed meanwhile
+            // The queue was reset or destroyed meanwhile (its slot may hold a newer queue).
+            self.outbox.pop_front();
             return true;
         };
         let mut hdr = desc.hdr;
@@ -571,7 +671,7 @@ impl DeviceState {
         }
         self.stats.tx_responses += 1;
         self.outbox.pop_front();
-        if let Some(qp) = self.qps.get_mut(desc.qpn as usize).and_then(|q| q.as_mut()) {
+        if let Some(qp) = find(&mut self.qps, desc.qpn) {
             if !qp.pending_flush {
                 qp.pending_flush = true;
                 self.to_flush.push(desc.qpn);

@@ -113,8 +113,8 @@ fn status_name(s: Status) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct QpCtx {
     pub shared: Arc<QueueShared>,
-    send_cq: Arc<CqShared>,
-    recv_cq: Arc<CqShared>,
+    pub(crate) send_cq: Arc<CqShared>,
+    pub(crate) recv_cq: Arc<CqShared>,
     pub state: QueueState,
     pub remote: Option<Remote>,
     timeout: Nanos,
@@ -160,6 +160,9 @@ pub(crate) struct QpCtx {
     segs_unacked: u32,
     /// The READs answered lately, for duplicates (`max_dest_rd_atomic` of them).
     reads_answered: ReadResources,
+    /// The connected peer's responder resources (`QueueInfo::responder_resources`; 0: not
+    /// known): READs and atomics in flight are kept at or below them, as rdma_cm negotiates.
+    peer_resources: u8,
     /// A CQE of this queue found its CQ full (see `take_cq_overflow`).
     cq_overflowed: std::cell::Cell<bool>,
 }
@@ -177,7 +180,13 @@ struct WriteState {
 }
 
 impl QpCtx {
-    pub(crate) fn new(shared: Arc<QueueShared>, send_cq: Arc<CqShared>, recv_cq: Arc<CqShared>) -> Self {
+    /// A queue in RESET; `responder` is its `max_dest_rd_atomic`, clamped to the device's.
+    pub(crate) fn new(
+        shared: Arc<QueueShared>,
+        send_cq: Arc<CqShared>,
+        recv_cq: Arc<CqShared>,
+        responder: u8,
+    ) -> Self {
         let cfg = shared.config;
         QpCtx {
             send_cq,
@@ -209,7 +218,8 @@ impl QpCtx {
             cur_write: None,
             nak_seq_sent: false,
             segs_unacked: 0,
-            reads_answered: ReadResources::new(cfg.max_dest_rd_atomic),
+            reads_answered: ReadResources::new(responder),
+            peer_resources: 0,
             cq_overflowed: std::cell::Cell::new(false),
             shared,
         }
@@ -224,6 +234,7 @@ impl QpCtx {
         let cfg = self.shared.config;
         let psn = self.shared.psn.load(crate::sync::Ordering::Relaxed);
         self.remote = Some(Remote { wire, nic: peer_nic, qpn: peer.qpn });
+        self.peer_resources = peer.responder_resources;
         self.send_psn = psn;
         self.next_psn = psn;
         self.sent_high = psn;
@@ -575,11 +586,16 @@ impl QpCtx {
         true
     }
 
-    /// Most READs this queue may have outstanding: its `max_rd_atomic`, clamped to the device's,
-    /// and at least 1 (a limit of 0 would stall every READ forever, as rxe does; the sim lets
-    /// one through instead).
+    /// Most READs this queue may have outstanding: its `max_rd_atomic`, clamped to the device's
+    /// and to the peer's responder resources (its initiator depth), and at least 1 (a limit of 0
+    /// would stall every READ forever, as rxe does; the sim lets one through instead).
     fn read_limit(&self, ctx: &Ctx<'_>) -> u32 {
-        u32::from(self.shared.config.max_rd_atomic.min(ctx.caps.max_rd_atomic)).max(1)
+        let own = self.shared.config.max_rd_atomic.min(ctx.caps.max_rd_atomic);
+        let depth = match self.peer_resources {
+            0 => own,
+            r => own.min(r),
+        };
+        u32::from(depth).max(1)
     }
 
     /// A WQE failed before it started: flush older outstanding ones, report it, flush the rest.

@@ -165,7 +165,7 @@ impl<D: Device + Clone> CallBatch<'_, D> {
         sink: Sink,
     ) -> Result<(), RpcError> {
         let inner = &self.channel.inner;
-        inner.start_args(opts, function, super::rndv::Args::Bytes(args), sink, Some(&mut self.staging))
+        inner.start_args(opts, function, super::rndv::Args::Bytes(args), sink, None, Some(&mut self.staging))
     }
 }
 

@@ -162,6 +162,9 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     /// Starts a one-sided operation; its outcome goes to `sink` (unless this returns an error).
+    /// Starts a one-sided operation. `blocking`: the name of the blocking call starting it (it
+    /// is refused on a device a test steps, after the argument checks).
+    #[allow(clippy::too_many_arguments)] // one more than the lint's 7: the blocking caller's name
     pub(crate) fn start_op(
         &self,
         kind: OpKind,
@@ -170,6 +173,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         remote_offset: u64,
         opts: &OpOptions,
         sink: Sink,
+        blocking: Option<&'static str>,
     ) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             return Err(RpcError::Closed);
@@ -208,6 +212,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         let deadline = self.deadline_of(&call_opts);
         let q = self.pick_queue(opts.queue)?;
+        if let Some(what) = blocking {
+            self.refuse_to_block(what)?;
+        }
         let h = self.take_tx(&call_opts, deadline)?;
         {
             let mut held = lock(&self.held[h.index as usize]);

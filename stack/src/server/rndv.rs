@@ -10,7 +10,8 @@
 //! descriptors' parts as [`Request::segments`].
 //!
 //! Work requests wait in a per-queue FIFO: at most `max_rd_atomic` READs (the queue's
-//! `QueueConfig::max_rd_atomic`, clamped to the device's) and at most `window` one-sided
+//! `QueueConfig::max_rd_atomic`, clamped to the device's and to the client's responder
+//! resources, its `QueueInfo::responder_resources`) and at most `window` one-sided
 //! operations are outstanding per queue, and each takes a send context, so the send ring never
 //! overflows and replies always find contexts. A large response is written the same way (WRITE
 //! chunks into the client's response buffer), followed in the same FIFO by the RSP, so RC
@@ -167,7 +168,7 @@ impl<D: Device + Clone> ConnRndv<D> {
         device: &D,
         alloc: Option<Arc<dyn RndvAllocator<D::Region>>>,
         limit: u64,
-        queue_config: &hal::QueueConfig,
+        initiator_depth: u8,
         queues: usize,
         window: u32,
         tx_capacity: usize,
@@ -182,7 +183,7 @@ impl<D: Device + Clone> ConnRndv<D> {
             limit,
             in_use: Arc::new(AtomicU64::new(0)),
             chunk: chunk_size(caps.max_msg_size),
-            rd_limit: u32::from(queue_config.max_rd_atomic.min(caps.max_rd_atomic).max(1)),
+            rd_limit: u32::from(initiator_depth.min(caps.max_rd_atomic)).max(1),
             op_limit: window.max(1),
             queues: (0..queues)
                 .map(|_| Mutex::new(QueueOps { fifo: VecDeque::new(), reads: 0, inflight: 0 }))
