@@ -285,6 +285,7 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
             list.retain(|t| !t.is_closed());
             targets.clone_from(&list);
             seen = slot.version.load(Ordering::Acquire);
+            sleeper.prepare(slot, &targets);
         }
         let mut n = 0;
         for t in &targets {
@@ -346,6 +347,22 @@ struct Sleeper {
 }
 
 impl Sleeper {
+    /// Sizes the buffers for `targets`, when the target list changes: so that the first sleep
+    /// of a steady state, which may come long after the list changed (a busy worker never
+    /// sleeps), does not allocate.
+    fn prepare(&mut self, slot: &Slot, targets: &[Arc<dyn Pollable>]) {
+        self.fill_fds(slot, targets);
+        self.pfds.reserve(self.fds.len());
+    }
+
+    fn fill_fds(&mut self, slot: &Slot, targets: &[Arc<dyn Pollable>]) {
+        self.fds.clear();
+        for t in targets {
+            t.event_fds(&mut self.fds);
+        }
+        self.fds.push(slot.wake.raw());
+    }
+
     /// Arms every target's CQs, looks once more, and sleeps on their event fds and the worker's
     /// wake-up fd until one fires or [`MAX_SLEEP_MS`] pass.
     fn sleep(&mut self, shared: &Shared, slot: &Slot, targets: &[Arc<dyn Pollable>]) {
@@ -358,11 +375,7 @@ impl Sleeper {
             shared.stats.sleeps_avoided.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        self.fds.clear();
-        for t in targets {
-            t.event_fds(&mut self.fds);
-        }
-        self.fds.push(slot.wake.raw());
+        self.fill_fds(slot, targets);
         self.pfds.clear();
         self.pfds.extend(self.fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
