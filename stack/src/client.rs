@@ -629,25 +629,7 @@ impl<D: Device + Clone> Channel<D> {
         segments: &[LocalRange<'_, D::Region>],
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
-        let shot = call::blocking_shot();
-        let start = self.inner.start_args(
-            opts,
-            function,
-            rndv::Args::Segments(segments),
-            Sink::Shot(shot.clone()),
-            Some("Channel::call_segments_with"),
-            None,
-        );
-        let result = start.and_then(|()| {
-            self.wait(&shot);
-            shot.take_into(response).unwrap_or(Err(RpcError::Closed))
-        });
-        let acked = shot.is_acked();
-        call::recycle_shot(shot);
-        if result.is_err() {
-            response.clear();
-        }
-        result.map(|()| CallInfo { acked })
+        self.blocking(opts, function, rndv::Args::Segments(segments), "Channel::call_segments_with", response)
     }
 
     /// Largest request arguments in bytes (the message size less the 20-byte header).
@@ -707,15 +689,21 @@ impl<D: Device + Clone> Channel<D> {
         args: &[u8],
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
+        self.blocking(opts, function, rndv::Args::Bytes(args), "Channel::call", response)
+    }
+
+    /// The blocking calls' one body: starts the call (`name` is the caller's, for the error a
+    /// Stepped device gets), waits, and moves the response into `response`, left empty on error.
+    fn blocking(
+        &self,
+        opts: &CallOptions,
+        function: FunctionId,
+        args: rndv::Args<'_, '_, D::Region>,
+        name: &'static str,
+        response: &mut Vec<u8>,
+    ) -> Result<CallInfo, RpcError> {
         let shot = call::blocking_shot();
-        let start = self.inner.start_args(
-            opts,
-            function,
-            rndv::Args::Bytes(args),
-            Sink::Shot(shot.clone()),
-            Some("Channel::call"),
-            None,
-        );
+        let start = self.inner.start_args(opts, function, args, Sink::Shot(shot.clone()), Some(name), None);
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))

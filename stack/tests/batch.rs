@@ -3,38 +3,20 @@
 //! Stepped engine where the order matters (nothing moves unless the test steps, so "not sent
 //! before the flush" is observable); Inline for the volume test. Every wait is bounded.
 
-use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::sim::{Engine, Fabric};
 use bypass::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::{echo_functions, until};
 
 const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
 };
 const NAME: &str = "batch";
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
-
-fn echo_functions() -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let _ = req.reply_with(Status::Success, |args, out| {
-            out.get_mut(..args.len()).ok_or(args.len())?.copy_from_slice(args);
-            Ok(args.len())
-        });
-    });
-    f
-}
-
-fn until(what: &str, mut drive: impl FnMut(), mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
-        drive();
-        std::thread::yield_now();
-    }
-}
 
 type Outcomes = Arc<Mutex<Vec<(u8, Result<Vec<u8>, String>)>>>;
 
@@ -50,7 +32,7 @@ fn staged_calls_go_out_at_the_flush() {
     let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0001 });
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { workers: 0, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     let out: Outcomes = Arc::default();
     let mut batch = channel.batch();
@@ -87,7 +69,8 @@ fn staged_calls_go_out_at_the_flush() {
 fn a_batch_larger_than_the_window_completes() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions()).expect("bind");
+    let server =
+        Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions(ECHO)).expect("bind");
     let ccfg = ChannelConfig { window: 4, ..ChannelConfig::new(NAME) };
     let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
     let done = Arc::new(AtomicUsize::new(0));
@@ -122,7 +105,7 @@ fn a_failed_flush_ends_every_staged_call_once() {
     let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0003 });
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { workers: 0, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let ccfg = ChannelConfig { recovery: None, queues: 2, ..ChannelConfig::new(NAME) };
     let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
     let out: Outcomes = Arc::default();

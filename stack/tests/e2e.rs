@@ -15,14 +15,15 @@
 
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
-use std::future::Future;
 use std::net::TcpListener;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::poll_once;
 
 type Nic = SimNic;
 type Req = Request<Nic>;
@@ -111,19 +112,6 @@ fn payload(t: usize, i: usize) -> Vec<u8> {
     let extra = (t * 37 + i * 13) % 300;
     v.extend((0..extra).map(|k| (k ^ i ^ (t << 4)) as u8));
     v
-}
-
-/// Polls a future once with a no-op waker.
-fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
-    struct Noop;
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
-    let waker = Waker::from(Arc::new(Noop));
-    match Pin::new(f).poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
 }
 
 /// The outcome of a future that reports `is_done()`.

@@ -12,11 +12,12 @@
 use bypass::hal::{AckTimeout, Device, MemoryRegion, QueueConfig};
 use bypass::sim::{Engine, Fabric, FabricConfig, FaultPlan, SimNic};
 use bypass::*;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::poll_once;
 
 const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
     Some(f) => f,
@@ -29,18 +30,6 @@ const DESC: FunctionId = match FunctionId::new(0x20, 0x2, true, 1) {
 const NAME: &str = "rd-atomic";
 const REGION: usize = 256 << 10;
 const LIMIT: Duration = Duration::from_secs(60);
-
-fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
-    struct Noop;
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
-    let waker = Waker::from(Arc::new(Noop));
-    match Pin::new(f).poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
-}
 
 fn queue_config() -> QueueConfig {
     let mut c = QueueConfig::default();

@@ -8,54 +8,17 @@
 
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::{echo_functions, poll_once, until, WAIT_LIMIT};
 
 const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
 };
 const NAME: &str = "regress";
-/// Longest any single wait may take before the test gives up.
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
-
-fn echo_functions() -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let _ = req.reply_with(Status::Success, |args, out| {
-            out.get_mut(..args.len()).ok_or(args.len())?.copy_from_slice(args);
-            Ok(args.len())
-        });
-    });
-    f
-}
-
-/// Waits (bounded) until `cond` holds, calling `drive` between looks; panics naming `what`.
-fn until(what: &str, mut drive: impl FnMut(), mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    let mut rounds = 0u64;
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what} after {rounds} rounds");
-        drive();
-        std::thread::yield_now();
-        rounds += 1;
-    }
-}
-
-fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
-    struct Noop;
-    impl Wake for Noop {
-        fn wake(self: std::sync::Arc<Self>) {}
-    }
-    let waker = Waker::from(std::sync::Arc::new(Noop));
-    match Pin::new(f).poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
-}
-
 // ---- Defect 9: the default worker spins briefly, then sleeps on the CQs' event fds. ----
 
 /// With the default config an idle server's worker sleeps (counted in its stats), wakes on a
@@ -64,7 +27,8 @@ fn idle_worker_sleeps(engine: Engine) {
     assert_eq!(ServerConfig::default().mode, PollMode::Adaptive, "adaptive polling is the default");
     let fabric = Fabric::new(engine);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions()).expect("bind");
+    let server =
+        Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions(ECHO)).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     let mut resp = Vec::new();
     for round in 0..3 {
@@ -109,7 +73,8 @@ fn idle_worker_sleeps_threaded() {
 fn idle_worker_sleeps_and_wakes_on_events_stepped() {
     let fabric = Fabric::new(Engine::Stepped { seed: 0x5EED_0009 });
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions()).expect("bind");
+    let server =
+        Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions(ECHO)).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     for i in 0..5u8 {
         let before = server.worker_stats();
@@ -134,7 +99,7 @@ fn busy_mode_never_sleeps() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { mode: PollMode::Busy, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     let mut resp = Vec::new();
     for i in 0..100u8 {
@@ -168,7 +133,7 @@ fn idle_connections_do_not_block_handshakes(engine: Engine) {
         workers: if real { 1 } else { 0 },
         ..ServerConfig::new(NAME)
     };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let idle = idle_connections(&server, 16);
     let ccfg = ChannelConfig { connect_timeout: Duration::from_secs(3), ..ChannelConfig::new(NAME) };
     let channels: Vec<Channel<SimNic>> = (0..3)
@@ -212,7 +177,7 @@ fn idle_connections_are_dropped_at_the_handshake_timeout() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { handshake_timeout: Duration::from_millis(200), ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let idle = idle_connections(&server, 8);
     let n = idle.len() as u64;
     for (i, mut s) in idle.into_iter().enumerate() {
@@ -244,7 +209,7 @@ fn large_messages_fit_the_memory_limit(engine: Engine) {
     let fabric = Fabric::new(engine);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let scfg = ServerConfig { msg_size: 16 * MIB, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions(ECHO)).expect("bind");
     let ccfg = ChannelConfig { msg_size: 16 * MIB, ..ChannelConfig::new(NAME) };
     assert_eq!(ccfg.memory_limit, DEFAULT_MEMORY_LIMIT);
     let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect with 16 MiB messages");
@@ -294,13 +259,13 @@ fn over_the_memory_limit_fails_fast_naming_it() {
         other => panic!("a channel over its memory limit: {other:?}"),
     }
     let small = ServerConfig { msg_size: 16 * MIB, memory_limit: 64 << 20, ..ServerConfig::new(NAME) };
-    match Server::bind(&snic, "127.0.0.1:0", small, echo_functions()) {
+    match Server::bind(&snic, "127.0.0.1:0", small, echo_functions(ECHO)) {
         Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ServerConfig.memory_limit"), "{text}"),
         other => panic!("a server over its memory limit: {other:?}"),
     }
     // The server fits one queue of 16 MiB messages (5 buffers at window 1), not four.
     let scfg = ServerConfig { msg_size: 16 * MIB, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions(ECHO)).expect("bind");
     let ccfg =
         ChannelConfig { msg_size: 16 * MIB, queues: 4, memory_limit: 1 << 30, ..ChannelConfig::new(NAME) };
     match Channel::connect(&cnic, server.local_addr(), ccfg) {

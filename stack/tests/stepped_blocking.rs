@@ -7,13 +7,14 @@
 //! a regression (a hang) fails the test instead of hanging it.
 
 use bypass::hal::{Device, MemoryRegion};
-use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::sim::{Engine, Fabric};
 use bypass::*;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{mpsc, Arc};
-use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
+
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::{echo_functions, poll_once};
 
 const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
     Some(f) => f,
@@ -22,27 +23,6 @@ const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
 const NAME: &str = "stepped-blocking";
 /// Longest the test waits for a blocking call to come back (it should be at once).
 const LIMIT: Duration = Duration::from_secs(20);
-
-fn echo_functions() -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let a = req.args().to_vec();
-        let _ = req.reply(&a);
-    });
-    f
-}
-
-fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
-    struct Noop;
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
-    let waker = Waker::from(Arc::new(Noop));
-    match Pin::new(f).poll(&mut Context::from_waker(&waker)) {
-        Poll::Ready(v) => Some(v),
-        Poll::Pending => None,
-    }
-}
 
 /// Runs `f` on a thread and returns its result, or panics if it does not come back in [`LIMIT`]
 /// (the thread is left behind; the test fails).
@@ -74,7 +54,7 @@ fn blocking_calls_on_the_stepped_engine_fail_fast_and_futures_work() {
     // is off (it runs on real time; left on, it would break the connection after its timeout and
     // fail the hung call with a misleading ConnectionBroken instead of hanging forever).
     let scfg = ServerConfig { keepalive: None, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions()).expect("bind");
+    let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions(ECHO)).expect("bind");
     let ccfg = ChannelConfig { keepalive: None, ..ChannelConfig::new(NAME) };
     let channel = Arc::new(Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect"));
 
@@ -122,7 +102,8 @@ fn blocking_calls_on_the_stepped_engine_fail_fast_and_futures_work() {
 fn blocking_calls_still_work_on_the_inline_engine() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions()).expect("bind");
+    let server =
+        Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), echo_functions(ECHO)).expect("bind");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
     let resp = bounded("Channel::call on Inline", move || {
         let mut resp = Vec::new();

@@ -18,13 +18,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[path = "common/helpers.rs"]
+mod helpers;
+use helpers::{echo_functions, wait_for, WAIT_LIMIT};
+
 const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
 };
 const NAME: &str = "tls-test";
 /// Longest any single wait may take before the test gives up.
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const PASSPHRASE: &[u8] = b"correct horse battery staple";
 
 // ---- certificates ----
@@ -116,17 +119,6 @@ fn config(ca: &Ca, leaf: &Leaf) -> TlsConfig {
 
 // ---- servers and clients ----
 
-fn echo_functions() -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let _ = req.reply_with(Status::Success, |args, out| {
-            out.get_mut(..args.len()).ok_or(args.len())?.copy_from_slice(args);
-            Ok(args.len())
-        });
-    });
-    f
-}
-
 struct Rig {
     _fabric: Fabric,
     server_nic: SimNic,
@@ -138,7 +130,7 @@ fn rig(tls: Option<TlsConfig>) -> Rig {
     let fabric = Fabric::new(Engine::Inline);
     let (server_nic, client_nic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { tls, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&server_nic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&server_nic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     Rig { _fabric: fabric, server_nic, client_nic, server }
 }
 
@@ -177,14 +169,6 @@ fn tls_error(result: Result<Channel<SimNic>, RpcError>) -> TlsError {
     }
 }
 
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
-        std::thread::yield_now();
-    }
-}
-
 // ---- success ----
 
 #[test]
@@ -198,14 +182,14 @@ fn mutual_tls_calls_work_and_closure_is_seen_both_ways() {
     assert_eq!(rig.server.connections(), 1);
     // The client closes: the server sees its TLS stream end and closes the connection.
     drop(channel);
-    until("the server to see the client's close", || rig.server.connections() == 0);
+    wait_for("the server to see the client's close", || rig.server.connections() == 0);
 
     // The server goes away: the client's monitor sees the TLS stream end.
     let channel = rig.connect(Some(client_tls)).expect("connect again");
     echo(&channel);
     let Rig { mut server, _fabric, server_nic, client_nic } = rig;
     server.shutdown();
-    until("the channel to see the server's close", || channel.is_closed());
+    wait_for("the channel to see the server's close", || channel.is_closed());
     assert!(server.tls_refusals().is_empty());
     drop((server_nic, client_nic));
 }
@@ -262,10 +246,10 @@ fn a_stalled_tls_handshake_ends_at_the_handshake_timeout() {
         handshake_timeout: Duration::from_millis(200),
         ..ServerConfig::new(NAME)
     };
-    let server = Server::bind(&nic, "127.0.0.1:0", config, echo_functions()).expect("bind");
+    let server = Server::bind(&nic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
     let mut stall = TcpStream::connect(server.local_addr()).unwrap();
     stall.write_all(&[0x16, 0x03, 0x01]).unwrap();
-    until("the stalled handshake to time out", || server.stats().handshake_timeouts == 1);
+    wait_for("the stalled handshake to time out", || server.stats().handshake_timeouts == 1);
     // The server dropped it: the stream ends (no answer was sent).
     stall.set_read_timeout(Some(WAIT_LIMIT)).unwrap();
     let mut buf = [0u8; 16];
@@ -386,7 +370,7 @@ fn a_server_needs_a_certificate() {
     let fabric = Fabric::new(Engine::Inline);
     let nic = fabric.add_nic();
     let config = ServerConfig { tls: Some(tls), ..ServerConfig::new(NAME) };
-    match Server::bind(&nic, "127.0.0.1:0", config, echo_functions()) {
+    match Server::bind(&nic, "127.0.0.1:0", config, echo_functions(ECHO)) {
         Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ServerConfig.tls"), "{text}"),
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
@@ -694,7 +678,7 @@ fn queue_recovery_runs_over_the_tls_stream() {
     echo(&channel);
     for round in 1..=2u64 {
         channel.fail_queue(0).expect("fail queue 0");
-        until("the queue to be recovered over TLS", || {
+        wait_for("the queue to be recovered over TLS", || {
             let s = channel.stats();
             s.recoveries >= round && s.ready_queues == channel.queues()
         });
