@@ -1087,11 +1087,16 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     /// A send context. Contexts often wait only for send completions that are already in the
-    /// send CQ (a response can overtake its request's send completion), so an empty slab first
-    /// reaps them; with `wait_for_credit` it keeps reaping until one is free or the deadline.
+    /// send CQ (a response can overtake its request's send completion), so an empty slab, or
+    /// one whose registered contexts are all in use ([`Endpoint::tx_would_grow`]), first reaps
+    /// them; with `wait_for_credit` it keeps reaping until one is free or the deadline.
     fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
+            // Reap before a new chunk of send buffers is registered on the call path.
+            if self.ep.tx_would_grow() && self.poll_send() > 0 {
+                continue;
+            }
             if let Some(h) = self.ep.get_tx(opts.mode, 0)? {
                 return Ok(h);
             }

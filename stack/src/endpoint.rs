@@ -8,9 +8,11 @@
 //!   chunks of [`SEND_CHUNK`] contexts: send context `i` owns bytes `(i % SEND_CHUNK) × msg_size ..`
 //!   of chunk `i / SEND_CHUNK`. The first chunk is registered with the endpoint, the others the
 //!   first time a context of theirs is handed out ([`Endpoint::get_tx`]; once per chunk for the
-//!   life of the endpoint). The slab hands out the most recently freed context first, so an idle
-//!   or lightly loaded connection keeps using the first chunk and never registers the rest: its
-//!   send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
+//!   life of the endpoint). Before that happens the client and the server reap their send
+//!   completions ([`Endpoint::tx_would_grow`]), so a chunk is added only when the registered
+//!   contexts are all genuinely in flight, not merely waiting for a completion nobody polled.
+//!   The slab hands out the most recently freed context first, so an idle or lightly loaded
+//!   connection keeps using the first chunk and never registers the rest: its send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
 //!   live context writes its buffer; the context is released only after the send completion, so
 //!   the NIC never reads a buffer that is being rewritten.
 //! - **receive buffers**: one registered region of `queues × recv_depth × msg_size` bytes;
@@ -31,7 +33,7 @@ use crate::hal::{
 };
 use crate::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::RpcError;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Send contexts whose buffers are registered together (see the module docs).
@@ -225,6 +227,9 @@ pub(crate) struct Endpoint<D: Device> {
     send_chunks: Box<[OnceLock<D::Region>]>,
     /// Taken to register a chunk (so that two threads do not both register it).
     chunk_init: Mutex<()>,
+    /// Send contexts whose chunk is registered: always the first ones, since never-used contexts
+    /// are handed out in index order (see [`Endpoint::tx_would_grow`]).
+    send_ready: AtomicUsize,
     recv_region: D::Region,
     pub(crate) msg_size: usize,
     /// SGEs per send-side work request the queues were created with.
@@ -307,6 +312,7 @@ impl<D: Device + Clone> Endpoint<D> {
             tx,
             send_chunks,
             chunk_init: Mutex::new(()),
+            send_ready: AtomicUsize::new(0),
             recv_region,
             msg_size: s.msg_size,
             max_send_sge: config.max_send_sge as usize,
@@ -338,7 +344,21 @@ impl<D: Device + Clone> Endpoint<D> {
         let contexts = SEND_CHUNK.min(self.tx.capacity() - index / SEND_CHUNK * SEND_CHUNK);
         let region = self.device.register(contexts * self.msg_size, Access::LOCAL_WRITE)?;
         self.registered.fetch_add(region.len() as u64, Ordering::Relaxed);
+        self.send_ready.fetch_add(contexts, Ordering::Relaxed);
         Ok(cell.get_or_init(|| region))
+    }
+
+    /// Whether the next context [`Endpoint::get_tx`] hands out would be the first of a chunk not
+    /// registered yet: every context of the registered chunks is in use. (The slab hands out the
+    /// most recently freed context first and never-used ones in index order, so a context of an
+    /// unregistered chunk comes out only when no registered one is free.) Callers then reap send
+    /// completions before they take one, so a chunk is registered on the call path only when
+    /// the registered contexts are genuinely all in flight, not when their completions merely
+    /// wait in the send CQ. Racy by nature (other threads take and free contexts); it only
+    /// decides whether to poll first.
+    pub(crate) fn tx_would_grow(&self) -> bool {
+        let ready = self.send_ready.load(Ordering::Relaxed);
+        ready < self.tx.capacity() && self.tx.in_use() >= ready
     }
 
     /// A free send context for a message of mode `mode` (see [`TxSlab::get`]), its send buffer
@@ -716,6 +736,27 @@ mod tests {
             let buf = unsafe { ep.send_buf(*h) };
             assert!(buf.iter().all(|&b| b == i as u8), "context {i}'s buffer is its own");
         }
+    }
+
+    /// The callers' cue to reap send completions before a chunk is registered on the call path:
+    /// raised exactly while every registered context is in use, and never once all are registered.
+    #[test]
+    fn tx_would_grow_only_when_every_registered_context_is_in_use() {
+        let fabric = Fabric::new(Engine::Inline);
+        let nic = fabric.add_nic();
+        let ep = Endpoint::new(&nic, Sizes { queues: 2, send_depth: 10, ..sizes() }).expect("endpoint");
+        let mode = crate::tx_ctx::CallMode::EarlyRsp;
+        let mut held = Vec::new();
+        for n in 0..20 {
+            // 8 and 16 in use: the registered chunks are full, the next context is a new chunk's.
+            let full = n == SEND_CHUNK || n == 2 * SEND_CHUNK;
+            assert_eq!(ep.tx_would_grow(), full, "{n} contexts in use");
+            held.push(ep.get_tx(mode, 0).unwrap().expect("a context"));
+        }
+        assert!(!ep.tx_would_grow(), "every chunk is registered: nothing left to grow");
+        // One context back: the next one handed out is it, registered.
+        let _ = ep.tx.fail(held.pop().unwrap(), FailReason::SendError);
+        assert!(!ep.tx_would_grow());
     }
 
     /// Regression: a post on a failed queue was `Device(BadState)` whether the connection was

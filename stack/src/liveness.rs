@@ -74,6 +74,13 @@ impl Keepalive {
         (self.interval / 4).max(Duration::from_micros(250))
     }
 
+    /// A gap between two looks past which the loop, not the peer, is taken to have been silent
+    /// (see [`Silence::look`]): half the limit, and at least two ticks. Looks are a tick apart
+    /// when the loop keeps up, so only a stall that could have condemned a live peer trips it.
+    pub(crate) fn stall(&self) -> Duration {
+        (self.limit() / 2).max(self.tick().saturating_mul(2))
+    }
+
     /// Whether `quiet` (from [`Silence::look`], which may count from up to one look before the
     /// last message) has reached `limit`. Judged one look early, so a connection is declared
     /// broken no later than `limit` after its last message (and no sooner than `limit` minus
@@ -268,7 +275,18 @@ impl Silence {
     }
 
     /// One look at `now`: takes `live`'s traffic mark and returns how long it has been quiet.
-    pub(crate) fn look(&mut self, live: &Live, now: Instant) -> Duration {
+    ///
+    /// A look that comes more than `stall` after the previous one ([`Keepalive::stall`]) means
+    /// the control loop was held up (a blocking callback, a starved thread): meanwhile our own
+    /// probes were not sent, and traffic may have been heard at any moment of the gap, so the
+    /// gap says nothing about the peer. The silence starts again from this look rather than
+    /// close a healthy connection; a peer that really died in the gap is found one limit later.
+    pub(crate) fn look(&mut self, live: &Live, now: Instant, stall: Duration) -> Duration {
+        if now.saturating_duration_since(self.last_look) > stall {
+            live.take_heard();
+            self.restart(now);
+            return Duration::ZERO;
+        }
         if live.take_heard() {
             self.quiet_since = self.last_look;
         }
@@ -300,11 +318,33 @@ mod tests {
         let t0 = Instant::now();
         let mut s = Silence::new(t0);
         let ms = Duration::from_millis;
-        assert_eq!(s.look(&live, t0 + ms(10)), ms(10));
+        let stall = ms(1_000);
+        assert_eq!(s.look(&live, t0 + ms(10), stall), ms(10));
         live.mark_heard();
         // Heard between the looks at 10 and 20: counted from 10.
-        assert_eq!(s.look(&live, t0 + ms(20)), ms(10));
-        assert_eq!(s.look(&live, t0 + ms(30)), ms(20));
+        assert_eq!(s.look(&live, t0 + ms(20), stall), ms(10));
+        assert_eq!(s.look(&live, t0 + ms(30), stall), ms(20));
+    }
+
+    /// A control loop held up far past the limit (traffic heard meanwhile, or not: our probes
+    /// were not going out) does not condemn the peer on its first look back.
+    #[test]
+    fn a_late_look_starts_the_silence_again() {
+        let live = Live::new();
+        let t0 = Instant::now();
+        let mut s = Silence::new(t0);
+        let ms = Duration::from_millis;
+        let k = Keepalive { interval: ms(40), misses: 5 };
+        assert_eq!(k.stall(), ms(100), "half the 200 ms limit");
+        let stall = k.stall();
+        assert_eq!(s.look(&live, t0 + ms(10), stall), ms(10));
+        live.mark_heard();
+        assert_eq!(s.look(&live, t0 + ms(5_000), stall), Duration::ZERO, "heard during the stall");
+        assert_eq!(s.look(&live, t0 + ms(5_010), stall), ms(10));
+        assert_eq!(s.look(&live, t0 + ms(9_000), stall), Duration::ZERO, "nothing heard, no probe sent");
+        // Looks on time again (a gap up to the stall is still the peer's): silence accumulates.
+        assert_eq!(s.look(&live, t0 + ms(9_100), stall), ms(100));
+        assert_eq!(s.look(&live, t0 + ms(9_190), stall), ms(190));
     }
 
     #[test]

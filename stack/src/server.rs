@@ -792,6 +792,10 @@ impl<D: Device + Clone> Conn<D> {
     fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
         loop {
+            // Reap before a new chunk of send buffers is registered on the reply path.
+            if self.ep.tx_would_grow() && self.poll_send() > 0 {
+                continue;
+            }
             if let Some(tx) = self.ep.get_tx(CallMode::EarlyRsp, 0)? {
                 return Ok(tx);
             }

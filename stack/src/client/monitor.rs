@@ -132,7 +132,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             }
         }
         k.last_polls = self.polls.load(Ordering::Relaxed);
-        let quiet = k.silence.look(&self.live, now);
+        let quiet = k.silence.look(&self.live, now, k.keepalive.stall());
         if k.keepalive.expired(quiet, k.keepalive.limit()) {
             self.close_with(CloseReason::KeepaliveTimeout);
             return;

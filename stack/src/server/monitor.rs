@@ -104,7 +104,7 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
             self.silence.restart(now);
             return Step::Keep;
         }
-        let quiet = self.silence.look(&c.live, now);
+        let quiet = self.silence.look(&c.live, now, k.stall());
         if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
             c.close_with(CloseReason::KeepaliveTimeout);
             return Step::Done;
