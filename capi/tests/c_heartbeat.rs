@@ -115,6 +115,9 @@ fn peer_dies(death: Death, env: &[(String, String)], slot: u32) -> f64 {
     };
     // SAFETY: signals a child process of this test, which has not been reaped (no wait yet).
     assert_eq!(unsafe { libc::kill(server_pid, signal) }, 0, "signal the server");
+    if matches!(death, Death::Frozen) {
+        wait_stopped(server.id(), Duration::from_secs(10));
+    }
     client.stdin.as_mut().expect("piped stdin").write_all(b"GO\n").expect("tell the client");
 
     let detected = std::panic::catch_unwind(|| {
@@ -183,6 +186,28 @@ fn a_killed_server_is_detected_over_ubc() {
     eprintln!("killed server (UBC) detected after {t:.2} s");
 }
 
+/// Waits (at most `limit`) until every thread of process `pid` is stopped. SIGSTOP does not stop
+/// a process at once: the thread the signal was given to starts the group stop when it next runs,
+/// and until then the others go on (on a loaded machine, long enough for a frozen server to
+/// acknowledge and serve a request sent after the kill returned).
+fn wait_stopped(pid: u32, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let stopped = || -> Option<bool> {
+        let mut all = true;
+        for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+            // "pid (comm) S ...": the state follows the last ')'.
+            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+            all &= matches!(state, 'T' | 't');
+        }
+        Some(all)
+    };
+    while stopped() != Some(true) {
+        assert!(Instant::now() < deadline, "process {pid} did not stop within {limit:?} of SIGSTOP");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Sends a signal to a child process of this test that has not been reaped.
 fn signal(child: &Child, sig: libc::c_int) {
     // SAFETY: `child` is ours and unreaped (no wait has returned its status), so its pid names it.
@@ -242,6 +267,7 @@ fn client_freezes(env: &[(String, String)], slot: u32) -> f64 {
 
         signal(&client, libc::SIGSTOP);
         let frozen_at = Instant::now();
+        wait_stopped(client.id(), Duration::from_secs(10));
         let which = expect_line(
             &server_lines,
             "BREAK ",
