@@ -233,7 +233,10 @@ fn rest_of(rx: &Receiver<String>, limit: Duration) -> Vec<String> {
 /// (docs/protocol.md §13): 6 s from the last probe the client sent, which is at most about
 /// 1.25 s before the freeze. The test allows 20 s (a loaded machine), and requires more than
 /// 2 s (only missed heartbeats can tell, so not at once).
-fn client_freezes(env: &[(String, String)], slot: u32) -> f64 {
+///
+/// `quiet` is how long the client stays silent before the freeze: 3 s lets it send its first
+/// probe; 0 freezes it before it ever probed.
+fn client_freezes(env: &[(String, String)], slot: u32, quiet: u32) -> f64 {
     let exe = compile("frozen_client.c");
     let proc_exe = compile("proc.c");
     let range = port_range(slot);
@@ -249,7 +252,7 @@ fn client_freezes(env: &[(String, String)], slot: u32) -> f64 {
     let port = expect_line(&server_lines, "PORT ", Duration::from_secs(60), "the server");
 
     let mut client = c_harness::command(&exe)
-        .args(["client", port.as_str(), "1", "20"])
+        .args(["client", port.as_str(), "1", "20", &quiet.to_string()])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -262,7 +265,7 @@ fn client_freezes(env: &[(String, String)], slot: u32) -> f64 {
     // (a frozen child would otherwise outlive the test) and shows their stderr.
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert_eq!(expect_line(&server_lines, "NEW ", Duration::from_secs(60), "the server"), "1");
-        // READY comes after 3 s of quiet, in which the client sent its first probe.
+        // READY comes after `quiet` (3 s: the client sent its first probe meanwhile).
         expect_line(&client_lines, "READY", Duration::from_secs(60), "the client");
 
         signal(&client, libc::SIGSTOP);
@@ -335,7 +338,7 @@ fn client_freezes(env: &[(String, String)], slot: u32) -> f64 {
 
 #[test]
 fn a_frozen_client_is_detected_by_the_server() {
-    let t = client_freezes(&[], 4);
+    let t = client_freezes(&[], 4, 3);
     assert!((2.0..=20.0).contains(&t), "detected after {t} s");
     eprintln!("frozen client detected by the server after {t:.2} s");
 }
@@ -343,7 +346,20 @@ fn a_frozen_client_is_detected_by_the_server() {
 #[cfg(feature = "urma")]
 #[test]
 fn a_frozen_client_is_detected_by_the_server_over_ubc() {
-    let t = client_freezes(&ubc_env(), 5);
+    let t = client_freezes(&ubc_env(), 5, 3);
     assert!((2.0..=20.0).contains(&t), "detected after {t} s");
     eprintln!("frozen client (UBC) detected by the server after {t:.2} s");
+}
+
+/// A client frozen before its first keepalive probe (one that heard from the server more often
+/// than every `idle` until then, as a busy client does) is not detected today: the server has
+/// no limit for a connection whose client never announced its keepalive (docs/protocol.md §13,
+/// `Live::server_limit`), so only the control stream's closure ends it. Run with `--ignored`
+/// once the stack gives the server a limit from the start (e.g. the keepalive in the client's
+/// hello, or the server's own `idle × misses` until the first probe).
+#[test]
+#[ignore = "stack gap: the server judges a client's silence only after the client's first probe"]
+fn a_client_frozen_before_its_first_probe_is_detected_by_the_server() {
+    let t = client_freezes(&[], 6, 0);
+    assert!((2.0..=20.0).contains(&t), "detected after {t} s");
 }

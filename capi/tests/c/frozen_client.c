@@ -12,12 +12,13 @@
  *   end of file destroys the server and prints "BREAKS b1 b2 ..." (the break handler's runs per
  *               client), "COUNT c" (one-way messages served) and "server ok".
  *
- *   frozen_client client PORT IDLE LIMIT
+ *   frozen_client client PORT IDLE LIMIT QUIET
  *
  * connects with `server.heartbeat.idle` = IDLE and a break handler, checks one call, then stays
- * quiet for 3 × IDLE seconds before printing READY: the server judges a client's silence only
- * once the client's first keepalive probe has announced its interval (docs/protocol.md §13), and
- * a client sends its first probe after IDLE seconds without hearing from the server. The driver
+ * quiet for QUIET seconds before printing READY. The server judges a client's silence only once
+ * the client's first keepalive probe has announced its interval (docs/protocol.md §13), and a
+ * client sends its first probe after IDLE seconds without hearing from the server: the driver
+ * gives 3 × IDLE (0 to freeze a client that has not probed yet). The driver
  * then freezes it (SIGSTOP), waits for the server's "BREAK", thaws it (SIGCONT) and writes a line.
  * The program then requires, within LIMIT seconds: an async call fails with
  * OCK_RPC_ERR_CONN_BROKEN (refused, or its done), the break handler ran exactly once, and a
@@ -155,7 +156,7 @@ static void on_done(OckRpcStatus st, void *arg)
     atomic_fetch_add(&g_done, 1);
 }
 
-static int client(const char *port, const char *idle, double limit)
+static int client(const char *port, const char *idle, double limit, int quiet_s)
 {
     /* The client needs a server of its name in its process: it uses its device. */
     char range[32];
@@ -185,8 +186,8 @@ static int client(const char *port, const char *idle, double limit)
     CHECK_EQ(OckRpcClientCall(c, 1, &req, &rsp, NULL), OCK_RPC_OK);
     CHECK(rsp.len == 5 && memcmp(buf, "alive", 5) == 0);
 
-    /* Quiet for 3 idle intervals: the first probe goes after one (see the top of the file). */
-    struct timespec quiet = {3 * atoi(idle), 0};
+    /* Quiet: the first probe goes after one idle interval (see the top of the file). */
+    struct timespec quiet = {quiet_s, 0};
     while (nanosleep(&quiet, &quiet) != 0) {
     }
     CHECK_EQ(atomic_load(&g_breaks), 0);
@@ -229,11 +230,12 @@ int main(int argc, char **argv)
     if (argc == 4 && strcmp(argv[1], "server") == 0) {
         return serve(argv[2], argv[3]);
     }
-    if (argc == 5 && strcmp(argv[1], "client") == 0) {
+    if (argc == 6 && strcmp(argv[1], "client") == 0) {
         double limit = atof(argv[4]);
         CHECK(limit > 0);
-        return client(argv[2], argv[3], limit);
+        CHECK(atoi(argv[5]) >= 0);
+        return client(argv[2], argv[3], limit, atoi(argv[5]));
     }
-    fprintf(stderr, "usage: frozen_client server LOW-HIGH IDLE | frozen_client client PORT IDLE LIMIT\n");
+    fprintf(stderr, "usage: frozen_client server LOW-HIGH IDLE | frozen_client client PORT IDLE LIMIT QUIET\n");
     return 2;
 }
