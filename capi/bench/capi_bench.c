@@ -1,6 +1,7 @@
 /* capi_bench: the C API's cost, measured from C.
  *
  *   capi_bench [-n ITERS] [-s BYTES] [-w WINDOW] [--check-zero-alloc] [--oneway-only]
+ *              [--malloc-reply-at CALL]
  *
  * Two tests against a server in this process (its type comes from BYPASS_BACKEND or "TCP"):
  *   lat     sync OckRpcClientCall of BYTES with a caller-provided response buffer; the server's
@@ -14,11 +15,19 @@
  * searches the executable first. The count covers every thread of the process - the client, the
  * server's worker and the library's threads - during the measured sync calls only, and
  * separately the calling thread's (what the call itself costs the caller). With
- * --check-zero-alloc the program exits 1 if the calling thread allocated during a sync call.
- * --oneway-only      one sync call instead of the lat run (to profile the one-way sends). */
+ * --check-zero-alloc the program exits 1 if the calling thread allocated during a sync call,
+ * after printing on stderr where: the call number and size of the first few such allocations
+ * and their backtraces (backtrace_symbols_fd: a frame of the library's internals shows as
+ * libhcom4db.so(+0xOFFSET), which `addr2line -f -C -i -e libhcom4db.so 0xOFFSET` names; the
+ * test driver, tests/mem_c.rs, does that on failure).
+ * --oneway-only      one sync call instead of the lat run (to profile the one-way sends).
+ * --malloc-reply-at CALL  measured sync call number CALL lets the library malloc its reply
+ *                    (response data NULL): an allocation on the calling thread inside the
+ *                    library, so the test can check that the report names where it happened. */
 #include "hcom4db.h"
 
 #include <errno.h>
+#include <execinfo.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -40,38 +49,72 @@ static atomic_ulong allocations;        /* every thread */
 static atomic_ulong caller_allocations; /* the thread making the sync calls */
 static _Thread_local int is_caller;
 
-static inline void count(void) {
+/* Where the calling thread allocated: the first TRACES counted allocations, with the number of
+ * the sync call they happened in. Only the calling thread writes these (is_caller), while
+ * counting; main reads them after counting stopped. */
+enum { TRACES = 4, FRAMES = 48 };
+struct trace {
+    long call;
+    size_t size;
+    int depth;
+    void *frames[FRAMES];
+};
+static struct trace traces[TRACES];
+static int traced;
+static long current_call;      /* the calling thread's sync call, counted from the first measured */
+static _Thread_local int in_trace; /* backtrace() itself may allocate: do not recurse */
+
+static inline void count(size_t n) {
     if (atomic_load_explicit(&counting, memory_order_relaxed)) {
         atomic_fetch_add_explicit(&allocations, 1, memory_order_relaxed);
         if (is_caller) {
             atomic_fetch_add_explicit(&caller_allocations, 1, memory_order_relaxed);
+            if (traced < TRACES && !in_trace) {
+                in_trace = 1;
+                struct trace *t = &traces[traced++];
+                t->call = current_call;
+                t->size = n;
+                t->depth = backtrace(t->frames, FRAMES);
+                in_trace = 0;
+            }
         }
     }
 }
 
+/* Prints the recorded traces on stderr (backtrace_symbols_fd allocates nothing). */
+static void print_traces(void) {
+    for (int i = 0; i < traced; i++) {
+        fprintf(stderr, "capi_bench: allocation %d of the calling thread: %zu bytes in sync call %ld of the measured ones; "
+                        "backtrace:\n",
+                i + 1, traces[i].size, traces[i].call);
+        fflush(stderr);
+        backtrace_symbols_fd(traces[i].frames, traces[i].depth, 2);
+    }
+}
+
 void *malloc(size_t n) {
-    count();
+    count(n);
     return __libc_malloc(n);
 }
 void free(void *p) { __libc_free(p); }
 void *calloc(size_t n, size_t m) {
-    count();
+    count(n * m);
     return __libc_calloc(n, m);
 }
 void *realloc(void *p, size_t n) {
-    count();
+    count(n);
     return __libc_realloc(p, n);
 }
 void *memalign(size_t a, size_t n) {
-    count();
+    count(n);
     return __libc_memalign(a, n);
 }
 void *aligned_alloc(size_t a, size_t n) {
-    count();
+    count(n);
     return __libc_memalign(a, n);
 }
 int posix_memalign(void **out, size_t a, size_t n) {
-    count();
+    count(n);
     void *p = __libc_memalign(a, n);
     if (p == NULL) {
         return ENOMEM;
@@ -155,6 +198,7 @@ static OckRpcClient connect_to(uint16_t port, const char *selfpolling) {
 int main(int argc, char **argv) {
     long iters = 100000, bytes = 64, window = 32;
     int check_zero = 0, oneway_only = 0;
+    long malloc_reply_at = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
             iters = atol(argv[++i]);
@@ -166,8 +210,11 @@ int main(int argc, char **argv) {
             check_zero = 1;
         } else if (strcmp(argv[i], "--oneway-only") == 0) {
             oneway_only = 1;
+        } else if (strcmp(argv[i], "--malloc-reply-at") == 0 && i + 1 < argc) {
+            malloc_reply_at = atol(argv[++i]);
         } else {
-            fprintf(stderr, "usage: capi_bench [-n ITERS] [-s BYTES] [-w WINDOW] [--check-zero-alloc] [--oneway-only]\n");
+            fprintf(stderr, "usage: capi_bench [-n ITERS] [-s BYTES] [-w WINDOW] [--check-zero-alloc] [--oneway-only] "
+                            "[--malloc-reply-at CALL]\n");
             return 2;
         }
     }
@@ -213,6 +260,9 @@ int main(int argc, char **argv) {
     if (oneway_only) warmup = 0;
     for (long i = 0; i < warmup + lat_iters; i++) {
         if (i == warmup) {
+            /* The first backtrace() loads the unwinder (which allocates): do it before counting. */
+            void *frame[1];
+            (void)backtrace(frame, 1);
             atomic_store(&allocations, 0);
             atomic_store(&caller_allocations, 0);
             is_caller = 1;
@@ -220,10 +270,22 @@ int main(int argc, char **argv) {
         }
         OckRpcMessage req = {req_buf, (size_t)bytes};
         OckRpcMessage rsp = {rsp_buf, (size_t)bytes};
+        current_call = i - warmup;
+        int library_reply = i >= warmup && current_call == malloc_reply_at;
+        if (library_reply) {
+            rsp.data = NULL;
+            rsp.len = 0;
+        }
         uint64_t t0 = now_ns();
         rc = OckRpcClientCall(client, ECHO, &req, &rsp, NULL);
         uint64_t t1 = now_ns();
         if (rc != OCK_RPC_OK) die("OckRpcClientCall", rc);
+        if (library_reply) {
+            if (rsp.data == NULL || rsp.len != (size_t)bytes || memcmp(rsp.data, req_buf, (size_t)bytes) != 0)
+                die("echo check (library reply)", -1);
+            free(rsp.data);
+            rsp.data = rsp_buf;
+        }
         if (rsp.len != (size_t)bytes || memcmp(rsp_buf, req_buf, (size_t)bytes) != 0) die("echo check", -1);
         if (i >= warmup) {
             lat[i - warmup] = t1 - t0;
@@ -278,6 +340,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "capi_bench: %lu heap allocations on the calling thread in %ld steady-state sync calls "
                         "(want 0)\n",
                 caller_allocs, iters);
+        print_traces();
         return 1;
     }
     return 0;

@@ -14,32 +14,8 @@
 
 mod c_harness;
 
-use c_harness::{compile, Run};
-use std::path::PathBuf;
+use c_harness::{compile, sim_liburma, urma_env, Run};
 use std::time::Duration;
-
-/// sim-urma's `liburma.so`, built by cargo with these tests (a dev-dependency): next to the
-/// library, in `target/<profile>/deps/`, or in `target/<profile>/`.
-fn sim_liburma() -> PathBuf {
-    let profile = c_harness::profile_dir();
-    [profile.join("deps/liburma.so"), profile.join("liburma.so")]
-        .into_iter()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("sim-urma's liburma.so is in neither {0}/deps nor {0}", profile.display()))
-}
-
-/// The environment of a program on sim-urma: `wire` is `BYPASS_SIM_URMA` (None: in-process).
-fn urma_env(wire: Option<&str>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
-    let mut env = vec![
-        ("BYPASS_URMA_LIB".to_string(), sim_liburma().display().to_string()),
-        ("BYPASS_CAPI_LOG_LEVEL".to_string(), "2".to_string()),
-    ];
-    if let Some(w) = wire {
-        env.push(("BYPASS_SIM_URMA".into(), w.into()));
-    }
-    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    env
-}
 
 /// `BYPASS_BACKEND` putting every server of a process on sim-urma's first device.
 fn urma_backend() -> String {

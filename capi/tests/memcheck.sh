@@ -14,6 +14,9 @@
 # 3. The two-process program (proc.c, both processes) and the TLS program (tls.c) need their
 #    drivers' orchestration (ports, certificates): those drivers honour $CAPI_C_RUNNER, and
 #    this script runs just those two tests under it.
+# 4. The URMA backend (type UBC on sim-urma's liburma.so, tests/c_urma.rs, which honours
+#    $CAPI_C_RUNNER too): basic.c and onesided_local.c in one process, onesided_procs.c's two
+#    processes on sim-urma's shared-memory wire.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v valgrind >/dev/null 2>&1; then
@@ -55,4 +58,9 @@ run dlopen_cbb env OCK_RPC_LIB_PATH="$lib" "${vg[@]}" "$bin/dlopen_cbb"
 echo "== memcheck: two processes (proc.c) and TLS (tls.c) under valgrind ($((SECONDS - started)) s)"
 CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test c_api --test c_tls -- \
     --test-threads=1 --exact two_processes_talk_over_the_tcp_type tls_through_the_three_callbacks
+
+echo "== memcheck: the URMA backend (UBC on sim-urma) under valgrind ($((SECONDS - started)) s)"
+CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test c_urma -- \
+    --test-threads=1 --exact every_function_in_one_process_on_urma \
+    one_sided_read_and_write_in_one_process_on_urma one_sided_between_two_processes_over_the_ubc_type
 echo "== memcheck: done ($((SECONDS - started)) s)"

@@ -263,3 +263,28 @@ pub fn proc_pair(exe: &Path, env: &[(String, String)]) {
     assert!(out.code == Some(0), "the server process failed (exit {:?}):\n{}", out.code, out.stderr);
     assert!(server_stdout.contains("COUNT 100"), "the server got every one-way message: {server_stdout}");
 }
+
+/// sim-urma's `liburma.so`, built by cargo with these tests (a dev-dependency): next to the
+/// library, in `target/<profile>/deps/`, or in `target/<profile>/`.
+#[cfg(feature = "urma")]
+pub fn sim_liburma() -> PathBuf {
+    let profile = profile_dir();
+    [profile.join("deps/liburma.so"), profile.join("liburma.so")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("sim-urma's liburma.so is in neither {0}/deps nor {0}", profile.display()))
+}
+
+/// The environment of a program on sim-urma: `wire` is `BYPASS_SIM_URMA` (None: in-process).
+#[cfg(feature = "urma")]
+pub fn urma_env(wire: Option<&str>, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("BYPASS_URMA_LIB".to_string(), sim_liburma().display().to_string()),
+        ("BYPASS_CAPI_LOG_LEVEL".to_string(), "2".to_string()),
+    ];
+    if let Some(w) = wire {
+        env.push(("BYPASS_SIM_URMA".into(), w.into()));
+    }
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env
+}
