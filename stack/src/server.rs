@@ -1005,12 +1005,23 @@ impl<D: Device + Clone> Conn<D> {
     /// queues are failed, so a handler that answers and then shuts the server down is heard.
     /// (Failing a queue discards what it has not sent, as destroying a QP does.)
     /// [`ServerStats::lingers`] and [`ServerStats::linger_timeouts`] count them.
+    ///
+    /// Replies a handler on this thread has produced but the pass has not posted yet (the
+    /// outbox: a handler that answers and then closes its own connection) are posted first.
+    /// The wait polls send completions only: it runs no handler for requests that arrive
+    /// meanwhile, so a busy connection's close is not held up by its own traffic.
     fn close_gracefully(self: &Arc<Self>, deadline: Instant) {
+        if !self.ep.is_closed() {
+            for q in 0..self.grants.len() {
+                self.flush_grants(q);
+                self.flush_outbox(q);
+            }
+        }
         let waiting = || self.ep.tx.in_use() > 0 && !self.ep.is_closed();
         if waiting() {
             bump(&self.counters.lingers);
             while waiting() && Instant::now() < deadline {
-                if self.poll() == 0 {
+                if self.poll_send() == 0 {
                     self.ep.device.progress();
                     std::thread::yield_now();
                 }

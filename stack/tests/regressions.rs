@@ -1,7 +1,8 @@
 //! Regression tests: the server's handshakes must not wait on each other (an idle TCP
 //! connection must not block real clients), large message sizes must not multiply into
 //! gigabytes of registered memory, an idle server's worker must sleep by default, and a reply
-//! posted just before the server closes must still reach the client.
+//! posted just before the server closes (or by a handler that then closes its own connection)
+//! must still reach the client.
 //!
 //! Every wait is bounded (by [`WAIT_LIMIT`] or a round count) and panics with what it saw; no
 //! test asserts timing or sleeps to "wait enough".
@@ -343,6 +344,44 @@ fn a_reply_posted_before_the_close_reaches_the_client() {
     );
     assert!(channel.is_closed());
     assert_eq!(poll_once(&mut fut).expect("done").expect("the call the server answered"), b"last words");
+    let stats = server.stats();
+    assert_eq!((stats.lingers, stats.linger_timeouts), (1, 0), "{stats:?}");
+}
+
+/// Review finding: a handler that answers and then closes its own connection lost its answer.
+/// The reply waited in the worker's outbox (posted at the end of the pass), the close waited
+/// the whole linger for it to be acknowledged, then failed the queues under it.
+#[test]
+fn a_handler_that_replies_then_closes_its_connection_is_heard() {
+    let mut functions = Functions::new();
+    functions.register(ECHO, move |req| {
+        let conn = req.connection();
+        let _ = req.reply_with(Status::Success, |args, out| {
+            out.get_mut(..args.len()).ok_or(args.len())?.copy_from_slice(args);
+            Ok(args.len())
+        });
+        conn.close();
+    });
+    let fabric = Fabric::new(Engine::Stepped { seed: 0x5EED_0C11 });
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions).expect("bind");
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let mut fut = channel.call_future(&CallOptions::default(), ECHO, b"goodbye").expect("start a call");
+    until(
+        "the call to end",
+        || {
+            fabric.step();
+        },
+        || fut.is_done(),
+    );
+    assert_eq!(poll_once(&mut fut).expect("done").expect("the answer before the close"), b"goodbye");
+    until(
+        "the channel to see the close",
+        || {
+            fabric.step();
+        },
+        || channel.is_closed(),
+    );
     let stats = server.stats();
     assert_eq!((stats.lingers, stats.linger_timeouts), (1, 0), "{stats:?}");
 }

@@ -133,7 +133,10 @@ impl<D: Device + Clone> Connection<D> {
 
     /// Closes the connection (the client sees the server close it; the break callback runs with
     /// [`CloseReason::Local`]). Replies already posted are first given up to half a second to be
-    /// acknowledged, so they reach the client.
+    /// acknowledged, so they reach the client; a handler may answer and then close its own
+    /// connection. The call blocks for that wait: from a break or new-connection callback,
+    /// which run on the process's control loop, it holds every connection's control plane up
+    /// for as long.
     pub fn close(&self) {
         self.conn.close_gracefully(std::time::Instant::now() + super::LINGER);
     }
