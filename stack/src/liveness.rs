@@ -126,15 +126,20 @@ pub enum CloseReason {
     QueuesFailed,
     /// A queue failed more often than the recovery budget allows, or could not be recovered.
     RecoveryExhausted,
+    /// This process's control loop could not go on watching the connection (a panic in its
+    /// handling, or no resources to watch it; the reason is on stderr), so nothing would notice
+    /// the peer's close or run keepalive: it is closed rather than left unwatched.
+    ControlLost,
 }
 
 impl CloseReason {
-    const ALL: [CloseReason; 5] = [
+    const ALL: [CloseReason; 6] = [
         CloseReason::Local,
         CloseReason::PeerClosed,
         CloseReason::KeepaliveTimeout,
         CloseReason::QueuesFailed,
         CloseReason::RecoveryExhausted,
+        CloseReason::ControlLost,
     ];
 
     fn to_u8(self) -> u8 {
@@ -144,6 +149,7 @@ impl CloseReason {
             CloseReason::KeepaliveTimeout => 3,
             CloseReason::QueuesFailed => 4,
             CloseReason::RecoveryExhausted => 5,
+            CloseReason::ControlLost => 6,
         }
     }
 
@@ -156,7 +162,7 @@ impl CloseReason {
     /// [`RpcError::Closed`].
     pub(crate) fn call_error(self) -> RpcError {
         match self {
-            CloseReason::KeepaliveTimeout | CloseReason::RecoveryExhausted => {
+            CloseReason::KeepaliveTimeout | CloseReason::RecoveryExhausted | CloseReason::ControlLost => {
                 RpcError::ConnectionBroken(self)
             }
             _ => RpcError::Closed,
@@ -174,6 +180,9 @@ impl std::fmt::Display for CloseReason {
             }
             CloseReason::QueuesFailed => "every queue failed",
             CloseReason::RecoveryExhausted => "a queue failed past its recovery budget",
+            CloseReason::ControlLost => {
+                "this process's control loop could no longer watch the connection (see stderr)"
+            }
         })
     }
 }

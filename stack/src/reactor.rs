@@ -59,6 +59,11 @@ pub(crate) trait Watch: Send + 'static {
     fn deadline(&self) -> Option<Instant>;
     /// The blocking part, off the loop; returns whether the loop should watch it again.
     fn aside(&mut self) -> bool;
+    /// The loop lets go of it without its having said [`Step::Done`]: one of its methods
+    /// panicked, it could not be registered, or the loop itself is going away. Its stream is
+    /// not the connection's only handle on the socket, so dropping it tells nobody: close the
+    /// connection here, so that its calls end and its peer sees the close.
+    fn abandon(&mut self);
 }
 
 /// The running loop's wake-up and new connections.
@@ -88,11 +93,22 @@ pub(crate) fn watch(w: Box<dyn Watch>) -> std::io::Result<()> {
     let shared = match &st.running {
         Some(s) => s.clone(),
         None => {
-            let s = Arc::new(Shared::new()?);
-            let t = s.clone();
-            std::thread::Builder::new().name("bypass-ctl".into()).spawn(move || run(t))?;
-            st.running = Some(s.clone());
-            s
+            let started = Shared::new().map(Arc::new).and_then(|s| {
+                let t = s.clone();
+                std::thread::Builder::new().name("bypass-ctl".into()).spawn(move || run(t))?;
+                Ok(s)
+            });
+            match started {
+                Ok(s) => {
+                    st.running = Some(s.clone());
+                    s
+                }
+                Err(e) => {
+                    drop(st);
+                    abandon(w);
+                    return Err(e);
+                }
+            }
         }
     };
     st.new.push(w);
@@ -163,10 +179,9 @@ impl Table {
             self.slots.len() - 1
         });
         if let Err(e) = shared.ctl(libc::EPOLL_CTL_ADD, fd, idx as u64) {
-            // Cannot be watched: dropping it closes its stream, which its peer sees as closure,
-            // and leaves it to its own data path to notice.
-            eprintln!("bypass: the control loop cannot watch a control stream (epoll_ctl: {e}); dropping it");
+            eprintln!("bypass: the control loop cannot watch a control stream (epoll_ctl: {e}); closing it");
             self.free.push(idx);
+            abandon(w);
             return;
         }
         self.slots[idx] = Some(Entry { w, scheduled: None, gen: 0 });
@@ -214,7 +229,8 @@ impl Table {
     }
 }
 
-/// Runs `f` on the entry; a panic counts as [`Step::Done`] (reported).
+/// Runs `f` on the entry; a panic is reported, the connection abandoned ([`Watch::abandon`]),
+/// and counts as [`Step::Done`].
 fn guarded(e: Option<&mut Entry>, f: impl FnOnce(&mut Entry) -> Step) -> Step {
     let Some(e) = e else { return Step::Done };
     match catch_unwind(AssertUnwindSafe(|| f(e))) {
@@ -222,11 +238,20 @@ fn guarded(e: Option<&mut Entry>, f: impl FnOnce(&mut Entry) -> Step) -> Step {
         Err(payload) => {
             let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
             eprintln!(
-                "bypass: the control loop's handling of a connection panicked; that connection is dropped"
+                "bypass: the control loop's handling of a connection panicked; that connection is closed"
             );
+            let _ = catch_unwind(AssertUnwindSafe(|| e.w.abandon()));
             Step::Done
         }
     }
+}
+
+/// Lets go of `w` with [`Watch::abandon`], containing a panic in it.
+fn abandon(mut w: Box<dyn Watch>) {
+    if catch_unwind(AssertUnwindSafe(|| w.abandon())).is_err() {
+        eprintln!("bypass: closing a connection the control loop let go of panicked");
+    }
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(w)));
 }
 
 /// Most aside threads at once; connections beyond wait in [`ASIDE`]'s queue for one to be free
@@ -271,14 +296,52 @@ fn aside_thread() {
             next
         };
         let Some(mut w) = next else { return };
-        if catch_unwind(AssertUnwindSafe(|| w.aside())).unwrap_or(false) {
-            let _ = watch(w);
+        match catch_unwind(AssertUnwindSafe(|| w.aside())) {
+            Ok(true) => {
+                // On failure `watch` has abandoned it.
+                let _ = watch(w);
+            }
+            Ok(false) => {}
+            Err(_) => {
+                eprintln!("bypass: the control loop's aside work on a connection panicked; that connection is closed");
+                abandon(w);
+            }
+        }
+    }
+}
+
+/// Should the loop thread unwind (a panic outside [`guarded`]), the connections it held and
+/// the new ones waiting for it are abandoned, and the next [`watch`] starts a new loop, instead
+/// of handing connections to a loop that is gone.
+struct LoopGone;
+
+impl Drop for LoopGone {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        eprintln!("bypass: the control loop panicked; its connections are closed");
+        let waiting = {
+            let mut st = lock(&STATE);
+            st.running = None;
+            st.scan = false;
+            std::mem::take(&mut st.new)
+        };
+        waiting.into_iter().for_each(abandon);
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.slots.drain(..).flatten().for_each(|e| abandon(e.w));
         }
     }
 }
 
 /// The loop itself.
 fn run(shared: Arc<Shared>) {
+    let _gone = LoopGone;
     let mut table =
         Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
@@ -416,6 +479,7 @@ mod tests {
             self.next = self.every.map(|e| now + e);
             Step::Keep
         }
+        fn abandon(&mut self) {}
         fn on_wake(&mut self) -> Step {
             self.wakes.fetch_add(1, Ordering::Relaxed);
             if self.go_aside.swap(false, Ordering::AcqRel) {
@@ -526,6 +590,7 @@ mod tests {
             fn deadline(&self) -> Option<Instant> {
                 None
             }
+            fn abandon(&mut self) {}
             fn aside(&mut self) -> bool {
                 let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
                 self.most.fetch_max(now, Ordering::AcqRel);
@@ -563,8 +628,8 @@ mod tests {
     }
 
     #[test]
-    fn a_panic_in_one_connection_drops_only_it() {
-        struct Panics(UnixStream, Arc<AtomicBool>);
+    fn a_panic_in_one_connection_closes_only_it() {
+        struct Panics(UnixStream, Arc<AtomicBool>, Arc<AtomicBool>);
         impl Drop for Panics {
             fn drop(&mut self) {
                 self.1.store(true, Ordering::Release);
@@ -589,17 +654,22 @@ mod tests {
             fn deadline(&self) -> Option<Instant> {
                 None
             }
+            fn abandon(&mut self) {
+                self.2.store(true, Ordering::Release);
+            }
             fn aside(&mut self) -> bool {
                 false
             }
         }
         let (sock, mut peer) = UnixStream::pair().unwrap();
         let gone = Arc::new(AtomicBool::new(false));
-        watch(Box::new(Panics(sock, gone.clone()))).unwrap();
+        let abandoned = Arc::new(AtomicBool::new(false));
+        watch(Box::new(Panics(sock, gone.clone(), abandoned.clone()))).unwrap();
         let (other, other_h) = probe(Some(Duration::from_millis(1)), None);
         watch(other).unwrap();
         std::io::Write::write_all(&mut peer, b"x").unwrap();
         until("the panicking watch to be dropped", || gone.load(Ordering::Acquire));
+        assert!(abandoned.load(Ordering::Acquire), "told to close its connection before it was dropped");
         let at = other_h.ticks.load(Ordering::Relaxed);
         until("the loop to go on for the other", || other_h.ticks.load(Ordering::Relaxed) >= at + 5);
         drop(other_h.peer);

@@ -64,6 +64,12 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
         self.stream.buffered() > 0
     }
 
+    fn abandon(&mut self) {
+        if let Some(inner) = self.open() {
+            inner.close_with(CloseReason::ControlLost);
+        }
+    }
+
     fn on_readable(&mut self) -> Step {
         if let Some(inner) = self.open() {
             // End of stream, an error, or bytes nobody asked for (answers to our own requests

@@ -78,6 +78,12 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
         self.stream.buffered() > 0
     }
 
+    fn abandon(&mut self) {
+        if let Some(c) = self.open() {
+            c.close_with(CloseReason::ControlLost);
+        }
+    }
+
     fn on_readable(&mut self) -> Step {
         let Some(c) = self.open() else { return Step::Done };
         if self.stream.buffered() > 0 {
