@@ -352,13 +352,9 @@ fn a_frozen_client_is_detected_by_the_server_over_ubc() {
 }
 
 /// A client frozen before its first keepalive probe (one that heard from the server more often
-/// than every `idle` until then, as a busy client does) is not detected today: the server has
-/// no limit for a connection whose client never announced its keepalive (docs/protocol.md §13,
-/// `Live::server_limit`), so only the control stream's closure ends it. Run with `--ignored`
-/// once the stack gives the server a limit from the start (e.g. the keepalive in the client's
-/// hello, or the server's own `idle × misses` until the first probe).
+/// than every `idle` until then, as a busy client does) is detected too: its hello announced
+/// its keepalive, so the server has a limit from the start (docs/protocol.md §13).
 #[test]
-#[ignore = "stack gap: the server judges a client's silence only after the client's first probe"]
 fn a_client_frozen_before_its_first_probe_is_detected_by_the_server() {
     let t = client_freezes(&[], 6, 0);
     assert!((2.0..=20.0).contains(&t), "detected after {t} s");

@@ -523,6 +523,7 @@ impl<D: Device + Clone> Channel<D> {
             client_info: config.client_info.clone(),
             window,
             max_msg: config.msg_size as u32,
+            keepalive: config.keepalive.map(|k| k.announced()),
             queues: ep.infos(),
         };
         let (stream, server) = control::connect_with(addr, &hello, remaining, config.tls.as_ref())?;

@@ -122,14 +122,16 @@ use crate::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
 ///
-/// Version 4 added `responder_resources` to every queue info (the 35-byte body): both sides
+/// Version 5 added the client's keepalive settings to its hello, so a server judges a client's
+/// silence from the start instead of from the client's first probe (a busy client that froze
+/// before it ever had to probe was never found). Version 4 added `responder_resources` to every queue info (the 35-byte body): both sides
 /// connect with an initiator depth of at most the peer's responder resources, so a client whose
 /// `max_rd_atomic` is above the server's `max_dest_rd_atomic` (or the other way round) no longer
 /// has READs outstanding that the responder has no resource for. Version 3 added the frames
 /// exchanged after the handshake (queue reset and its answer, for queue recovery; see
 /// [`session`]); versions 1 and 2 allowed no byte after it. A server refuses a client of another
 /// version with a *version* reject, as before.
-pub const CONTROL_VERSION: u16 = 4;
+pub const CONTROL_VERSION: u16 = 5;
 
 /// Longest server name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;
@@ -247,6 +249,10 @@ pub struct ClientHello {
     pub window: u32,
     /// Largest message, in bytes, the client will send.
     pub max_msg: u32,
+    /// The client's keepalive as `(interval in ms, misses)`, or `None` when it has none: the
+    /// server judges the client's silence against it from the start. On the wire: the two as
+    /// u32, `(0, 0)` for none.
+    pub keepalive: Option<(u32, u32)>,
     /// The client's queues (at most [`MAX_QUEUES`]).
     pub queues: Vec<QueueInfo>,
 }
@@ -605,6 +611,9 @@ impl ClientHello {
         build_frame(MsgType::ClientHello, self.version, |out| {
             put_u32(out, self.window);
             put_u32(out, self.max_msg);
+            let (ms, misses) = self.keepalive.unwrap_or((0, 0));
+            put_u32(out, ms);
+            put_u32(out, misses);
             put_str(out, &self.server_name, MAX_NAME_LEN, "server name")?;
             put_str(out, &self.client_info, MAX_INFO_LEN, "client info")?;
             put_queues(out, &self.queues)
@@ -618,11 +627,28 @@ impl ClientHello {
         let (header, mut body) = open_frame(frame, MsgType::ClientHello)?;
         let window = body.u32("window")?;
         let max_msg = body.u32("max_msg")?;
+        let keepalive = match (body.u32("keepalive interval")?, body.u32("keepalive misses")?) {
+            (0, 0) => None,
+            (ms, misses) if ms > 0 && misses > 0 => Some((ms, misses)),
+            (ms, misses) => {
+                return Err(ControlError::Malformed(format!(
+                    "keepalive of {ms} ms x {misses} misses: both are 0 (none) or neither"
+                )))
+            }
+        };
         let server_name = body.string(MAX_NAME_LEN, "server name")?;
         let client_info = body.string(MAX_INFO_LEN, "client info")?;
         let queues = body.queues()?;
         body.finish()?;
-        Ok(ClientHello { version: header.version, server_name, client_info, window, max_msg, queues })
+        Ok(ClientHello {
+            version: header.version,
+            server_name,
+            client_info,
+            window,
+            max_msg,
+            keepalive,
+            queues,
+        })
     }
 }
 
@@ -1384,6 +1410,7 @@ mod tests {
             client_info: "pid=42 host=tester ünïcode".to_owned(),
             window: 16,
             max_msg: 8192,
+            keepalive: Some((1000, 5)),
             queues: (0..queues).map(queue).collect(),
         }
     }
@@ -1425,11 +1452,26 @@ mod tests {
                 client_info: "i".repeat(MAX_INFO_LEN),
                 window: u32::MAX,
                 max_msg: 0,
+                keepalive: None,
                 queues: (0..=255).map(queue).collect(),
             },
+            ClientHello { keepalive: Some((u32::MAX, 1)), ..client_hello("k", 1) },
         ] {
             let frame = hello.encode().unwrap();
             assert_eq!(ClientHello::decode(&frame).unwrap(), hello);
+        }
+    }
+
+    /// A keepalive with one of its two numbers 0 is neither "none" nor a limit: refused by name.
+    #[test]
+    fn half_a_keepalive_is_malformed() {
+        for bad in [(0, 5), (1000, 0)] {
+            let mut frame = client_hello("k", 1).encode().unwrap();
+            // The keepalive follows the header, window and max_msg.
+            frame[HEADER_LEN + 8..HEADER_LEN + 12].copy_from_slice(&u32::to_le_bytes(bad.0));
+            frame[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&u32::to_le_bytes(bad.1));
+            let text = malformed_text(ClientHello::decode(&frame));
+            assert!(text.contains("keepalive"), "{text}");
         }
     }
 
@@ -1441,6 +1483,7 @@ mod tests {
             client_info: "i".repeat(MAX_INFO_LEN),
             window: 1,
             max_msg: 1,
+            keepalive: Some((1000, 5)),
             queues: vec![queue(1); MAX_QUEUES],
         };
         let frame = hello.encode().unwrap();
@@ -1485,6 +1528,7 @@ mod tests {
             client_info: "hi".into(),
             window: 8,
             max_msg: 4096,
+            keepalive: Some((1000, 5)),
             queues: vec![{
                 let gid = [
                     0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e,
@@ -1500,10 +1544,12 @@ mod tests {
         };
         #[rustfmt::skip]
         let expected: &[u8] = &[
-            // header: magic, type 1, reserved, version 1, body length 56
-            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x38, 0x00, 0x00, 0x00,
+            // header: magic, type 1, reserved, version 1, body length 64
+            0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x40, 0x00, 0x00, 0x00,
             // window 8, max_msg 4096
             0x08, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00,
+            // keepalive 1000 ms x 5
+            0xe8, 0x03, 0x00, 0x00, 0x05, 0x00, 0x00, 0x00,
             // server name "srv"
             0x03, 0x00, 0x73, 0x72, 0x76,
             // client info "hi"
@@ -1630,14 +1676,14 @@ mod tests {
 
     #[test]
     fn bad_utf8_is_malformed() {
-        // Server name "srv" sits at body offset 10..13 of the client hello, client info after it.
+        // Server name "srv" sits at body offset 18..21 of the client hello, client info after it.
         let base = ClientHello { client_info: "hi".into(), ..client_hello("srv", 1) };
         let frame = base.encode().unwrap();
         let mut bad = frame.clone();
-        bad[HEADER_LEN + 10] = 0xff;
+        bad[HEADER_LEN + 18] = 0xff;
         assert!(malformed_text(ClientHello::decode(&bad)).contains("server name is not valid UTF-8"));
         let mut bad = frame.clone();
-        bad[HEADER_LEN + 15] = 0xc3; // a lone lead byte followed by 'i'
+        bad[HEADER_LEN + 23] = 0xc3; // a lone lead byte followed by 'i'
         assert!(malformed_text(ClientHello::decode(&bad)).contains("client info is not valid UTF-8"));
 
         let reject =
@@ -1677,7 +1723,7 @@ mod tests {
         // A hand-made frame declaring 257 queues (with all their bytes present).
         hello.queues.truncate(MAX_QUEUES);
         let mut frame = hello.encode().unwrap();
-        let count_at = HEADER_LEN + 4 + 4 + 2 + 1 + 2 + hello.client_info.len();
+        let count_at = HEADER_LEN + 4 + 4 + 8 + 2 + 1 + 2 + hello.client_info.len();
         assert_eq!(frame[count_at..count_at + 2], [0x00, 0x01]);
         frame[count_at..count_at + 2].copy_from_slice(&257u16.to_le_bytes());
         frame.extend_from_slice(&queue(1).encode());
@@ -1713,7 +1759,7 @@ mod tests {
 
         // A frame declaring a 256-byte name (with the bytes present) does not decode.
         let mut frame = client_hello("x", 0).encode().unwrap();
-        let name_at = HEADER_LEN + 8;
+        let name_at = HEADER_LEN + 16;
         frame.splice(name_at..name_at + 3, [0x00, 0x01].into_iter().chain([b'n'; 256]));
         fix_len(&mut frame);
         assert!(malformed_text(ClientHello::decode(&frame)).contains("256 bytes long"));
@@ -1905,33 +1951,33 @@ mod tests {
     #[test]
     fn version_mismatch_on_both_sides() {
         let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-        // A version-1 client (before queue infos were versioned) meets a version-4 server.
+        // A version-1 client (before queue infos were versioned) meets a version-5 server.
         let hello = ClientHello { version: 1, ..client_hello("alpha", 1) };
         match connect(addr, &hello, T) {
-            Err(ControlError::VersionMismatch { ours: 1, theirs: 4 }) => {}
-            other => panic!("client: expected VersionMismatch {{ 1, 4 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 1, theirs: 5 }) => {}
+            other => panic!("client: expected VersionMismatch {{ 1, 5 }}, got {other:?}"),
         }
         match server.join().unwrap().0 {
-            Err(ControlError::VersionMismatch { ours: 4, theirs: 1 }) => {}
-            other => panic!("server: expected VersionMismatch {{ 4, 1 }}, got {other:?}"),
+            Err(ControlError::VersionMismatch { ours: 5, theirs: 1 }) => {}
+            other => panic!("server: expected VersionMismatch {{ 5, 1 }}, got {other:?}"),
         }
     }
 
     #[test]
-    fn a_version_3_client_is_refused_by_a_version_4_server() {
+    fn a_version_3_client_is_refused_by_a_version_5_server() {
         // Version 3 queue infos had no responder resources: a version-3 peer would connect with
         // an initiator depth the other side may have no resources for.
         let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
         let hello = ClientHello { version: 3, ..client_hello("alpha", 1) };
         match connect(addr, &hello, T) {
             Err(e @ ControlError::VersionMismatch { ours: 3, theirs: CONTROL_VERSION }) => {
-                assert!(e.to_string().contains("version 4"), "the error names both versions: {e}");
+                assert!(e.to_string().contains("version 5"), "the error names both versions: {e}");
             }
             other => panic!("client: expected VersionMismatch, got {other:?}"),
         }
         assert!(matches!(
             server.join().unwrap().0,
-            Err(ControlError::VersionMismatch { ours: 4, theirs: 3 })
+            Err(ControlError::VersionMismatch { ours: 5, theirs: 3 })
         ));
     }
 

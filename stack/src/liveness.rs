@@ -101,11 +101,17 @@ impl Keepalive {
 
     /// The probe's arguments.
     pub(crate) fn probe_args(&self) -> [u8; 8] {
-        let ms = u32::try_from(self.interval.as_millis()).unwrap_or(u32::MAX);
+        let (ms, misses) = self.announced();
         let mut a = [0u8; 8];
         a[..4].copy_from_slice(&ms.to_le_bytes());
-        a[4..].copy_from_slice(&self.misses.to_le_bytes());
+        a[4..].copy_from_slice(&misses.to_le_bytes());
         a
+    }
+
+    /// What the client tells the server, in its hello and in each probe: `(interval in ms,
+    /// misses)`, both at least 1.
+    pub(crate) fn announced(&self) -> (u32, u32) {
+        (u32::try_from(self.interval.as_millis()).unwrap_or(u32::MAX).max(1), self.misses.max(1))
     }
 }
 
@@ -249,16 +255,22 @@ impl Live {
     /// Server: a probe arrived with these arguments.
     pub(crate) fn on_probe(&self, args: &[u8]) {
         if let (Some(ms), Some(misses)) = (args.get(..4), args.get(4..8)) {
-            let ms = u32::from_le_bytes([ms[0], ms[1], ms[2], ms[3]]).max(1);
-            let misses = u32::from_le_bytes([misses[0], misses[1], misses[2], misses[3]]).max(1);
-            self.peer_misses.store(misses, Ordering::Relaxed);
-            self.peer_interval_ms.store(ms, Ordering::Relaxed);
+            let ms = u32::from_le_bytes([ms[0], ms[1], ms[2], ms[3]]);
+            let misses = u32::from_le_bytes([misses[0], misses[1], misses[2], misses[3]]);
+            self.announce((ms, misses));
         }
         self.probes.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Server: the client's keepalive `(interval in ms, misses)`, from its hello or a probe.
+    pub(crate) fn announce(&self, (ms, misses): (u32, u32)) {
+        self.peer_misses.store(misses.max(1), Ordering::Relaxed);
+        self.peer_interval_ms.store(ms.max(1), Ordering::Relaxed);
+    }
+
     /// Server: the silence after which the client is declared gone, once it has announced its
-    /// keepalive: the larger of ours and the client's `interval × (misses + 1)`.
+    /// keepalive (in its hello, or a probe): the larger of ours and the client's
+    /// `interval × (misses + 1)`.
     pub(crate) fn server_limit(&self, ours: &Keepalive) -> Option<Duration> {
         let ms = self.peer_interval_ms.load(Ordering::Relaxed);
         if ms == 0 {

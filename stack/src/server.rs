@@ -1509,6 +1509,10 @@ impl<D: Device + Clone> ServerInner<D> {
             window,
             ep.tx.capacity(),
         );
+        let live = Live::new();
+        if let Some(k) = hello.keepalive {
+            live.announce(k);
+        }
         Ok(Arc::new_cyclic(|me| Conn {
             rndv,
             ep,
@@ -1521,7 +1525,7 @@ impl<D: Device + Clone> ServerInner<D> {
             outbox: (0..n).map(|_| Mutex::default()).collect(),
             control: Mutex::new(None),
             window,
-            live: Live::new(),
+            live,
             me: me.clone(),
             events: self.events.clone(),
             accepted: AtomicBool::new(false),

@@ -245,6 +245,27 @@ fn frozen_client_is_dropped_by_the_server(engine: Engine) {
     assert_eq!(rig.server.connections(), 0);
 }
 
+/// A client that froze before it ever had to probe (a busy one: it heard from the server more
+/// often than its interval) is found too: its hello announced its keepalive, so the server
+/// judges its silence from the start (control protocol 5).
+fn client_frozen_before_its_first_probe_is_dropped(engine: Engine) {
+    // It would probe after 500 ms of silence; the server's limit is 1 s × (1 + 1).
+    let ka = Keepalive { interval: Duration::from_secs(1), misses: 1 };
+    let rig = Rig::new(engine, Some(short()));
+    let channel = rig.connect(Some(ka), "frozen-early").expect("connect");
+    let breaks = watch(&channel);
+    channel.freeze_keepalive_for_tests(true);
+    assert_eq!(channel.stats().keepalive_probes, 0, "frozen before its first probe");
+    until("the server's break callback", &rig.fabric, || rig.server_breaks.count() > 0);
+    assert_eq!(
+        rig.server_breaks.all(),
+        vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)],
+        "{engine:?}"
+    );
+    until("the client's break callback", &rig.fabric, || breaks.count() > 0);
+    assert_eq!(rig.server.connections(), 0);
+}
+
 /// The new-connection callback sees the client's info, refuses with a reason the client gets,
 /// sets the context the handlers see; the break callback runs once per accepted connection
 /// (client close, server shutdown), never for a refused one.
@@ -367,6 +388,7 @@ per_engine!(
     frozen_server_breaks_the_channel,
     cut_wire_breaks_the_channel,
     frozen_client_is_dropped_by_the_server,
+    client_frozen_before_its_first_probe_is_dropped,
     connection_callbacks_and_contexts,
     panicking_break_callbacks_are_contained,
 );

@@ -112,6 +112,8 @@ fn server_counts_and_drops_malformed_requests_and_keeps_serving() {
         client_info: "rogue".into(),
         window: 16,
         max_msg: MSG as u32,
+        // A hand-driven client that never probes: it announces no keepalive.
+        keepalive: None,
         queues: vec![raw.q.info()],
     };
     let (_stream, sh) = control::connect(server.local_addr(), &hello, Duration::from_secs(5)).unwrap();

@@ -532,6 +532,8 @@ fn descriptors_from_a_rogue_peer_get_error_statuses_and_leak_nothing() {
         client_info: "rogue".into(),
         window: 16,
         max_msg: MSG as u32,
+        // A hand-driven client that never probes: it announces no keepalive.
+        keepalive: None,
         queues: vec![raw.q.info()],
     };
     let (_stream, sh) = control::connect(server.local_addr(), &hello, Duration::from_secs(5)).unwrap();
