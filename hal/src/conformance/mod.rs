@@ -221,6 +221,7 @@ macro_rules! __conformance_module {
                 shared_recv_empty_is_receiver_not_ready,
                 shared_recv_destroy_refused_while_used,
                 shared_recv_survives_a_failed_queue,
+                shared_recv_slots_come_back_from_a_destroyed_queue,
                 destroyed_queue_numbers_never_deliver,
             );
         }

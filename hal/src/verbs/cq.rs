@@ -3,13 +3,14 @@
 
 use super::device::{set_nonblocking, Context};
 use super::qp::{self, QueueShared};
+use super::srq::{self, SrqSlots};
 use super::tables::{self, errno, verb_error};
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result};
 use rdma_sys::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Work completions one `ibv_poll_cq` call fetches at most (the buffer lives in the CQ handle).
 const WC_BATCH: usize = 32;
@@ -122,6 +123,9 @@ pub(crate) struct CqShared {
     /// Queues created on this CQ (or dropped) since the poller last looked.
     pub(crate) attach: Mutex<Vec<Arc<QueueShared>>>,
     pub(crate) attach_pending: AtomicBool,
+    /// The slot tables of the shared receive queues its queues took receives from, kept after
+    /// those queues die: a receive completion of a destroyed queue still frees its slot.
+    srqs: Mutex<Vec<Weak<SrqSlots>>>,
 }
 
 // SAFETY: an ibv_cq may be polled, armed and destroyed from any thread (the provider locks); the
@@ -138,7 +142,24 @@ impl CqShared {
         if !list.iter().any(|x| Arc::ptr_eq(x, q)) {
             list.push(q.clone());
         }
+        if let Some(s) = &q.srq {
+            let mut srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
+            srqs.retain(|w| w.strong_count() > 0);
+            if !srqs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
+                srqs.push(Arc::downgrade(s));
+            }
+        }
         self.attach_pending.store(true, Ordering::Release);
+    }
+
+    /// Frees the shared-queue slot of a receive completion whose queue is gone (cold).
+    #[cold]
+    fn retire_orphan(&self, wr_id: u64) {
+        let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
+        let id = srq::id_of(wr_id);
+        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == id) {
+            let _ = s.retire(wr_id);
+        }
     }
 
     /// Tells the poller a queue died (so it prunes its cache).
@@ -214,6 +235,7 @@ impl VerbsCq {
             channel,
             attach: Mutex::new(Vec::new()),
             attach_pending: AtomicBool::new(false),
+            srqs: Mutex::new(Vec::new()),
         });
         // SAFETY: an all-zero ibv_wc is a valid value (integers and a union of integers).
         let wc = (0..WC_BATCH).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
@@ -255,7 +277,12 @@ impl VerbsCq {
         // SAFETY: both union members are u32; reading either is always defined.
         let imm_be = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
         let status = tables::wc_status(status_code);
-        let i = self.queue_index(qpn)?;
+        let Some(i) = self.queue_index(qpn) else {
+            if wr_id & srq::SRQ_BIT != 0 {
+                self.shared.retire_orphan(wr_id);
+            }
+            return None;
+        };
         let q = &self.queues[i];
         let done = q.complete(wr_id, status.is_ok())?;
         let ok = status.is_ok();

@@ -57,7 +57,7 @@ pub(crate) struct QueueShared {
     state: AtomicU32,
     alive: AtomicBool,
     /// The slot table of the shared receive queue the queue takes its receives from.
-    srq: Option<Arc<SrqSlots>>,
+    pub(crate) srq: Option<Arc<SrqSlots>>,
 }
 
 impl std::fmt::Debug for QueueShared {

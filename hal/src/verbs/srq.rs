@@ -7,8 +7,10 @@
 //! counts free slots as posted minus completed (a counter the pollers advance) so a batch is
 //! all-or-nothing, then takes free slots round-robin from a cursor.
 //!
-//! The `wr_id` libibverbs sees is `SRQ_BIT | slot`: the poller of a queue on a shared queue tells
-//! its receive completions by the bit. It carries no queue epoch (the poster cannot know which
+//! The `wr_id` libibverbs sees is `SRQ_BIT | id << 32 | slot`: the poller of a queue on a shared
+//! queue tells its receive completions by the bit, and the shared queue by its 14-bit `id`, so a
+//! completion whose queue is gone (destroyed with it still in the CQ) still frees its slot: the
+//! CQ keeps the slot tables of the shared queues its queues used ([`super::cq::CqShared`]). It carries no queue epoch (the poster cannot know which
 //! queue will take the receive), so a queue reset does not hide its receive completions still in
 //! the CQ from before the reset (mlx5-class providers purge them; rxe does not).
 
@@ -24,6 +26,17 @@ use std::sync::Arc;
 /// bit, 0..32 a slot).
 pub(crate) const SRQ_BIT: u64 = 1 << 46;
 const INDEX_MASK: u64 = 0xffff_ffff;
+/// Bits 32..46 of a shared receive's `wr_id`: its shared queue's id.
+const ID_SHIFT: u32 = 32;
+const ID_MASK: u64 = (1 << 14) - 1;
+
+/// Ids of shared queues, unique among the ones alive together (14 bits, wrapping).
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// The shared queue id a shared receive's `wr_id` carries.
+pub(crate) fn id_of(wr_id: u64) -> u64 {
+    (wr_id >> ID_SHIFT) & ID_MASK
+}
 
 /// The `ibv_srq`; destroyed when the handle and every queue created on it are gone.
 pub(crate) struct SrqObj {
@@ -54,6 +67,8 @@ impl Drop for SrqObj {
 /// The slot table the pollers of the queues on a shared queue resolve completions with.
 #[derive(Debug)]
 pub(crate) struct SrqSlots {
+    /// The id in the `wr_id`s of its receives.
+    pub(crate) id: u64,
     wr_ids: Box<[AtomicU64]>,
     busy: Box<[AtomicBool]>,
     /// Receives completed (on any queue), advanced by the pollers.
@@ -64,6 +79,9 @@ impl SrqSlots {
     /// Poller side: the completion of libibverbs `wr_id` (which has [`SRQ_BIT`]); `None` for a
     /// slot that is not outstanding.
     pub(crate) fn retire(&self, wr_id: u64) -> Option<Done> {
+        if id_of(wr_id) != self.id {
+            return None;
+        }
         let i = (wr_id & INDEX_MASK) as usize;
         let busy = self.busy.get(i)?;
         let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
@@ -140,6 +158,7 @@ impl VerbsSharedRecv {
             ));
         }
         let slots = Arc::new(SrqSlots {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed) & ID_MASK,
             wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
             busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
             completed: AtomicU32::new(0),
@@ -216,7 +235,7 @@ impl SharedRecv for VerbsSharedRecv {
                 std::ptr::null_mut()
             };
             let w = &mut self.wrs[i];
-            w.wr_id = SRQ_BIT | u64::from(slot);
+            w.wr_id = SRQ_BIT | self.slots.id << ID_SHIFT | u64::from(slot);
             w.next = next;
             w.sg_list = sg_list;
             w.num_sge = wr.sges.len() as i32;

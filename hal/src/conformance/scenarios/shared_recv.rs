@@ -226,3 +226,48 @@ pub fn shared_recv_survives_a_failed_queue<E: Env>(env: &E) {
     expect_none(env, &mut recv_cq, QUIET, what);
     drop(src);
 }
+
+/// A queue destroyed while receive completions it took from the shared queue still sit in the
+/// CQ (a connection closed with messages nobody polled) gives those receives back: none is
+/// delivered, and the shared queue can be filled to its depth again and serve another queue.
+/// (A backend that mapped completions through the dead queue only would leak one slot per such
+/// message, until posting to the shared queue failed for good.)
+pub fn shared_recv_slots_come_back_from_a_destroyed_queue<E: Env>(env: &E) {
+    if skip_without_shared_recv(env, "shared_recv_slots_come_back_from_a_destroyed_queue") {
+        return;
+    }
+    const DEPTH: u32 = 4;
+    const SLOT: usize = 64;
+    let cfg = fit(env, QueueConfig::default().with_depths(8, 8));
+    let mut srq = shared_recv(env, DEPTH);
+    let depth = srq.depth().min(DEPTH) as usize;
+    let mut recv_cq = env.b().create_cq(2 * cfg.recv_depth + 1).expect("create the shared receive CQ");
+    let dst = sink(env.b(), depth * SLOT);
+    let (src, sges) = numbered_source(env.a(), depth as u64, 40);
+    {
+        let (mut a1, b1) = connect_on_shared(env, &cfg, &recv_cq, &srq);
+        for i in 0..depth {
+            post_shared(&mut srq, 10 + i as u64, &dst, i * SLOT, SLOT);
+        }
+        let what = "SENDs that fill the shared queue, left unpolled";
+        for i in 0..depth {
+            a1.queue.post_send(&[SendWr::send(i as u64, &sges[i])]).expect("post SEND");
+            send_ok(env, &mut a1, i as u64, CqOpcode::Send, what);
+        }
+        // The receiving queue goes away with its completions still in the CQ.
+        drop(b1);
+    }
+    expect_none(env, &mut recv_cq, QUIET, "completions of a destroyed queue on a shared receive queue");
+    for i in 0..depth {
+        post_shared(&mut srq, 20 + i as u64, &dst, i * SLOT, SLOT);
+    }
+    let (mut a2, b2) = connect_on_shared(env, &cfg, &recv_cq, &srq);
+    let what = "SENDs to another queue on the refilled shared queue";
+    for i in 0..depth {
+        a2.queue.post_send(&[SendWr::send(i as u64, &sges[i])]).expect("post SEND");
+        let c = wait_one(env, &mut recv_cq, what);
+        check_numbered(&c, b2.queue.qpn(), 20 + i as u64, &dst, i * SLOT, i as u64, 40, what);
+        send_ok(env, &mut a2, i as u64, CqOpcode::Send, what);
+    }
+    drop(src);
+}
