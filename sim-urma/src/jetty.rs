@@ -3,6 +3,7 @@
 
 use crate::context::{ctx_of, Ctx, JettyIds};
 use crate::ffi::{self, fail, inval, Res};
+use crate::handle_cache;
 use crate::ident;
 use crate::jfc::{jfc_of, Jfc};
 use crate::jfr::{jfr_of, Jfr};
@@ -120,8 +121,13 @@ impl Jetty {
     }
 }
 
+thread_local! {
+    static JETTIES: handle_cache::ObjCache<Jetty> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+}
+
+/// The live jetty at `p` (the data path's lookup: the thread's cache, then the registry).
 pub(crate) fn jetty_of(p: *const abi::UrmaJetty) -> Res<Arc<Jetty>> {
-    registry::get::<Jetty, _>(Kind::Jetty, p)
+    handle_cache::object(&JETTIES, Kind::Jetty, p)
         .ok_or_else(|| inval(format!("{p:p} is not a live jetty of this library (NULL, unknown or deleted)")))
 }
 

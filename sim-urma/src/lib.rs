@@ -27,6 +27,7 @@
 pub mod config;
 mod context;
 mod ffi;
+mod handle_cache;
 mod ident;
 mod jetty;
 mod jfc;

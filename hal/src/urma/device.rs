@@ -72,7 +72,7 @@ pub(crate) struct Context {
     /// Live registrations by lkey. A post holds the read lock while the library may read the
     /// target-segment pointers it looked up; a region leaves the map (write lock) before it is
     /// unregistered.
-    pub(crate) regions: RwLock<HashMap<u32, LocalSeg>>,
+    pub(crate) regions: RwLock<RegionMap>,
     /// A one-page segment registered LOCAL_ONLY for the context's life: the SGE of an lkey that
     /// names no live region points at it, so the device reports a local access error when it
     /// checks the range (the hal's "a stale lkey fails as a completion") instead of the library
@@ -99,6 +99,28 @@ impl std::fmt::Debug for Context {
             .field("eid_index", &self.eid_index)
             .field("uasid", &self.uasid)
             .finish_non_exhaustive()
+    }
+}
+
+/// Live registrations by lkey, hashed by [`LkeyHasher`].
+pub(crate) type RegionMap = HashMap<u32, LocalSeg, std::hash::BuildHasherDefault<LkeyHasher>>;
+
+/// lkeys are this backend's own sequence numbers (no peer chooses them), so one multiplication
+/// spreads them; SipHash cost a measurable share of every post.
+#[derive(Default)]
+pub(crate) struct LkeyHasher(u64);
+
+impl std::hash::Hasher for LkeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -299,7 +321,7 @@ impl UrmaDevice {
             uasid,
             caps,
             jetty_token: random_u32(),
-            regions: RwLock::new(HashMap::new()),
+            regions: RwLock::new(RegionMap::default()),
             poison,
             _poison_mem: poison_mem,
             next_lkey: AtomicU32::new(1),

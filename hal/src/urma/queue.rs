@@ -202,7 +202,7 @@ fn wr_flags(f: WrFlags) -> u32 {
 /// The library's target segment for a local SGE: the region's when the lkey names a live one, the
 /// context's poison segment otherwise (the device then fails the request with a local access
 /// error, as the hal wants for a stale lkey).
-fn local_seg(regions: &HashMap<u32, LocalSeg>, poison: &LocalSeg, s: &Sge) -> (LocalSeg, bool) {
+fn local_seg(regions: &super::device::RegionMap, poison: &LocalSeg, s: &Sge) -> (LocalSeg, bool) {
     match regions.get(&s.lkey) {
         Some(seg) => (*seg, true),
         None => (*poison, false),
@@ -630,7 +630,11 @@ impl Queue for UrmaQueue {
                 }
             }
         }
-        let ctx = self.ctx.clone();
+        // A borrow that does not hold `self` (the loop below writes the queue's buffers) and costs
+        // no reference count: `self.ctx` is set once at creation and outlives this call.
+        let ctx_ptr = Arc::as_ptr(&self.ctx);
+        // SAFETY: `self.ctx` keeps the context alive for the whole call and is never replaced.
+        let ctx: &Context = unsafe { &*ctx_ptr };
         // Held across the post: a region cannot be unregistered while the library may use its
         // target segment (the write lock of its Drop waits).
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
@@ -770,7 +774,11 @@ impl Queue for UrmaQueue {
         if wrs.len() > free as usize {
             return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
         }
-        let ctx = self.ctx.clone();
+        // A borrow that does not hold `self` (the loop below writes the queue's buffers) and costs
+        // no reference count: `self.ctx` is set once at creation and outlives this call.
+        let ctx_ptr = Arc::as_ptr(&self.ctx);
+        // SAFETY: `self.ctx` keeps the context alive for the whole call and is never replaced.
+        let ctx: &Context = unsafe { &*ctx_ptr };
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
         let n = wrs.len();
         for (i, wr) in wrs.iter().enumerate() {
