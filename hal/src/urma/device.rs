@@ -286,7 +286,7 @@ impl UrmaDevice {
         // SAFETY: the context was just created; eid and uasid are public fields at stable offsets.
         let (eid, uasid) = unsafe { ((*ctx).eid, (*ctx).uasid) };
         let max_depth = cap.max_jfs_depth.min(cap.max_jfr_depth);
-        let caps = DeviceCaps::new(
+        let mut caps = DeviceCaps::new(
             max_depth,
             cap.max_jfc_depth,
             cap.max_jfs_sge,
@@ -296,6 +296,9 @@ impl UrmaDevice {
             // URMA reports no segment-size limit; registration itself refuses what it cannot pin.
             isize::MAX as u64,
         );
+        // A shared receive queue is a JFR (every queue has one of its own as well).
+        caps.max_shared_recv = cap.max_jfr;
+        caps.max_shared_recv_depth = cap.max_jfr_depth;
         let mut poison_mem = vec![0u8; 4096].into_boxed_slice();
         let poison = match register_raw(
             lib,
@@ -431,18 +434,21 @@ impl Device for UrmaDevice {
         UrmaQueue::new(&self.ctx, config, send_cq, recv_cq)
     }
 
-    fn create_shared_recv(&self, _depth: u32, _max_sge: u32) -> Result<UrmaSharedRecv> {
-        Err(UrmaSharedRecv::unsupported(&self.ctx.name))
+    fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<UrmaSharedRecv> {
+        UrmaSharedRecv::new(&self.ctx, depth, max_sge)
     }
 
     fn create_queue_on_shared(
         &self,
-        _: &QueueConfig,
-        _: &UrmaCq,
-        _: &UrmaCq,
+        config: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
         shared: &UrmaSharedRecv,
     ) -> Result<UrmaQueue> {
-        match shared.never {}
+        if !Arc::ptr_eq(shared.obj.ctx(), &self.ctx) {
+            return Err(invalid("the shared receive queue belongs to another device (context)"));
+        }
+        UrmaQueue::new_on_shared(&self.ctx, config, send_cq, recv_cq, shared)
     }
 
     fn async_event_fd(&self) -> Option<BorrowedFd<'_>> {

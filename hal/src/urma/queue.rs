@@ -17,6 +17,7 @@
 use super::cq::{CqShared, UrmaCq};
 use super::device::Context;
 use super::mr::{KeyFields, LocalSeg};
+use super::srq::{SrqObj, SrqSlots, UrmaSharedRecv, SRQ_TAG};
 use super::tables::{errno, status_error};
 use crate::{
     Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
@@ -25,7 +26,7 @@ use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::{URMA_EEXIST, URMA_SUCCESS};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::side_ring::{pack, pack_state, state_of, SideRing};
@@ -49,6 +50,16 @@ pub(crate) fn decode_user_ctx(v: u64) -> (u16, u16, bool, u32) {
 static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
 static NEXT_TAG: AtomicU16 = AtomicU16::new(1);
 
+/// A queue tag other than [`SRQ_TAG`] (which marks shared receives).
+fn next_tag() -> u16 {
+    loop {
+        let t = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        if t != SRQ_TAG {
+            return t;
+        }
+    }
+}
+
 fn next_epoch() -> u16 {
     NEXT_EPOCH.fetch_add(1, Ordering::Relaxed) & EPOCH_MASK
 }
@@ -63,6 +74,12 @@ pub(crate) struct QueueShared {
     /// `epoch << 8 | state`.
     state: AtomicU32,
     alive: AtomicBool,
+    /// The slot table of the shared receive queue the queue takes its receives from.
+    pub(crate) srq: Option<Arc<SrqSlots>>,
+    /// The peer jetty bound last (`remote_id` of the records of shared receives): its id, and
+    /// its EID in two halves; `u32::MAX` id while never connected.
+    peer_id: AtomicU32,
+    peer_eid: [AtomicU64; 2],
 }
 
 impl std::fmt::Debug for QueueShared {
@@ -92,10 +109,40 @@ impl QueueShared {
         crate::side_ring::retire(ring, &self.state, epoch, index, success)
     }
 
+    /// Whether `remote` is the peer jetty this queue was bound to last.
+    pub(crate) fn is_peer(&self, remote: &abi::UrmaJettyId) -> bool {
+        let (lo, hi) = eid_halves(&remote.eid);
+        self.peer_id.load(Ordering::Acquire) == remote.id
+            && self.peer_eid[0].load(Ordering::Relaxed) == lo
+            && self.peer_eid[1].load(Ordering::Relaxed) == hi
+    }
+
+    fn set_peer(&self, eid: &abi::UrmaEid, id: u32) {
+        let (lo, hi) = eid_halves(eid);
+        self.peer_eid[0].store(lo, Ordering::Relaxed);
+        self.peer_eid[1].store(hi, Ordering::Relaxed);
+        self.peer_id.store(id, Ordering::Release);
+    }
+
+    /// Poller side: a shared receive's record taken by this queue. An error other than a flush
+    /// moves the tracked state to ERROR, as an error on its own receive ring would.
+    pub(crate) fn complete_shared(&self, user_ctx: u64, success: bool, flushed: bool) -> Option<Done> {
+        let done = self.srq.as_ref()?.retire(user_ctx)?;
+        if !success && !flushed {
+            self.device_error();
+        }
+        Some(done)
+    }
+
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
         crate::side_ring::device_error(&self.state);
     }
+}
+
+fn eid_halves(eid: &abi::UrmaEid) -> (u64, u64) {
+    let (lo, hi) = eid.raw.split_at(8);
+    (u64::from_le_bytes(lo.try_into().expect("8 bytes")), u64::from_le_bytes(hi.try_into().expect("8 bytes")))
 }
 
 /// The order type a jetty or import flag carries (after the library's rewrite of 0).
@@ -122,6 +169,8 @@ pub struct UrmaQueue {
     config: QueueConfig,
     epoch: u16,
     jfr: *mut abi::UrmaJfr,
+    /// The shared receive queue whose JFR `jfr` is (not this queue's to delete), if any.
+    srq: Option<Arc<SrqObj>>,
     jetty: *mut abi::UrmaJetty,
     peer: Option<Peer>,
     /// Remote segments imported through this queue's peer, by remote key (null: the library
@@ -220,6 +269,28 @@ impl UrmaQueue {
         send_cq: &UrmaCq,
         recv_cq: &UrmaCq,
     ) -> Result<Self> {
+        Self::build(ctx, c, send_cq, recv_cq, None)
+    }
+
+    /// A queue whose jetty shares `srq`'s JFR (its receives come from there), with `recv_cq`
+    /// as its own receive JFC (`shared.jfc`).
+    pub(crate) fn new_on_shared(
+        ctx: &Arc<Context>,
+        c: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
+        srq: &UrmaSharedRecv,
+    ) -> Result<Self> {
+        Self::build(ctx, c, send_cq, recv_cq, Some(srq))
+    }
+
+    fn build(
+        ctx: &Arc<Context>,
+        c: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
+        srq: Option<&UrmaSharedRecv>,
+    ) -> Result<Self> {
         let caps = &ctx.caps;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
         if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
@@ -256,14 +327,19 @@ impl UrmaQueue {
         }
         let epoch = next_epoch();
         let shared = Arc::new(QueueShared {
-            tag: NEXT_TAG.fetch_add(1, Ordering::Relaxed),
+            tag: next_tag(),
             qpn: AtomicU32::new(0),
             send: SideRing::new(c.send_depth, epoch),
             recv: SideRing::new(c.recv_depth, epoch),
             state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
             alive: AtomicBool::new(true),
+            srq: srq.map(|s| s.slots.clone()),
+            peer_id: AtomicU32::new(u32::MAX),
+            peer_eid: [AtomicU64::new(0), AtomicU64::new(0)],
         });
-        let (jfr, jetty) = create_objects(ctx, c, &send_cq.shared, &recv_cq.shared, &shared)?;
+        let srq = srq.map(|s| s.obj.clone());
+        let shared_jfr = srq.as_ref().map(|s| s.jfr);
+        let (jfr, jetty) = create_objects(ctx, c, &send_cq.shared, &recv_cq.shared, &shared, shared_jfr)?;
         for cq in [&send_cq.shared, &recv_cq.shared] {
             cq.attach(&shared);
         }
@@ -277,6 +353,7 @@ impl UrmaQueue {
             config: *c,
             epoch,
             jfr,
+            srq,
             jetty,
             peer: None,
             imports: HashMap::new(),
@@ -438,8 +515,10 @@ fn create_objects(
     send_cq: &CqShared,
     recv_cq: &CqShared,
     shared: &Arc<QueueShared>,
+    shared_jfr: Option<*mut abi::UrmaJfr>,
 ) -> Result<(*mut abi::UrmaJfr, *mut abi::UrmaJetty)> {
     let lib = ctx.lib;
+    let own_jfr = shared_jfr.is_none();
     let mut jfr_cfg = abi::UrmaJfrCfg {
         id: 0,
         depth: c.recv_depth,
@@ -451,8 +530,11 @@ fn create_objects(
         token_value: abi::UrmaToken { token: ctx.jetty_token },
         user_ctx: 0,
     };
-    // SAFETY: the context and the receive JFC are live; the configuration is valid.
-    let jfr = unsafe { (lib.create_jfr)(ctx.ctx, &mut jfr_cfg) };
+    let jfr = match shared_jfr {
+        Some(j) => j,
+        // SAFETY: the context and the receive JFC are live; the configuration is valid.
+        None => unsafe { (lib.create_jfr)(ctx.ctx, &mut jfr_cfg) },
+    };
     if jfr.is_null() {
         return Err(status_error(
             "urma_create_jfr",
@@ -485,8 +567,10 @@ fn create_objects(
     let jetty = unsafe { (lib.create_jetty)(ctx.ctx, &mut cfg) };
     if jetty.is_null() {
         let e = errno();
-        // SAFETY: created above, used by nothing.
-        unsafe { (lib.delete_jfr)(jfr) };
+        if own_jfr {
+            // SAFETY: created above, used by nothing.
+            unsafe { (lib.delete_jfr)(jfr) };
+        }
         return Err(status_error(
             "urma_create_jetty",
             e,
@@ -539,6 +623,7 @@ impl Queue for UrmaQueue {
             state => return Err(Error::BadState { state, op: "connect", needs: "RESET" }),
         }
         let p = self.connect_steps(peer)?;
+        self.shared.set_peer(&abi::UrmaEid { raw: peer.gid }, peer.qpn);
         self.peer = Some(p);
         self.set_tracked(QueueState::Ready);
         Ok(())
@@ -570,10 +655,13 @@ impl Queue for UrmaQueue {
         // that still arrive carry the old epoch and are dropped.
         self.disconnect();
         let lib = self.ctx.lib;
-        // SAFETY: unbound above; deleted once, the jetty before the JFR it uses.
+        // SAFETY: unbound above; deleted once, the jetty before the JFR it uses (a shared JFR is
+        // its shared queue's, which outlives this queue).
         unsafe {
             (lib.delete_jetty)(self.jetty);
-            (lib.delete_jfr)(self.jfr);
+            if self.srq.is_none() {
+                (lib.delete_jfr)(self.jfr);
+            }
         }
         self.epoch = next_epoch();
         self.send_head = 0;
@@ -581,7 +669,9 @@ impl Queue for UrmaQueue {
         self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);
         self.shared.recv.retired.store(pack(self.epoch, 0), Ordering::Release);
         self.set_tracked(QueueState::Reset);
-        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, &self.shared) {
+        let shared_jfr = self.srq.as_ref().map(|s| s.jfr);
+        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, &self.shared, shared_jfr)
+        {
             Ok((jfr, jetty)) => {
                 self.jfr = jfr;
                 self.jetty = jetty;
@@ -759,6 +849,12 @@ impl Queue for UrmaQueue {
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(invalid(format!(
+                "jetty {} takes its receives from a shared receive queue (a shared JFR): post them there",
+                self.shared.qpn()
+            )));
+        }
         self.need_posting_state("post_recv")?;
         if self.jetty.is_null() {
             return Err(Error::Device("the queue lost its jetty in a failed reset; drop it".into()));
@@ -833,10 +929,13 @@ impl Drop for UrmaQueue {
         self.shared.alive.store(false, Ordering::Release);
         if !self.jetty.is_null() {
             self.disconnect();
-            // SAFETY: live, deleted once, the jetty before its JFR.
+            // SAFETY: live, deleted once, the jetty before its JFR (a shared JFR is deleted by its
+            // shared queue's last holder: `self.srq` is dropped after this).
             unsafe {
                 (self.ctx.lib.delete_jetty)(self.jetty);
-                (self.ctx.lib.delete_jfr)(self.jfr);
+                if self.srq.is_none() {
+                    (self.ctx.lib.delete_jfr)(self.jfr);
+                }
             }
         }
         self.send_cq.detach_later();
@@ -868,6 +967,9 @@ mod tests {
             recv: SideRing::new(4, 5),
             state: AtomicU32::new(pack_state(5, QueueState::Ready)),
             alive: AtomicBool::new(true),
+            srq: None,
+            peer_id: AtomicU32::new(u32::MAX),
+            peer_eid: [AtomicU64::new(0), AtomicU64::new(0)],
         };
         for i in 0..3 {
             q.send.set(i, 100 + u64::from(i), Op::Write);
