@@ -519,7 +519,7 @@ pub unsafe extern "C" fn urma_flush_jetty(
         let id = j.id;
         let mine = move |r: &abi::UrmaCr| r.local_id == id && r.flag & CR_FLAG_S_R == 0;
         // SAFETY: the caller's array has room for cr_cnt records (the API's contract).
-        Ok(unsafe { j.jfc.poll_into(cr, cr_cnt as usize, &mine) }? as c_int)
+        Ok(unsafe { j.jfc.poll_into(cr, cr_cnt as usize, mine) }? as c_int)
     })
 }
 

@@ -71,7 +71,7 @@ impl Jfc {
         &self,
         out: *mut abi::UrmaCr,
         cap: usize,
-        keep: &dyn Fn(&abi::UrmaCr) -> bool,
+        keep: impl Fn(&abi::UrmaCr) -> bool,
     ) -> Res<usize> {
         let mut g = self.lock();
         let inner = &mut *g;
@@ -388,6 +388,6 @@ pub unsafe extern "C" fn urma_poll_jfc(jfc: *mut abi::UrmaJfc, cr_cnt: c_int, cr
             return Ok(0);
         }
         // SAFETY: the caller's array has room for cr_cnt records (the API's contract).
-        Ok(unsafe { j.poll_into(cr, cr_cnt as usize, &|_| true) }? as c_int)
+        Ok(unsafe { j.poll_into(cr, cr_cnt as usize, |_| true) }? as c_int)
     })
 }

@@ -13,6 +13,7 @@
 
 use crate::context::{ctx_of, Ctx};
 use crate::ffi::{self, inval, Res};
+use crate::handle_cache;
 use crate::jfc::{jfc_of, Jfc};
 use crate::post::{self, Tr, CHUNK};
 use crate::registry::{self, Kind};
@@ -82,9 +83,13 @@ unsafe impl Send for Jfr {}
 // SAFETY: as above.
 unsafe impl Sync for Jfr {}
 
-/// The live JFR at `p`.
+thread_local! {
+    static JFRS: handle_cache::ObjCache<Jfr> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+}
+
+/// The live JFR at `p` (`urma_post_jfr_wr`'s lookup: the thread's cache, then the registry).
 pub(crate) fn jfr_of(p: *const abi::UrmaJfr) -> Res<Arc<Jfr>> {
-    registry::get::<Jfr, _>(Kind::Jfr, p)
+    handle_cache::object(&JFRS, Kind::Jfr, p)
         .ok_or_else(|| inval(format!("{p:p} is not a live JFR of this library (NULL, unknown or deleted)")))
 }
 

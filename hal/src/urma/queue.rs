@@ -1,5 +1,5 @@
 //! Queues: an RC jetty on a JFR of its own (passed as the jetty's shared JFR: UB devices reject a
-//! jetty without one), connected with `urma_import_jetty` + `urma_bind_jetty`, plus the backend's
+//! jetty without one) or on the JFR of a shared receive queue (`srq.rs`), connected with `urma_import_jetty` + `urma_bind_jetty`, plus the backend's
 //! bookkeeping — side rings from slot to user `wr_id`, the free-slot accounting that makes batches
 //! all-or-nothing, the tracked state, the epoch that hides completions of a queue's earlier life,
 //! and the cache of imported remote segments.
