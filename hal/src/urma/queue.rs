@@ -76,10 +76,66 @@ pub(crate) struct QueueShared {
     alive: AtomicBool,
     /// The slot table of the shared receive queue the queue takes its receives from.
     pub(crate) srq: Option<Arc<SrqSlots>>,
-    /// The peer jetty bound last (`remote_id` of the records of shared receives): its id, and
-    /// its EID in two halves; `u32::MAX` id while never connected.
-    peer_id: AtomicU32,
-    peer_eid: [AtomicU64; 2],
+    /// The peer jettys bound last and before (see [`Peers`]).
+    peers: Peers,
+}
+
+/// The peer jettys a queue was bound to last and the time before: the `remote_id` a record of a
+/// shared receive names its queue by. The one before still counts, so that a receive the queue
+/// took before a reset (reconnected to a new peer jetty id) still retires its shared slot.
+/// Written under a sequence count (connect is rare; a poller retries a read that overlapped).
+#[derive(Debug)]
+struct Peers {
+    seq: AtomicU32,
+    /// `[last, before]`: jetty id (`u32::MAX`: none) and the EID in two halves.
+    ids: [AtomicU32; 2],
+    eids: [[AtomicU64; 2]; 2],
+}
+
+impl Peers {
+    fn new() -> Self {
+        Peers {
+            seq: AtomicU32::new(0),
+            ids: [AtomicU32::new(u32::MAX), AtomicU32::new(u32::MAX)],
+            eids: [[AtomicU64::new(0), AtomicU64::new(0)], [AtomicU64::new(0), AtomicU64::new(0)]],
+        }
+    }
+
+    /// Only the queue's owner writes (`&mut UrmaQueue` in connect).
+    fn set(&self, eid: &abi::UrmaEid, id: u32) {
+        let (lo, hi) = eid_halves(eid);
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        std::sync::atomic::fence(Ordering::Release);
+        let last =
+            (self.ids[0].load(Ordering::Relaxed), [0, 1].map(|h| self.eids[0][h].load(Ordering::Relaxed)));
+        self.ids[1].store(last.0, Ordering::Relaxed);
+        for h in 0..2 {
+            self.eids[1][h].store(last.1[h], Ordering::Relaxed);
+        }
+        self.ids[0].store(id, Ordering::Relaxed);
+        self.eids[0][0].store(lo, Ordering::Relaxed);
+        self.eids[0][1].store(hi, Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+
+    fn contains(&self, remote: &abi::UrmaJettyId) -> bool {
+        let (lo, hi) = eid_halves(&remote.eid);
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let hit = (0..2).any(|k| {
+                    self.ids[k].load(Ordering::Relaxed) == remote.id
+                        && self.eids[k][0].load(Ordering::Relaxed) == lo
+                        && self.eids[k][1].load(Ordering::Relaxed) == hi
+                });
+                std::sync::atomic::fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return hit;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl std::fmt::Debug for QueueShared {
@@ -109,19 +165,13 @@ impl QueueShared {
         crate::side_ring::retire(ring, &self.state, epoch, index, success)
     }
 
-    /// Whether `remote` is the peer jetty this queue was bound to last.
+    /// Whether `remote` is a peer jetty this queue was bound to last or the time before.
     pub(crate) fn is_peer(&self, remote: &abi::UrmaJettyId) -> bool {
-        let (lo, hi) = eid_halves(&remote.eid);
-        self.peer_id.load(Ordering::Acquire) == remote.id
-            && self.peer_eid[0].load(Ordering::Relaxed) == lo
-            && self.peer_eid[1].load(Ordering::Relaxed) == hi
+        self.peers.contains(remote)
     }
 
     fn set_peer(&self, eid: &abi::UrmaEid, id: u32) {
-        let (lo, hi) = eid_halves(eid);
-        self.peer_eid[0].store(lo, Ordering::Relaxed);
-        self.peer_eid[1].store(hi, Ordering::Relaxed);
-        self.peer_id.store(id, Ordering::Release);
+        self.peers.set(eid, id);
     }
 
     /// Poller side: a shared receive's record taken by this queue. An error other than a flush
@@ -334,8 +384,7 @@ impl UrmaQueue {
             state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
             alive: AtomicBool::new(true),
             srq: srq.map(|s| s.slots.clone()),
-            peer_id: AtomicU32::new(u32::MAX),
-            peer_eid: [AtomicU64::new(0), AtomicU64::new(0)],
+            peers: Peers::new(),
         });
         let srq = srq.map(|s| s.obj.clone());
         let shared_jfr = srq.as_ref().map(|s| s.jfr);
@@ -968,8 +1017,7 @@ mod tests {
             state: AtomicU32::new(pack_state(5, QueueState::Ready)),
             alive: AtomicBool::new(true),
             srq: None,
-            peer_id: AtomicU32::new(u32::MAX),
-            peer_eid: [AtomicU64::new(0), AtomicU64::new(0)],
+            peers: Peers::new(),
         };
         for i in 0..3 {
             q.send.set(i, 100 + u64::from(i), Op::Write);
@@ -983,6 +1031,22 @@ mod tests {
         q.recv.set(0, 7, Op::Recv);
         assert_eq!(q.complete(encode_user_ctx(3, 5, true, 0), false).unwrap().user_wr_id, 7);
         assert_eq!(q.state(), QueueState::Error);
+    }
+
+    #[test]
+    fn peers_remember_the_last_two_bindings() {
+        let p = Peers::new();
+        let eid = |b: u8| abi::UrmaEid { raw: [b; 16] };
+        let id = |b: u8, id: u32| abi::UrmaJettyId { eid: eid(b), uasid: 0, id };
+        assert!(!p.contains(&id(0, u32::MAX - 1)));
+        p.set(&eid(1), 10);
+        assert!(p.contains(&id(1, 10)));
+        assert!(!p.contains(&id(2, 10)), "the EID counts, not only the jetty id");
+        p.set(&eid(1), 11);
+        assert!(p.contains(&id(1, 10)) && p.contains(&id(1, 11)));
+        p.set(&eid(2), 12);
+        assert!(!p.contains(&id(1, 10)), "two bindings back is forgotten");
+        assert!(p.contains(&id(1, 11)) && p.contains(&id(2, 12)));
     }
 
     #[test]
