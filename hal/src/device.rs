@@ -150,8 +150,7 @@ pub trait Device: Send + Sync + 'static {
     /// Creates a shared receive queue of at least `depth` receives of up to `max_sge` SGEs each
     /// (see [`SharedRecv`] for the contract); `depth` within
     /// [`DeviceCaps::max_shared_recv_depth`], `max_sge` within [`DeviceCaps::max_recv_sge`].
-    /// `Error::Unsupported` on a device whose [`DeviceCaps::max_shared_recv`] is 0 (the `urma`
-    /// backend, for now).
+    /// `Error::Unsupported` on a device whose [`DeviceCaps::max_shared_recv`] is 0.
     fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<Self::SharedRecv>;
 
     /// Creates a queue in RESET, as [`create_queue`](Self::create_queue) does, that takes its

@@ -147,6 +147,29 @@ int badinput(void)
     STATUS("post_recv more SGEs than max_sge", urma_post_jetty_recv_wr(jetty, &wide, &bad_rwr), URMA_EINVAL);
     STATUS("post_recv before bind (held by the JFR)", urma_post_jetty_recv_wr(jetty, &rwr, &bad_rwr), URMA_SUCCESS);
 
+    /* urma_post_jfr_wr, and a JFR shared by its jettys. */
+    PTR("create_jfr depth 0", urma_create_jfr(ctx, &(urma_jfr_cfg_t){.depth = 0, .trans_mode = URMA_TM_RC, .jfc = jfc}), EINVAL);
+    STATUS("post_jfr_wr(NULL jfr)", urma_post_jfr_wr(NULL, &rwr, &bad_rwr), URMA_EINVAL);
+    STATUS("post_jfr_wr on an unknown JFR", urma_post_jfr_wr(&fake_jfr, &rwr, &bad_rwr), URMA_EINVAL);
+    STATUS("post_jfr_wr bad_wr NULL", urma_post_jfr_wr(jfr, &rwr, NULL), URMA_EINVAL);
+    STATUS("post_jfr_wr to a JFR whose jetty keeps its own receives", urma_post_jfr_wr(jfr, &rwr, &bad_rwr), URMA_EINVAL);
+    urma_jfr_t *sjfr = urma_create_jfr(ctx, &(urma_jfr_cfg_t){.depth = 4, .trans_mode = URMA_TM_RC, .jfc = jfc, .max_sge = 1});
+    row("create_jfr depth 4 (to be shared)", sjfr != NULL, 1, 0, 0);
+    STATUS("post_jfr_wr more SGEs than max_sge", urma_post_jfr_wr(sjfr, &wide, &bad_rwr), URMA_EINVAL);
+    STATUS("post_jfr_wr with an unknown segment", urma_post_jfr_wr(sjfr, &frwr, &bad_rwr), URMA_EINVAL);
+    urma_jfr_wr_t four[4];
+    for (int i = 0; i < 4; i++)
+        four[i] = (urma_jfr_wr_t){.src = {&sge, 1}, .user_ctx = (uint64_t)i, .next = i < 3 ? &four[i + 1] : NULL};
+    STATUS("post_jfr_wr 4 receives (the depth)", urma_post_jfr_wr(sjfr, four, &bad_rwr), URMA_SUCCESS);
+    STATUS("post_jfr_wr a fifth (full)", urma_post_jfr_wr(sjfr, &rwr, &bad_rwr), URMA_EAGAIN);
+    urma_jetty_cfg_t sjc = jc;
+    sjc.shared.jfr = sjfr;
+    urma_jetty_t *sjetty = urma_create_jetty(ctx, &sjc);
+    row("create_jetty on the shared JFR", sjetty != NULL, 1, 0, 0);
+    STATUS("post_recv through it goes to the full JFR", urma_post_jetty_recv_wr(sjetty, &rwr, &bad_rwr), URMA_EAGAIN);
+    STATUS("delete_jetty on the shared JFR", urma_delete_jetty(sjetty), URMA_SUCCESS);
+    STATUS("delete_jfr (shared)", urma_delete_jfr(sjfr), URMA_SUCCESS);
+
     urma_rjetty_t rj = {.jetty_id = jetty->jetty_id, .trans_mode = URMA_TM_RC, .type = URMA_JETTY};
     PTR("import_jetty token NULL", urma_import_jetty(ctx, &rj, NULL), EINVAL);
     PTR("import_jetty rjetty NULL", urma_import_jetty(ctx, NULL, &(urma_token_t){7}), EINVAL);

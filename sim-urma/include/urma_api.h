@@ -422,6 +422,7 @@ urma_status_t urma_get_seg_ctx(urma_target_seg_t *tseg, urma_seg_t **seg, uint32
 void urma_put_seg_ctx(urma_seg_t *seg);
 urma_status_t urma_post_jetty_send_wr(urma_jetty_t *jetty, urma_jfs_wr_t *wr, urma_jfs_wr_t **bad_wr);
 urma_status_t urma_post_jetty_recv_wr(urma_jetty_t *jetty, urma_jfr_wr_t *wr, urma_jfr_wr_t **bad_wr);
+urma_status_t urma_post_jfr_wr(urma_jfr_t *jfr, urma_jfr_wr_t *wr, urma_jfr_wr_t **bad_wr);
 urma_status_t urma_get_async_event(urma_context_t *ctx, urma_async_event_t *event);
 void urma_ack_async_event(urma_async_event_t *event);
 urma_status_t urma_register_log_func(urma_log_cb_t func);

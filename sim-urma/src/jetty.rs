@@ -3,9 +3,10 @@
 
 use crate::context::{ctx_of, Ctx, JettyIds};
 use crate::ffi::{self, fail, inval, Res};
+use crate::handle_cache;
 use crate::ident;
 use crate::jfc::{jfc_of, Jfc};
-use crate::jfr::{jfr_of, Jfr};
+use crate::jfr::{jfr_of, Jfr, JfrMode};
 use crate::registry::{self, Kind};
 use crate::runtime::{alloc_list, free_list};
 use bypass_hal::{AckTimeout, Device as _, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RnrTimer};
@@ -120,8 +121,13 @@ impl Jetty {
     }
 }
 
+thread_local! {
+    static JETTIES: handle_cache::ObjCache<Jetty> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+}
+
+/// The live jetty at `p` (the data path's lookup: the thread's cache, then the registry).
 pub(crate) fn jetty_of(p: *const abi::UrmaJetty) -> Res<Arc<Jetty>> {
-    registry::get::<Jetty, _>(Kind::Jetty, p)
+    handle_cache::object(&JETTIES, Kind::Jetty, p)
         .ok_or_else(|| inval(format!("{p:p} is not a live jetty of this library (NULL, unknown or deleted)")))
 }
 
@@ -191,9 +197,12 @@ pub unsafe extern "C" fn urma_create_jetty(
         let jfc = jfc_of(jfs.jfc)?;
         // SAFETY: share_jfr is set, so the `shared` arm of the union is the one in use; reading
         // two pointers is reading plain bytes.
-        let jfr = jfr_of(unsafe { cfg.recv.shared.jfr })?;
-        if !Arc::ptr_eq(&jfc.ctx, &c) || !Arc::ptr_eq(&jfr.ctx, &c) {
-            return Err(inval("the jetty's JFC or JFR belongs to another context"));
+        let shared = unsafe { cfg.recv.shared };
+        let jfr = jfr_of(shared.jfr)?;
+        // The receive JFC: `shared.jfc` if set, else the JFR's.
+        let recv_jfc = if shared.jfc.is_null() { jfr.jfc.clone() } else { jfc_of(shared.jfc)? };
+        if !Arc::ptr_eq(&jfc.ctx, &c) || !Arc::ptr_eq(&jfr.ctx, &c) || !Arc::ptr_eq(&recv_jfc.ctx, &c) {
+            return Err(inval("the jetty's JFC, receive JFC (shared.jfc) or JFR belongs to another context"));
         }
         let mut order = (jfs.flag & JFS_FLAG_ORDER_TYPE_MASK) >> JFS_FLAG_ORDER_TYPE_SHIFT;
         if order == URMA_DEF_ORDER {
@@ -215,9 +224,21 @@ pub unsafe extern "C" fn urma_create_jetty(
             qc.min_rnr_timer = t;
         }
         let mut q = {
-            let (a, b) = (jfc.lock(), if Arc::ptr_eq(&jfc, &jfr.jfc) { None } else { Some(jfr.jfc.lock()) });
+            let mut mode = jfr.mode();
+            if matches!(*mode, JfrMode::Undecided) {
+                if Arc::ptr_eq(&recv_jfc, &jfr.jfc) {
+                    *mode = JfrMode::PerJetty;
+                } else {
+                    jfr.make_shared(&mut mode)?;
+                }
+            }
+            let (a, b) =
+                (jfc.lock(), if Arc::ptr_eq(&jfc, &recv_jfc) { None } else { Some(recv_jfc.lock()) });
             let recv_cq = b.as_ref().map_or(&a.cq, |g| &g.cq);
-            c.nic().create_queue(&qc, &a.cq, recv_cq)?
+            match &*mode {
+                JfrMode::Shared(ring, _) => c.nic().create_queue_on_shared(&qc, &a.cq, recv_cq, ring)?,
+                _ => c.nic().create_queue(&qc, &a.cq, recv_cq)?,
+            }
         };
         let qpn = q.qpn();
         let id = ident::jetty_id(qpn, c.next_gen.fetch_add(1, Ordering::Relaxed));
@@ -498,7 +519,7 @@ pub unsafe extern "C" fn urma_flush_jetty(
         let id = j.id;
         let mine = move |r: &abi::UrmaCr| r.local_id == id && r.flag & CR_FLAG_S_R == 0;
         // SAFETY: the caller's array has room for cr_cnt records (the API's contract).
-        Ok(unsafe { j.jfc.poll_into(cr, cr_cnt as usize, &mine) }? as c_int)
+        Ok(unsafe { j.jfc.poll_into(cr, cr_cnt as usize, mine) }? as c_int)
     })
 }
 

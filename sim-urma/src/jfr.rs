@@ -1,17 +1,30 @@
-//! Receive queues (JFR). A jetty shares one (UB devices require it); receives posted through a
-//! jetty go to that jetty's sim receive ring, and receives posted before any jetty on the JFR is
-//! bound wait here and go to the first jetty that binds.
+//! Receive queues (JFR). A jetty shares one (UB devices require it). A JFR is in one of two modes,
+//! fixed by its first use ([`JfrMode`]):
+//!
+//! - **per jetty** (its first jetty takes its receive completions on the JFR's JFC, `shared.jfc`
+//!   NULL or the JFR's own): receives posted through a jetty go to that jetty's sim receive ring,
+//!   and receives posted before any jetty on the JFR is bound wait here and go to the first jetty
+//!   that binds — exact for one jetty per JFR, which is what UMDK's sample and bypass's plain
+//!   queues do;
+//! - **shared** (first use `urma_post_jfr_wr`, or a first jetty naming a receive JFC of its own in
+//!   `shared.jfc`): the JFR is a sim shared receive ring ([`SimSharedRecv`]) every jetty on it is
+//!   created on, and receives posted to the JFR or through any of its jettys serve all of them in
+//!   posting order, as on UB hardware.
 
 use crate::context::{ctx_of, Ctx};
 use crate::ffi::{self, inval, Res};
+use crate::handle_cache;
 use crate::jfc::{jfc_of, Jfc};
+use crate::post::{self, Tr, CHUNK};
 use crate::registry::{self, Kind};
-use bypass_hal::{Device as _, Sge};
+use bypass_hal::{Device as _, RecvWr, Sge, SharedRecv as _};
+use bypass_sim::SimSharedRecv;
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::*;
 use std::cell::UnsafeCell;
 use std::sync::atomic::Ordering;
+use std::sync::MutexGuard;
 use std::sync::{Arc, Mutex};
 
 /// A receive posted before its jetty was bound.
@@ -31,6 +44,38 @@ pub(crate) struct Jfr {
     pub max_sge: u32,
     pub min_rnr_timer: u8,
     pub pending: Mutex<Vec<PendingRecv>>,
+    pub mode: Mutex<JfrMode>,
+}
+
+/// How a JFR's receives reach its jettys (see the module docs).
+pub(crate) enum JfrMode {
+    /// No jetty and no `urma_post_jfr_wr` yet.
+    Undecided,
+    /// Each jetty has its own sim receive ring.
+    PerJetty,
+    /// One sim shared receive ring under every jetty of the JFR, and the WR translation buffer.
+    Shared(SimSharedRecv, Box<[Tr; CHUNK]>),
+}
+
+impl Jfr {
+    pub(crate) fn mode(&self) -> MutexGuard<'_, JfrMode> {
+        self.mode.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes an undecided JFR shared: creates the ring and moves the receives waiting here into
+    /// it. A JFR already decided is left as it is.
+    pub(crate) fn make_shared(&self, m: &mut JfrMode) -> Res<()> {
+        if !matches!(m, JfrMode::Undecided) {
+            return Ok(());
+        }
+        let mut ring = self.ctx.nic().create_shared_recv(self.depth, self.max_sge)?;
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in &pending {
+            ring.post_recv(&[RecvWr { wr_id: r.user_ctx, sges: &r.sges }])?;
+        }
+        *m = JfrMode::Shared(ring, Box::new([post::EMPTY; CHUNK]));
+        Ok(())
+    }
 }
 
 // SAFETY: the C struct is written before publication and read-only after.
@@ -38,8 +83,13 @@ unsafe impl Send for Jfr {}
 // SAFETY: as above.
 unsafe impl Sync for Jfr {}
 
+thread_local! {
+    static JFRS: handle_cache::ObjCache<Jfr> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+}
+
+/// The live JFR at `p` (`urma_post_jfr_wr`'s lookup: the thread's cache, then the registry).
 pub(crate) fn jfr_of(p: *const abi::UrmaJfr) -> Res<Arc<Jfr>> {
-    registry::get::<Jfr, _>(Kind::Jfr, p)
+    handle_cache::object(&JFRS, Kind::Jfr, p)
         .ok_or_else(|| inval(format!("{p:p} is not a live JFR of this library (NULL, unknown or deleted)")))
 }
 
@@ -93,6 +143,7 @@ pub unsafe extern "C" fn urma_create_jfr(
             max_sge,
             min_rnr_timer: cfg.min_rnr_timer,
             pending: Mutex::new(Vec::new()),
+            mode: Mutex::new(JfrMode::Undecided),
         });
         Ok(registry::insert(Kind::Jfr, obj).cast())
     })

@@ -21,12 +21,13 @@
 
 // The exported functions are `unsafe extern "C"`: their contract is the URMA API's (pointers to
 // structs the caller owns must be valid for the call), stated once here and in the prototypes of
-// `include/urma_api.h` rather than in 48 identical `# Safety` sections.
+// `include/urma_api.h` rather than in 49 identical `# Safety` sections.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod config;
 mod context;
 mod ffi;
+mod handle_cache;
 mod ident;
 mod jetty;
 mod jfc;
@@ -91,6 +92,7 @@ mod signatures {
     const _: fns::UrmaPutSegCtx = urma_put_seg_ctx;
     const _: fns::UrmaPostJettySendWr = urma_post_jetty_send_wr;
     const _: fns::UrmaPostJettyRecvWr = urma_post_jetty_recv_wr;
+    const _: fns::UrmaPostJfrWr = urma_post_jfr_wr;
     const _: fns::UrmaGetAsyncEvent = urma_get_async_event;
     const _: fns::UrmaAckAsyncEvent = urma_ack_async_event;
     const _: fns::UrmaRegisterLogFunc = urma_register_log_func;

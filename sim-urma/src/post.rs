@@ -4,10 +4,12 @@
 
 use crate::ffi::{self, inval, Fail, Res};
 use crate::jetty::{jetty_of, JettyInner};
-use crate::jfr::PendingRecv;
+use crate::jfr::{jfr_of, JfrMode, PendingRecv};
 use crate::seg::{lkey_in, rkey_in};
+use bypass_hal::SharedRecv as _;
 use bypass_hal::{Queue, QueueState, RecvWr, RemoteAddr, RemoteKey, SendOp, SendWr, Sge, WrFlags};
 use bypass_sim::layout::MAX_SGE;
+use bypass_sim::SimSharedRecv;
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::*;
@@ -234,8 +236,9 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
     })
 }
 
-/// `urma_post_jetty_recv_wr`: receives for the jetty's JFR, used by this jetty (waiting on the
-/// JFR until the jetty is bound).
+/// `urma_post_jetty_recv_wr`: receives for the jetty's JFR. On a JFR of per-jetty rings they
+/// are this jetty's (waiting on the JFR until the jetty is bound); on a shared JFR they go to the
+/// JFR's ring, for any of its jettys, as `urma_post_jfr_wr` would.
 #[no_mangle]
 pub unsafe extern "C" fn urma_post_jetty_recv_wr(
     jetty: *mut abi::UrmaJetty,
@@ -247,11 +250,15 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
         if bad_wr.is_null() {
             return Err(inval("bad_wr is NULL"));
         }
-        let mut g = j.lock();
-        let limit = 2 * j.jfr.depth as usize + CHUNK;
-        let max_sge = j.jfr.max_sge;
-        let connected = g.q.state() != QueueState::Reset;
         let jfr = j.jfr.clone();
+        let limit = 2 * jfr.depth as usize + CHUNK;
+        let max_sge = jfr.max_sge;
+        if let JfrMode::Shared(ring, scratch) = &mut *jfr.mode() {
+            // SAFETY: the caller's WR list, per the API.
+            return unsafe { post_to_ring(ring, scratch, wr, bad_wr, limit, max_sge) };
+        }
+        let mut g = j.lock();
+        let connected = g.q.state() != QueueState::Reset;
         let JettyInner { q, scratch, .. } = &mut *g;
         // SAFETY: the caller's WR list, per the API.
         unsafe {
@@ -285,6 +292,87 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
                     Ok(())
                 },
             )
+        }
+    })
+}
+
+/// Posts a receive WR list to a shared JFR's ring, in chunks.
+///
+/// # Safety
+/// `wr` heads a list of readable WRs linked by `next`; `bad_wr` is non-NULL (checked by the caller).
+unsafe fn post_to_ring(
+    ring: &mut SimSharedRecv,
+    scratch: &mut [Tr; CHUNK],
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+    limit: usize,
+    max_sge: u32,
+) -> Res<()> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        walk(
+            scratch,
+            wr,
+            bad_wr,
+            limit,
+            |w| w.next,
+            |w, out| {
+                out.wr_id = w.user_ctx;
+                local_sges(&w.src, max_sge, out)
+            },
+            |trs| {
+                if trs.is_empty() {
+                    return Ok(());
+                }
+                let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
+                for (w, t) in wrs.iter_mut().zip(trs) {
+                    w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
+                }
+                // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
+                let wrs = std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len());
+                ring.post_recv(wrs).map_err(|e| match e {
+                    bypass_hal::Error::WouldBlock { free, .. } => ffi::fail(
+                        URMA_EAGAIN,
+                        format!("the JFR has room for {free} more receives: poll the receive completions of its jettys first"),
+                    ),
+                    e => Fail::from(e),
+                })
+            },
+        )
+    }
+}
+
+/// `urma_post_jfr_wr`: receives for a JFR, taken by whichever of its jettys a message arrives on
+/// next. A JFR posted this way before any jetty uses it becomes a shared ring; one whose jettys
+/// each have their own ring (created with the JFR's JFC as their receive JFC) refuses, saying so.
+#[no_mangle]
+pub unsafe extern "C" fn urma_post_jfr_wr(
+    jfr: *mut abi::UrmaJfr,
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+) -> UrmaStatus {
+    ffi::status("urma_post_jfr_wr", || {
+        let r = jfr_of(jfr)?;
+        if bad_wr.is_null() {
+            return Err(inval("bad_wr is NULL"));
+        }
+        let limit = 2 * r.depth as usize + CHUNK;
+        let mut m = r.mode();
+        r.make_shared(&mut m)?;
+        match &mut *m {
+            // SAFETY: the caller's WR list, per the API.
+            JfrMode::Shared(ring, scratch) => unsafe {
+                post_to_ring(ring, scratch, wr, bad_wr, limit, r.max_sge)
+            },
+            _ => {
+                // SAFETY: non-NULL, writable per the API.
+                unsafe { *bad_wr = wr };
+                Err(inval(
+                    "this JFR's jettys each keep their own receives in the simulator (they were created with \
+                     the JFR's JFC as their receive JFC): post through urma_post_jetty_recv_wr, or create the \
+                     jettys with a receive JFC of their own (shared.jfc) to share the JFR's receives",
+                ))
+            }
         }
     })
 }

@@ -14,6 +14,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// What a handle is.
@@ -66,6 +67,15 @@ fn shard(addr: usize) -> &'static RwLock<Option<Table>> {
     &TABLE[(addr >> 6 ^ addr >> 12) % SHARDS].0
 }
 
+/// Handles removed so far: the data path's per-thread caches ([`crate::handle_cache`]) trust an
+/// entry only while this has not moved since it was validated here.
+static REMOVALS: AtomicU64 = AtomicU64::new(0);
+
+/// The number of handles removed so far (see [`REMOVALS`]).
+pub(crate) fn removals() -> u64 {
+    REMOVALS.load(Ordering::Acquire)
+}
+
 /// Enters `obj` and returns the pointer C gets (the address of the object, whose first field is
 /// the C struct).
 pub(crate) fn insert<T: Any + Send + Sync>(kind: Kind, obj: Arc<T>) -> *mut T {
@@ -116,5 +126,8 @@ pub(crate) fn remove<T: Any + Send + Sync, P>(kind: Kind, p: *const P) -> Option
         _ => return None,
     }
     let (_, obj) = map.remove(&(p as usize))?;
+    // After the entry left the table, before the object can be dropped: a cache that read the
+    // old count before this either validated the handle earlier or will miss it in the table.
+    REMOVALS.fetch_add(1, Ordering::AcqRel);
     obj.downcast::<T>().ok()
 }

@@ -3,6 +3,7 @@
 
 use crate::context::{ctx_of, Ctx};
 use crate::ffi::{self, inval, Res};
+use crate::handle_cache;
 use crate::ident;
 use crate::registry::{self, Kind};
 use crate::runtime::{alloc_list, free_list};
@@ -196,9 +197,14 @@ pub unsafe extern "C" fn urma_put_seg_ctx(seg: *mut abi::UrmaSeg) {
     ffi::unit("urma_put_seg_ctx", || free_list(seg, "segment context"))
 }
 
+thread_local! {
+    static LKEYS: handle_cache::ValCache<u32> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+    static RKEYS: handle_cache::ValCache<(u32, u32)> = const { std::cell::RefCell::new(handle_cache::Cache::new()) };
+}
+
 /// The local key of SGE segment `p` (a registered segment).
 pub(crate) fn lkey_in(p: *const abi::UrmaTargetSeg) -> Res<u32> {
-    registry::with::<LocalSeg, _, _>(Kind::LocalSeg, p, |s| s.region.lkey()).ok_or_else(|| {
+    handle_cache::value::<LocalSeg, _, _>(&LKEYS, Kind::LocalSeg, p, |s| s.region.lkey()).ok_or_else(|| {
         inval(format!("SGE segment {p:p} is not a live segment registered with urma_register_seg"))
     })
 }
@@ -223,7 +229,7 @@ pub(crate) unsafe fn rkey_in(
         let u = unsafe { user.read_unaligned() };
         return Ok(u.token_id ^ ident::mix(u.token_value.token));
     }
-    let found = registry::with::<ImportedSeg, _, _>(Kind::ImportedSeg, p, |s| (s.key, s.access));
+    let found = handle_cache::value::<ImportedSeg, _, _>(&RKEYS, Kind::ImportedSeg, p, |s| (s.key, s.access));
     let (key, access) = found.ok_or_else(|| {
         inval(format!("remote SGE segment {p:p} is not a live segment imported with urma_import_seg (nor is user_tseg set)"))
     })?;

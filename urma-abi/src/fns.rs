@@ -132,6 +132,11 @@ pub type UrmaPostJettyRecvWr = unsafe extern "C" fn(
     wr: *mut UrmaJfrWr,
     bad_wr: *mut *mut UrmaJfrWr,
 ) -> UrmaStatus;
+/// `urma_post_jfr_wr`: receives for a JFR, which any jetty sharing it may take (`bad_wr` must
+/// not be NULL). Not in urma-abi.md's list of 48: declared as UMDK's `urma_api.h` has it since
+/// its first releases (newer headers make `jfr` a `const urma_jfr_t *`, the same ABI).
+pub type UrmaPostJfrWr =
+    unsafe extern "C" fn(jfr: *mut UrmaJfr, wr: *mut UrmaJfrWr, bad_wr: *mut *mut UrmaJfrWr) -> UrmaStatus;
 /// `urma_get_async_event`.
 pub type UrmaGetAsyncEvent =
     unsafe extern "C" fn(ctx: *mut UrmaContext, event: *mut UrmaAsyncEvent) -> UrmaStatus;
@@ -190,6 +195,7 @@ pub const SYMBOLS: &[&str] = &[
     "urma_put_seg_ctx",
     "urma_post_jetty_send_wr",
     "urma_post_jetty_recv_wr",
+    "urma_post_jfr_wr",
     "urma_get_async_event",
     "urma_ack_async_event",
     "urma_register_log_func",

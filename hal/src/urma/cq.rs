@@ -3,8 +3,9 @@
 
 use super::device::Context;
 use super::queue::{self, QueueShared};
+use super::srq::SRQ_TAG;
 use super::tables::{self, errno, status_error};
-use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result};
+use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result, Status};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
@@ -255,15 +256,42 @@ impl UrmaCq {
         Some(i)
     }
 
+    /// The queue on a shared receive queue bound to peer jetty `remote`.
+    fn queue_of_peer(&mut self, remote: &abi::UrmaJettyId) -> Option<usize> {
+        let hit = |q: &Arc<QueueShared>| q.srq.is_some() && q.is_alive() && q.is_peer(remote);
+        if self.queues.get(self.last).is_some_and(hit) {
+            return Some(self.last);
+        }
+        let i = match self.queues.iter().position(hit) {
+            Some(i) => i,
+            None => {
+                self.refresh();
+                self.queues.iter().position(hit)?
+            }
+        };
+        self.last = i;
+        Some(i)
+    }
+
     /// The hal completion for record `k`, or `None` for one of a queue's earlier incarnation or
     /// of a queue that is gone.
     fn translate(&mut self, k: usize) -> Option<Completion> {
         let cr = self.cr[k];
         let status = tables::cr_status(cr.status);
         let (tag, ..) = queue::decode_user_ctx(cr.user_ctx);
-        let i = self.queue_index(tag)?;
-        let q = &self.queues[i];
-        let done = q.complete(cr.user_ctx, status.is_ok())?;
+        let done;
+        let q = if tag == SRQ_TAG {
+            // A shared receive names no queue: the queue is the one bound to the sender.
+            let i = self.queue_of_peer(&cr.remote_id)?;
+            let q = &self.queues[i];
+            done = q.complete_shared(cr.user_ctx, status.is_ok(), status == Status::Flushed)?;
+            q
+        } else {
+            let i = self.queue_index(tag)?;
+            let q = &self.queues[i];
+            done = q.complete(cr.user_ctx, status.is_ok())?;
+            q
+        };
         let ok = status.is_ok();
         let recv = done.op == queue::Op::Recv;
         let opcode = match done.op {

@@ -72,7 +72,7 @@ pub(crate) struct Context {
     /// Live registrations by lkey. A post holds the read lock while the library may read the
     /// target-segment pointers it looked up; a region leaves the map (write lock) before it is
     /// unregistered.
-    pub(crate) regions: RwLock<HashMap<u32, LocalSeg>>,
+    pub(crate) regions: RwLock<RegionMap>,
     /// A one-page segment registered LOCAL_ONLY for the context's life: the SGE of an lkey that
     /// names no live region points at it, so the device reports a local access error when it
     /// checks the range (the hal's "a stale lkey fails as a completion") instead of the library
@@ -99,6 +99,28 @@ impl std::fmt::Debug for Context {
             .field("eid_index", &self.eid_index)
             .field("uasid", &self.uasid)
             .finish_non_exhaustive()
+    }
+}
+
+/// Live registrations by lkey, hashed by [`LkeyHasher`].
+pub(crate) type RegionMap = HashMap<u32, LocalSeg, std::hash::BuildHasherDefault<LkeyHasher>>;
+
+/// lkeys are this backend's own sequence numbers (no peer chooses them), so one multiplication
+/// spreads them; SipHash cost a measurable share of every post.
+#[derive(Default)]
+pub(crate) struct LkeyHasher(u64);
+
+impl std::hash::Hasher for LkeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8 | u64::from(*b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 
@@ -264,7 +286,7 @@ impl UrmaDevice {
         // SAFETY: the context was just created; eid and uasid are public fields at stable offsets.
         let (eid, uasid) = unsafe { ((*ctx).eid, (*ctx).uasid) };
         let max_depth = cap.max_jfs_depth.min(cap.max_jfr_depth);
-        let caps = DeviceCaps::new(
+        let mut caps = DeviceCaps::new(
             max_depth,
             cap.max_jfc_depth,
             cap.max_jfs_sge,
@@ -274,6 +296,9 @@ impl UrmaDevice {
             // URMA reports no segment-size limit; registration itself refuses what it cannot pin.
             isize::MAX as u64,
         );
+        // A shared receive queue is a JFR (every queue has one of its own as well).
+        caps.max_shared_recv = cap.max_jfr;
+        caps.max_shared_recv_depth = cap.max_jfr_depth;
         let mut poison_mem = vec![0u8; 4096].into_boxed_slice();
         let poison = match register_raw(
             lib,
@@ -299,7 +324,7 @@ impl UrmaDevice {
             uasid,
             caps,
             jetty_token: random_u32(),
-            regions: RwLock::new(HashMap::new()),
+            regions: RwLock::new(RegionMap::default()),
             poison,
             _poison_mem: poison_mem,
             next_lkey: AtomicU32::new(1),
@@ -409,18 +434,21 @@ impl Device for UrmaDevice {
         UrmaQueue::new(&self.ctx, config, send_cq, recv_cq)
     }
 
-    fn create_shared_recv(&self, _depth: u32, _max_sge: u32) -> Result<UrmaSharedRecv> {
-        Err(UrmaSharedRecv::unsupported(&self.ctx.name))
+    fn create_shared_recv(&self, depth: u32, max_sge: u32) -> Result<UrmaSharedRecv> {
+        UrmaSharedRecv::new(&self.ctx, depth, max_sge)
     }
 
     fn create_queue_on_shared(
         &self,
-        _: &QueueConfig,
-        _: &UrmaCq,
-        _: &UrmaCq,
+        config: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
         shared: &UrmaSharedRecv,
     ) -> Result<UrmaQueue> {
-        match shared.never {}
+        if !Arc::ptr_eq(shared.obj.ctx(), &self.ctx) {
+            return Err(invalid("the shared receive queue belongs to another device (context)"));
+        }
+        UrmaQueue::new_on_shared(&self.ctx, config, send_cq, recv_cq, shared)
     }
 
     fn async_event_fd(&self) -> Option<BorrowedFd<'_>> {

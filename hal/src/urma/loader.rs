@@ -88,6 +88,7 @@ lib_table! {
     unimport_seg: UrmaUnimportSeg = "urma_unimport_seg",
     post_jetty_send_wr: UrmaPostJettySendWr = "urma_post_jetty_send_wr",
     post_jetty_recv_wr: UrmaPostJettyRecvWr = "urma_post_jetty_recv_wr",
+    post_jfr_wr: UrmaPostJfrWr = "urma_post_jfr_wr",
     get_async_event: UrmaGetAsyncEvent = "urma_get_async_event",
     ack_async_event: UrmaAckAsyncEvent = "urma_ack_async_event",
 }

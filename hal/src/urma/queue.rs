@@ -1,5 +1,5 @@
 //! Queues: an RC jetty on a JFR of its own (passed as the jetty's shared JFR: UB devices reject a
-//! jetty without one), connected with `urma_import_jetty` + `urma_bind_jetty`, plus the backend's
+//! jetty without one) or on the JFR of a shared receive queue (`srq.rs`), connected with `urma_import_jetty` + `urma_bind_jetty`, plus the backend's
 //! bookkeeping — side rings from slot to user `wr_id`, the free-slot accounting that makes batches
 //! all-or-nothing, the tracked state, the epoch that hides completions of a queue's earlier life,
 //! and the cache of imported remote segments.
@@ -17,6 +17,7 @@
 use super::cq::{CqShared, UrmaCq};
 use super::device::Context;
 use super::mr::{KeyFields, LocalSeg};
+use super::srq::{SrqObj, SrqSlots, UrmaSharedRecv, SRQ_TAG};
 use super::tables::{errno, status_error};
 use crate::{
     Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
@@ -25,7 +26,7 @@ use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::{URMA_EEXIST, URMA_SUCCESS};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::side_ring::{pack, pack_state, state_of, SideRing};
@@ -49,6 +50,16 @@ pub(crate) fn decode_user_ctx(v: u64) -> (u16, u16, bool, u32) {
 static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
 static NEXT_TAG: AtomicU16 = AtomicU16::new(1);
 
+/// A queue tag other than [`SRQ_TAG`] (which marks shared receives).
+fn next_tag() -> u16 {
+    loop {
+        let t = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        if t != SRQ_TAG {
+            return t;
+        }
+    }
+}
+
 fn next_epoch() -> u16 {
     NEXT_EPOCH.fetch_add(1, Ordering::Relaxed) & EPOCH_MASK
 }
@@ -63,6 +74,68 @@ pub(crate) struct QueueShared {
     /// `epoch << 8 | state`.
     state: AtomicU32,
     alive: AtomicBool,
+    /// The slot table of the shared receive queue the queue takes its receives from.
+    pub(crate) srq: Option<Arc<SrqSlots>>,
+    /// The peer jettys bound last and before (see [`Peers`]).
+    peers: Peers,
+}
+
+/// The peer jettys a queue was bound to last and the time before: the `remote_id` a record of a
+/// shared receive names its queue by. The one before still counts, so that a receive the queue
+/// took before a reset (reconnected to a new peer jetty id) still retires its shared slot.
+/// Written under a sequence count (connect is rare; a poller retries a read that overlapped).
+#[derive(Debug)]
+struct Peers {
+    seq: AtomicU32,
+    /// `[last, before]`: jetty id (`u32::MAX`: none) and the EID in two halves.
+    ids: [AtomicU32; 2],
+    eids: [[AtomicU64; 2]; 2],
+}
+
+impl Peers {
+    fn new() -> Self {
+        Peers {
+            seq: AtomicU32::new(0),
+            ids: [AtomicU32::new(u32::MAX), AtomicU32::new(u32::MAX)],
+            eids: [[AtomicU64::new(0), AtomicU64::new(0)], [AtomicU64::new(0), AtomicU64::new(0)]],
+        }
+    }
+
+    /// Only the queue's owner writes (`&mut UrmaQueue` in connect).
+    fn set(&self, eid: &abi::UrmaEid, id: u32) {
+        let (lo, hi) = eid_halves(eid);
+        self.seq.fetch_add(1, Ordering::AcqRel);
+        std::sync::atomic::fence(Ordering::Release);
+        let last =
+            (self.ids[0].load(Ordering::Relaxed), [0, 1].map(|h| self.eids[0][h].load(Ordering::Relaxed)));
+        self.ids[1].store(last.0, Ordering::Relaxed);
+        for h in 0..2 {
+            self.eids[1][h].store(last.1[h], Ordering::Relaxed);
+        }
+        self.ids[0].store(id, Ordering::Relaxed);
+        self.eids[0][0].store(lo, Ordering::Relaxed);
+        self.eids[0][1].store(hi, Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::Release);
+    }
+
+    fn contains(&self, remote: &abi::UrmaJettyId) -> bool {
+        let (lo, hi) = eid_halves(&remote.eid);
+        loop {
+            let s1 = self.seq.load(Ordering::Acquire);
+            if s1 & 1 == 0 {
+                let hit = (0..2).any(|k| {
+                    self.ids[k].load(Ordering::Relaxed) == remote.id
+                        && self.eids[k][0].load(Ordering::Relaxed) == lo
+                        && self.eids[k][1].load(Ordering::Relaxed) == hi
+                });
+                std::sync::atomic::fence(Ordering::Acquire);
+                if self.seq.load(Ordering::Relaxed) == s1 {
+                    return hit;
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
 }
 
 impl std::fmt::Debug for QueueShared {
@@ -92,10 +165,34 @@ impl QueueShared {
         crate::side_ring::retire(ring, &self.state, epoch, index, success)
     }
 
+    /// Whether `remote` is a peer jetty this queue was bound to last or the time before.
+    pub(crate) fn is_peer(&self, remote: &abi::UrmaJettyId) -> bool {
+        self.peers.contains(remote)
+    }
+
+    fn set_peer(&self, eid: &abi::UrmaEid, id: u32) {
+        self.peers.set(eid, id);
+    }
+
+    /// Poller side: a shared receive's record taken by this queue. An error other than a flush
+    /// moves the tracked state to ERROR, as an error on its own receive ring would.
+    pub(crate) fn complete_shared(&self, user_ctx: u64, success: bool, flushed: bool) -> Option<Done> {
+        let done = self.srq.as_ref()?.retire(user_ctx)?;
+        if !success && !flushed {
+            self.device_error();
+        }
+        Some(done)
+    }
+
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
         crate::side_ring::device_error(&self.state);
     }
+}
+
+fn eid_halves(eid: &abi::UrmaEid) -> (u64, u64) {
+    let (lo, hi) = eid.raw.split_at(8);
+    (u64::from_le_bytes(lo.try_into().expect("8 bytes")), u64::from_le_bytes(hi.try_into().expect("8 bytes")))
 }
 
 /// The order type a jetty or import flag carries (after the library's rewrite of 0).
@@ -122,6 +219,8 @@ pub struct UrmaQueue {
     config: QueueConfig,
     epoch: u16,
     jfr: *mut abi::UrmaJfr,
+    /// The shared receive queue whose JFR `jfr` is (not this queue's to delete), if any.
+    srq: Option<Arc<SrqObj>>,
     jetty: *mut abi::UrmaJetty,
     peer: Option<Peer>,
     /// Remote segments imported through this queue's peer, by remote key (null: the library
@@ -202,7 +301,7 @@ fn wr_flags(f: WrFlags) -> u32 {
 /// The library's target segment for a local SGE: the region's when the lkey names a live one, the
 /// context's poison segment otherwise (the device then fails the request with a local access
 /// error, as the hal wants for a stale lkey).
-fn local_seg(regions: &HashMap<u32, LocalSeg>, poison: &LocalSeg, s: &Sge) -> (LocalSeg, bool) {
+fn local_seg(regions: &super::device::RegionMap, poison: &LocalSeg, s: &Sge) -> (LocalSeg, bool) {
     match regions.get(&s.lkey) {
         Some(seg) => (*seg, true),
         None => (*poison, false),
@@ -219,6 +318,28 @@ impl UrmaQueue {
         c: &QueueConfig,
         send_cq: &UrmaCq,
         recv_cq: &UrmaCq,
+    ) -> Result<Self> {
+        Self::build(ctx, c, send_cq, recv_cq, None)
+    }
+
+    /// A queue whose jetty shares `srq`'s JFR (its receives come from there), with `recv_cq`
+    /// as its own receive JFC (`shared.jfc`).
+    pub(crate) fn new_on_shared(
+        ctx: &Arc<Context>,
+        c: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
+        srq: &UrmaSharedRecv,
+    ) -> Result<Self> {
+        Self::build(ctx, c, send_cq, recv_cq, Some(srq))
+    }
+
+    fn build(
+        ctx: &Arc<Context>,
+        c: &QueueConfig,
+        send_cq: &UrmaCq,
+        recv_cq: &UrmaCq,
+        srq: Option<&UrmaSharedRecv>,
     ) -> Result<Self> {
         let caps = &ctx.caps;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
@@ -256,14 +377,18 @@ impl UrmaQueue {
         }
         let epoch = next_epoch();
         let shared = Arc::new(QueueShared {
-            tag: NEXT_TAG.fetch_add(1, Ordering::Relaxed),
+            tag: next_tag(),
             qpn: AtomicU32::new(0),
             send: SideRing::new(c.send_depth, epoch),
             recv: SideRing::new(c.recv_depth, epoch),
             state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
             alive: AtomicBool::new(true),
+            srq: srq.map(|s| s.slots.clone()),
+            peers: Peers::new(),
         });
-        let (jfr, jetty) = create_objects(ctx, c, &send_cq.shared, &recv_cq.shared, &shared)?;
+        let srq = srq.map(|s| s.obj.clone());
+        let shared_jfr = srq.as_ref().map(|s| s.jfr);
+        let (jfr, jetty) = create_objects(ctx, c, &send_cq.shared, &recv_cq.shared, &shared, shared_jfr)?;
         for cq in [&send_cq.shared, &recv_cq.shared] {
             cq.attach(&shared);
         }
@@ -277,6 +402,7 @@ impl UrmaQueue {
             config: *c,
             epoch,
             jfr,
+            srq,
             jetty,
             peer: None,
             imports: HashMap::new(),
@@ -438,8 +564,10 @@ fn create_objects(
     send_cq: &CqShared,
     recv_cq: &CqShared,
     shared: &Arc<QueueShared>,
+    shared_jfr: Option<*mut abi::UrmaJfr>,
 ) -> Result<(*mut abi::UrmaJfr, *mut abi::UrmaJetty)> {
     let lib = ctx.lib;
+    let own_jfr = shared_jfr.is_none();
     let mut jfr_cfg = abi::UrmaJfrCfg {
         id: 0,
         depth: c.recv_depth,
@@ -451,8 +579,11 @@ fn create_objects(
         token_value: abi::UrmaToken { token: ctx.jetty_token },
         user_ctx: 0,
     };
-    // SAFETY: the context and the receive JFC are live; the configuration is valid.
-    let jfr = unsafe { (lib.create_jfr)(ctx.ctx, &mut jfr_cfg) };
+    let jfr = match shared_jfr {
+        Some(j) => j,
+        // SAFETY: the context and the receive JFC are live; the configuration is valid.
+        None => unsafe { (lib.create_jfr)(ctx.ctx, &mut jfr_cfg) },
+    };
     if jfr.is_null() {
         return Err(status_error(
             "urma_create_jfr",
@@ -485,8 +616,10 @@ fn create_objects(
     let jetty = unsafe { (lib.create_jetty)(ctx.ctx, &mut cfg) };
     if jetty.is_null() {
         let e = errno();
-        // SAFETY: created above, used by nothing.
-        unsafe { (lib.delete_jfr)(jfr) };
+        if own_jfr {
+            // SAFETY: created above, used by nothing.
+            unsafe { (lib.delete_jfr)(jfr) };
+        }
         return Err(status_error(
             "urma_create_jetty",
             e,
@@ -539,6 +672,7 @@ impl Queue for UrmaQueue {
             state => return Err(Error::BadState { state, op: "connect", needs: "RESET" }),
         }
         let p = self.connect_steps(peer)?;
+        self.shared.set_peer(&abi::UrmaEid { raw: peer.gid }, peer.qpn);
         self.peer = Some(p);
         self.set_tracked(QueueState::Ready);
         Ok(())
@@ -570,10 +704,13 @@ impl Queue for UrmaQueue {
         // that still arrive carry the old epoch and are dropped.
         self.disconnect();
         let lib = self.ctx.lib;
-        // SAFETY: unbound above; deleted once, the jetty before the JFR it uses.
+        // SAFETY: unbound above; deleted once, the jetty before the JFR it uses (a shared JFR is
+        // its shared queue's, which outlives this queue).
         unsafe {
             (lib.delete_jetty)(self.jetty);
-            (lib.delete_jfr)(self.jfr);
+            if self.srq.is_none() {
+                (lib.delete_jfr)(self.jfr);
+            }
         }
         self.epoch = next_epoch();
         self.send_head = 0;
@@ -581,7 +718,9 @@ impl Queue for UrmaQueue {
         self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);
         self.shared.recv.retired.store(pack(self.epoch, 0), Ordering::Release);
         self.set_tracked(QueueState::Reset);
-        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, &self.shared) {
+        let shared_jfr = self.srq.as_ref().map(|s| s.jfr);
+        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, &self.shared, shared_jfr)
+        {
             Ok((jfr, jetty)) => {
                 self.jfr = jfr;
                 self.jetty = jetty;
@@ -630,7 +769,11 @@ impl Queue for UrmaQueue {
                 }
             }
         }
-        let ctx = self.ctx.clone();
+        // A borrow that does not hold `self` (the loop below writes the queue's buffers) and costs
+        // no reference count: `self.ctx` is set once at creation and outlives this call.
+        let ctx_ptr = Arc::as_ptr(&self.ctx);
+        // SAFETY: `self.ctx` keeps the context alive for the whole call and is never replaced.
+        let ctx: &Context = unsafe { &*ctx_ptr };
         // Held across the post: a region cannot be unregistered while the library may use its
         // target segment (the write lock of its Drop waits).
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
@@ -755,6 +898,12 @@ impl Queue for UrmaQueue {
     }
 
     fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(invalid(format!(
+                "jetty {} takes its receives from a shared receive queue (a shared JFR): post them there",
+                self.shared.qpn()
+            )));
+        }
         self.need_posting_state("post_recv")?;
         if self.jetty.is_null() {
             return Err(Error::Device("the queue lost its jetty in a failed reset; drop it".into()));
@@ -770,7 +919,11 @@ impl Queue for UrmaQueue {
         if wrs.len() > free as usize {
             return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
         }
-        let ctx = self.ctx.clone();
+        // A borrow that does not hold `self` (the loop below writes the queue's buffers) and costs
+        // no reference count: `self.ctx` is set once at creation and outlives this call.
+        let ctx_ptr = Arc::as_ptr(&self.ctx);
+        // SAFETY: `self.ctx` keeps the context alive for the whole call and is never replaced.
+        let ctx: &Context = unsafe { &*ctx_ptr };
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
         let n = wrs.len();
         for (i, wr) in wrs.iter().enumerate() {
@@ -825,10 +978,13 @@ impl Drop for UrmaQueue {
         self.shared.alive.store(false, Ordering::Release);
         if !self.jetty.is_null() {
             self.disconnect();
-            // SAFETY: live, deleted once, the jetty before its JFR.
+            // SAFETY: live, deleted once, the jetty before its JFR (a shared JFR is deleted by its
+            // shared queue's last holder: `self.srq` is dropped after this).
             unsafe {
                 (self.ctx.lib.delete_jetty)(self.jetty);
-                (self.ctx.lib.delete_jfr)(self.jfr);
+                if self.srq.is_none() {
+                    (self.ctx.lib.delete_jfr)(self.jfr);
+                }
             }
         }
         self.send_cq.detach_later();
@@ -860,6 +1016,8 @@ mod tests {
             recv: SideRing::new(4, 5),
             state: AtomicU32::new(pack_state(5, QueueState::Ready)),
             alive: AtomicBool::new(true),
+            srq: None,
+            peers: Peers::new(),
         };
         for i in 0..3 {
             q.send.set(i, 100 + u64::from(i), Op::Write);
@@ -873,6 +1031,22 @@ mod tests {
         q.recv.set(0, 7, Op::Recv);
         assert_eq!(q.complete(encode_user_ctx(3, 5, true, 0), false).unwrap().user_wr_id, 7);
         assert_eq!(q.state(), QueueState::Error);
+    }
+
+    #[test]
+    fn peers_remember_the_last_two_bindings() {
+        let p = Peers::new();
+        let eid = |b: u8| abi::UrmaEid { raw: [b; 16] };
+        let id = |b: u8, id: u32| abi::UrmaJettyId { eid: eid(b), uasid: 0, id };
+        assert!(!p.contains(&id(0, u32::MAX - 1)));
+        p.set(&eid(1), 10);
+        assert!(p.contains(&id(1, 10)));
+        assert!(!p.contains(&id(2, 10)), "the EID counts, not only the jetty id");
+        p.set(&eid(1), 11);
+        assert!(p.contains(&id(1, 10)) && p.contains(&id(1, 11)));
+        p.set(&eid(2), 12);
+        assert!(!p.contains(&id(1, 10)), "two bindings back is forgotten");
+        assert!(p.contains(&id(1, 11)) && p.contains(&id(2, 12)));
     }
 
     #[test]

@@ -1,40 +1,306 @@
-//! Shared receive queues on URMA: not implemented yet.
+//! Shared receive queues on URMA: a JFR of its own that several jettys share (`share_jfr = 1`,
+//! `shared.jfr`), posted with `urma_post_jfr_wr`, and the slot table that maps the `user_ctx`s
+//! liburma sees back to the user's `wr_id`s.
 //!
-//! The design (a JFR shared by several jettys) is in `docs/urma.md`; until it lands, the device
-//! reports `DeviceCaps::max_shared_recv` 0 and `create_shared_recv` is `Error::Unsupported`, so no
-//! value of [`UrmaSharedRecv`] ever exists.
+//! URMA names a receive JFC at the JFR, but a jetty on a shared JFR may name its own
+//! (`shared.jfc`), which is how each queue keeps the receive CQ the hal gives it. The JFR's own
+//! JFC (one entry, no event channel) therefore never sees a record.
+//!
+//! The receives complete on the CQs of whichever queues took them, in any order, polled from any
+//! thread, so the slots are freed one by one as in the verbs backend (`verbs/srq.rs`): each has a
+//! busy flag the poster sets and the poller clears, and the poster counts free slots as posted
+//! minus completed. The `user_ctx` of a shared receive carries the reserved queue tag
+//! [`SRQ_TAG`] and the slot; it names no queue (the poster cannot know which will take it), so
+//! the CQ finds the queue by the record's `remote_id`, the peer jetty its queue is bound to.
 
+use super::device::Context;
+use super::queue::encode_user_ctx;
+use super::tables::{errno, status_error};
+use crate::side_ring::{Done, Op};
 use crate::{Error, RecvWr, Result, SharedRecv};
+use bypass_urma_abi as abi;
+use bypass_urma_abi::consts::*;
+use bypass_urma_abi::status::URMA_SUCCESS;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// A shared receive queue on a URMA device: never created (see the module docs).
+/// The queue tag of a shared receive's `user_ctx` (no queue is given it).
+pub(crate) const SRQ_TAG: u16 = 0;
+
+/// The JFR and its placeholder JFC; deleted when the handle and every queue on it are gone.
+pub(crate) struct SrqObj {
+    pub(crate) jfr: *mut abi::UrmaJfr,
+    jfc: *mut abi::UrmaJfc,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: a JFR may be posted to from any thread (the library locks unless asked not to, which
+// this backend never does); the handle that posts takes `&mut self`.
+unsafe impl Send for SrqObj {}
+// SAFETY: as above; shared references only read the pointers.
+unsafe impl Sync for SrqObj {}
+
+impl SrqObj {
+    pub(crate) fn ctx(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+}
+
+impl Drop for SrqObj {
+    fn drop(&mut self) {
+        // SAFETY: live and deleted once, the JFR before its JFC; no jetty uses the JFR any more
+        // (each queue on it holds this object).
+        unsafe {
+            (self.ctx.lib.delete_jfr)(self.jfr);
+            (self.ctx.lib.delete_jfc)(self.jfc);
+        }
+    }
+}
+
+/// The slot table the pollers of the queues on a shared queue resolve records with.
 #[derive(Debug)]
+pub(crate) struct SrqSlots {
+    wr_ids: Box<[AtomicU64]>,
+    busy: Box<[AtomicBool]>,
+    /// Receives completed (on any queue), advanced by the pollers.
+    completed: AtomicU32,
+}
+
+impl SrqSlots {
+    /// Poller side: the completion of a record whose `user_ctx` has [`SRQ_TAG`]; `None` for a
+    /// slot that is not outstanding.
+    pub(crate) fn retire(&self, user_ctx: u64) -> Option<Done> {
+        let i = user_ctx as u32 as usize;
+        let busy = self.busy.get(i)?;
+        let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
+        if !busy.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        self.completed.fetch_add(1, Ordering::Release);
+        Some(Done { user_wr_id, op: Op::Recv })
+    }
+}
+
+/// A shared receive queue on a URMA device (see [`crate::SharedRecv`]).
 pub struct UrmaSharedRecv {
-    pub(crate) never: std::convert::Infallible,
+    pub(crate) obj: Arc<SrqObj>,
+    pub(crate) slots: Arc<SrqSlots>,
+    depth: u32,
+    max_sge: u32,
+    /// Receives posted (the poster's count; free = depth − (posted − completed)).
+    posted: u32,
+    cursor: u32,
+    wrs: Box<[abi::UrmaJfrWr]>,
+    sges: Box<[abi::UrmaSge]>,
+    taken: Box<[u32]>,
+}
+
+// SAFETY: the buffers are plain data owned by this handle, which posts through `&mut self`.
+unsafe impl Send for UrmaSharedRecv {}
+
+impl std::fmt::Debug for UrmaSharedRecv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UrmaSharedRecv")
+            .field("depth", &self.depth)
+            .field("max_sge", &self.max_sge)
+            .field("posted", &self.posted)
+            .finish_non_exhaustive()
+    }
 }
 
 impl UrmaSharedRecv {
-    pub(crate) fn unsupported(name: &str) -> Error {
-        Error::Unsupported(format!(
-            "shared receive queues (a JFR shared by several jettys) are not implemented by the urma backend \
-             yet ({name}): create queues with create_queue, each on a JFR of its own"
-        ))
+    pub(crate) fn new(ctx: &Arc<Context>, depth: u32, max_sge: u32) -> Result<Self> {
+        let caps = &ctx.caps;
+        if caps.max_shared_recv == 0 {
+            return Err(Error::Unsupported(format!("{} has no shared JFRs (max_jfr 0)", ctx.name)));
+        }
+        if depth == 0 || depth > caps.max_shared_recv_depth {
+            return Err(Error::InvalidArgument(format!(
+                "shared receive queue depth {depth} is outside 1..={} on {}",
+                caps.max_shared_recv_depth, ctx.name
+            )));
+        }
+        if max_sge == 0 || max_sge > caps.max_recv_sge.min(255) {
+            return Err(Error::InvalidArgument(format!(
+                "shared receive queue max_sge {max_sge} is outside 1..={} on {}",
+                caps.max_recv_sge.min(255),
+                ctx.name
+            )));
+        }
+        let lib = ctx.lib;
+        let mut jfc_cfg =
+            abi::UrmaJfcCfg { depth: 1, flag: 0, ceqn: 0, jfce: std::ptr::null_mut(), user_ctx: u64::MAX };
+        // SAFETY: the context is live; the configuration is valid (no event channel).
+        let jfc = unsafe { (lib.create_jfc)(ctx.ctx, &mut jfc_cfg) };
+        if jfc.is_null() {
+            return Err(status_error(
+                "urma_create_jfc",
+                errno(),
+                &format!("the JFC of a shared JFR on {}", ctx.name),
+            ));
+        }
+        let mut jfr_cfg = abi::UrmaJfrCfg {
+            id: 0,
+            depth,
+            flag: URMA_TOKEN_PLAIN_TEXT & JFR_FLAG_TOKEN_POLICY_MASK,
+            trans_mode: URMA_TM_RC,
+            max_sge: max_sge as u8,
+            // The default queue configuration's: URMA sets the RNR timer at the JFR, so the
+            // queues on it cannot have their own.
+            min_rnr_timer: crate::QueueConfig::default().min_rnr_timer.code(),
+            jfc,
+            token_value: abi::UrmaToken { token: ctx.jetty_token },
+            user_ctx: 0,
+        };
+        // SAFETY: the context and the JFC are live; the configuration is valid.
+        let jfr = unsafe { (lib.create_jfr)(ctx.ctx, &mut jfr_cfg) };
+        if jfr.is_null() {
+            let e = errno();
+            // SAFETY: created above, used by nothing.
+            unsafe { (lib.delete_jfc)(jfc) };
+            return Err(status_error(
+                "urma_create_jfr",
+                e,
+                &format!("a shared JFR of {depth} receives of {max_sge} SGEs on {}", ctx.name),
+            ));
+        }
+        let slots = Arc::new(SrqSlots {
+            wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
+            busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
+            completed: AtomicU32::new(0),
+        });
+        let zero_sge =
+            abi::UrmaSge { addr: 0, len: 0, tseg: std::ptr::null_mut(), user_tseg: std::ptr::null_mut() };
+        let zero_wr = abi::UrmaJfrWr {
+            src: abi::UrmaSg { sge: std::ptr::null_mut(), num_sge: 0 },
+            user_ctx: 0,
+            next: std::ptr::null_mut(),
+        };
+        Ok(UrmaSharedRecv {
+            obj: Arc::new(SrqObj { jfr, jfc, ctx: ctx.clone() }),
+            slots,
+            depth,
+            max_sge,
+            posted: 0,
+            cursor: 0,
+            wrs: (0..depth).map(|_| zero_wr).collect(),
+            sges: (0..depth as usize * max_sge as usize).map(|_| zero_sge).collect(),
+            taken: vec![0; depth as usize].into(),
+        })
+    }
+
+    /// Takes the next free slot from the cursor on (the caller checked that enough are free).
+    fn take_slot(&mut self) -> u32 {
+        loop {
+            let i = self.cursor;
+            self.cursor = if i + 1 == self.depth { 0 } else { i + 1 };
+            if !self.slots.busy[i as usize].load(Ordering::Acquire) {
+                return i;
+            }
+        }
     }
 }
 
 impl SharedRecv for UrmaSharedRecv {
     fn depth(&self) -> u32 {
-        match self.never {}
+        self.depth
     }
 
     fn max_sge(&self) -> u32 {
-        match self.never {}
+        self.max_sge
     }
 
-    fn post_recv(&mut self, _: &[RecvWr<'_>]) -> Result<()> {
-        match self.never {}
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if wrs.is_empty() {
+            return Ok(());
+        }
+        let max_sge = self.max_sge as usize;
+        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed the shared receive queue's max_sge {max_sge}",
+                wr.sges.len()
+            )));
+        }
+        let outstanding = self.posted.wrapping_sub(self.slots.completed.load(Ordering::Acquire));
+        let free = self.depth.saturating_sub(outstanding);
+        if wrs.len() > free as usize {
+            return Err(Error::WouldBlock { side: "shared receive", free, wanted: wrs.len() });
+        }
+        let obj = self.obj.clone();
+        let ctx = obj.ctx();
+        // Held across the post, as a queue's post holds it: a region cannot be unregistered
+        // while the library may read its target segment.
+        let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
+        let n = wrs.len();
+        for (i, wr) in wrs.iter().enumerate() {
+            let slot = self.take_slot();
+            self.taken[i] = slot;
+            self.slots.wr_ids[slot as usize].store(wr.wr_id, Ordering::Relaxed);
+            self.slots.busy[slot as usize].store(true, Ordering::Release);
+            let base = i * max_sge;
+            for (k, s) in wr.sges.iter().enumerate() {
+                let seg = regions.get(&s.lkey).copied().unwrap_or(ctx.poison);
+                self.sges[base + k] = abi::UrmaSge {
+                    addr: s.addr,
+                    len: s.len,
+                    tseg: seg.tseg,
+                    user_tseg: std::ptr::null_mut(),
+                };
+            }
+            let next = if i + 1 < n {
+                // SAFETY: `i + 1 < n <= depth`, in bounds of the buffer.
+                unsafe { self.wrs.as_mut_ptr().add(i + 1) }
+            } else {
+                std::ptr::null_mut()
+            };
+            self.wrs[i] = abi::UrmaJfrWr {
+                src: abi::UrmaSg {
+                    // SAFETY: `base <= (depth - 1) * max_sge`, in bounds of the buffer.
+                    sge: unsafe { self.sges.as_mut_ptr().add(base) },
+                    num_sge: wr.sges.len() as u32,
+                },
+                user_ctx: encode_user_ctx(SRQ_TAG, 0, true, slot),
+                next,
+            };
+        }
+        let mut bad: *mut abi::UrmaJfrWr = std::ptr::null_mut();
+        // SAFETY: the chain and its SGE lists live in this handle's buffers for the call, the
+        // segments they name are held by `regions`; the JFR is live; `bad` is a valid out-pointer.
+        let rc = unsafe { (ctx.lib.post_jfr_wr)(obj.jfr, self.wrs.as_mut_ptr(), &mut bad) };
+        drop(regions);
+        if rc != URMA_SUCCESS {
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: a bad_wr the library reports points into the chain, which is `wrs`.
+                unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
+            };
+            for &slot in &self.taken[posted..n] {
+                self.slots.busy[slot as usize].store(false, Ordering::Release);
+            }
+            self.posted = self.posted.wrapping_add(posted as u32);
+            return Err(status_error(
+                "urma_post_jfr_wr",
+                rc,
+                &format!(
+                    "receive {posted} of a batch of {n} on a shared JFR of {} refused, the {posted} before it \
+                     were posted",
+                    ctx.name
+                ),
+            ));
+        }
+        self.posted = self.posted.wrapping_add(n as u32);
+        Ok(())
     }
 
     fn destroy(self) -> Result<(), (Self, Error)> {
-        match self.never {}
+        let users = Arc::strong_count(&self.obj) - 1;
+        if users > 0 {
+            let e = Error::Busy(format!(
+                "the shared JFR is used by {users} queue(s): drop them before destroying it"
+            ));
+            return Err((self, e));
+        }
+        Ok(())
     }
 }
