@@ -30,6 +30,12 @@ use crate::{Error, RecvWr, Result};
 ///   dropped (what a device creates keeps what it needs alive).
 /// - Dropping or destroying a shared queue discards its posted receives without completions
 ///   (as `ibv_destroy_srq` does).
+/// - A receive a queue took whose completion was not polled before that queue was destroyed is
+///   never delivered, and its place in the shared queue comes back (conformance scenario
+///   `shared_recv_slots_come_back_from_a_destroyed_queue`: the sim, verbs on rxe). Where the
+///   device purges a destroyed queue's completions (mlx5; the simulated NIC under sim-urma) the
+///   verbs and urma backends cannot see such a receive, and its place is lost for the shared
+///   queue's life: poll a queue's receive CQ before destroying it.
 /// - The limit event (verbs `IBV_EVENT_SRQ_LIMIT_REACHED`, a low-watermark warning) is not part
 ///   of the contract: poster code counts its own posted receives against their completions.
 ///

@@ -3,14 +3,14 @@
 
 use super::device::Context;
 use super::queue::{self, QueueShared};
-use super::srq::SRQ_TAG;
+use super::srq::{SrqSlots, SRQ_TAG};
 use super::tables::{self, errno, status_error};
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result, Status};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Completion records one `urma_poll_jfc` call fetches at most (the buffer lives in the CQ).
 const CR_BATCH: usize = 32;
@@ -118,6 +118,9 @@ pub(crate) struct CqShared {
     /// Queues created on this CQ (or dropped) since the poller last looked.
     attach: Mutex<Vec<Arc<QueueShared>>>,
     attach_pending: AtomicBool,
+    /// The slot tables of the shared receive queues its queues took receives from, kept after
+    /// those queues die: a receive record of a destroyed queue still frees its slot.
+    srqs: Mutex<Vec<Weak<SrqSlots>>>,
 }
 
 // SAFETY: a JFC may be polled, rearmed and deleted from any thread (the library locks unless
@@ -133,7 +136,24 @@ impl CqShared {
         if !list.iter().any(|x| Arc::ptr_eq(x, q)) {
             list.push(q.clone());
         }
+        if let Some(s) = &q.srq {
+            let mut srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
+            srqs.retain(|w| w.strong_count() > 0);
+            if !srqs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
+                srqs.push(Arc::downgrade(s));
+            }
+        }
         self.attach_pending.store(true, Ordering::Release);
+    }
+
+    /// Frees the shared-queue slot of a receive record whose queue is gone (cold).
+    #[cold]
+    fn retire_orphan(&self, user_ctx: u64) {
+        let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
+        let id = super::srq::id_of(user_ctx);
+        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == id) {
+            let _ = s.retire(user_ctx);
+        }
     }
 
     pub(crate) fn detach_later(&self) {
@@ -226,6 +246,7 @@ impl UrmaCq {
             channel,
             attach: Mutex::new(Vec::new()),
             attach_pending: AtomicBool::new(false),
+            srqs: Mutex::new(Vec::new()),
         });
         let cr = (0..CR_BATCH).map(|_| abi::UrmaCr::default()).collect();
         Ok(UrmaCq { shared, private, depth: actual, queues: Vec::new(), last: 0, cr })
@@ -282,7 +303,10 @@ impl UrmaCq {
         let done;
         let q = if tag == SRQ_TAG {
             // A shared receive names no queue: the queue is the one bound to the sender.
-            let i = self.queue_of_peer(&cr.remote_id)?;
+            let Some(i) = self.queue_of_peer(&cr.remote_id) else {
+                self.shared.retire_orphan(cr.user_ctx);
+                return None;
+            };
             let q = &self.queues[i];
             done = q.complete_shared(cr.user_ctx, status.is_ok(), status == Status::Flushed)?;
             q

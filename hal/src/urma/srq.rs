@@ -10,8 +10,11 @@
 //! thread, so the slots are freed one by one as in the verbs backend (`verbs/srq.rs`): each has a
 //! busy flag the poster sets and the poller clears, and the poster counts free slots as posted
 //! minus completed. The `user_ctx` of a shared receive carries the reserved queue tag
-//! [`SRQ_TAG`] and the slot; it names no queue (the poster cannot know which will take it), so
-//! the CQ finds the queue by the record's `remote_id`, the peer jetty its queue is bound to.
+//! [`SRQ_TAG`], the shared queue's 15-bit id (in the epoch field, which shared receives have no
+//! use for) and the slot; it names no queue (the poster cannot know which will take it), so the
+//! CQ finds the queue by the record's `remote_id`, the peer jetty its queue is bound to. A record
+//! whose queue is gone (destroyed with the record still in the JFC) still frees its slot: the CQ
+//! keeps the slot tables of the shared queues its queues used and finds this one by its id.
 
 use super::device::Context;
 use super::queue::encode_user_ctx;
@@ -26,6 +29,14 @@ use std::sync::Arc;
 
 /// The queue tag of a shared receive's `user_ctx` (no queue is given it).
 pub(crate) const SRQ_TAG: u16 = 0;
+
+/// Ids of shared queues, unique among the ones alive together (15 bits, wrapping).
+static NEXT_ID: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// The shared queue id a shared receive's `user_ctx` carries.
+pub(crate) fn id_of(user_ctx: u64) -> u16 {
+    super::queue::decode_user_ctx(user_ctx).1
+}
 
 /// The JFR and its placeholder JFC; deleted when the handle and every queue on it are gone.
 pub(crate) struct SrqObj {
@@ -60,6 +71,8 @@ impl Drop for SrqObj {
 /// The slot table the pollers of the queues on a shared queue resolve records with.
 #[derive(Debug)]
 pub(crate) struct SrqSlots {
+    /// The id in the `user_ctx`s of its receives (15 bits).
+    pub(crate) id: u16,
     wr_ids: Box<[AtomicU64]>,
     busy: Box<[AtomicBool]>,
     /// Receives completed (on any queue), advanced by the pollers.
@@ -70,6 +83,9 @@ impl SrqSlots {
     /// Poller side: the completion of a record whose `user_ctx` has [`SRQ_TAG`]; `None` for a
     /// slot that is not outstanding.
     pub(crate) fn retire(&self, user_ctx: u64) -> Option<Done> {
+        if id_of(user_ctx) != self.id {
+            return None;
+        }
         let i = user_ctx as u32 as usize;
         let busy = self.busy.get(i)?;
         let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
@@ -165,6 +181,7 @@ impl UrmaSharedRecv {
             ));
         }
         let slots = Arc::new(SrqSlots {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff,
             wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
             busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
             completed: AtomicU32::new(0),
@@ -259,7 +276,7 @@ impl SharedRecv for UrmaSharedRecv {
                     sge: unsafe { self.sges.as_mut_ptr().add(base) },
                     num_sge: wr.sges.len() as u32,
                 },
-                user_ctx: encode_user_ctx(SRQ_TAG, 0, true, slot),
+                user_ctx: encode_user_ctx(SRQ_TAG, self.slots.id, true, slot),
                 next,
             };
         }

@@ -10,7 +10,10 @@
 //! The `wr_id` libibverbs sees is `SRQ_BIT | id << 32 | slot`: the poller of a queue on a shared
 //! queue tells its receive completions by the bit, and the shared queue by its 14-bit `id`, so a
 //! completion whose queue is gone (destroyed with it still in the CQ) still frees its slot: the
-//! CQ keeps the slot tables of the shared queues its queues used ([`super::cq::CqShared`]). It carries no queue epoch (the poster cannot know which
+//! CQ keeps the slot tables of the shared queues its queues used ([`super::cq::CqShared`]). That
+//! holds where the provider keeps a destroyed QP's completions in the CQ (rxe); one that purges
+//! them at destroy (mlx5) leaves no completion to free the slot, which then stays busy for the
+//! shared queue's life: poll a queue's receive CQ before destroying it. It carries no queue epoch (the poster cannot know which
 //! queue will take the receive), so a queue reset does not hide its receive completions still in
 //! the CQ from before the reset (mlx5-class providers purge them; rxe does not).
 
