@@ -291,6 +291,7 @@ mod tests {
     #[test]
     fn slots_retire_once_in_any_order() {
         let slots = SrqSlots {
+            id: 0,
             wr_ids: (0..4).map(|_| AtomicU64::new(0)).collect(),
             busy: (0..4).map(|_| AtomicBool::new(false)).collect(),
             completed: AtomicU32::new(0),

@@ -250,8 +250,8 @@ pub fn shared_recv_slots_come_back_from_a_destroyed_queue<E: Env>(env: &E) {
             post_shared(&mut srq, 10 + i as u64, &dst, i * SLOT, SLOT);
         }
         let what = "SENDs that fill the shared queue, left unpolled";
-        for i in 0..depth {
-            a1.queue.post_send(&[SendWr::send(i as u64, &sges[i])]).expect("post SEND");
+        for (i, sge) in sges.iter().enumerate() {
+            a1.queue.post_send(&[SendWr::send(i as u64, sge)]).expect("post SEND");
             send_ok(env, &mut a1, i as u64, CqOpcode::Send, what);
         }
         // The receiving queue goes away with its completions still in the CQ.
@@ -263,8 +263,8 @@ pub fn shared_recv_slots_come_back_from_a_destroyed_queue<E: Env>(env: &E) {
     }
     let (mut a2, b2) = connect_on_shared(env, &cfg, &recv_cq, &srq);
     let what = "SENDs to another queue on the refilled shared queue";
-    for i in 0..depth {
-        a2.queue.post_send(&[SendWr::send(i as u64, &sges[i])]).expect("post SEND");
+    for (i, sge) in sges.iter().enumerate() {
+        a2.queue.post_send(&[SendWr::send(i as u64, sge)]).expect("post SEND");
         let c = wait_one(env, &mut recv_cq, what);
         check_numbered(&c, b2.queue.qpn(), 20 + i as u64, &dst, i * SLOT, i as u64, 40, what);
         send_ok(env, &mut a2, i as u64, CqOpcode::Send, what);
