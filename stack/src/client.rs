@@ -1229,7 +1229,8 @@ impl<D: Device + Clone> ChannelInner<D> {
             one_sided: false,
         });
         slot.handle.store(h.to_u64(), Ordering::Release);
-        let staged = batch::Staged { h, len: len as u32, q, req_id, mode: opts.mode };
+        let life = self.ep.queues[q].epoch.load(Ordering::Acquire);
+        let staged = batch::Staged { h, len: len as u32, q, req_id, mode: opts.mode, life };
         if let Some(st) = staging {
             self.armed(function, h, deadline);
             st.push(self, staged);
@@ -1292,7 +1293,9 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     /// Undoes a started call whose request could not be posted: if no other path (close, queue
     /// failure) claimed it meanwhile, returns its pending call for the caller to report (else
-    /// that path delivered). Its context, request id and credit are released either way.
+    /// that path delivered). Its context, request id and credit are released either way — the
+    /// credit only while the queue is still in the life the call was started in (a recovery
+    /// refilled the credits of the new one).
     fn unpost(&self, s: &batch::Staged) -> Option<Pending> {
         let claimed = self.ep.tx.claim_completion(s.h) == Ok(true);
         if claimed {
@@ -1303,7 +1306,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             self.table.cancel(s.req_id);
         }
         let _ = self.ep.tx.fail(s.h, FailReason::SendError);
-        let _ = self.credits[s.q].give(1);
+        if self.ep.queues[s.q].epoch.load(Ordering::Acquire) == s.life {
+            let _ = self.credits[s.q].give(1);
+        }
         pending
     }
 

@@ -9,6 +9,7 @@ use crate::hal::Device;
 use crate::tx_ctx::{CallMode, TxHandle};
 use crate::wire::FunctionId;
 use crate::{CallOptions, RpcError};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// A started call whose request waits in a batch (or failed to post).
@@ -19,6 +20,8 @@ pub(super) struct Staged {
     pub q: usize,
     pub req_id: u32,
     pub mode: CallMode,
+    /// The queue's life ([`crate::endpoint::QueueSlot`]'s epoch) when the call was started.
+    pub life: u32,
 }
 
 /// The requests a batch holds, all for one queue.
@@ -50,19 +53,34 @@ impl Staging {
 
     /// Posts the staged requests with one doorbell. If the post fails (the queue failed or the
     /// channel closed meanwhile), every staged call ends with that error, exactly once.
+    ///
+    /// A call staged before its queue failed and was recovered is not posted: the failure ended
+    /// it already (with the queue's error), and posting it on the recovered queue would run, on
+    /// the server, a call its caller was told had failed.
     pub(super) fn flush<D: Device + Clone>(&mut self, ch: &ChannelInner<D>) {
         let n = std::mem::take(&mut self.n);
         if n == 0 {
             return;
         }
         let Some(first) = self.items[0] else { return };
-        let mut items = [(first.h, 0u32); MAX_REPOST_BATCH];
-        for (out, s) in items.iter_mut().zip(self.items[..n].iter().flatten()) {
-            *out = (s.h, s.len);
-        }
         let q = first.q;
-        if let Err(e) = ch.ep.post_sends(q, &items[..n]) {
-            for s in self.items[..n].iter().flatten() {
+        let life = ch.ep.queues[q].epoch.load(Ordering::Acquire);
+        let mut items = [(first.h, 0u32); MAX_REPOST_BATCH];
+        let mut live = 0;
+        for s in self.items[..n].iter().flatten() {
+            if s.life == life {
+                items[live] = (s.h, s.len);
+                live += 1;
+            } else if let Some(p) = ch.unpost(s) {
+                // Not claimed by the failure after all (it cannot have been posted): end it.
+                ch.deliver(p, Err(RpcError::Queue(crate::hal::Status::Flushed)));
+            }
+        }
+        if live == 0 {
+            return;
+        }
+        if let Err(e) = ch.ep.post_sends(q, &items[..live]) {
+            for s in self.items[..n].iter().flatten().filter(|s| s.life == life) {
                 if let Some(p) = ch.unpost(s) {
                     ch.deliver(p, Err(same_error(&e)));
                 }
