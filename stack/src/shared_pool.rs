@@ -11,15 +11,17 @@
 //! queue, so nothing posted here is lost or posted twice by a queue recovery; a receive the
 //! failing queue had already taken completes on it (`Flushed`) and comes back like any other.
 //!
-//! Buffers go back `batch` at a time, one doorbell per batch, `batch` ≤ a quarter of the pool so
-//! that most of it is always posted. Credits stay per connection: when more requests arrive at
+//! Buffers go back `batch` at a time, one doorbell per batch, `batch` ≤ a quarter of the pool,
+//! but only while at least `batch` buffers are posted: when fewer are (by the count of posts and
+//! completions taken), a buffer given back is posted at once, and a completion taken flushes
+//! what waits. So a pool that runs low never keeps buffers back, and every buffer can be in use. Credits stay per connection: when more requests arrive at
 //! once than buffers are posted, the server's NIC answers RNR and the client's NIC retries
 //! (`rnr_retry = 7`, the default, retries forever; see docs/protocol.md §3 "Shared receive pool").
 
 use crate::endpoint::{lock, MAX_REPOST_BATCH};
 use crate::hal::{Access, Device, MemoryRegion, RecvWr, SharedRecv, Sge};
 use crate::RpcError;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Default [`RecvBuffers::Shared`](crate::RecvBuffers) pool size: 512 buffers (2 MiB at the
@@ -38,6 +40,8 @@ pub(crate) struct SharedPool<D: Device> {
     /// Buffers given back and not posted yet. Its capacity is the pool size, so it never
     /// reallocates: a buffer a failed post leaves here is retried with the next batch.
     waiting: Mutex<Vec<u32>>,
+    /// `waiting`'s length, read without its lock by [`SharedPool::note_taken`].
+    waiting_len: AtomicUsize,
     /// Receives posted to the shared queue, ever.
     posted: AtomicU64,
     /// Receive completions taken (successful or not), ever.
@@ -60,6 +64,7 @@ impl<D: Device> SharedPool<D> {
             buffers,
             batch: (buffers as usize / 4).clamp(1, MAX_REPOST_BATCH),
             waiting: Mutex::new(Vec::with_capacity(buffers as usize)),
+            waiting_len: AtomicUsize::new(0),
             posted: AtomicU64::new(0),
             taken: AtomicU64::new(0),
             dry: AtomicU64::new(0),
@@ -97,9 +102,19 @@ impl<D: Device> SharedPool<D> {
     #[inline]
     pub(crate) fn note_taken(&self) {
         let taken = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
-        if self.posted.load(Ordering::Acquire) <= taken {
+        let posted = self.posted.load(Ordering::Acquire);
+        if posted <= taken {
             self.dry.fetch_add(1, Ordering::Relaxed);
         }
+        if posted.saturating_sub(taken) < self.batch as u64 && self.waiting_len.load(Ordering::Acquire) > 0 {
+            self.flush();
+        }
+    }
+
+    /// Buffers posted and not yet taken, by the counts (completions not polled yet count as
+    /// posted).
+    fn outstanding(&self) -> u64 {
+        self.posted.load(Ordering::Acquire).saturating_sub(self.taken.load(Ordering::Acquire))
     }
 
     /// How many receive completions found no other buffer posted: each means senders may have
@@ -124,25 +139,38 @@ impl<D: Device> SharedPool<D> {
         unsafe { std::slice::from_raw_parts(self.region.as_ptr().add(off), len) }
     }
 
-    /// Gives buffer `buf` back: it is posted to the shared queue with the next full batch.
+    /// Gives buffer `buf` back: it is posted to the shared queue with the next full batch, or
+    /// at once if fewer than a batch are posted.
     pub(crate) fn give_back(&self, buf: u32) {
         debug_assert!(buf < self.buffers);
+        {
+            let mut w = lock(&self.waiting);
+            w.push(buf);
+            self.waiting_len.store(w.len(), Ordering::Release);
+            if w.len() < self.batch && self.outstanding() >= self.batch as u64 {
+                return;
+            }
+        }
+        self.flush();
+    }
+
+    /// Posts what waits (up to [`MAX_REPOST_BATCH`]) with one doorbell.
+    fn flush(&self) {
         let mut batch = [0u32; MAX_REPOST_BATCH];
         let n = {
             let mut w = lock(&self.waiting);
-            w.push(buf);
-            if w.len() < self.batch {
-                return;
-            }
             let n = w.len().min(MAX_REPOST_BATCH);
             let from = w.len() - n;
             batch[..n].copy_from_slice(&w[from..]);
             w.truncate(from);
+            self.waiting_len.store(w.len(), Ordering::Release);
             n
         };
-        if self.post(&batch[..n]).is_err() {
+        if n > 0 && self.post(&batch[..n]).is_err() {
             // Kept for the next batch (a device that refuses posts is failing anyway).
-            lock(&self.waiting).extend_from_slice(&batch[..n]);
+            let mut w = lock(&self.waiting);
+            w.extend_from_slice(&batch[..n]);
+            self.waiting_len.store(w.len(), Ordering::Release);
         }
     }
 
