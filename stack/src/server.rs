@@ -1,15 +1,18 @@
 //! The server: a function table, per-client connections, and replying.
 //!
 //! A [`Server`] listens on TCP. Each client that connects gets a connection of its own: as many
-//! queue pairs as the client asked for, `window` credits per queue (with `window` receive buffers
-//! posted on each, plus slack for batched re-posting), and a 24-bit channel id. Workers poll the
-//! connections; for every request they
+//! queue pairs as the client asked for, `window` credits per queue, and a 24-bit channel id. The
+//! requests land in the server's shared receive pool ([`RecvBuffers::Shared`], the default where
+//! the device has shared receive queues; `crate::shared_pool`), or in `window` receive buffers
+//! posted on each queue plus slack for batched re-posting ([`RecvBuffers::PerConnection`]).
+//! Workers poll the connections (a shared-pool completion arrives on its connection's receive
+//! CQ); for every request they
 //!
 //! 1. send the standalone ACK if the client asked for one (ACK modes), before the handler runs;
 //! 2. look the function up and run its handler with a [`Request`], or answer FUNCTION_ERR;
 //! 3. when the handler replies (at once, or later from another thread), re-post the request's
 //!    receive buffer **before** posting the response — the response returns the client's credit,
-//!    so the buffer must be back first — on the queue the request came from.
+//!    so the buffer must be back first — on the queue the request came from (or to the pool).
 //!
 //! Requests that get no response (`EARLY_RSP` and `ACK | EARLY_RSP`, a handler that drops its
 //! request, a malformed message) return their credit with a credit grant (an ACK with
@@ -141,7 +144,9 @@ pub struct ServerConfig {
     /// other and is dropped when its time is up ([`ServerStats::handshake_timeouts`]).
     pub handshake_timeout: Duration,
     /// Most bytes of registered buffer memory per connection: queues × (send contexts + receive
-    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue.
+    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue
+    /// (no receive buffers with the shared receive pool, [`RecvBuffers::Shared`], whose size
+    /// this also caps).
     /// A client's window is scaled down until its connection fits; a client whose queues do not
     /// fit even at a window of 1 is refused with a reason naming this field, and a config whose
     /// single queue does not fit is refused by [`Server::bind`]. Default
