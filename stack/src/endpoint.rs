@@ -268,7 +268,11 @@ impl<D: Device + Clone> Endpoint<D> {
     /// An endpoint whose queues receive from `shared` if given (no receive buffers of its own;
     /// `s.recv_depth` is then only the queues' own receive depth, which bounds the receive
     /// completions a queue may have unpolled), else from buffers of its own.
-    pub(crate) fn with_recv(device: &D, s: Sizes, shared: Option<&Arc<SharedPool<D>>>) -> Result<Self, RpcError> {
+    pub(crate) fn with_recv(
+        device: &D,
+        s: Sizes,
+        shared: Option<&Arc<SharedPool<D>>>,
+    ) -> Result<Self, RpcError> {
         let caps = device.caps();
         if s.queues == 0 || s.queues > 256 {
             return Err(RpcError::InvalidArgument(format!("{} queues: use 1..=256", s.queues)));
@@ -311,7 +315,9 @@ impl<D: Device + Clone> Endpoint<D> {
         let mut queues = Vec::with_capacity(s.queues);
         for _ in 0..s.queues {
             let q = match shared {
-                Some(pool) => pool.with_srq(|srq| device.create_queue_on_shared(&config, &send_cq, &recv_cq, srq))?,
+                Some(pool) => {
+                    pool.with_srq(|srq| device.create_queue_on_shared(&config, &send_cq, &recv_cq, srq))?
+                }
                 None => device.create_queue(&config, &send_cq, &recv_cq)?,
             };
             queues.push(QueueSlot {

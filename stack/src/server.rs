@@ -1286,7 +1286,11 @@ impl<D: Device + Clone> Server<D> {
     /// [`ServerConfig::memory_limit`]), plus the shared receive pool's if there is one.
     pub fn registered_bytes(&self) -> u64 {
         let pool = self.inner.pool.as_ref().map_or(0, |p| p.registered());
-        pool + lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered()).sum::<u64>()
+        pool + lock(&self.inner.conns)
+            .iter()
+            .filter(|c| !c.ep.is_closed())
+            .map(|c| c.ep.registered())
+            .sum::<u64>()
     }
 
     /// Rendezvous counters, and the rendezvous memory held over all open connections.
@@ -1570,8 +1574,11 @@ impl<D: Device + Clone> ServerInner<D> {
                 hello.max_msg
             )));
         }
-        let window =
-            self.config.fitted_window(n, hello.window.clamp(1, self.config.max_window), self.pool.is_some())?;
+        let window = self.config.fitted_window(
+            n,
+            hello.window.clamp(1, self.config.max_window),
+            self.pool.is_some(),
+        )?;
         let (send_depth, recv_depth, repost_batch) = server_depths(window);
         let sizes = Sizes {
             queues: n,

@@ -19,7 +19,7 @@
 //! (`rnr_retry = 7`, the default, retries forever; see docs/protocol.md §3 "Shared receive pool").
 
 use crate::endpoint::{lock, MAX_REPOST_BATCH};
-use crate::hal::{Access, Device, MemoryRegion, RecvWr, SharedRecv, Sge};
+use crate::hal::{Access, Device, MemoryRegion, RecvWr, Sge, SharedRecv};
 use crate::RpcError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -200,7 +200,12 @@ impl<D: Device> SharedPool<D> {
 /// How a config's pool size becomes the pool's: at most what `memory_limit` holds of
 /// `msg_size`-byte buffers, what the device's shared queue and largest registration allow
 /// (at least 1).
-pub(crate) fn fitted_buffers(buffers: u32, msg_size: usize, memory_limit: u64, caps: &crate::hal::DeviceCaps) -> u32 {
+pub(crate) fn fitted_buffers(
+    buffers: u32,
+    msg_size: usize,
+    memory_limit: u64,
+    caps: &crate::hal::DeviceCaps,
+) -> u32 {
     let by_memory = memory_limit / msg_size.max(1) as u64;
     let by_region = caps.max_region_size / msg_size.max(1) as u64;
     let fitted = u64::from(buffers).min(by_memory).min(by_region).min(u64::from(caps.max_shared_recv_depth));

@@ -300,8 +300,12 @@ fn over_the_memory_limit_fails_fast_naming_it() {
     // Per-connection receive buffers: with the shared pool (the default) a connection holds only
     // send buffers, and both of these fit.
     let per_conn = RecvBuffers::PerConnection;
-    let small =
-        ServerConfig { msg_size: 16 * MIB, memory_limit: 64 << 20, recv_buffers: per_conn, ..ServerConfig::new(NAME) };
+    let small = ServerConfig {
+        msg_size: 16 * MIB,
+        memory_limit: 64 << 20,
+        recv_buffers: per_conn,
+        ..ServerConfig::new(NAME)
+    };
     match Server::bind(&snic, "127.0.0.1:0", small, echo_functions()) {
         Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ServerConfig.memory_limit"), "{text}"),
         other => panic!("a server over its memory limit: {other:?}"),

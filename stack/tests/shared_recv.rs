@@ -78,7 +78,14 @@ fn start(channel: &Channel<SimNic>, function: FunctionId, tag: u8, n: usize) -> 
 
 fn all_echoed(outcomes: &Outcomes, tag: u8) -> bool {
     let o = outcomes.lock().unwrap();
-    let errs: Vec<String> = o.iter().enumerate().filter_map(|(i, r)| match r { Some(Err(e)) => Some(format!("{i}: {e:?}")), _ => None }).collect();
+    let errs: Vec<String> = o
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r {
+            Some(Err(e)) => Some(format!("{i}: {e:?}")),
+            _ => None,
+        })
+        .collect();
     assert!(errs.is_empty(), "calls of {tag} failed: {errs:?}");
     o.iter().enumerate().all(|(i, r)| match r {
         Some(Ok(v)) => {
@@ -252,5 +259,8 @@ fn recv_buffers_config_is_validated_by_name() {
         Err(RpcError::InvalidArgument(t)) => assert!(t.starts_with("ServerConfig.recv_buffers"), "{t}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(ServerConfig::default().recv_buffers, RecvBuffers::Shared { buffers: DEFAULT_SHARED_RECV_BUFFERS });
+    assert_eq!(
+        ServerConfig::default().recv_buffers,
+        RecvBuffers::Shared { buffers: DEFAULT_SHARED_RECV_BUFFERS }
+    );
 }

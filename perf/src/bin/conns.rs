@@ -90,8 +90,8 @@ fn measure(n: usize, recv_buffers: RecvBuffers) -> Result<(), String> {
         let _ = req.reply(&args);
     });
     let config = ServerConfig { recv_buffers, ..ServerConfig::new(NAME) };
-    let mut server = Server::bind(&snic, "127.0.0.1:0", config, functions)
-        .map_err(|e| format!("bind: {e}"))?;
+    let mut server =
+        Server::bind(&snic, "127.0.0.1:0", config, functions).map_err(|e| format!("bind: {e}"))?;
     let (threads0, rss0) = status();
     let started = Instant::now();
     let mut channels: Vec<Channel<SimNic>> = Vec::with_capacity(n);
