@@ -15,10 +15,19 @@
 //!   connection keeps using the first chunk and never registers the rest: its send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
 //!   live context writes its buffer; the context is released only after the send completion, so
 //!   the NIC never reads a buffer that is being rewritten.
-//! - **receive buffers**: one registered region of `queues × recv_depth × msg_size` bytes;
-//!   buffer `b` belongs to queue `b / recv_depth` and is posted with `wr_id = b`. A buffer is
-//!   either posted or owned by exactly one party (the poller that took its completion, or a
-//!   server [`Request`](crate::Request)), which re-posts it when done.
+//! - **receive buffers**, one of two ways:
+//!   - *own* (the client always; a server on a device without shared receive queues, or
+//!     configured with [`RecvBuffers::PerConnection`](crate::RecvBuffers)): one registered region
+//!     of `queues × recv_depth × msg_size` bytes; buffer `b` belongs to queue `b / recv_depth`
+//!     and is posted to it with `wr_id = b`.
+//!   - *shared* (a server's connections by default): no receive buffers of the endpoint's own.
+//!     Its queues are created on the server's [`SharedPool`] and take their receives from it;
+//!     buffer `b` is the pool's, posted to the shared queue with `wr_id = b`, and a completion's
+//!     queue is the one its qpn names. An idle connection then costs no receive buffers at all.
+//!
+//!   Either way a buffer is either posted or owned by exactly one party (the poller that took
+//!   its completion, or a server [`Request`](crate::Request)), which gives it back when done:
+//!   re-posted to its queue, or to the shared pool.
 //!
 //! Sends and receives complete on two separate completion queues, as in URPC (and as on
 //! hardware, the order between them is not defined): the send CQ and the receive CQ.
@@ -31,10 +40,11 @@ use crate::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
     RecvWr, SendOp, SendWr, Sge, WrFlags,
 };
+use crate::shared_pool::SharedPool;
 use crate::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Send contexts whose buffers are registered together (see the module docs).
 pub(crate) const SEND_CHUNK: usize = 8;
@@ -217,6 +227,15 @@ pub(crate) struct Sizes {
     pub(crate) queue_config: QueueConfig,
 }
 
+/// Where an endpoint's receive buffers are (see the module docs).
+enum RecvBufs<D: Device> {
+    /// Its own: `queues × depth` buffers, buffer `b` belonging to queue `b / depth`, given back
+    /// `batch` at a time.
+    Own { region: D::Region, depth: u32, batch: usize },
+    /// The server's shared pool.
+    Shared(Arc<SharedPool<D>>),
+}
+
 pub(crate) struct Endpoint<D: Device> {
     pub(crate) device: D,
     pub(crate) send_cq: Mutex<D::Cq>,
@@ -230,12 +249,13 @@ pub(crate) struct Endpoint<D: Device> {
     /// Send contexts whose chunk is registered: always the first ones, since never-used contexts
     /// are handed out in index order (see [`Endpoint::tx_would_grow`]).
     send_ready: AtomicUsize,
-    recv_region: D::Region,
+    recv: RecvBufs<D>,
     pub(crate) msg_size: usize,
     /// SGEs per send-side work request the queues were created with.
     pub(crate) max_send_sge: usize,
-    recv_depth: u32,
-    repost_batch: usize,
+    /// Polls of the receive CQ that found it empty (counted on the shared path only, where a
+    /// drain has no receive marker; see [`Endpoint::drain`]).
+    recv_empty_polls: AtomicU64,
     /// Bytes registered for the send and receive buffers so far.
     registered: AtomicU64,
     /// Set for good when the connection closes (before its queues are failed), so a post that
@@ -245,7 +265,19 @@ pub(crate) struct Endpoint<D: Device> {
 }
 
 impl<D: Device + Clone> Endpoint<D> {
+    /// An endpoint with receive buffers of its own.
     pub(crate) fn new(device: &D, s: Sizes) -> Result<Self, RpcError> {
+        Self::with_recv(device, s, None)
+    }
+
+    /// An endpoint whose queues receive from `shared` if given (no receive buffers of its own;
+    /// `s.recv_depth` is then only the queues' own receive depth, which bounds the receive
+    /// completions a queue may have unpolled), else from buffers of its own.
+    pub(crate) fn with_recv(
+        device: &D,
+        s: Sizes,
+        shared: Option<&Arc<SharedPool<D>>>,
+    ) -> Result<Self, RpcError> {
         let caps = device.caps();
         if s.queues == 0 || s.queues > 256 {
             return Err(RpcError::InvalidArgument(format!("{} queues: use 1..=256", s.queues)));
@@ -287,7 +319,12 @@ impl<D: Device + Clone> Endpoint<D> {
         };
         let mut queues = Vec::with_capacity(s.queues);
         for _ in 0..s.queues {
-            let q = device.create_queue(&config, &send_cq, &recv_cq)?;
+            let q = match shared {
+                Some(pool) => {
+                    pool.with_srq(|srq| device.create_queue_on_shared(&config, &send_cq, &recv_cq, srq))?
+                }
+                None => device.create_queue(&config, &send_cq, &recv_cq)?,
+            };
             queues.push(QueueSlot {
                 qpn: q.qpn(),
                 q: Mutex::new(q),
@@ -302,9 +339,21 @@ impl<D: Device + Clone> Endpoint<D> {
             TxSlab::new(tx_capacity).map_err(|e| RpcError::InvalidArgument(format!("send contexts: {e}")))?;
         let send_chunks: Box<[OnceLock<D::Region>]> =
             (0..tx_capacity.div_ceil(SEND_CHUNK)).map(|_| OnceLock::new()).collect();
-        let recv_region = device.register(recv_count * s.msg_size, Access::LOCAL_WRITE)?;
+        let repost_batch = s.repost_batch.clamp(1, MAX_REPOST_BATCH);
+        let recv = match shared {
+            Some(pool) => RecvBufs::Shared(pool.clone()),
+            None => RecvBufs::Own {
+                region: device.register(recv_count * s.msg_size, Access::LOCAL_WRITE)?,
+                depth: s.recv_depth,
+                batch: repost_batch,
+            },
+        };
+        let own_recv_bytes = match &recv {
+            RecvBufs::Own { region, .. } => region.len() as u64,
+            RecvBufs::Shared(_) => 0,
+        };
         let ep = Endpoint {
-            registered: AtomicU64::new(recv_region.len() as u64),
+            registered: AtomicU64::new(own_recv_bytes),
             device: device.clone(),
             send_cq: Mutex::new(send_cq),
             recv_cq: Mutex::new(recv_cq),
@@ -313,11 +362,10 @@ impl<D: Device + Clone> Endpoint<D> {
             send_chunks,
             chunk_init: Mutex::new(()),
             send_ready: AtomicUsize::new(0),
-            recv_region,
+            recv,
             msg_size: s.msg_size,
             max_send_sge: config.max_send_sge as usize,
-            recv_depth: s.recv_depth,
-            repost_batch: s.repost_batch.clamp(1, MAX_REPOST_BATCH),
+            recv_empty_polls: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         };
         // The slab hands out context 0 first: its chunk is there from the start.
@@ -325,7 +373,7 @@ impl<D: Device + Clone> Endpoint<D> {
         Ok(ep)
     }
 
-    /// Bytes registered for the send and receive buffers so far.
+    /// Bytes registered for the send and receive buffers so far (not counting a shared pool).
     pub(crate) fn registered(&self) -> u64 {
         self.registered.load(Ordering::Relaxed)
     }
@@ -388,7 +436,8 @@ impl<D: Device + Clone> Endpoint<D> {
         self.queues.iter().map(|q| lock(&q.q).info()).collect()
     }
 
-    /// Connects queue `i` to `peers[i]` and fills its receive queue.
+    /// Connects queue `i` to `peers[i]` and fills its receive queue (on the shared path the
+    /// pool is filled already).
     pub(crate) fn connect(&self, peers: &[QueueInfo]) -> Result<(), RpcError> {
         if peers.len() != self.queues.len() {
             return Err(RpcError::InvalidArgument(format!(
@@ -400,8 +449,10 @@ impl<D: Device + Clone> Endpoint<D> {
         for (i, (slot, peer)) in self.queues.iter().zip(peers).enumerate() {
             let mut q = lock(&slot.q);
             q.connect(peer)?;
-            for b in 0..self.recv_depth {
-                self.post_recv_locked(&mut q, i as u32 * self.recv_depth + b)?;
+            if let RecvBufs::Own { depth, .. } = self.recv {
+                for b in 0..depth {
+                    self.post_recv_locked(&mut q, i as u32 * depth + b)?;
+                }
             }
             slot.ready.store(true, Ordering::Release);
         }
@@ -413,18 +464,70 @@ impl<D: Device + Clone> Endpoint<D> {
         self.queues.iter().position(|q| q.qpn == qpn)
     }
 
-    /// The queue a receive buffer belongs to.
+    /// The queue a receive buffer of the endpoint's own belongs to (on the shared path a buffer
+    /// belongs to no queue: see [`Endpoint::recv_queue`]).
     pub(crate) fn queue_of_buf(&self, buf: u32) -> usize {
-        (buf / self.recv_depth) as usize
+        match self.recv {
+            RecvBufs::Own { depth, .. } => (buf / depth) as usize,
+            RecvBufs::Shared(_) => unreachable!("a shared receive buffer belongs to no queue"),
+        }
     }
 
-    /// Whether `buf` names a receive buffer of this endpoint.
+    /// The queue receive completion `c` (of a buffer: [`Endpoint::is_buf`]) came on: the
+    /// buffer's queue, or on the shared path the queue its qpn names. On the shared path it also
+    /// counts the completion for the pool's statistics.
+    #[inline]
+    pub(crate) fn recv_queue(&self, c: &Completion) -> Option<usize> {
+        match &self.recv {
+            RecvBufs::Own { depth, .. } => Some((c.wr_id / u64::from(*depth)) as usize),
+            RecvBufs::Shared(pool) => {
+                pool.note_taken();
+                self.queue_index(c.qpn)
+            }
+        }
+    }
+
+    /// Whether `buf` names a receive buffer of this endpoint (or of its shared pool).
+    #[inline]
     pub(crate) fn is_buf(&self, wr_id: u64) -> bool {
-        wr_id < (self.queues.len() as u64) * u64::from(self.recv_depth)
+        match &self.recv {
+            RecvBufs::Own { depth, .. } => wr_id < (self.queues.len() as u64) * u64::from(*depth),
+            RecvBufs::Shared(pool) => pool.is_buf(wr_id),
+        }
+    }
+
+    /// Whether the queues receive from a shared pool.
+    pub(crate) fn is_shared(&self) -> bool {
+        matches!(self.recv, RecvBufs::Shared(_))
+    }
+
+    /// Gives back, unread, the buffers of the receive completions still in the receive CQ (a
+    /// closed connection on the shared path: its buffers serve the other connections). Returns
+    /// how many; does nothing if another thread is polling, or for own buffers.
+    pub(crate) fn reclaim_shared(&self) -> usize {
+        let RecvBufs::Shared(pool) = &self.recv else { return 0 };
+        let mut wc = [Completion::default(); MAX_REPOST_BATCH];
+        let mut total = 0;
+        loop {
+            let n = self.poll_recv(&mut wc);
+            for c in &wc[..n] {
+                if pool.is_buf(c.wr_id) {
+                    pool.note_taken();
+                    pool.give_back(c.wr_id as u32);
+                    total += 1;
+                }
+            }
+            if n == 0 {
+                return total;
+            }
+        }
     }
 
     fn post_recv_locked(&self, q: &mut D::Queue, buf: u32) -> Result<(), RpcError> {
-        let sge = self.recv_region.sge(buf as usize * self.msg_size, self.msg_size)?;
+        let RecvBufs::Own { region, .. } = &self.recv else {
+            unreachable!("a queue on a shared pool is not posted to")
+        };
+        let sge = region.sge(buf as usize * self.msg_size, self.msg_size)?;
         q.post_recv(&[RecvWr { wr_id: u64::from(buf), sges: &[sge] }])?;
         Ok(())
     }
@@ -432,8 +535,13 @@ impl<D: Device + Clone> Endpoint<D> {
     /// Gives receive buffer `buf` back to its queue. Buffers are collected and re-posted
     /// `repost_batch` at a time, with one doorbell (the receive depth has that much slack over
     /// the peer's window, so the peer never finds the queue empty). On a failed queue the buffer
-    /// simply stays with us: nothing will be received there any more.
+    /// simply stays with us: nothing will be received there any more. On the shared path the
+    /// buffer goes back to the pool, whatever became of the queue it came on.
     pub(crate) fn repost(&self, buf: u32) {
+        let (region, batch_len) = match &self.recv {
+            RecvBufs::Own { region, batch, .. } => (region, *batch),
+            RecvBufs::Shared(pool) => return pool.give_back(buf),
+        };
         let slot = &self.queues[self.queue_of_buf(buf)];
         if !slot.ready.load(Ordering::Acquire) {
             return self.park(buf);
@@ -444,7 +552,7 @@ impl<D: Device + Clone> Endpoint<D> {
             let len = d.len;
             d.bufs[len] = buf;
             d.len += 1;
-            if d.len < self.repost_batch {
+            if d.len < batch_len {
                 return;
             }
             batch[..d.len].copy_from_slice(&d.bufs[..d.len]);
@@ -452,7 +560,7 @@ impl<D: Device + Clone> Endpoint<D> {
         };
         let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
         for (sge, &b) in sges.iter_mut().zip(&batch[..n]) {
-            match self.recv_region.sge(b as usize * self.msg_size, self.msg_size) {
+            match region.sge(b as usize * self.msg_size, self.msg_size) {
                 Ok(s) => *sge = s,
                 Err(_) => return slot.ready.store(false, Ordering::Release),
             }
@@ -470,8 +578,11 @@ impl<D: Device + Clone> Endpoint<D> {
     }
 
     /// Keeps receive buffer `buf` for re-posting when its queue is recovered; if the queue is
-    /// READY again by now, re-posts it at once.
+    /// READY again by now, re-posts it at once. On the shared path it goes back to the pool.
     pub(crate) fn park(&self, buf: u32) {
+        if let RecvBufs::Shared(pool) = &self.recv {
+            return pool.give_back(buf);
+        }
         let slot = &self.queues[self.queue_of_buf(buf)];
         let mut parked = lock(&slot.parked);
         if slot.ready.load(Ordering::Acquire) {
@@ -484,6 +595,14 @@ impl<D: Device + Clone> Endpoint<D> {
     /// Posts the drain markers of queue `q` (a queue in ERROR flushes them behind everything
     /// posted before) and waits until both completions have been seen (`mark_drained`), calling
     /// `turn` between looks (it should poll). A queue in RESET holds nothing and is drained.
+    ///
+    /// On the shared path the queue takes no receive of its own, so there is no receive marker:
+    /// what its receive side can still hold are completions already in the receive CQ (requests,
+    /// and a receive it had taken for a message in progress, flushed when it entered ERROR,
+    /// before the send marker's flush). Once the send marker is seen, the receive side is
+    /// drained when the receive CQ has been found empty by a poll that *began* after that:
+    /// two more empty polls (polls are serialised by the CQ's lock, so the second began after
+    /// the first ended). No pool buffer is then left in the CQ for the reset to discard.
     pub(crate) fn drain(
         &self,
         q: usize,
@@ -496,7 +615,9 @@ impl<D: Device + Clone> Endpoint<D> {
         if lock(&slot.q).state() == QueueState::Reset {
             return Ok(());
         }
-        let (mut send, mut recv) = (false, false);
+        let (mut send, mut recv) = (false, self.is_shared());
+        // Shared path: the empty-poll count when the send marker was first seen drained.
+        let mut empty_mark: Option<u64> = None;
         loop {
             if !send {
                 let wr = SendWr {
@@ -518,8 +639,17 @@ impl<D: Device + Clone> Endpoint<D> {
                     Err(e) => return Err(e.into()),
                 }
             }
-            if slot.drained.load(Ordering::Acquire) == 3 {
+            let drained = slot.drained.load(Ordering::Acquire);
+            if drained == 3 {
                 return Ok(());
+            }
+            if self.is_shared() && drained & 1 != 0 {
+                let now = self.recv_empty_polls.load(Ordering::Acquire);
+                match empty_mark {
+                    None => empty_mark = Some(now),
+                    Some(m) if now >= m + 2 => return Ok(()),
+                    Some(_) => {}
+                }
             }
             if std::time::Instant::now() >= deadline {
                 return Err(RpcError::Timeout);
@@ -571,13 +701,18 @@ impl<D: Device + Clone> Endpoint<D> {
     /// The caller owns `buf`: its completion was polled and it has not been re-posted, and it
     /// keeps owning it while the returned slice lives.
     pub(crate) unsafe fn recv_bytes(&self, buf: u32, len: usize) -> &[u8] {
+        let region = match &self.recv {
+            RecvBufs::Own { region, .. } => region,
+            // SAFETY: the caller owns `buf` (this function's contract, which is the pool's).
+            RecvBufs::Shared(pool) => return unsafe { pool.bytes(buf, len) },
+        };
         let len = len.min(self.msg_size);
         let off = buf as usize * self.msg_size;
-        assert!(off + len <= self.recv_region.len(), "receive buffer {buf} out of range");
+        assert!(off + len <= region.len(), "receive buffer {buf} out of range");
         // SAFETY: in bounds (asserted); the region has no remote access and the buffer is not
         // posted (caller's contract), so neither the NIC nor anyone else writes these bytes
         // while the slice lives. The region outlives `&self`.
-        unsafe { std::slice::from_raw_parts(self.recv_region.as_ptr().add(off), len) }
+        unsafe { std::slice::from_raw_parts(region.as_ptr().add(off), len) }
     }
 
     /// The send buffer of send context `tx`.
@@ -664,7 +799,14 @@ impl<D: Device + Clone> Endpoint<D> {
 
     /// Polls the receive CQ if no other thread is polling it.
     pub(crate) fn poll_recv(&self, out: &mut [Completion]) -> usize {
-        Self::poll_cq(&self.recv_cq, out)
+        let Ok(mut cq) = self.recv_cq.try_lock() else { return 0 };
+        // As in `poll_cq`.
+        let n = cq.poll(out).unwrap_or(0);
+        if n == 0 && self.is_shared() {
+            // Under the CQ's lock, so the count orders the polls (see `drain`).
+            self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
+        }
+        n
     }
 
     fn poll_cq(cq: &Mutex<D::Cq>, out: &mut [Completion]) -> usize {
@@ -687,6 +829,26 @@ impl<D: Device + Clone> Endpoint<D> {
     /// Number of queues still READY.
     pub(crate) fn ready_queues(&self) -> usize {
         self.queues.iter().filter(|q| q.ready.load(Ordering::Acquire)).count()
+    }
+}
+
+impl<D: Device> Drop for Endpoint<D> {
+    fn drop(&mut self) {
+        // Shared path: receive completions nobody polled (a connection that closed with
+        // requests still in its CQ) give their buffers back to the pool, which outlives us. The
+        // queues are closed (in ERROR) by now and take no more receives.
+        if let RecvBufs::Shared(pool) = &self.recv {
+            let cq = self.recv_cq.get_mut().unwrap_or_else(|e| e.into_inner());
+            let mut wc = [Completion::default(); MAX_REPOST_BATCH];
+            while let Ok(n @ 1..) = cq.poll(&mut wc) {
+                for c in &wc[..n] {
+                    if pool.is_buf(c.wr_id) {
+                        pool.note_taken();
+                        pool.give_back(c.wr_id as u32);
+                    }
+                }
+            }
+        }
     }
 }
 

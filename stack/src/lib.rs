@@ -152,6 +152,8 @@ mod rndv;
 #[cfg(not(loom))]
 mod server;
 #[cfg(not(loom))]
+mod shared_pool;
+#[cfg(not(loom))]
 mod worker;
 
 #[cfg(not(loom))]
@@ -175,8 +177,11 @@ pub use recovery::Recovery;
 pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};
 #[cfg(not(loom))]
 pub use server::{
-    Connection, ConnectionEvents, Functions, Handler, Request, RndvStats, Server, ServerConfig, ServerStats,
+    Connection, ConnectionEvents, Functions, Handler, RecvBuffers, Request, RndvStats, Server, ServerConfig,
+    ServerStats,
 };
+#[cfg(not(loom))]
+pub use shared_pool::DEFAULT_SHARED_RECV_BUFFERS;
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]

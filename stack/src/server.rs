@@ -1,15 +1,18 @@
 //! The server: a function table, per-client connections, and replying.
 //!
 //! A [`Server`] listens on TCP. Each client that connects gets a connection of its own: as many
-//! queue pairs as the client asked for, `window` credits per queue (with `window` receive buffers
-//! posted on each, plus slack for batched re-posting), and a 24-bit channel id. Workers poll the
-//! connections; for every request they
+//! queue pairs as the client asked for, `window` credits per queue, and a 24-bit channel id. The
+//! requests land in the server's shared receive pool ([`RecvBuffers::Shared`], the default where
+//! the device has shared receive queues; `crate::shared_pool`), or in `window` receive buffers
+//! posted on each queue plus slack for batched re-posting ([`RecvBuffers::PerConnection`]).
+//! Workers poll the connections (a shared-pool completion arrives on its connection's receive
+//! CQ); for every request they
 //!
 //! 1. send the standalone ACK if the client asked for one (ACK modes), before the handler runs;
 //! 2. look the function up and run its handler with a [`Request`], or answer FUNCTION_ERR;
 //! 3. when the handler replies (at once, or later from another thread), re-post the request's
 //!    receive buffer **before** posting the response — the response returns the client's credit,
-//!    so the buffer must be back first — on the queue the request came from.
+//!    so the buffer must be back first — on the queue the request came from (or to the pool).
 //!
 //! Requests that get no response (`EARLY_RSP` and `ACK | EARLY_RSP`, a handler that drops its
 //! request, a malformed message) return their credit with a credit grant (an ACK with
@@ -28,6 +31,7 @@ use crate::endpoint::{
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::liveness::{self, CloseReason, Keepalive, Live};
+use crate::shared_pool::{self, SharedPool, DEFAULT_SHARED_RECV_BUFFERS, MAX_SHARED_RECV_BUFFERS};
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
@@ -140,7 +144,9 @@ pub struct ServerConfig {
     /// other and is dropped when its time is up ([`ServerStats::handshake_timeouts`]).
     pub handshake_timeout: Duration,
     /// Most bytes of registered buffer memory per connection: queues × (send contexts + receive
-    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue.
+    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue
+    /// (no receive buffers with the shared receive pool, [`RecvBuffers::Shared`], whose size
+    /// this also caps).
     /// A client's window is scaled down until its connection fits; a client whose queues do not
     /// fit even at a window of 1 is refused with a reason naming this field, and a config whose
     /// single queue does not fit is refused by [`Server::bind`]. Default
@@ -153,6 +159,14 @@ pub struct ServerConfig {
     /// disables rendezvous (every such request gets REMOTE_LEN_ERR); otherwise at least 4096.
     /// Default [`DEFAULT_RNDV_MEMORY_LIMIT`](crate::DEFAULT_RNDV_MEMORY_LIMIT) (256 MiB).
     pub rndv_memory_limit: u64,
+    /// Where requests are received: by default into one pool of
+    /// [`DEFAULT_SHARED_RECV_BUFFERS`] buffers shared by every connection
+    /// ([`RecvBuffers::Shared`]), so an idle connection holds no receive buffer; or into
+    /// buffers of each connection's own ([`RecvBuffers::PerConnection`], `window + min(16,
+    /// window)` per queue). A device without shared receive queues
+    /// ([`DeviceCaps::max_shared_recv`](hal::DeviceCaps::max_shared_recv) 0, e.g. `urma`) always
+    /// uses per-connection buffers. See [`RecvBuffers`].
+    pub recv_buffers: RecvBuffers,
     /// Transport settings of the queues. The depths and SGE limits are replaced by the stack's
     /// own (derived from the window), but zero is refused. An ACK timeout of exponent 0
     /// ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware (see
@@ -172,6 +186,37 @@ pub struct ServerConfig {
     pub keepalive: Option<Keepalive>,
 }
 
+/// Where a server's connections receive their requests ([`ServerConfig::recv_buffers`]).
+///
+/// With a shared pool, credits stay per connection (each client's window), but the buffers are
+/// not reserved: when more requests arrive at once than the pool has buffers posted, the
+/// server's NIC answers "receiver not ready" (RNR) and the client's NIC resends after the
+/// server's `queue_config.min_rnr_timer` (default about 100 µs), as often as the client's
+/// `queue_config.rnr_retry` allows. With the default `rnr_retry = 7` that is forever, so a burst
+/// only waits; a client configured with a finite `rnr_retry = n` fails the queue
+/// (`RnrRetryExceeded`, then recovery) if buffers stay short for more than `n` timer periods.
+/// Size the pool for the requests that are in progress at once (received and not yet answered,
+/// including those a handler keeps), not for the sum of the windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecvBuffers {
+    /// One pool of `buffers` buffers of `msg_size` bytes for all connections (1..=2^20; scaled
+    /// down to what fits [`ServerConfig::memory_limit`], the device's largest shared receive
+    /// queue and its largest registration). [`Server::stats`] reports the pool's size and how
+    /// often it ran dry.
+    Shared {
+        /// Buffers in the pool.
+        buffers: u32,
+    },
+    /// Each connection's queues get buffers of their own: `window + min(16, window)` each.
+    PerConnection,
+}
+
+impl Default for RecvBuffers {
+    fn default() -> Self {
+        RecvBuffers::Shared { buffers: DEFAULT_SHARED_RECV_BUFFERS }
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -186,6 +231,7 @@ impl Default for ServerConfig {
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
             rndv_memory_limit: crate::rndv::DEFAULT_RNDV_MEMORY_LIMIT,
+            recv_buffers: RecvBuffers::default(),
             queue_config: QueueConfig::default(),
             tls: None,
             keepalive: Some(Keepalive::default()),
@@ -251,6 +297,17 @@ impl ServerConfig {
                 format_args!("is {}: use 0 (no rendezvous) or at least 4096", self.rndv_memory_limit),
             ));
         }
+        if let RecvBuffers::Shared { buffers } = self.recv_buffers {
+            if !(1..=MAX_SHARED_RECV_BUFFERS).contains(&buffers) {
+                return Err(bad_field(
+                    &field("recv_buffers"),
+                    format_args!(
+                        "is Shared {{ buffers: {buffers} }}: use 1..={MAX_SHARED_RECV_BUFFERS} buffers, \
+                         or RecvBuffers::PerConnection"
+                    ),
+                ));
+            }
+        }
         validate_queue_config(&field("queue_config"), &self.queue_config, caps)?;
         if self.tls.as_ref().is_some_and(|t| !t.has_identity()) {
             return Err(bad_field(
@@ -263,7 +320,7 @@ impl ServerConfig {
             k.validate(&field("keepalive"))?;
         }
         // The device's limits apply to `max_window`; the memory limit may scale it down.
-        self.fitted_window(1, self.max_window)?;
+        self.fitted_window(1, self.max_window, self.shared_buffers(caps).is_some())?;
         let (send, recv, _) = server_depths(self.max_window);
         validate_sizes(
             "use a smaller ServerConfig.max_window or ServerConfig.msg_size",
@@ -277,12 +334,24 @@ impl ServerConfig {
 }
 
 impl ServerConfig {
+    /// The size of the shared receive pool this config asks for on a device with `caps`
+    /// (fitted, see [`RecvBuffers::Shared`]), or `None` for per-connection buffers.
+    fn shared_buffers(&self, caps: &hal::DeviceCaps) -> Option<u32> {
+        match self.recv_buffers {
+            RecvBuffers::Shared { buffers } if caps.max_shared_recv > 0 => {
+                Some(shared_pool::fitted_buffers(buffers, self.msg_size, self.memory_limit, caps))
+            }
+            _ => None,
+        }
+    }
+
     /// The window for a connection of `queues` queues asking for `window` (already clamped to
-    /// `max_window`), scaled down until its buffers fit `memory_limit`.
-    fn fitted_window(&self, queues: usize, window: u32) -> Result<u32, RpcError> {
+    /// `max_window`), scaled down until its buffers fit `memory_limit` (only send buffers when
+    /// it receives from a `shared` pool).
+    fn fitted_window(&self, queues: usize, window: u32, shared: bool) -> Result<u32, RpcError> {
         let depths = |w| {
             let (s, r, _) = server_depths(w);
-            (s, r)
+            (s, if shared { 0 } else { r })
         };
         fit_window(window, queues, self.msg_size, self.memory_limit, depths).ok_or_else(|| {
             bad_field(
@@ -335,6 +404,13 @@ pub struct ServerStats {
     /// TCP connections dropped because their handshake did not complete within
     /// [`ServerConfig::handshake_timeout`] (e.g. a client that connected and sent nothing).
     pub handshake_timeouts: u64,
+    /// Buffers of the shared receive pool ([`RecvBuffers::Shared`]); 0 when every connection
+    /// has its own.
+    pub shared_recv_buffers: u64,
+    /// Requests that took the shared pool's last posted buffer: each time, requests arriving
+    /// meanwhile waited at the client's NIC (RNR retries) until buffers came back. Counted
+    /// without a lock, so close rather than exact under concurrency.
+    pub shared_recv_dry: u64,
     /// Times accepting paused for 100 ms because the process ran out of file descriptors
     /// (`EMFILE`/`ENFILE`); the kernel kept the waiting connections in its backlog.
     pub accept_pauses: u64,
@@ -573,18 +649,18 @@ impl<D: Device + Clone> Request<D> {
         if self.stale() {
             // Its queue was recovered since: the client failed this call already, and the
             // buffer (but no credit) belongs to the queue's new life.
-            conn.release(self.buf, false);
+            conn.release(self.queue, self.buf, false);
             bump(&conn.counters.failed_replies);
             return Err(RpcError::Queue(hal::Status::Flushed));
         }
         if self.header.no_response {
-            conn.release(self.buf, true);
+            conn.release(self.queue, self.buf, true);
             return Ok(());
         }
         let tx = match conn.acquire_tx() {
             Ok(tx) => tx,
             Err(e) => {
-                conn.release(self.buf, true);
+                conn.release(self.queue, self.buf, true);
                 bump(&conn.counters.failed_replies);
                 return Err(e);
             }
@@ -630,12 +706,12 @@ impl<D: Device + Clone> Request<D> {
             total_size: (ResponseHeader::LEN + prefix + len) as u32,
         };
         let sent = if let Err(e) = header.encode(header_bytes) {
-            conn.release(self.buf, true);
+            conn.release(self.queue, self.buf, true);
             conn.drop_tx(tx);
             Err(RpcError::InvalidArgument(format!("cannot encode the response: {e}")))
         } else {
             // The response returns the credit: the buffer must be posted again first.
-            conn.release(self.buf, false);
+            conn.release(self.queue, self.buf, false);
             if trace::is_enabled() {
                 let args = [
                     ("req_id", self.header.req_id.into()),
@@ -683,7 +759,7 @@ impl<D: Device + Clone> Drop for Request<D> {
         }
         bump(&self.conn.counters.dropped);
         let grant = !self.stale();
-        self.conn.release(self.buf, grant);
+        self.conn.release(self.queue, self.buf, grant);
     }
 }
 
@@ -695,11 +771,11 @@ impl<D: Device + Clone> Request<D> {
 }
 
 impl<D: Device + Clone> Conn<D> {
-    /// Re-posts receive buffer `buf`; with `grant`, its credit goes back in a credit grant.
-    fn release(&self, buf: u32, grant: bool) {
+    /// Re-posts receive buffer `buf` (of a request that came on queue `q`); with `grant`, its
+    /// credit goes back in a credit grant.
+    fn release(&self, q: usize, buf: u32, grant: bool) {
         self.ep.repost(buf);
         if grant {
-            let q = self.ep.queue_of_buf(buf);
             self.grants[q].fetch_add(1, Ordering::AcqRel);
             if !self.dispatching() {
                 self.flush_grants(q);
@@ -882,7 +958,11 @@ impl<D: Device + Clone> Conn<D> {
             return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
         }
         let buf = c.wr_id as u32;
-        let queue = self.ep.queue_of_buf(buf);
+        let Some(queue) = self.ep.recv_queue(c) else {
+            // A qpn of none of our queues (shared path): the buffer is ours all the same.
+            self.protocol_error(&format_args!("a receive completion from unknown queue {}", c.qpn));
+            return self.ep.repost(buf);
+        };
         if !c.status.is_ok() {
             self.queue_failed(queue);
             // Kept for the queue's recovery.
@@ -895,15 +975,15 @@ impl<D: Device + Clone> Conn<D> {
             Ok(Parsed::Request(v)) if v.header.channel == self.channel_id => v,
             Ok(Parsed::Request(v)) => {
                 self.protocol_error(&format_args!("a request for channel {}", v.header.channel));
-                return self.release(buf, true);
+                return self.release(queue, buf, true);
             }
             Ok(other) => {
                 self.protocol_error(&format_args!("a {:?} sent to a server", other.msg_type()));
-                return self.release(buf, true);
+                return self.release(queue, buf, true);
             }
             Err(e) => {
                 self.protocol_error(&e);
-                return self.release(buf, true);
+                return self.release(queue, buf, true);
             }
         };
         bump(&self.counters.requests);
@@ -1043,6 +1123,9 @@ impl<D: Device + Clone> Conn<D> {
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }
+        // Shared path: requests still in the receive CQ give their buffers back to the pool now
+        // (the rest, if another thread is polling, when the endpoint is dropped).
+        self.ep.reclaim_shared();
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -1089,6 +1172,8 @@ impl<D: Device + Clone> Pollable for ConnHandle<D> {
 struct ServerInner<D: Device + Clone> {
     device: D,
     config: ServerConfig,
+    /// The shared receive pool of every connection (`None`: per-connection buffers).
+    pool: Option<Arc<SharedPool<D>>>,
     functions: Arc<Functions<D>>,
     conns: Mutex<Vec<Arc<Conn<D>>>>,
     counters: Arc<Counters>,
@@ -1139,7 +1224,17 @@ impl<D: Device + Clone> Server<D> {
         functions: Functions<D>,
         events: ConnectionEvents<D>,
     ) -> Result<Self, RpcError> {
-        config.validate(&device.caps())?;
+        let caps = device.caps();
+        config.validate(&caps)?;
+        let pool = match config.shared_buffers(&caps) {
+            Some(buffers) => match SharedPool::new(device, buffers, config.msg_size) {
+                Ok(p) => Some(Arc::new(p)),
+                // The caps said yes but the device has none left to give: as without them.
+                Err(hal::Error::Unsupported(_)) => None,
+                Err(e) => return Err(shared_pool::pool_error(e)),
+            },
+            None => None,
+        };
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
         let local = listener.local_addr().map_err(control::ControlError::from)?;
         // The control loop polls it with the pending handshakes and accepts until it would block.
@@ -1161,6 +1256,7 @@ impl<D: Device + Clone> Server<D> {
         let inner = Arc::new(ServerInner {
             device: device.clone(),
             config,
+            pool,
             functions: Arc::new(functions),
             conns: Mutex::new(Vec::new()),
             counters: Arc::new(Counters::default()),
@@ -1202,9 +1298,14 @@ impl<D: Device + Clone> Server<D> {
     }
 
     /// Bytes of registered buffers over all open connections (each at most
-    /// [`ServerConfig::memory_limit`]).
+    /// [`ServerConfig::memory_limit`]), plus the shared receive pool's if there is one.
     pub fn registered_bytes(&self) -> u64 {
-        lock(&self.inner.conns).iter().filter(|c| !c.ep.is_closed()).map(|c| c.ep.registered()).sum()
+        let pool = self.inner.pool.as_ref().map_or(0, |p| p.registered());
+        pool + lock(&self.inner.conns)
+            .iter()
+            .filter(|c| !c.ep.is_closed())
+            .map(|c| c.ep.registered())
+            .sum::<u64>()
     }
 
     /// Rendezvous counters, and the rendezvous memory held over all open connections.
@@ -1245,6 +1346,8 @@ impl<D: Device + Clone> Server<D> {
             accept_pauses: l(&c.accept_pauses),
             lingers: l(&c.lingers),
             linger_timeouts: l(&c.linger_timeouts),
+            shared_recv_buffers: self.inner.pool.as_ref().map_or(0, |p| u64::from(p.buffers())),
+            shared_recv_dry: self.inner.pool.as_ref().map_or(0, |p| p.dry()),
         }
     }
 
@@ -1486,7 +1589,11 @@ impl<D: Device + Clone> ServerInner<D> {
                 hello.max_msg
             )));
         }
-        let window = self.config.fitted_window(n, hello.window.clamp(1, self.config.max_window))?;
+        let window = self.config.fitted_window(
+            n,
+            hello.window.clamp(1, self.config.max_window),
+            self.pool.is_some(),
+        )?;
         let (send_depth, recv_depth, repost_batch) = server_depths(window);
         let sizes = Sizes {
             queues: n,
@@ -1496,7 +1603,7 @@ impl<D: Device + Clone> ServerInner<D> {
             repost_batch,
             queue_config: self.config.queue_config,
         };
-        let ep = Endpoint::new(&self.device, sizes)?;
+        let ep = Endpoint::with_recv(&self.device, sizes, self.pool.as_ref())?;
         ep.connect(&hello.queues)?;
         let channel_id = self.next_channel.fetch_add(1, Ordering::Relaxed) & wire::MAX_CHANNEL_ID;
         let rndv = rndv::ConnRndv::new(

@@ -1,9 +1,11 @@
 //! A steady loop of blocking 64-byte calls allocates nothing: not on the calling thread, not on
-//! the server's worker (busy or going to sleep between bursts), not in the simulated NICs. Counted with a global allocator, so the
-//! result is deterministic (no timing involved).
+//! the server's worker (busy or going to sleep between bursts), not in the simulated NICs; with
+//! the server's shared receive pool (the default) and with per-connection receive buffers.
+//! Counted with a global allocator, so the result is deterministic (no timing involved); one test
+//! function, so nothing else runs while it counts.
 
 use bypass::sim::{Engine, Fabric};
-use bypass::{Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig, Status};
+use bypass::{Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig, Status};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,12 @@ use counting_alloc::{report, ALLOCATIONS, COUNTING};
 
 #[test]
 fn blocking_64_byte_calls_do_not_allocate_in_steady_state() {
+    for recv_buffers in [RecvBuffers::default(), RecvBuffers::PerConnection] {
+        steady_state(recv_buffers);
+    }
+}
+
+fn steady_state(recv_buffers: RecvBuffers) {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let echo = FunctionId::new(1, 1, true, 1).unwrap();
@@ -23,13 +31,17 @@ fn blocking_64_byte_calls_do_not_allocate_in_steady_state() {
             Ok(args.len())
         });
     });
-    let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new("alloc"), functions).unwrap();
+    let config = ServerConfig { recv_buffers, ..ServerConfig::new("alloc") };
+    let server = Server::bind(&snic, "127.0.0.1:0", config, functions).unwrap();
+    let shared = server.stats().shared_recv_buffers > 0;
+    assert_eq!(shared, recv_buffers != RecvBuffers::PerConnection, "{recv_buffers:?}");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("alloc")).unwrap();
     let args = [0x5Au8; 64];
     let mut response = Vec::new();
     for _ in 0..2_000 {
         channel.call(echo, &args, &mut response).unwrap();
     }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..5 {
         for _ in 0..2_000 {
@@ -51,7 +63,7 @@ fn blocking_64_byte_calls_do_not_allocate_in_steady_state() {
     assert_eq!(
         n,
         0,
-        "{n} heap allocations in 10,000 blocking 64-byte calls (all threads); the first:\n{}",
+        "{recv_buffers:?}: {n} heap allocations in 10,000 blocking 64-byte calls (all threads); the first:\n{}",
         report()
     );
 }

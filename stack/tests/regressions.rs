@@ -216,7 +216,11 @@ fn large_messages_fit_the_memory_limit(engine: Engine) {
     let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect with 16 MiB messages");
     let registered = channel.stats().registered_bytes;
     assert!(registered > 0 && registered <= DEFAULT_MEMORY_LIMIT, "client registered {registered} bytes");
-    let on_server = server.registered_bytes();
+    // The memory limit caps the connection and, separately, the server's shared receive pool
+    // (scaled down to 16 buffers of 16 MiB).
+    let pool = server.stats().shared_recv_buffers * (16 * MIB) as u64;
+    assert!(pool > 0 && pool <= DEFAULT_MEMORY_LIMIT, "the shared pool has {pool} bytes");
+    let on_server = server.registered_bytes() - pool;
     assert!(on_server > 0 && on_server <= DEFAULT_MEMORY_LIMIT, "server registered {on_server} bytes");
     let window = channel.window();
     assert!((1..32).contains(&window), "the window is scaled down for 16 MiB messages: {window}");
@@ -259,13 +263,21 @@ fn over_the_memory_limit_fails_fast_naming_it() {
         }
         other => panic!("a channel over its memory limit: {other:?}"),
     }
-    let small = ServerConfig { msg_size: 16 * MIB, memory_limit: 64 << 20, ..ServerConfig::new(NAME) };
+    // Per-connection receive buffers: with the shared pool (the default) a connection holds only
+    // send buffers, and both of these fit.
+    let per_conn = RecvBuffers::PerConnection;
+    let small = ServerConfig {
+        msg_size: 16 * MIB,
+        memory_limit: 64 << 20,
+        recv_buffers: per_conn,
+        ..ServerConfig::new(NAME)
+    };
     match Server::bind(&snic, "127.0.0.1:0", small, echo_functions(ECHO)) {
         Err(RpcError::InvalidArgument(text)) => assert!(text.contains("ServerConfig.memory_limit"), "{text}"),
         other => panic!("a server over its memory limit: {other:?}"),
     }
     // The server fits one queue of 16 MiB messages (5 buffers at window 1), not four.
-    let scfg = ServerConfig { msg_size: 16 * MIB, ..ServerConfig::new(NAME) };
+    let scfg = ServerConfig { msg_size: 16 * MIB, recv_buffers: per_conn, ..ServerConfig::new(NAME) };
     let server = Server::bind(&snic, "127.0.0.1:0", scfg, echo_functions(ECHO)).expect("bind");
     let ccfg =
         ChannelConfig { msg_size: 16 * MIB, queues: 4, memory_limit: 1 << 30, ..ChannelConfig::new(NAME) };

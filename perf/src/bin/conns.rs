@@ -3,18 +3,22 @@
 //! engine), and prints the process's threads (`Threads:` of `/proc/self/status`) and resident
 //! memory (`VmRSS:`) before and with the channels open, the growth per connection, the
 //! registered buffer bytes per connection (client and server side; receive buffers counted
-//! apart), and whether one call on every channel works. `docs/BENCHMARKS.md` records figures.
+//! apart; the server's alone, its shared receive pool included), and whether one call on every
+//! channel works. `docs/BENCHMARKS.md` records figures. `--per-connection` gives the server
+//! per-connection receive buffers (`RecvBuffers::PerConnection`) instead of its default shared
+//! receive pool, for comparison.
 //!
 //! ```text
 //! cargo run --release -p bypass-perf --bin bypass-conns            # 1, 100, 1000
 //! cargo run --release -p bypass-perf --bin bypass-conns -- 10 5000
+//! cargo run --release -p bypass-perf --bin bypass-conns -- --per-connection 1000
 //! ```
 //!
 //! A "connection" is one client channel and its server-side connection: both live in this
 //! process, so the figures per connection hold both ends.
 
 use bypass::sim::{Engine, Fabric, SimNic};
-use bypass::{Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use bypass::{Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig};
 use std::time::Instant;
 
 const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
@@ -24,8 +28,11 @@ const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
 const NAME: &str = "conns";
 
 fn main() {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let per_connection = args.iter().any(|a| a == "--per-connection");
+    args.retain(|a| a != "--per-connection");
+    let recv_buffers = if per_connection { RecvBuffers::PerConnection } else { RecvBuffers::default() };
     let counts: Vec<usize> = {
-        let args: Vec<String> = std::env::args().skip(1).collect();
         if args.is_empty() {
             vec![1, 100, 1000]
         } else {
@@ -42,16 +49,17 @@ fn main() {
     raise_fd_limit();
     println!(
         "bypass-conns {}: idle channels to one server in one process, sim (Inline engine), default \
-         ChannelConfig/ServerConfig (keepalive on, 1 worker)",
+         ChannelConfig/ServerConfig (keepalive on, 1 worker), server receive buffers {recv_buffers:?}",
         env!("CARGO_PKG_VERSION")
     );
     println!(
         "columns: threads and RSS with the channels open; +: growth over the server alone; /conn: per \
          connection (client channel + server connection); reg: registered buffers; recv: receive \
-         buffers among them; beyond_recv: RSS growth per connection less its receive buffers"
+         buffers among them; beyond_recv: RSS growth per connection less its receive buffers; \
+         srv_reg: the server's registered buffers (its shared pool included)"
     );
     println!(
-        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>7}",
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>9} {:>9} {:>7}",
         "conns",
         "threads",
         "+threads",
@@ -61,18 +69,19 @@ fn main() {
         "reg/conn",
         "recv/conn",
         "beyond_recv",
+        "srv_reg/c",
         "calls_ok",
         "open_s"
     );
     for &n in &counts {
-        if let Err(e) = measure(n) {
+        if let Err(e) = measure(n, recv_buffers) {
             eprintln!("bypass-conns: {n} connections: {e}");
             std::process::exit(1);
         }
     }
 }
 
-fn measure(n: usize) -> Result<(), String> {
+fn measure(n: usize, recv_buffers: RecvBuffers) -> Result<(), String> {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let mut functions = Functions::new();
@@ -80,8 +89,9 @@ fn measure(n: usize) -> Result<(), String> {
         let args = req.args().to_vec();
         let _ = req.reply(&args);
     });
-    let mut server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions)
-        .map_err(|e| format!("bind: {e}"))?;
+    let config = ServerConfig { recv_buffers, ..ServerConfig::new(NAME) };
+    let mut server =
+        Server::bind(&snic, "127.0.0.1:0", config, functions).map_err(|e| format!("bind: {e}"))?;
     let (threads0, rss0) = status();
     let started = Instant::now();
     let mut channels: Vec<Channel<SimNic>> = Vec::with_capacity(n);
@@ -100,13 +110,14 @@ fn measure(n: usize) -> Result<(), String> {
         }
     }
     let client_reg: u64 = channels.iter().map(|c| c.stats().registered_bytes).sum();
-    let reg = client_reg + server.registered_bytes();
-    let recv = recv_bytes(&channels);
+    let server_reg = server.registered_bytes();
+    let reg = client_reg + server_reg;
+    let recv = recv_bytes(&channels, server.stats().shared_recv_buffers > 0);
     let kib = |b: f64| b / 1024.0;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let per_conn = rss1.saturating_sub(rss0) as f64 / n as f64;
     println!(
-        "{:>6} {:>8} {:>8} {:>9.1} {:>9.1} {:>5.0} KiB {:>5.0} KiB {:>5.0} KiB {:>8.0} KiB {:>9} {:>7.2}",
+        "{:>6} {:>8} {:>8} {:>9.1} {:>9.1} {:>5.0} KiB {:>5.0} KiB {:>5.0} KiB {:>8.0} KiB {:>5.0} KiB {:>9} {:>7.2}",
         n,
         threads1,
         threads1 as i64 - threads0 as i64,
@@ -116,6 +127,7 @@ fn measure(n: usize) -> Result<(), String> {
         kib(reg as f64 / n as f64),
         kib(recv as f64 / n as f64),
         kib(per_conn - recv as f64 / n as f64),
+        kib(server_reg as f64 / n as f64),
         format!("{ok}/{n}"),
         open_s
     );
@@ -128,15 +140,17 @@ fn measure(n: usize) -> Result<(), String> {
 }
 
 /// Receive buffer bytes of the channels and their server connections: what the default
-/// configuration posts (client: 4 × window + repost batch per queue; server: window + batch).
-fn recv_bytes(channels: &[Channel<SimNic>]) -> u64 {
+/// configuration posts (client: 4 × window + repost batch per queue; server: window + batch,
+/// none with a shared pool, which is counted once in the server's registered bytes).
+fn recv_bytes(channels: &[Channel<SimNic>], shared_pool: bool) -> u64 {
     channels
         .iter()
         .map(|c| {
             let w = u64::from(c.window());
             let batch = w.min(16);
             let msg = ChannelConfig::default().msg_size as u64;
-            c.queues() as u64 * ((4 * w + batch) + (w + batch)) * msg
+            let server = if shared_pool { 0 } else { w + batch };
+            c.queues() as u64 * ((4 * w + batch) + server) * msg
         })
         .sum()
 }

@@ -153,6 +153,12 @@ pub(crate) struct QpCtx {
     /// The WRITE in progress: its first segment's RETH (start address, key, length) and the
     /// bytes placed so far. Middle and last segments carry no RETH.
     cur_write: Option<WriteState>,
+    /// A NAK for the expected PSN was sent (a sequence NAK, or an RNR NAK): later packets are
+    /// dropped silently until the expected one arrives. After an RNR NAK the requester rewinds
+    /// to that PSN anyway; a sequence NAK for the pipelined packets behind it would spend one of
+    /// its transport retries per RNR wait, and a queue that waits out several RNR NAKs without
+    /// a completion (a busy shared receive queue) would fail with `RetryExceeded` although
+    /// `rnr_retry = 7` retries forever.
     nak_seq_sent: bool,
     /// Segments of the current multi-segment message received since the last ACK: the responder
     /// acknowledges every [`ACK_EVERY`] of them, not only the last, so a long message over a
@@ -1183,6 +1189,8 @@ impl QpCtx {
                 None => {
                     ctx.stats.rnr_naks_sent += 1;
                     self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
+                    // The RNR NAK is the one NAK for this PSN (see `nak_seq_sent`).
+                    self.nak_seq_sent = true;
                     return;
                 }
                 Some(Ok(w))
@@ -1280,6 +1288,7 @@ impl QpCtx {
         if consumes_recv && !self.have_recv() {
             ctx.stats.rnr_naks_sent += 1;
             self.reply(ctx, Syndrome::RnrNak(self.min_rnr), hdr.psn);
+            self.nak_seq_sent = true;
             return;
         }
         // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live

@@ -444,3 +444,35 @@ fn atomics_execute_once_and_need_alignment() {
     assert_eq!(qb.state(), QueueState::Error, "an unaligned atomic is an invalid request");
     assert_eq!(word(&target), 42);
 }
+
+/// Regression (shared receive pool under load): the packets pipelined behind a SEND that was
+/// answered RNR got a sequence NAK as well, which spent one of the requester's transport
+/// retries per RNR wait, so a queue that waited out eight RNR NAKs without a completion failed
+/// with `RetryExceeded` although `rnr_retry = 7` retries forever. The RNR NAK is now the one
+/// NAK for its PSN: ten RNR waits later, every SEND lands.
+#[test]
+fn rnr_waits_spend_no_transport_retries() {
+    let (fabric, a, b, [mut ca, mut cb], [mut qa, mut qb]) = pair(4);
+    let local = a.register(4096, Access::LOCAL_WRITE).unwrap();
+    let target = b.register(4096, Access::LOCAL_WRITE).unwrap();
+    let sges: Vec<[Sge; 1]> = (0..3).map(|i| [local.sge(i * 64, 64).unwrap()]).collect();
+    let wrs: Vec<SendWr<'_>> = (0..3).map(|i| SendWr::send(i as u64, &sges[i])).collect();
+    qa.post_send(&wrs).unwrap();
+    for _ in 0..10 {
+        fabric.run_until_idle();
+        fabric.advance(std::time::Duration::from_millis(1));
+    }
+    fabric.run_until_idle();
+    assert!(b.stats().rnr_naks_sent >= 10, "{:?}", b.stats());
+    assert_eq!(a.stats().seq_naks_received, 0, "no sequence NAK behind an RNR NAK");
+    assert_eq!(qa.state(), QueueState::Ready);
+    let rsges: Vec<[Sge; 1]> = (0..3).map(|i| [target.sge(i * 64, 64).unwrap()]).collect();
+    let rwrs: Vec<RecvWr<'_>> = (0..3).map(|i| RecvWr { wr_id: i as u64, sges: &rsges[i] }).collect();
+    qb.post_recv(&rwrs).unwrap();
+    fabric.advance(std::time::Duration::from_millis(1));
+    fabric.run_until_idle();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(ca.poll(&mut wc).unwrap(), 3);
+    assert!(wc[..3].iter().all(|c| c.status == Status::Success), "{:?}", &wc[..3]);
+    assert_eq!(cb.poll(&mut wc).unwrap(), 3, "all three SENDs landed");
+}

@@ -347,7 +347,7 @@ pub(super) fn reply_large<D: Device + Clone>(
     let sges: Result<Vec<Sge>, _> =
         parts.iter().map(|&(o, l)| mem.region().sge(mem.offset() + o, l)).collect();
     let Ok(sges) = sges else {
-        conn.release(req.buf, true);
+        conn.release(req.queue, req.buf, true);
         return Err(RpcError::InvalidArgument("rendezvous response out of its buffer".into()));
     };
     let job = Arc::new(WriteJob {
@@ -365,7 +365,7 @@ pub(super) fn reply_large<D: Device + Clone>(
         written: len as u32,
     });
     // The response returns the credit: the request's buffer goes back first.
-    conn.release(req.buf, false);
+    conn.release(req.queue, req.buf, false);
     {
         let mut st = lock(&rndv.queues[q]);
         for (&(o, _), sge) in parts.iter().zip(sges) {
