@@ -567,6 +567,13 @@ impl CompletionQueue for SimCq {
             ArmMode::Solicited => armed::SOLICITED,
         };
         self.shared.arm(v);
+        // Threaded engine: a device thread backing off because this NIC was being polled must
+        // now do the work itself, since the poller is about to sleep (`nic::device_thread`).
+        if self.nic.fabric.config.engine == crate::fabric::Engine::Threaded {
+            if let Some(t) = self.nic.thread.get() {
+                t.unpark();
+            }
+        }
         // The shared-memory wire's receive thread must raise its sleeping flag now.
         #[cfg(not(loom))]
         if let Some(p) = self.nic.shm.get() {

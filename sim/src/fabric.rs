@@ -552,6 +552,49 @@ mod tests {
         nic.nic.sleeping.load(Ordering::SeqCst)
     }
 
+    /// A NIC whose CQ was being polled (so its device thread backs off and leaves the work to
+    /// the poller) still does its work once the polling stops without any CQ being armed: the
+    /// receiver here is never polled again, yet it must take the message and acknowledge it, or
+    /// the sender's completion never comes (or comes with a retry error).
+    #[test]
+    fn threaded_device_thread_resumes_when_its_poller_stops() {
+        use bypass_hal::*;
+        let fabric = Fabric::new(Engine::Threaded);
+        let (a, b) = (fabric.add_nic(), fabric.add_nic());
+        let cfg = QueueConfig::default();
+        let (mut ca, mut cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut qa = a.create_queue(&cfg, &ca, &ca).unwrap();
+        let mut qb = b.create_queue(&cfg, &cb, &cb).unwrap();
+        let (ia, ib) = (qa.info(), qb.info());
+        qa.connect(&ib).unwrap();
+        qb.connect(&ia).unwrap();
+        let mr = b.register(8, Access::LOCAL_WRITE).unwrap();
+        qb.post_recv(&[RecvWr { wr_id: 1, sges: &[mr.sge(0, 8).unwrap()] }]).unwrap();
+        let mut wc = [Completion::default(); 2];
+        // Poll b's CQ until its device thread has seen the poller (it clears the flag as it
+        // backs off).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert_eq!(cb.poll(&mut wc).unwrap(), 0);
+            std::thread::sleep(Duration::from_micros(100));
+            if !b.nic.polled.load(Ordering::Relaxed) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "b's device thread never looked at its poll flag");
+        }
+        assert_eq!(cb.poll(&mut wc).unwrap(), 0);
+        qa.post_send(&[SendWr::send(2, &[])]).unwrap();
+        let mut sent = 0;
+        while sent == 0 {
+            assert!(Instant::now() < deadline, "an unpolled NIC's device thread did not resume");
+            sent += ca.poll(&mut wc).unwrap();
+            std::thread::yield_now();
+        }
+        assert_eq!((wc[0].wr_id, wc[0].status), (2, Status::Success));
+        assert_eq!(cb.poll(&mut wc).unwrap(), 1, "the receive completed without b being polled");
+        assert_eq!(wc[0].wr_id, 1);
+    }
+
     /// An idle NIC's device thread parks (so it burns no CPU) and a doorbell wakes it.
     #[test]
     fn threaded_device_thread_parks_when_idle_and_wakes_on_doorbell() {

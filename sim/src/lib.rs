@@ -52,6 +52,7 @@ mod eventfd;
 mod events;
 mod fabric;
 mod fault;
+mod inbox;
 pub mod layout;
 mod nic;
 pub mod packet;
@@ -84,6 +85,42 @@ pub mod loom_api {
     /// The shared-memory wire's ring and doorbell protocol (`RingCtl`, `Bell`, `push`, `pop`,
     /// `wake_needed`, `prepare_sleep`, ...), over loom atomics.
     pub use crate::shm::ring as shm_ring;
+
+    /// A NIC's inbox (`sim/src/inbox.rs`): senders push, the device (one consumer) takes.
+    #[derive(Debug)]
+    pub struct Inbox(crate::inbox::Inbox);
+
+    impl Inbox {
+        /// `depth` slots of `mtu` bytes.
+        pub fn new(depth: usize, mtu: usize) -> Self {
+            Inbox(crate::inbox::Inbox::new(depth, mtu))
+        }
+
+        /// A sender (NIC `src_nic`) offers a packet with this PSN and payload; false if full
+        /// (then, if `wait`, the sender is registered to be kicked).
+        pub fn push(&self, src_nic: u32, psn: u32, payload: &[u8], wait: bool) -> bool {
+            let hdr = crate::packet::PacketHeader {
+                src_nic,
+                psn,
+                payload_len: payload.len() as u32,
+                ..Default::default()
+            };
+            self.0.push(&hdr, &mut |b: &mut [u8]| b.copy_from_slice(payload), wait)
+        }
+
+        /// The device takes the oldest packet: `(src_nic, psn, payload)`; the senders it kicks
+        /// (they waited for room) are appended to `kicked`.
+        ///
+        /// # Safety
+        /// One consumer at a time (in the sim: the device lock's holder).
+        pub unsafe fn take(&self, kicked: &mut Vec<u32>) -> Option<(u32, u32, Vec<u8>)> {
+            // SAFETY: the caller is the only consumer.
+            let got = unsafe { self.0.with_front(|h, p, _| (h.src_nic, h.psn, p.to_vec())) }?;
+            // SAFETY: as above; a packet is at the head.
+            unsafe { self.0.pop(&mut |w| kicked.push(w)) };
+            Some(got)
+        }
+    }
 
     /// A READY queue's send side as the driver and the device share it (`QueueShared`): the send
     /// ring with its doorbell, the `wr_id` side table, and the consumer index the poller publishes.

@@ -27,8 +27,11 @@ pub(crate) struct Nic {
     pub unblocked: AtomicBool,
     /// Earliest timer deadline, published after each run.
     pub deadline: AtomicU64,
-    /// Threaded engine: the device thread is (about to be) parked.
+    /// Threaded engine: the device thread is (about to be) parked until a kick unparks it.
     pub sleeping: AtomicBool,
+    /// Threaded engine: a CQ of this NIC was polled since the device thread last cleared this
+    /// (its pollers run the flagged work, so the device thread backs off).
+    pub polled: AtomicBool,
     pub thread: OnceLock<std::thread::Thread>,
     /// How many of this NIC's CQs are armed (their user is about to sleep on an event fd).
     pub armed_cqs: Arc<AtomicU32>,
@@ -55,6 +58,7 @@ impl Nic {
             unblocked: AtomicBool::new(false),
             deadline: AtomicU64::new(NEVER),
             sleeping: AtomicBool::new(false),
+            polled: AtomicBool::new(false),
             thread: OnceLock::new(),
             armed_cqs: Arc::new(AtomicU32::new(0)),
             caps,
@@ -73,7 +77,9 @@ impl Nic {
     pub(crate) fn kick(&self) {
         self.work.store(true, Ordering::SeqCst);
         match self.fabric.config.engine {
-            Engine::Inline => self.run_inline(),
+            Engine::Inline => {
+                self.run_inline();
+            }
             Engine::Threaded => {
                 if self.sleeping.load(Ordering::SeqCst) {
                     if let Some(t) = self.thread.get() {
@@ -104,7 +110,13 @@ impl Nic {
                 // A poller that finds work flagged runs it (unless the device thread is at it):
                 // its spin would otherwise wait for the device thread to be scheduled, which on
                 // a machine with more spinning threads than cores costs a time slice per hop.
-                if self.work.load(Ordering::Relaxed) {
+                // It also tells the device thread that someone polls (written only when clear,
+                // so the line stays shared while the poller spins).
+                if !self.polled.load(Ordering::Relaxed) {
+                    self.polled.store(true, Ordering::Relaxed);
+                }
+                if self.work.load(Ordering::Relaxed) || self.shm_pending() {
+                    self.work.store(true, Ordering::SeqCst);
                     self.run_inline();
                 }
                 return;
@@ -146,15 +158,18 @@ impl Nic {
 
     /// Runs the device on this thread unless another thread is running it, in which case that
     /// thread sees `work` and goes round again.
-    fn run_inline(&self) {
+    /// Returns false if it never got the lock (another thread held it throughout).
+    pub(crate) fn run_inline(&self) -> bool {
+        let mut got = false;
         loop {
-            let Some(mut dev) = sync::try_lock(&self.dev) else { return };
+            let Some(mut dev) = sync::try_lock(&self.dev) else { return got };
+            got = true;
             while self.work.swap(false, Ordering::SeqCst) {
                 self.run_all(&mut dev);
             }
             drop(dev);
             if !self.work.load(Ordering::SeqCst) {
-                return;
+                return true;
             }
         }
     }
@@ -266,8 +281,19 @@ fn trace_run_begin() -> Option<(u64, u64)> {
     Some((trace::now(), trace::offered()))
 }
 
+/// How long a device thread whose NIC is being polled stays away before it looks again.
+const POLLED_BACKOFF: Duration = Duration::from_millis(1);
+
 /// Body of a Threaded-engine device thread: run while there is work, spin briefly when idle, then
 /// park until a doorbell or packet (or the next timer) so an idle NIC burns no CPU.
+///
+/// While the NIC's CQs are being polled (and none is armed), the pollers run its flagged work
+/// (`Nic::on_poll`) and the device thread stays off the CPU: it parks for [`POLLED_BACKOFF`] (or
+/// until its next timer), runs due timers, and resumes only when a backoff passed with no poll
+/// or a CQ was armed (`SimCq::arm` unparks it). A device thread that competed with its pollers
+/// for the work kept four threads spinning on two cores and was preempted holding the device
+/// lock, so whole runs went slow (docs/BENCHMARKS.md, issue 14). It never blocks on the device
+/// lock and never clears the work flag without holding it: whoever holds the lock sees the flag.
 pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
     const SPINS: u32 = 20_000;
     let mut idle = 0u32;
@@ -278,14 +304,29 @@ pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
         }
         let now = n.now();
         let due = n.deadline.load(Ordering::Acquire) <= now;
-        if n.work.swap(false, Ordering::SeqCst)
-            || due
-            || n.unblocked.load(Ordering::Relaxed)
-            || n.shm_pending()
-        {
-            let mut dev = sync::lock(&n.dev);
-            n.run_all(&mut dev);
+        let polled = n.polled.load(Ordering::Relaxed) && n.armed_cqs.load(Ordering::SeqCst) == 0;
+        if polled {
+            n.polled.store(false, Ordering::Relaxed);
+            if due || n.unblocked.load(Ordering::Relaxed) {
+                n.work.store(true, Ordering::SeqCst);
+                n.run_inline();
+            }
+            let d = n.deadline.load(Ordering::Acquire);
+            let wait = Duration::from_nanos(d.saturating_sub(n.now())).min(POLLED_BACKOFF);
+            drop(n);
+            std::thread::park_timeout(wait);
             idle = 0;
+            continue;
+        }
+        if n.work.load(Ordering::SeqCst) || due || n.unblocked.load(Ordering::Relaxed) || n.shm_pending() {
+            n.work.store(true, Ordering::SeqCst);
+            if n.run_inline() {
+                idle = 0;
+            } else {
+                // A poller holds the device (and will see the flag): do not spin against it
+                // while it may be the one waiting for a CPU.
+                std::thread::yield_now();
+            }
             continue;
         }
         if idle < SPINS {

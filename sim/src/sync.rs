@@ -99,6 +99,14 @@ pub mod mutation {
         /// `shm::ring::push` skips the SeqCst fence between raising its waiting flag and
         /// re-reading the consumer index (the lost unblock).
         ShmNoFenceBeforeFullRecheck = 107,
+        /// `inbox::Inbox::push` publishes a slot `Relaxed`, not `Release`.
+        InboxPublishRelaxed = 108,
+        /// `inbox::Inbox::push` claims a position with a load and a store, not a
+        /// compare-exchange (two senders can claim the same slot).
+        InboxClaimLoadStore = 109,
+        /// `inbox::Inbox::push` marks the blocking slot with a load and a store instead of a
+        /// read-modify-write (a free in between is overwritten: the lost kick).
+        InboxMarkLoadStore = 110,
     }
 
     pub use bypass_hal::mutation::Guard;

@@ -575,26 +575,27 @@ impl DeviceState {
         }
     }
 
+    /// Takes the oldest inbound packet, if any; kicks the NICs that waited for room if one
+    /// marked its slot.
     fn rx_one(&mut self, now: Nanos, port: &Port, kick_waiter: &mut dyn FnMut(u32)) -> bool {
         if !port.maybe_nonempty() {
             return false;
         }
-        let mut ib = crate::sync::lock(&port.inbox);
-        let Some((hdr, payload)) = ib.front() else { return false };
-        let hdr = *hdr;
-        if trace::is_enabled() {
-            trace_flight(&hdr, ib.front_sent_at());
+        // SAFETY: the caller holds this NIC's device lock (`&mut self` is its state), so this
+        // thread is the inbox's only consumer.
+        let took = unsafe {
+            port.inbox.with_front(|hdr, payload, sent_at| {
+                if trace::is_enabled() {
+                    trace_flight(hdr, sent_at);
+                }
+                self.receive(now, hdr, payload);
+            })
+        };
+        if took.is_none() {
+            return false;
         }
-        self.receive(now, &hdr, payload);
-        ib.pop();
-        port.queued.fetch_sub(1, crate::sync::Ordering::AcqRel);
-        // One freed slot wakes one waiter; the next pop wakes the next. (Waking every waiter in a
-        // loop would spin: a woken sender that fills the slot at once registers again.)
-        let waiter = ib.take_waiter();
-        drop(ib);
-        if let Some(w) = waiter {
-            kick_waiter(w);
-        }
+        // SAFETY: as above; `with_front` found the packet at the head.
+        unsafe { port.inbox.pop(kick_waiter) };
         true
     }
 

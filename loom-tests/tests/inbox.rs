@@ -1,0 +1,172 @@
+//! loom models of a NIC's inbox (`sim/src/inbox.rs`): the lock-free ring of packet slots that
+//! sending NICs fill and the receiving device drains, through `bypass_sim::loom_api::Inbox`
+//! (the production code, whose atomics, mutex and slot cells are loom's under `--cfg loom`, so
+//! every header and payload access is checked too).
+//!
+//! - [`packets_arrive_once_in_order_through_a_full_inbox`]: one sender pushes 3 packets through
+//!   a 2-slot inbox (retrying when full) ‖ the device takes them: each arrives once, in order,
+//!   with its bytes.
+//! - [`two_senders_never_share_a_slot`]: two senders push one packet each into a 2-slot inbox ‖
+//!   the device takes both: each once, with its own bytes.
+//! - [`a_refused_sender_is_always_kicked`]: a sender refused by a full 1-slot inbox registers
+//!   and marks the blocking slot ‖ the device takes the packet (its free sees the mark or the
+//!   sender sees the free and retries): if the sender is refused, the device kicks it.
+//!
+//! Broken twins (`bypass_sim::loom_api::mutation`): the slot published `Relaxed` (a causality
+//! violation on the slot), the position claimed with a load and a store (two senders write one
+//! slot), and the blocking slot marked with a load and a store (a lost kick).
+#![cfg(loom)]
+
+use bypass_loom_tests::{check, Bound};
+use bypass_sim::loom_api::mutation::{self as sim_mutation, Mutant as SimMutant};
+use bypass_sim::loom_api::Inbox;
+use loom::sync::Arc;
+use loom::thread;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Mutants are process-wide and `check` serializes only models, not the setting of a mutant:
+/// every test here holds this lock around both.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Packet `i` of sender `s`: `i + 1` bytes of value `0x10 * s + i`.
+fn payload(s: u32, i: u32) -> Vec<u8> {
+    vec![(0x10 * s + i) as u8; i as usize + 1]
+}
+
+/// The device's side: takes `n` packets, yielding while the inbox is empty.
+fn take(ib: &Inbox, n: usize) -> Vec<(u32, u32, Vec<u8>)> {
+    let mut got = Vec::new();
+    while got.len() < n {
+        // SAFETY: this thread is the model's only consumer.
+        match unsafe { ib.take(&mut Vec::new()) } {
+            Some(p) => got.push(p),
+            None => thread::yield_now(),
+        }
+    }
+    // SAFETY: as above.
+    assert!(unsafe { ib.take(&mut Vec::new()) }.is_none(), "a packet arrived twice");
+    got
+}
+
+/// Executions of the first model in which the sender found the inbox full.
+static FULL_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+fn in_order_model() {
+    const N: u32 = 3;
+    let ib = Arc::new(Inbox::new(2, 4));
+    let tx = ib.clone();
+    let sender = thread::spawn(move || {
+        for i in 0..N {
+            while !tx.push(1, i, &payload(1, i), false) {
+                FULL_SEEN.fetch_add(1, Ordering::Relaxed);
+                thread::yield_now();
+            }
+        }
+    });
+    let rx = ib.clone();
+    let device = thread::spawn(move || {
+        let got = take(&rx, N as usize);
+        for (i, p) in got.into_iter().enumerate() {
+            assert_eq!(p, (1, i as u32, payload(1, i as u32)), "packet {i} out of order or altered");
+        }
+    });
+    sender.join().unwrap();
+    device.join().unwrap();
+}
+
+#[test]
+fn packets_arrive_once_in_order_through_a_full_inbox() {
+    let _serial = serial();
+    FULL_SEEN.store(0, Ordering::Relaxed);
+    check(Bound::Env, in_order_model);
+    assert!(FULL_SEEN.load(Ordering::Relaxed) > 0, "no execution found the inbox full");
+}
+
+/// The slot published `Relaxed`: the device acquires nothing and reads a slot whose write does
+/// not happen before its read.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn twin_publish_relaxed_is_caught() {
+    let _serial = serial();
+    let _mutant = sim_mutation::set(SimMutant::InboxPublishRelaxed);
+    check(Bound::Env, in_order_model);
+}
+
+fn two_senders_model() {
+    let ib = Arc::new(Inbox::new(2, 4));
+    let senders: Vec<_> = (1..=2)
+        .map(|s| {
+            let tx = ib.clone();
+            thread::spawn(move || assert!(tx.push(s, 0, &payload(s, 0), false), "sender {s} refused"))
+        })
+        .collect();
+    let rx = ib.clone();
+    let device = thread::spawn(move || {
+        let mut got = take(&rx, 2);
+        got.sort();
+        assert_eq!(got, [(1, 0, payload(1, 0)), (2, 0, payload(2, 0))], "a packet lost or altered");
+    });
+    for s in senders {
+        s.join().unwrap();
+    }
+    device.join().unwrap();
+}
+
+#[test]
+fn two_senders_never_share_a_slot() {
+    let _serial = serial();
+    check(Bound::Env, two_senders_model);
+}
+
+/// Claiming with a load and a store: both senders can claim position 0 and write one slot.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn twin_claim_load_store_is_caught() {
+    let _serial = serial();
+    let _mutant = sim_mutation::set(SimMutant::InboxClaimLoadStore);
+    check(Bound::Env, two_senders_model);
+}
+
+fn kick_model() {
+    let ib = Arc::new(Inbox::new(1, 4));
+    assert!(ib.push(1, 0, &payload(1, 0), true));
+    let refused = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+    let (tx, r) = (ib.clone(), refused.clone());
+    let sender = thread::spawn(move || {
+        if !tx.push(2, 0, &payload(2, 0), true) {
+            r.store(true, loom::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    let rx = ib.clone();
+    let device = thread::spawn(move || {
+        let mut kicked = Vec::new();
+        // SAFETY: this thread is the model's only consumer.
+        assert_eq!(unsafe { rx.take(&mut kicked) }, Some((1, 0, payload(1, 0))));
+        kicked
+    });
+    sender.join().unwrap();
+    let kicked = device.join().unwrap();
+    let refused = refused.load(loom::sync::atomic::Ordering::Relaxed);
+    assert!(!refused || kicked == [2], "lost kick: the sender was refused and never kicked ({kicked:?})");
+}
+
+#[test]
+fn a_refused_sender_is_always_kicked() {
+    let _serial = serial();
+    check(Bound::Exhaustive, kick_model);
+}
+
+/// Marking the blocking slot with a load and a store: the device's free can fall between them
+/// and be overwritten (the inbox then looks full with nothing in it, and nobody kicks the sender).
+#[test]
+#[should_panic(expected = "lost kick")]
+fn twin_mark_load_store_is_caught() {
+    let _serial = serial();
+    let _mutant = sim_mutation::set(SimMutant::InboxMarkLoadStore);
+    check(Bound::Exhaustive, kick_model);
+}
