@@ -310,40 +310,29 @@ fn aside_thread() {
     }
 }
 
-/// Should the loop thread unwind (a panic outside [`guarded`]), the connections it held and
-/// the new ones waiting for it are abandoned, and the next [`watch`] starts a new loop, instead
-/// of handing connections to a loop that is gone.
-struct LoopGone;
-
-impl Drop for LoopGone {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        eprintln!("bypass: the control loop panicked; its connections are closed");
-        let waiting = {
-            let mut st = lock(&STATE);
-            st.running = None;
-            st.scan = false;
-            std::mem::take(&mut st.new)
-        };
-        waiting.into_iter().for_each(abandon);
+/// The loop thread: runs [`run_loop`]; should it panic (outside [`guarded`]), the connections
+/// it held and the new ones waiting for it are abandoned — after the unwind, not during it,
+/// since closing runs callbacks — and the next [`watch`] starts a new loop, instead of handing
+/// connections to a loop that is gone.
+fn run(shared: Arc<Shared>) {
+    let mut table =
+        Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
+    if catch_unwind(AssertUnwindSafe(|| run_loop(&shared, &mut table))).is_ok() {
+        return;
     }
-}
-
-impl Drop for Table {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.slots.drain(..).flatten().for_each(|e| abandon(e.w));
-        }
-    }
+    eprintln!("bypass: the control loop panicked; its connections are closed");
+    let waiting = {
+        let mut st = lock(&STATE);
+        st.running = None;
+        st.scan = false;
+        std::mem::take(&mut st.new)
+    };
+    table.slots.drain(..).flatten().for_each(|e| abandon(e.w));
+    waiting.into_iter().for_each(abandon);
 }
 
 /// The loop itself.
-fn run(shared: Arc<Shared>) {
-    let _gone = LoopGone;
-    let mut table =
-        Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
+fn run_loop(shared: &Shared, table: &mut Table) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
         let (new, scan) = {
