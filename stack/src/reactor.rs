@@ -349,12 +349,12 @@ fn run_loop(shared: &Shared, table: &mut Table) {
             for idx in 0..table.slots.len() {
                 if table.slots[idx].is_some() {
                     let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_wake());
-                    table.apply(&shared, idx, step);
+                    table.apply(shared, idx, step);
                 }
             }
         }
         for w in new {
-            table.insert(&shared, w);
+            table.insert(shared, w);
         }
         if table.live == 0 {
             continue; // look at the queue of new ones again (and end if it is empty)
@@ -394,7 +394,7 @@ fn run_loop(shared: &Shared, table: &mut Table) {
             let idx = key as usize;
             let step = guarded(table.slots.get_mut(idx).and_then(Option::as_mut), |e| e.w.on_readable());
             if table.slots.get(idx).is_some_and(Option::is_some) {
-                table.apply(&shared, idx, step);
+                table.apply(shared, idx, step);
             }
         }
         let now = Instant::now();
@@ -411,7 +411,7 @@ fn run_loop(shared: &Shared, table: &mut Table) {
                 e.scheduled = None;
             }
             let step = guarded(table.slots[idx].as_mut(), |e| e.w.on_timer(now));
-            table.apply(&shared, idx, step);
+            table.apply(shared, idx, step);
         }
     }
 }
