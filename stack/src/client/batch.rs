@@ -229,3 +229,91 @@ impl<D: Device + Clone> Drop for CallBatch<'_, D> {
         self.flush();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The failed-post path, which needs a post the device refuses while the channel still takes
+    //! the queue for READY: every other way a queue stops being usable (a failure, a close) also
+    //! ends the staged calls itself, before the flush gets to post them (tests/batch.rs).
+
+    use crate::sim::{Engine, Fabric};
+    use crate::{CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+
+    const ECHO: FunctionId = match FunctionId::new(0x30, 0x3, true, 1) {
+        Some(f) => f,
+        None => panic!("bad function id"),
+    };
+
+    #[test]
+    fn a_refused_post_ends_every_staged_call_once_and_leaks_nothing() {
+        let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0005 });
+        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+        let mut functions = Functions::new();
+        functions.register(ECHO, |req| {
+            let args = req.args().to_vec();
+            let _ = req.reply(&args);
+        });
+        let config = ServerConfig { workers: 0, ..ServerConfig::new("batch-unit") };
+        let server = Server::bind(&snic, "127.0.0.1:0", config, functions).expect("bind");
+        let ccfg = ChannelConfig { queues: 2, window: 8, recovery: None, ..ChannelConfig::new("batch-unit") };
+        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
+        fabric.run_until_idle();
+        let inner = &channel.inner;
+        let credits = inner.credits[0].available();
+        let out: Arc<Mutex<Vec<(u8, String)>>> = Arc::default();
+        let on_queue = |q| CallOptions { queue: Some(q), wait_for_credit: false, ..CallOptions::default() };
+        let mut batch = channel.batch();
+        for i in 0..5u8 {
+            let out = out.clone();
+            batch
+                .call_callback(&on_queue(0), ECHO, &[i], move |r| {
+                    out.lock().unwrap().push((i, r.expect_err("the post was refused").to_string()));
+                })
+                .expect("stage");
+        }
+        assert_eq!(inner.credits[0].available(), credits - 5, "each staged call holds a credit");
+        // The device now refuses posts on queue 0 (a queue in RESET cannot send), while the channel
+        // has seen nothing wrong with it: only the flush's post finds out.
+        inner.ep.reset_queue(0).expect("reset queue 0");
+        assert!(inner.ep.queues[0].ready.load(std::sync::atomic::Ordering::Acquire));
+        batch.flush();
+        let got = out.lock().unwrap().clone();
+        assert_eq!(got.len(), 5, "each staged call ended exactly once, at the flush: {got:?}");
+        let mut ids: Vec<u8> = got.iter().map(|(i, _)| *i).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1, 2, 3, 4]);
+        for (i, e) in &got {
+            assert!(e.contains("posting the batch failed"), "call {i}: {e}");
+        }
+        assert_eq!(channel.stats().tx_in_use, 0, "the send contexts came back");
+        assert_eq!(inner.credits[0].available(), credits, "the credits came back");
+        fabric.run_until_idle();
+        server.poll();
+        assert_eq!(server.stats().requests, 0, "nothing reached the server");
+        // A full window still fits in the table and the contexts: a batch of 8 on queue 1 works.
+        let mut batch = channel.batch();
+        let futs: Vec<_> = (0..8u8)
+            .map(|i| batch.call_future(&on_queue(1), ECHO, &[i; 8]).expect("stage on queue 1"))
+            .collect();
+        drop(batch);
+        for _ in 0..1_000 {
+            if futs.iter().all(|f| f.is_done()) {
+                break;
+            }
+            fabric.run_until_idle();
+            server.poll();
+            channel.poll();
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for (i, mut f) in (0..8u8).zip(futs) {
+            let r = std::pin::Pin::new(&mut f).poll(&mut cx);
+            assert!(
+                matches!(&r, std::task::Poll::Ready(Ok(v)) if v == &[i; 8]),
+                "call {i} on queue 1: {r:?}"
+            );
+        }
+        assert_eq!(server.stats().requests, 8);
+    }
+}
