@@ -1,6 +1,7 @@
 //! Queue numbers are reused after a queue is destroyed, and a late packet, queued response or
 //! CQE of a destroyed queue never reaches the queue that got its slot (the number's generation
-//! differs), also once the 8-bit generation wraps and a number comes back (after 256 reuses).
+//! differs). Once the 8-bit generation wraps and a number comes back (after 256 reuses of its
+//! slot), a CQE of its first queue is still not taken for the new one's (the CQE epoch).
 
 use bypass_hal::*;
 use bypass_sim::{Engine, Fabric, SimNic};
