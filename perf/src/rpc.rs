@@ -6,7 +6,7 @@
 //!   the channel and the server.
 //! - `rate`: calls with completion callbacks, up to `window` in flight, `batch` started between
 //!   two polls of the channel (more than one: staged in a `CallBatch` and posted together, one
-//!   doorbell per 16); the server echoes the arguments.
+//!   doorbell per queue and up to 16 calls); the server echoes the arguments.
 //! - `bw`: the same loop, but the server replies with no data (one-way bytes).
 //!
 //! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
