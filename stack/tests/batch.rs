@@ -19,6 +19,8 @@ const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
 const NAME: &str = "batch";
 
 type Outcomes = Arc<Mutex<Vec<(u8, Result<Vec<u8>, String>)>>>;
+/// Per call, its outcome once it ended.
+type Slots = Arc<Mutex<Vec<Option<Result<Vec<u8>, String>>>>>;
 
 /// A callback that records call `i`'s outcome.
 fn record(out: &Outcomes, i: u8) -> impl FnOnce(Result<&[u8], RpcError>) + Send + 'static {
@@ -176,7 +178,7 @@ fn calls_staged_across_a_queue_recovery_end_once_and_never_run() {
     drive();
     let on = |q| CallOptions { queue: Some(q), wait_for_credit: false, ..CallOptions::default() };
     // Outcomes by call: 0..4 on queue 0, 4..8 on queue 1. A second outcome for a call panics.
-    let outcomes: Arc<Mutex<Vec<Option<Result<Vec<u8>, String>>>>> = Arc::new(Mutex::new(vec![None; 8]));
+    let outcomes: Slots = Arc::new(Mutex::new(vec![None; 8]));
     let mut batch = channel.batch();
     for i in 0..8u8 {
         let o = outcomes.clone();

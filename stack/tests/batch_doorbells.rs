@@ -22,6 +22,9 @@ const NAME: &str = "batch-doorbells";
 const QUEUES: usize = 4;
 const CALLS: u8 = 32;
 
+/// Per completed call, its number and its echo.
+type Echoes = Arc<Mutex<Vec<(u8, Vec<u8>)>>>;
+
 #[test]
 fn a_flush_rings_each_queues_doorbell_once() {
     let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0D00 });
@@ -32,7 +35,7 @@ fn a_flush_rings_each_queues_doorbell_once() {
     let ccfg = ChannelConfig { queues: QUEUES, window: 32, keepalive: None, ..ChannelConfig::new(NAME) };
     let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
     fabric.run_until_idle();
-    let out: Arc<Mutex<Vec<(u8, Vec<u8>)>>> = Arc::default();
+    let out: Echoes = Arc::default();
     let mut batch = channel.batch();
     for i in 0..CALLS {
         let out = out.clone();
