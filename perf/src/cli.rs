@@ -96,8 +96,13 @@ pub struct Args {
     #[arg(short = 'w', long, default_value_t = 32, value_name = "N")]
     pub window: u32,
 
+    /// RPC: queue pairs of the channel (1..=256); calls are spread over them round-robin, and a
+    /// batch (-b) posts each queue's share with one doorbell
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub queues: usize,
+
     /// Batch: work requests per doorbell (hal), calls started between two polls and posted
-    /// together with one doorbell per 16 (rpc, `Channel::batch`),
+    /// together with one doorbell per queue and 16 calls (rpc, `Channel::batch`),
     /// messages per write() (tcp) [default: hal min(32, window); rpc window; tcp 1]
     #[arg(short = 'b', long, value_name = "N")]
     pub batch: Option<u32>,
@@ -352,6 +357,8 @@ pub struct Plan {
     pub backend: String,
     pub window: usize,
     pub batch: usize,
+    /// RPC: queue pairs of the channel.
+    pub queues: usize,
     /// RPC message size, header included.
     pub msg_size: usize,
     /// Client CPU, server CPU.
@@ -439,6 +446,12 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     }
     if level != Level::Tcp && a.busy_poll {
         return Err("--busy-poll applies to --level tcp (the NIC tests always poll)".into());
+    }
+    if level != Level::Rpc && a.queues != 1 {
+        return Err("--queues applies to --level rpc".into());
+    }
+    if !(1..=256).contains(&a.queues) {
+        return Err(format!("--queues {}: use 1..=256", a.queues));
     }
     if level != Level::Rpc && a.msg_size.is_some() {
         return Err("--msg-size applies to --level rpc".into());
@@ -643,6 +656,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
         backend: a.backend.clone(),
         window,
         batch,
+        queues: a.queues,
         msg_size,
         pin: (a.pin.first().copied(), a.pin.get(1).copied()),
         one_thread: a.one_thread,

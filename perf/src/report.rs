@@ -239,6 +239,9 @@ fn json_row(plan: &Plan, spec: &Spec, m: &Measured) -> Map<String, Value> {
             let window = if plan.level == Level::Tcp { Value::Null } else { plan.window.into() };
             o.insert("window".into(), window);
             o.insert("batch".into(), plan.batch.into());
+            if plan.level == Level::Rpc {
+                o.insert("queues".into(), plan.queues.into());
+            }
             o.insert("msgs_per_sec".into(), t.msgs_per_sec().round().into());
             o.insert("mib_per_sec".into(), ((t.mib_per_sec() * 100.0).round() / 100.0).into());
         }

@@ -6,7 +6,7 @@
 //!   the channel and the server.
 //! - `rate`: calls with completion callbacks, up to `window` in flight, `batch` started between
 //!   two polls of the channel (more than one: staged in a `CallBatch` and posted together, one
-//!   doorbell per 16); the server echoes the arguments.
+//!   doorbell per queue and up to 16 calls); the server echoes the arguments.
 //! - `bw`: the same loop, but the server replies with no data (one-way bytes).
 //!
 //! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
@@ -66,6 +66,7 @@ fn start_server<D: Device + Clone>(nic: &D, addr: &str, plan: &Plan) -> Res<Serv
     let server_config = ServerConfig {
         msg_size: plan.msg_size,
         max_window: window.max(128),
+        max_queues: plan.queues.max(64),
         workers: if plan.one_thread { 0 } else { 1 },
         pin: plan.pin.1.into_iter().collect(),
         // Room for a window of the largest rendezvous calls (each needs a power of two).
@@ -118,6 +119,7 @@ impl<D: Device + Clone> Rig<D> {
         let window = plan.window as u32;
         let channel_config = ChannelConfig {
             window,
+            queues: plan.queues,
             msg_size: plan.msg_size,
             table_size: (4 * plan.window).max(1024).next_power_of_two(),
             // A benchmark on a busy machine should be slow rather than fail.

@@ -1,6 +1,7 @@
 //! Queue numbers are reused after a queue is destroyed, and a late packet, queued response or
 //! CQE of a destroyed queue never reaches the queue that got its slot (the number's generation
-//! differs).
+//! differs). Once the 8-bit generation wraps and a number comes back (after 256 reuses of its
+//! slot), a CQE of its first queue is still not taken for the new one's (the CQE epoch).
 
 use bypass_hal::*;
 use bypass_sim::{Engine, Fabric, SimNic};
@@ -172,4 +173,66 @@ fn late_packets(seed: u64) {
     let mut bytes = vec![0u8; N * LEN];
     new_bufs.read(0, &mut bytes).unwrap();
     assert!(bytes.iter().all(|&b| b == 0), "seed {seed}: bytes landed in the new queue's buffers");
+}
+
+/// A slot's generation is 8 bits, so its 257th queue gets its first queue's number back, and none
+/// of the 255 in between does. A completion the first queue left unpolled in a CQ the 257th
+/// shares is still not taken for the 257th queue's, nor does it free the 257th queue's ring
+/// slot: what keeps them apart is the CQE epoch a slot carries over from queue to queue.
+#[test]
+fn a_number_back_after_256_reuses_never_gets_its_first_owners_completions() {
+    const LEN: usize = 32;
+    let fabric = Fabric::new(Engine::Stepped { seed: 0x0256 });
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    // One send slot: a slot freed by somebody else's completion shows as room to post.
+    let cfg = small();
+    let mut cq = na.create_cq(16).unwrap();
+    let mut cqb = nb.create_cq(16).unwrap();
+    let mut src = na.register(LEN, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &[0x5A; LEN]).unwrap();
+    let dst = recv_buffers(&nb, 1, LEN);
+    let sge = src.sge(0, LEN).unwrap();
+    let mut wc = [Completion::default(); 16];
+    // The first owner sends once, run to the end: its send completion stays in `cq`, unpolled.
+    let mut first = na.create_queue(&cfg, &cq, &cq).unwrap();
+    let number = first.qpn();
+    let mut peer = peer_of(&nb, &cqb, &mut first);
+    peer.post_recv(&[RecvWr { wr_id: 1, sges: &[dst.sge(0, LEN).unwrap()] }]).unwrap();
+    first.post_send(&[SendWr::send(0xDEAD, &[sge])]).unwrap();
+    fabric.run_until_idle();
+    assert_eq!(cqb.poll(&mut wc).unwrap(), 1, "the first owner's send arrived");
+    drop(first);
+    drop(peer);
+    for reuse in 1..256 {
+        let q = na.create_queue(&cfg, &cq, &cq).unwrap();
+        assert_eq!(q.qpn() & SLOT, number & SLOT, "reuse {reuse}: the one free slot");
+        assert_ne!(q.qpn(), number, "reuse {reuse}: the number came back before 256 reuses");
+    }
+    let mut again = na.create_queue(&cfg, &cq, &cq).unwrap();
+    assert_eq!(again.qpn(), number, "the 8-bit generation wrapped: the 257th queue has the first's number");
+    let mut peer = peer_of(&nb, &cqb, &mut again);
+    peer.post_recv(&[RecvWr { wr_id: 2, sges: &[dst.sge(0, LEN).unwrap()] }]).unwrap();
+    // Its one send slot taken and not run yet: the left-over completion is polled now.
+    again.post_send(&[SendWr::send(0xBEEF, &[sge])]).unwrap();
+    let n = cq.poll(&mut wc).unwrap();
+    assert_eq!(n, 0, "the first owner's completion surfaced on the 257th queue: {:?}", &wc[..n]);
+    let refused = again.post_send(&[SendWr::send(0xBAD, &[sge])]);
+    assert!(
+        matches!(refused, Err(Error::WouldBlock { .. })),
+        "the first owner's completion freed the 257th queue's busy send slot: {refused:?}"
+    );
+    fabric.run_until_idle();
+    let n = cq.poll(&mut wc).unwrap();
+    let got: Vec<_> = wc[..n].iter().map(|c| (c.wr_id, c.status, c.qpn)).collect();
+    assert_eq!(got, [(0xBEEF, Status::Success, number)], "the 257th queue's own send completes, once");
+    assert_eq!(cqb.poll(&mut wc).unwrap(), 1, "and arrived");
+}
+
+/// A queue on `nic` (one slot each way, completing on `cq`) connected to `a`, and `a` to it.
+fn peer_of(nic: &SimNic, cq: &bypass_sim::SimCq, a: &mut bypass_sim::SimQueue) -> bypass_sim::SimQueue {
+    let mut b = nic.create_queue(&small(), cq, cq).unwrap();
+    let (ia, ib) = (a.info(), b.info());
+    a.connect(&ib).unwrap();
+    b.connect(&ia).unwrap();
+    b
 }

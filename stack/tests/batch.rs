@@ -19,6 +19,8 @@ const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
 const NAME: &str = "batch";
 
 type Outcomes = Arc<Mutex<Vec<(u8, Result<Vec<u8>, String>)>>>;
+/// Per call, its outcome once it ended.
+type Slots = Arc<Mutex<Vec<Option<Result<Vec<u8>, String>>>>>;
 
 /// A callback that records call `i`'s outcome.
 fn record(out: &Outcomes, i: u8) -> impl FnOnce(Result<&[u8], RpcError>) + Send + 'static {
@@ -98,10 +100,12 @@ fn a_batch_larger_than_the_window_completes() {
     assert_eq!(channel.stats().tx_in_use, 0);
 }
 
-/// The queue fails between staging and the flush: every staged call ends once, with the
-/// queue's error, and nothing is left in use.
+/// The queue fails between staging and the flush: the failure ends every staged call once, with
+/// the queue's error (the flush then posts none of them), and nothing is left in use. A post the
+/// device refuses at the flush is the unit test `a_refused_post_ends_every_staged_call_once_and_leaks_nothing`
+/// in `client/batch.rs`: every public way to make a queue unusable ends the staged calls first.
 #[test]
-fn a_failed_flush_ends_every_staged_call_once() {
+fn a_queue_failing_before_the_flush_ends_every_staged_call_once() {
     let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0003 });
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { workers: 0, ..ServerConfig::new(NAME) };
@@ -146,4 +150,90 @@ fn a_failed_flush_ends_every_staged_call_once() {
         },
         || fut.is_done(),
     );
+}
+
+/// A queue fails and is recovered while calls for it wait in a batch: the failure ended them
+/// (once each, with the queue's error), so the flush does not post them on the recovered queue
+/// (the server would run calls their callers were told had failed); the other queue's staged
+/// calls go out as usual, and new calls on the recovered queue work.
+#[test]
+fn calls_staged_across_a_queue_recovery_end_once_and_never_run() {
+    let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0004 });
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let config = ServerConfig { workers: 0, ..ServerConfig::new(NAME) };
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
+    let ccfg = ChannelConfig {
+        queues: 2,
+        window: 8,
+        keepalive: None,
+        recovery: Some(Recovery::default()),
+        ..ChannelConfig::new(NAME)
+    };
+    let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
+    let drive = || {
+        fabric.run_until_idle();
+        server.poll();
+        channel.poll();
+    };
+    drive();
+    let on = |q| CallOptions { queue: Some(q), wait_for_credit: false, ..CallOptions::default() };
+    // Outcomes by call: 0..4 on queue 0, 4..8 on queue 1. A second outcome for a call panics.
+    let outcomes: Slots = Arc::new(Mutex::new(vec![None; 8]));
+    let mut batch = channel.batch();
+    for i in 0..8u8 {
+        let o = outcomes.clone();
+        batch
+            .call_callback(&on(usize::from(i / 4)), ECHO, &[i; 16], move |r| {
+                let slot = &mut o.lock().unwrap()[usize::from(i)];
+                assert!(slot.is_none(), "call {i} ended twice");
+                *slot = Some(r.map(<[u8]>::to_vec).map_err(|e| e.to_string()));
+            })
+            .expect("stage");
+    }
+    channel.fail_queue(0).expect("fail queue 0");
+    until("queue 0 to be recovered", drive, || {
+        channel.stats().recoveries == 1 && channel.stats().ready_queues == 2
+    });
+    assert_eq!(server.stats().requests, 0, "nothing was posted before the flush");
+    // Two calls of the recovered queue's new life, posted at once: they hold 2 of its credits.
+    let early: Vec<_> = (0..2u8)
+        .map(|i| channel.call_future(&on(0), ECHO, &[0xE0 + i]).expect("a call on the recovered queue"))
+        .collect();
+    assert_eq!(channel.stats().credits, 6 + 4, "queue 0: 8 - 2; queue 1: 8 - 4 staged");
+    batch.flush();
+    // The failed calls' credits belonged to queue 0's old life, which the recovery refilled: the
+    // flush gives none of them back (that would let more requests out than the server has buffers).
+    assert_eq!(channel.stats().credits, 6 + 4, "the flush returned no credit of the old life");
+    until("the calls on queue 1 to complete", drive, || {
+        outcomes.lock().unwrap()[4..].iter().all(Option::is_some)
+    });
+    // Let anything the flush might have posted on queue 0 reach the server.
+    for _ in 0..10 {
+        drive();
+    }
+    assert_eq!(server.stats().requests, 4 + 2, "only queue 1's staged calls (and the 2 new ones) ran");
+    assert!(early.iter().all(CallFuture::is_done));
+    let got = outcomes.lock().unwrap().clone();
+    for (i, o) in got.iter().enumerate() {
+        match (i < 4, o) {
+            (true, Some(Err(e))) => assert!(e.contains("queue failed"), "call {i}: {e}"),
+            (false, Some(Ok(v))) => assert_eq!(v, &vec![i as u8; 16], "call {i}"),
+            _ => panic!("call {i}: {o:?}"),
+        }
+    }
+    drop(batch);
+    assert_eq!(channel.stats().tx_in_use, 0, "every send context came back");
+    // The recovered queue takes a full window again (its credits are whole), batched.
+    let mut batch = channel.batch();
+    let futs: Vec<_> =
+        (0..8u8).map(|i| batch.call_future(&on(0), ECHO, &[i; 4]).expect("stage on queue 0")).collect();
+    drop(batch);
+    until("the new calls on queue 0", drive, || futs.iter().all(CallFuture::is_done));
+    for (i, mut f) in (0..8u8).zip(futs) {
+        assert_eq!(helpers::poll_once(&mut f).expect("done").expect("echo"), vec![i; 4], "new call {i}");
+    }
+    for (i, mut f) in (0..2u8).zip(early) {
+        assert_eq!(helpers::poll_once(&mut f).expect("done").expect("echo"), vec![0xE0 + i]);
+    }
+    assert_eq!(channel.stats().tx_in_use, 0);
 }

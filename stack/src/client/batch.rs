@@ -1,9 +1,15 @@
 //! Batched calls: requests staged by a [`CallBatch`] and posted together, one doorbell (one
-//! `post_send` of several work requests) per queue and run of up to 16 calls, instead of one per
-//! call. The pipelined-rate path: the NIC then takes the run in one pass.
+//! `post_send` of several work requests) per queue and flush, instead of one per call. The
+//! pipelined-rate path: the NIC then takes each queue's run in one pass.
+//!
+//! Calls keep the channel's queue choice (round-robin, or the queue a call names), so a batch
+//! spreads its calls over the queues exactly as unbatched calls would (the server's workers share
+//! the load the same way). What changes is the posting: the staged calls are grouped by queue
+//! at the flush, and each queue gets its calls as one post list, in the order they were started.
 
 use super::{Channel, ChannelInner};
 use crate::call::{CallFuture, Callback, Oneshot, Sink};
+use crate::control::MAX_QUEUES;
 use crate::endpoint::MAX_REPOST_BATCH;
 use crate::hal::Device;
 use crate::tx_ctx::{CallMode, TxHandle};
@@ -11,6 +17,10 @@ use crate::wire::FunctionId;
 use crate::{CallOptions, RpcError};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Most calls a batch holds, over all its queues, before it posts them (one bit each of the
+/// mask [`Staging::flush`] walks).
+pub(super) const MAX_STAGED: usize = 64;
 
 /// A started call whose request waits in a batch (or failed to post).
 #[derive(Debug, Clone, Copy)]
@@ -24,65 +34,90 @@ pub(super) struct Staged {
     pub life: u32,
 }
 
-/// The requests a batch holds, all for one queue.
-#[derive(Debug, Default)]
+/// The requests a batch holds, in the order they were started, for any of the channel's queues.
+#[derive(Debug)]
 pub(super) struct Staging {
-    items: [Option<Staged>; MAX_REPOST_BATCH],
+    items: [Option<Staged>; MAX_STAGED],
     n: usize,
+    /// Per queue, how many of `items` are for it (at most [`MAX_REPOST_BATCH`]: one post list).
+    per_queue: [u8; MAX_QUEUES],
+}
+
+impl Default for Staging {
+    fn default() -> Self {
+        Staging { items: [None; MAX_STAGED], n: 0, per_queue: [0; MAX_QUEUES] }
+    }
 }
 
 impl Staging {
     /// Before a call on queue `q` takes a credit and a context: posts what is staged if the call
-    /// goes to another queue, or if it might otherwise wait for a credit or a context that only
-    /// the staged calls' completions can give back.
+    /// might otherwise wait for a credit or a context that only the staged calls' completions
+    /// can give back.
     pub(super) fn before_start<D: Device + Clone>(&mut self, ch: &ChannelInner<D>, q: usize) {
-        let Some(first) = self.items[0].filter(|_| self.n > 0) else { return };
-        if first.q != q || ch.credits[q].available() == 0 || ch.ep.tx.in_use() >= ch.ep.tx.capacity() {
+        if self.n > 0 && (ch.credits[q].available() == 0 || ch.ep.tx.in_use() >= ch.ep.tx.capacity()) {
             self.flush(ch);
         }
     }
 
-    /// Adds a started call's request; a full batch is posted at once.
+    /// Adds a started call's request. Posts everything staged once a queue has a full post list
+    /// ([`MAX_REPOST_BATCH`]) or the batch is full ([`MAX_STAGED`]).
     pub(super) fn push<D: Device + Clone>(&mut self, ch: &ChannelInner<D>, s: Staged) {
         self.items[self.n] = Some(s);
         self.n += 1;
-        if self.n == MAX_REPOST_BATCH {
+        let on_q = &mut self.per_queue[s.q];
+        *on_q += 1;
+        if usize::from(*on_q) == MAX_REPOST_BATCH || self.n == MAX_STAGED {
             self.flush(ch);
         }
     }
 
-    /// Posts the staged requests with one doorbell. If the post fails (the queue failed or the
-    /// channel closed meanwhile), every staged call ends with that error, exactly once.
+    /// Posts the staged requests: per queue, one post list and one doorbell. If a queue's post
+    /// fails (it failed or the channel closed meanwhile, or the device refused), every call
+    /// staged for it ends with that error, exactly once; the other queues' calls go out.
     ///
     /// A call staged before its queue failed and was recovered is not posted: the failure ended
     /// it already (with the queue's error), and posting it on the recovered queue would run, on
     /// the server, a call its caller was told had failed.
     pub(super) fn flush<D: Device + Clone>(&mut self, ch: &ChannelInner<D>) {
         let n = std::mem::take(&mut self.n);
-        if n == 0 {
-            return;
-        }
-        let Some(first) = self.items[0] else { return };
-        let q = first.q;
-        let life = ch.ep.queues[q].epoch.load(Ordering::Acquire);
-        let mut items = [(first.h, 0u32); MAX_REPOST_BATCH];
-        let mut live = 0;
-        for s in self.items[..n].iter().flatten() {
-            if s.life == life {
-                items[live] = (s.h, s.len);
+        // Bit i: items[i] is still to post (or to end).
+        let mut left = if n == MAX_STAGED { u64::MAX } else { (1u64 << n) - 1 };
+        while left != 0 {
+            let Some(first) = self.items[left.trailing_zeros() as usize] else { break };
+            let q = first.q;
+            self.per_queue[q] = 0;
+            let life = ch.ep.queues[q].epoch.load(Ordering::Acquire);
+            // Queue q's calls, in the order they were started: (context, length) and their index.
+            let mut list = [(first.h, 0u32); MAX_REPOST_BATCH];
+            let mut at = [0u8; MAX_REPOST_BATCH];
+            let mut live = 0;
+            let mut rest = left;
+            while rest != 0 {
+                let i = rest.trailing_zeros() as usize;
+                rest &= rest - 1;
+                let Some(s) = self.items[i].filter(|s| s.q == q) else { continue };
+                left &= !(1u64 << i);
+                if s.life != life {
+                    if let Some(p) = ch.unpost(&s) {
+                        // Not claimed by the failure after all (it cannot have been posted): end it.
+                        ch.deliver(p, Err(RpcError::Queue(crate::hal::Status::Flushed)));
+                    }
+                    continue;
+                }
+                debug_assert!(live < MAX_REPOST_BATCH, "push posts a queue's full list at once");
+                list[live] = (s.h, s.len);
+                at[live] = i as u8;
                 live += 1;
-            } else if let Some(p) = ch.unpost(s) {
-                // Not claimed by the failure after all (it cannot have been posted): end it.
-                ch.deliver(p, Err(RpcError::Queue(crate::hal::Status::Flushed)));
             }
-        }
-        if live == 0 {
-            return;
-        }
-        if let Err(e) = ch.ep.post_sends(q, &items[..live]) {
-            for s in self.items[..n].iter().flatten().filter(|s| s.life == life) {
-                if let Some(p) = ch.unpost(s) {
-                    ch.deliver(p, Err(same_error(&e)));
+            if live == 0 {
+                continue;
+            }
+            if let Err(e) = ch.ep.post_sends(q, &list[..live]) {
+                for &i in &at[..live] {
+                    let Some(s) = self.items[usize::from(i)] else { continue };
+                    if let Some(p) = ch.unpost(&s) {
+                        ch.deliver(p, Err(same_error(&e)));
+                    }
                 }
             }
         }
@@ -98,14 +133,16 @@ fn same_error(e: &RpcError) -> RpcError {
     }
 }
 
-/// Calls started together and posted with one doorbell per queue (and per 16 calls), for
-/// pipelined rates: a NIC takes a posted run in one pass. Made by [`Channel::batch`].
+/// Calls started together and posted with one doorbell per queue, for pipelined rates: a NIC
+/// takes a posted run in one pass. Made by [`Channel::batch`].
 ///
 /// A call started here behaves exactly like [`Channel::call_callback`] /
 /// [`Channel::call_future`] — same options, credits, deadlines, exactly-once completion — except
 /// that its request goes out at the latest when the batch is flushed or dropped (earlier when 16
-/// are staged, when a call picks another queue, or when a call would otherwise wait for a credit
-/// or send context that only the staged calls can free). So an error of the post itself (the
+/// are staged for one queue or 64 in all, or when a call would otherwise wait for a credit or
+/// send context that only the staged calls can free). Calls are spread over the channel's
+/// queues as unbatched ones are (round-robin unless [`CallOptions::queue`] names one); a flush
+/// posts each queue's share as one list with one doorbell, in the order the calls were started. So an error of the post itself (the
 /// queue failed or the channel closed between start and flush) reaches the call's callback or
 /// future rather than the start's return value. Starting calls allocates nothing beyond what
 /// the non-batched calls do.
@@ -190,5 +227,93 @@ impl<D: Device + Clone> CallBatch<'_, D> {
 impl<D: Device + Clone> Drop for CallBatch<'_, D> {
     fn drop(&mut self) {
         self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The failed-post path, which needs a post the device refuses while the channel still takes
+    //! the queue for READY: every other way a queue stops being usable (a failure, a close) also
+    //! ends the staged calls itself, before the flush gets to post them (tests/batch.rs).
+
+    use crate::sim::{Engine, Fabric};
+    use crate::{CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+    use std::future::Future;
+    use std::sync::{Arc, Mutex};
+
+    const ECHO: FunctionId = match FunctionId::new(0x30, 0x3, true, 1) {
+        Some(f) => f,
+        None => panic!("bad function id"),
+    };
+
+    #[test]
+    fn a_refused_post_ends_every_staged_call_once_and_leaks_nothing() {
+        let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0005 });
+        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+        let mut functions = Functions::new();
+        functions.register(ECHO, |req| {
+            let args = req.args().to_vec();
+            let _ = req.reply(&args);
+        });
+        let config = ServerConfig { workers: 0, ..ServerConfig::new("batch-unit") };
+        let server = Server::bind(&snic, "127.0.0.1:0", config, functions).expect("bind");
+        let ccfg = ChannelConfig { queues: 2, window: 8, recovery: None, ..ChannelConfig::new("batch-unit") };
+        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).expect("connect");
+        fabric.run_until_idle();
+        let inner = &channel.inner;
+        let credits = inner.credits[0].available();
+        let out: Arc<Mutex<Vec<(u8, String)>>> = Arc::default();
+        let on_queue = |q| CallOptions { queue: Some(q), wait_for_credit: false, ..CallOptions::default() };
+        let mut batch = channel.batch();
+        for i in 0..5u8 {
+            let out = out.clone();
+            batch
+                .call_callback(&on_queue(0), ECHO, &[i], move |r| {
+                    out.lock().unwrap().push((i, r.expect_err("the post was refused").to_string()));
+                })
+                .expect("stage");
+        }
+        assert_eq!(inner.credits[0].available(), credits - 5, "each staged call holds a credit");
+        // The device now refuses posts on queue 0 (a queue in RESET cannot send), while the channel
+        // has seen nothing wrong with it: only the flush's post finds out.
+        inner.ep.reset_queue(0).expect("reset queue 0");
+        assert!(inner.ep.queues[0].ready.load(std::sync::atomic::Ordering::Acquire));
+        batch.flush();
+        let got = out.lock().unwrap().clone();
+        assert_eq!(got.len(), 5, "each staged call ended exactly once, at the flush: {got:?}");
+        let mut ids: Vec<u8> = got.iter().map(|(i, _)| *i).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [0, 1, 2, 3, 4]);
+        for (i, e) in &got {
+            assert!(e.contains("posting the batch failed"), "call {i}: {e}");
+        }
+        assert_eq!(channel.stats().tx_in_use, 0, "the send contexts came back");
+        assert_eq!(inner.credits[0].available(), credits, "the credits came back");
+        fabric.run_until_idle();
+        server.poll();
+        assert_eq!(server.stats().requests, 0, "nothing reached the server");
+        // A full window still fits in the table and the contexts: a batch of 8 on queue 1 works.
+        let mut batch = channel.batch();
+        let futs: Vec<_> = (0..8u8)
+            .map(|i| batch.call_future(&on_queue(1), ECHO, &[i; 8]).expect("stage on queue 1"))
+            .collect();
+        drop(batch);
+        for _ in 0..1_000 {
+            if futs.iter().all(|f| f.is_done()) {
+                break;
+            }
+            fabric.run_until_idle();
+            server.poll();
+            channel.poll();
+        }
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        for (i, mut f) in (0..8u8).zip(futs) {
+            let r = std::pin::Pin::new(&mut f).poll(&mut cx);
+            assert!(
+                matches!(&r, std::task::Poll::Ready(Ok(v)) if v == &[i; 8]),
+                "call {i} on queue 1: {r:?}"
+            );
+        }
+        assert_eq!(server.stats().requests, 8);
     }
 }
