@@ -1175,7 +1175,10 @@ struct ServerInner<D: Device + Clone> {
     /// The shared receive pool of every connection (`None`: per-connection buffers).
     pool: Option<Arc<SharedPool<D>>>,
     functions: Arc<Functions<D>>,
-    conns: Mutex<Vec<Arc<Conn<D>>>>,
+    /// The open connections, copy-on-write: [`Server::poll`] takes a snapshot with one `Arc`
+    /// clone (no allocation per poll); accepting a connection copies the list only while a
+    /// poll holds the previous snapshot.
+    conns: Mutex<Arc<Vec<Arc<Conn<D>>>>>,
     counters: Arc<Counters>,
     next_channel: AtomicU32,
     shutdown: AtomicBool,
@@ -1258,7 +1261,7 @@ impl<D: Device + Clone> Server<D> {
             config,
             pool,
             functions: Arc::new(functions),
-            conns: Mutex::new(Vec::new()),
+            conns: Mutex::new(Arc::new(Vec::new())),
             counters: Arc::new(Counters::default()),
             next_channel: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
@@ -1282,7 +1285,7 @@ impl<D: Device + Clone> Server<D> {
 
     /// Polls every connection once (for servers with `workers: 0`); returns completions handled.
     pub fn poll(&self) -> usize {
-        let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).clone();
+        let conns = Arc::clone(&lock(&self.inner.conns));
         conns.iter().map(|c| c.poll()).sum()
     }
 
@@ -1363,9 +1366,9 @@ impl<D: Device + Clone> Server<D> {
             let _ = t.join();
         }
         // Closed outside the lock: each close runs the break callback.
-        let conns: Vec<Arc<Conn<D>>> = lock(&self.inner.conns).drain(..).collect();
+        let conns = std::mem::take(&mut *lock(&self.inner.conns));
         let deadline = Instant::now() + LINGER;
-        for c in conns {
+        for c in conns.iter() {
             c.close_gracefully(deadline);
         }
     }
@@ -1562,7 +1565,8 @@ impl<D: Device + Clone> ServerInner<D> {
         let ctl = stream.try_clone().map_err(|e| format!("cannot clone the control stream: {e}"))?;
         *lock(&conn.control) = Some(ctl);
         {
-            let mut conns = lock(&self.conns);
+            let mut guard = lock(&self.conns);
+            let conns = Arc::make_mut(&mut guard);
             conns.retain(|c| !c.ep.is_closed());
             conns.push(conn.clone());
         }

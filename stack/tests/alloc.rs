@@ -1,12 +1,16 @@
 //! A steady loop of blocking 64-byte calls allocates nothing: not on the calling thread, not on
 //! the server's worker (busy or going to sleep between bursts), not in the simulated NICs; with
-//! the server's shared receive pool (the default) and with per-connection receive buffers.
+//! the server's shared receive pool (the default) and with per-connection receive buffers. Nor
+//! does one thread that starts callback calls and polls both the channel and a server with no
+//! workers (`Server::poll`, which once copied its connection list on every call).
 //! Counted with a global allocator, so the result is deterministic (no timing involved); one test
 //! function, so nothing else runs while it counts.
 
 use bypass::sim::{Engine, Fabric};
-use bypass::{Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig, Status};
-use std::sync::atomic::Ordering;
+use bypass::{
+    CallOptions, Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig, Status,
+};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 #[path = "common/counting_alloc.rs"]
@@ -18,12 +22,10 @@ fn blocking_64_byte_calls_do_not_allocate_in_steady_state() {
     for recv_buffers in [RecvBuffers::default(), RecvBuffers::PerConnection] {
         steady_state(recv_buffers);
     }
+    one_thread_polled();
 }
 
-fn steady_state(recv_buffers: RecvBuffers) {
-    let fabric = Fabric::new(Engine::Inline);
-    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let echo = FunctionId::new(1, 1, true, 1).unwrap();
+fn echo_functions(echo: FunctionId) -> Functions<bypass::sim::SimNic> {
     let mut functions = Functions::new();
     functions.register(echo, |req| {
         let _ = req.reply_with(Status::Success, |args, out| {
@@ -31,8 +33,56 @@ fn steady_state(recv_buffers: RecvBuffers) {
             Ok(args.len())
         });
     });
+    functions
+}
+
+/// Callback calls finished (a static, so the callbacks capture nothing and boxing them
+/// allocates nothing: what is counted is the library's own allocation).
+static FINISHED: AtomicU64 = AtomicU64::new(0);
+
+fn one_thread_polled() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let echo = FunctionId::new(1, 1, true, 1).unwrap();
+    let config = ServerConfig { workers: 0, ..ServerConfig::new("alloc") };
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(echo)).unwrap();
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("alloc")).unwrap();
+    let args = [0x5Au8; 64];
+    let opts = CallOptions::default();
+    let round_trip = || {
+        let before = FINISHED.load(Ordering::Relaxed);
+        channel
+            .call_callback(&opts, echo, &args, |r| {
+                assert_eq!(r.expect("the echo call failed"), [0x5Au8; 64]);
+                FINISHED.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while FINISHED.load(Ordering::Relaxed) == before {
+            assert!(Instant::now() < deadline, "a polled call did not finish in 10 s");
+            server.poll();
+            channel.poll();
+        }
+    };
+    for _ in 0..2_000 {
+        round_trip();
+    }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..10_000 {
+        round_trip();
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    let n = ALLOCATIONS.load(Ordering::SeqCst);
+    assert_eq!(n, 0, "{n} heap allocations in 10,000 polled one-thread calls; the first:\n{}", report());
+}
+
+fn steady_state(recv_buffers: RecvBuffers) {
+    let fabric = Fabric::new(Engine::Inline);
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let echo = FunctionId::new(1, 1, true, 1).unwrap();
     let config = ServerConfig { recv_buffers, ..ServerConfig::new("alloc") };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, functions).unwrap();
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(echo)).unwrap();
     let shared = server.stats().shared_recv_buffers > 0;
     assert_eq!(shared, recv_buffers != RecvBuffers::PerConnection, "{recv_buffers:?}");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("alloc")).unwrap();
