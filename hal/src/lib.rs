@@ -47,6 +47,8 @@ mod wr;
 pub mod conformance;
 
 #[cfg(any(feature = "verbs", feature = "urma"))]
+mod shared_slots;
+#[cfg(any(feature = "verbs", feature = "urma"))]
 mod side_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;

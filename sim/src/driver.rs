@@ -3,6 +3,7 @@
 //! slots back to `wr_id`s. Control operations (register, create, connect, reset) talk to the
 //! device under its lock, like a verbs provider's command interface.
 
+use crate::attach::AttachTable;
 use crate::device::keys::RegionDesc;
 use crate::device::qp::QpCtx;
 use crate::device::NicStats;
@@ -257,11 +258,7 @@ impl SimNic {
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {
             let mut list = sync::lock(&cq.attach);
-            let slot = crate::device::slot_of(shared.qpn);
-            if list.len() <= slot {
-                list.resize(slot + 1, None);
-            }
-            list[slot] = Some(shared.clone());
+            list.insert(crate::device::slot_of(shared.qpn), shared.clone());
             cq.attach_pending.store(true, Ordering::Release);
         }
         Ok(SimQueue {
@@ -289,7 +286,7 @@ impl SimNic {
             armed: AtomicU8::new(armed::NO),
             event: EventFd::new()?,
             overflow: AtomicBool::new(false),
-            attach: Mutex::new(Vec::new()),
+            attach: Mutex::new(AttachTable::default()),
             attach_pending: AtomicBool::new(false),
             nic_armed: self.nic.armed_cqs.clone(),
             id: NEXT_CQ_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -300,7 +297,7 @@ impl SimNic {
             _owner: self.owner.clone(),
             shared,
             ci: 0,
-            queues: Vec::new(),
+            queues: AttachTable::default(),
             idle: 0,
             frees: Vec::with_capacity(POLL_FREES),
         })
@@ -455,7 +452,7 @@ pub struct SimCq {
     shared: Arc<CqShared>,
     ci: u32,
     /// The queues completing here, by slot (a copy of `CqShared::attach`).
-    queues: Vec<Option<Arc<QueueShared>>>,
+    queues: AttachTable<Arc<QueueShared>>,
     /// Consecutive empty polls (Inline engine: after a few, help other NICs along).
     idle: u32,
     /// Work-ring slots one poll frees after giving the CQ slots back: (queue, receive?, new CI).
@@ -466,7 +463,7 @@ impl SimCq {
     /// The queue numbered `qpn` (generation included) among those completing here.
     #[inline]
     fn queue(&self, qpn: u32) -> Option<&QueueShared> {
-        self.queues.get(crate::device::slot_of(qpn))?.as_deref().filter(|q| q.qpn == qpn)
+        self.queues.get(crate::device::slot_of(qpn)).map(|q| &**q).filter(|q| q.qpn == qpn)
     }
 }
 
@@ -538,7 +535,7 @@ impl CompletionQueue for SimCq {
             self.idle = 0;
             self.shared.ring.release(self.ci);
             for &(qi, recv, next) in &self.frees {
-                if let Some(q) = self.queues.get(qi).and_then(|q| q.as_deref()) {
+                if let Some(q) = self.queues.get(qi) {
                     let ci = if recv { &q.rq_ci } else { &q.sq_ci };
                     ci.store(next, Ordering::Release);
                 }
@@ -1000,11 +997,7 @@ impl Drop for SimQueue {
         if let Some(qp) = qp {
             for cq in [&qp.send_cq, &qp.recv_cq] {
                 let mut list = sync::lock(&cq.attach);
-                if let Some(slot) = list.get_mut(crate::device::slot_of(self.shared.qpn)) {
-                    if slot.as_ref().is_some_and(|q| Arc::ptr_eq(q, &self.shared)) {
-                        *slot = None;
-                    }
-                }
+                list.remove_if(crate::device::slot_of(self.shared.qpn), |q| Arc::ptr_eq(q, &self.shared));
                 cq.attach_pending.store(true, Ordering::Release);
             }
         }

@@ -45,6 +45,7 @@
 //! assert_eq!(&got, b"hello, NIC");
 //! ```
 
+mod attach;
 mod clock;
 mod device;
 mod driver;
@@ -247,7 +248,7 @@ pub mod loom_api {
                 armed: AtomicU8::new(armed::NO),
                 event: EventFd::new().expect("eventfd"),
                 overflow: AtomicBool::new(false),
-                attach: Mutex::new(Vec::new()),
+                attach: Mutex::new(crate::attach::AttachTable::default()),
                 attach_pending: AtomicBool::new(false),
                 nic_armed: Arc::new(AtomicU32::new(0)),
                 id: 0,

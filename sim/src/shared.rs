@@ -1,6 +1,7 @@
 //! Objects shared between the driver and the device: a queue's rings, side tables and state, and
 //! a completion queue's ring and event machinery.
 
+use crate::attach::AttachTable;
 use crate::eventfd::EventFd;
 use crate::events::ChannelShared;
 use crate::layout::Cqe;
@@ -138,9 +139,10 @@ pub(crate) struct CqShared {
     pub event: EventFd,
     /// Set once the device had to drop a completion.
     pub overflow: AtomicBool,
-    /// The queues completing to this CQ, indexed by their slot (`device::slot_of` their
-    /// number): the poller maps CQEs to side tables with its copy, taken when `attach_pending`.
-    pub attach: Mutex<Vec<Option<Arc<QueueShared>>>>,
+    /// The queues completing to this CQ, keyed by their slot (`device::slot_of` their number)
+    /// and sized by how many there are: the poller maps CQEs to side tables with its copy, taken
+    /// when `attach_pending`.
+    pub attach: Mutex<AttachTable<Arc<QueueShared>>>,
     pub attach_pending: AtomicBool,
     /// The owning NIC's count of armed CQs.
     pub nic_armed: Arc<AtomicU32>,

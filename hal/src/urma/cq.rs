@@ -151,8 +151,8 @@ impl CqShared {
     fn retire_orphan(&self, user_ctx: u64) {
         let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
         let id = super::srq::id_of(user_ctx);
-        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == id) {
-            let _ = s.retire(user_ctx);
+        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == u64::from(id)) {
+            let _ = super::srq::retire(&s, user_ctx);
         }
     }
 

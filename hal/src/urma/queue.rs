@@ -177,7 +177,7 @@ impl QueueShared {
     /// Poller side: a shared receive's record taken by this queue. An error other than a flush
     /// moves the tracked state to ERROR, as an error on its own receive ring would.
     pub(crate) fn complete_shared(&self, user_ctx: u64, success: bool, flushed: bool) -> Option<Done> {
-        let done = self.srq.as_ref()?.retire(user_ctx)?;
+        let done = super::srq::retire(self.srq.as_ref()?, user_ctx)?;
         if !success && !flushed {
             self.device_error();
         }

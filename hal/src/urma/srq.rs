@@ -7,9 +7,8 @@
 //! JFC (one entry, no event channel) therefore never sees a record.
 //!
 //! The receives complete on the CQs of whichever queues took them, in any order, polled from any
-//! thread, so the slots are freed one by one as in the verbs backend (`verbs/srq.rs`): each has a
-//! busy flag the poster sets and the poller clears, and the poster counts free slots as posted
-//! minus completed. The `user_ctx` of a shared receive carries the reserved queue tag
+//! thread, so the slots are freed one by one, with the slot table the verbs backend uses too
+//! ([`crate::shared_slots`]). The `user_ctx` of a shared receive carries the reserved queue tag
 //! [`SRQ_TAG`], the shared queue's 15-bit id (in the epoch field, which shared receives have no
 //! use for) and the slot; it names no queue (the poster cannot know which will take it), so the
 //! CQ finds the queue by the record's `remote_id`, the peer jetty its queue is bound to. A record
@@ -19,12 +18,13 @@
 use super::device::Context;
 use super::queue::encode_user_ctx;
 use super::tables::{errno, status_error};
-use crate::side_ring::{Done, Op};
+use crate::shared_slots::{SharedSlots, SlotPoster};
+use crate::side_ring::Done;
 use crate::{Error, RecvWr, Result, SharedRecv};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::URMA_SUCCESS;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The queue tag of a shared receive's `user_ctx` (no queue is given it).
@@ -68,33 +68,14 @@ impl Drop for SrqObj {
     }
 }
 
-/// The slot table the pollers of the queues on a shared queue resolve records with.
-#[derive(Debug)]
-pub(crate) struct SrqSlots {
-    /// The id in the `user_ctx`s of its receives (15 bits).
-    pub(crate) id: u16,
-    wr_ids: Box<[AtomicU64]>,
-    busy: Box<[AtomicBool]>,
-    /// Receives completed (on any queue), advanced by the pollers.
-    completed: AtomicU32,
-}
+/// The slot table the pollers of the queues on a shared queue resolve records with (its id
+/// is 15 bits).
+pub(crate) type SrqSlots = SharedSlots;
 
-impl SrqSlots {
-    /// Poller side: the completion of a record whose `user_ctx` has [`SRQ_TAG`]; `None` for a
-    /// slot that is not outstanding.
-    pub(crate) fn retire(&self, user_ctx: u64) -> Option<Done> {
-        if id_of(user_ctx) != self.id {
-            return None;
-        }
-        let i = user_ctx as u32 as usize;
-        let busy = self.busy.get(i)?;
-        let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
-        if !busy.swap(false, Ordering::AcqRel) {
-            return None;
-        }
-        self.completed.fetch_add(1, Ordering::Release);
-        Some(Done { user_wr_id, op: Op::Recv })
-    }
+/// Poller side: the completion of a record whose `user_ctx` has [`SRQ_TAG`]; `None` for a
+/// slot that is not outstanding.
+pub(crate) fn retire(slots: &SrqSlots, user_ctx: u64) -> Option<Done> {
+    slots.retire(u64::from(id_of(user_ctx)), user_ctx as u32 as usize)
 }
 
 /// A shared receive queue on a URMA device (see [`crate::SharedRecv`]).
@@ -103,12 +84,9 @@ pub struct UrmaSharedRecv {
     pub(crate) slots: Arc<SrqSlots>,
     depth: u32,
     max_sge: u32,
-    /// Receives posted (the poster's count; free = depth − (posted − completed)).
-    posted: u32,
-    cursor: u32,
+    poster: SlotPoster,
     wrs: Box<[abi::UrmaJfrWr]>,
     sges: Box<[abi::UrmaSge]>,
-    taken: Box<[u32]>,
 }
 
 // SAFETY: the buffers are plain data owned by this handle, which posts through `&mut self`.
@@ -119,7 +97,7 @@ impl std::fmt::Debug for UrmaSharedRecv {
         f.debug_struct("UrmaSharedRecv")
             .field("depth", &self.depth)
             .field("max_sge", &self.max_sge)
-            .field("posted", &self.posted)
+            .field("posted", &self.poster.posted())
             .finish_non_exhaustive()
     }
 }
@@ -180,12 +158,8 @@ impl UrmaSharedRecv {
                 &format!("a shared JFR of {depth} receives of {max_sge} SGEs on {}", ctx.name),
             ));
         }
-        let slots = Arc::new(SrqSlots {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff,
-            wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
-            busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
-            completed: AtomicU32::new(0),
-        });
+        let slots =
+            Arc::new(SrqSlots::new(u64::from(NEXT_ID.fetch_add(1, Ordering::Relaxed) & 0x7fff), depth));
         let zero_sge =
             abi::UrmaSge { addr: 0, len: 0, tseg: std::ptr::null_mut(), user_tseg: std::ptr::null_mut() };
         let zero_wr = abi::UrmaJfrWr {
@@ -198,23 +172,10 @@ impl UrmaSharedRecv {
             slots,
             depth,
             max_sge,
-            posted: 0,
-            cursor: 0,
+            poster: SlotPoster::new(depth),
             wrs: (0..depth).map(|_| zero_wr).collect(),
             sges: (0..depth as usize * max_sge as usize).map(|_| zero_sge).collect(),
-            taken: vec![0; depth as usize].into(),
         })
-    }
-
-    /// Takes the next free slot from the cursor on (the caller checked that enough are free).
-    fn take_slot(&mut self) -> u32 {
-        loop {
-            let i = self.cursor;
-            self.cursor = if i + 1 == self.depth { 0 } else { i + 1 };
-            if !self.slots.busy[i as usize].load(Ordering::Acquire) {
-                return i;
-            }
-        }
     }
 }
 
@@ -238,11 +199,7 @@ impl SharedRecv for UrmaSharedRecv {
                 wr.sges.len()
             )));
         }
-        let outstanding = self.posted.wrapping_sub(self.slots.completed.load(Ordering::Acquire));
-        let free = self.depth.saturating_sub(outstanding);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "shared receive", free, wanted: wrs.len() });
-        }
+        self.poster.check_room(&self.slots, wrs.len())?;
         let obj = self.obj.clone();
         let ctx = obj.ctx();
         // Held across the post, as a queue's post holds it: a region cannot be unregistered
@@ -250,10 +207,7 @@ impl SharedRecv for UrmaSharedRecv {
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
         let n = wrs.len();
         for (i, wr) in wrs.iter().enumerate() {
-            let slot = self.take_slot();
-            self.taken[i] = slot;
-            self.slots.wr_ids[slot as usize].store(wr.wr_id, Ordering::Relaxed);
-            self.slots.busy[slot as usize].store(true, Ordering::Release);
+            let slot = self.poster.take(&self.slots, i, wr.wr_id);
             let base = i * max_sge;
             for (k, s) in wr.sges.iter().enumerate() {
                 let seg = regions.get(&s.lkey).copied().unwrap_or(ctx.poison);
@@ -276,7 +230,7 @@ impl SharedRecv for UrmaSharedRecv {
                     sge: unsafe { self.sges.as_mut_ptr().add(base) },
                     num_sge: wr.sges.len() as u32,
                 },
-                user_ctx: encode_user_ctx(SRQ_TAG, self.slots.id, true, slot),
+                user_ctx: encode_user_ctx(SRQ_TAG, self.slots.id as u16, true, slot),
                 next,
             };
         }
@@ -292,10 +246,7 @@ impl SharedRecv for UrmaSharedRecv {
                 // SAFETY: a bad_wr the library reports points into the chain, which is `wrs`.
                 unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
             };
-            for &slot in &self.taken[posted..n] {
-                self.slots.busy[slot as usize].store(false, Ordering::Release);
-            }
-            self.posted = self.posted.wrapping_add(posted as u32);
+            self.poster.finish(&self.slots, posted, n);
             return Err(status_error(
                 "urma_post_jfr_wr",
                 rc,
@@ -306,7 +257,7 @@ impl SharedRecv for UrmaSharedRecv {
                 ),
             ));
         }
-        self.posted = self.posted.wrapping_add(n as u32);
+        self.poster.finish(&self.slots, n, n);
         Ok(())
     }
 

@@ -158,7 +158,7 @@ impl CqShared {
         let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
         let id = srq::id_of(wr_id);
         if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == id) {
-            let _ = s.retire(wr_id);
+            let _ = srq::retire(&s, wr_id);
         }
     }
 

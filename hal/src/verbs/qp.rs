@@ -80,7 +80,7 @@ impl QueueShared {
     /// state to ERROR (the device has).
     pub(crate) fn complete(&self, wr_id: u64, success: bool) -> Option<Done> {
         if wr_id & SRQ_BIT != 0 {
-            let done = self.srq.as_ref()?.retire(wr_id)?;
+            let done = super::srq::retire(self.srq.as_ref()?, wr_id)?;
             if !success {
                 self.device_error();
             }

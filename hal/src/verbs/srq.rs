@@ -1,11 +1,9 @@
 //! Shared receive queues: an `ibv_srq`, and the slot table that maps the `wr_id`s libibverbs
 //! sees back to the user's.
 //!
-//! The receives of a shared queue complete on the CQs of whichever queues took them, in any
-//! order, polled from any thread; so unlike a queue's side ring (retired in order) the slots here
-//! are freed one by one: each has a busy flag the poster sets and the poller clears. The poster
-//! counts free slots as posted minus completed (a counter the pollers advance) so a batch is
-//! all-or-nothing, then takes free slots round-robin from a cursor.
+//! The slot table, shared with the URMA backend, is [`crate::shared_slots`]: the receives
+//! complete on the CQs of whichever queues took them, in any order, so its slots are freed one
+//! by one.
 //!
 //! The `wr_id` libibverbs sees is `SRQ_BIT | id << 32 | slot`: the poller of a queue on a shared
 //! queue tells its receive completions by the bit, and the shared queue by its 14-bit `id`, so a
@@ -19,10 +17,11 @@
 
 use super::device::Context;
 use super::tables::{errno, verb_error};
-use crate::side_ring::{Done, Op};
+use crate::shared_slots::{SharedSlots, SlotPoster};
+use crate::side_ring::Done;
 use crate::{Error, RecvWr, Result, Sge, SharedRecv};
 use rdma_sys::*;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Marks the `wr_id` of a shared queue's receive (bits 48.. are a queue's epoch, 47 its receive
@@ -68,32 +67,12 @@ impl Drop for SrqObj {
 }
 
 /// The slot table the pollers of the queues on a shared queue resolve completions with.
-#[derive(Debug)]
-pub(crate) struct SrqSlots {
-    /// The id in the `wr_id`s of its receives.
-    pub(crate) id: u64,
-    wr_ids: Box<[AtomicU64]>,
-    busy: Box<[AtomicBool]>,
-    /// Receives completed (on any queue), advanced by the pollers.
-    completed: AtomicU32,
-}
+pub(crate) type SrqSlots = SharedSlots;
 
-impl SrqSlots {
-    /// Poller side: the completion of libibverbs `wr_id` (which has [`SRQ_BIT`]); `None` for a
-    /// slot that is not outstanding.
-    pub(crate) fn retire(&self, wr_id: u64) -> Option<Done> {
-        if id_of(wr_id) != self.id {
-            return None;
-        }
-        let i = (wr_id & INDEX_MASK) as usize;
-        let busy = self.busy.get(i)?;
-        let user_wr_id = self.wr_ids[i].load(Ordering::Acquire);
-        if !busy.swap(false, Ordering::AcqRel) {
-            return None;
-        }
-        self.completed.fetch_add(1, Ordering::Release);
-        Some(Done { user_wr_id, op: Op::Recv })
-    }
+/// Poller side: the completion of libibverbs `wr_id` (which has [`SRQ_BIT`]); `None` for a
+/// slot that is not outstanding.
+pub(crate) fn retire(slots: &SrqSlots, wr_id: u64) -> Option<Done> {
+    slots.retire(id_of(wr_id), (wr_id & INDEX_MASK) as usize)
 }
 
 /// A shared receive queue on a verbs device (see [`crate::SharedRecv`]).
@@ -102,12 +81,9 @@ pub struct VerbsSharedRecv {
     pub(crate) slots: Arc<SrqSlots>,
     depth: u32,
     max_sge: u32,
-    /// Receives posted (the poster's count; free = depth − (posted − completed)).
-    posted: u32,
-    cursor: u32,
+    poster: SlotPoster,
     wrs: Box<[ibv_recv_wr]>,
     sges: Box<[ibv_sge]>,
-    taken: Box<[u32]>,
 }
 
 // SAFETY: the buffers are plain data owned by this handle, which posts through `&mut self`.
@@ -118,7 +94,7 @@ impl std::fmt::Debug for VerbsSharedRecv {
         f.debug_struct("VerbsSharedRecv")
             .field("depth", &self.depth)
             .field("max_sge", &self.max_sge)
-            .field("posted", &self.posted)
+            .field("posted", &self.poster.posted())
             .finish_non_exhaustive()
     }
 }
@@ -160,34 +136,16 @@ impl VerbsSharedRecv {
                 &format!("a shared receive queue of {depth} receives of {max_sge} SGEs on {}", ctx.name),
             ));
         }
-        let slots = Arc::new(SrqSlots {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed) & ID_MASK,
-            wr_ids: (0..depth).map(|_| AtomicU64::new(0)).collect(),
-            busy: (0..depth).map(|_| AtomicBool::new(false)).collect(),
-            completed: AtomicU32::new(0),
-        });
+        let slots = Arc::new(SrqSlots::new(NEXT_ID.fetch_add(1, Ordering::Relaxed) & ID_MASK, depth));
         Ok(VerbsSharedRecv {
             obj: Arc::new(SrqObj { srq, ctx: ctx.clone() }),
             slots,
             depth,
             max_sge,
-            posted: 0,
-            cursor: 0,
+            poster: SlotPoster::new(depth),
             wrs: (0..depth).map(|_| zeroed()).collect(),
             sges: (0..depth as usize * max_sge as usize).map(|_| zeroed()).collect(),
-            taken: vec![0; depth as usize].into(),
         })
-    }
-
-    /// Takes the next free slot from the cursor on (the caller checked that enough are free).
-    fn take_slot(&mut self) -> u32 {
-        loop {
-            let i = self.cursor;
-            self.cursor = if i + 1 == self.depth { 0 } else { i + 1 };
-            if !self.slots.busy[i as usize].load(Ordering::Acquire) {
-                return i;
-            }
-        }
     }
 }
 
@@ -217,17 +175,10 @@ impl SharedRecv for VerbsSharedRecv {
                 wr.sges.len()
             )));
         }
-        let outstanding = self.posted.wrapping_sub(self.slots.completed.load(Ordering::Acquire));
-        let free = self.depth.saturating_sub(outstanding);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "shared receive", free, wanted: wrs.len() });
-        }
+        self.poster.check_room(&self.slots, wrs.len())?;
         let n = wrs.len();
         for (i, wr) in wrs.iter().enumerate() {
-            let slot = self.take_slot();
-            self.taken[i] = slot;
-            self.slots.wr_ids[slot as usize].store(wr.wr_id, Ordering::Relaxed);
-            self.slots.busy[slot as usize].store(true, Ordering::Release);
+            let slot = self.poster.take(&self.slots, i, wr.wr_id);
             let sges = &mut self.sges[i * max_sge..i * max_sge + wr.sges.len()];
             fill_sges(sges, wr.sges);
             let sg_list = sges.as_mut_ptr();
@@ -254,10 +205,7 @@ impl SharedRecv for VerbsSharedRecv {
                 // SAFETY: `bad` points into the chain that starts at `wrs`.
                 unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
             };
-            for &slot in &self.taken[posted..n] {
-                self.slots.busy[slot as usize].store(false, Ordering::Release);
-            }
-            self.posted = self.posted.wrapping_add(posted as u32);
+            self.poster.finish(&self.slots, posted, n);
             return Err(verb_error(
                 "ibv_post_srq_recv",
                 rc,
@@ -268,7 +216,7 @@ impl SharedRecv for VerbsSharedRecv {
                 ),
             ));
         }
-        self.posted = self.posted.wrapping_add(n as u32);
+        self.poster.finish(&self.slots, n, n);
         Ok(())
     }
 
@@ -281,32 +229,5 @@ impl SharedRecv for VerbsSharedRecv {
             return Err((self, e));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn slots_retire_once_in_any_order() {
-        let slots = SrqSlots {
-            id: 0,
-            wr_ids: (0..4).map(|_| AtomicU64::new(0)).collect(),
-            busy: (0..4).map(|_| AtomicBool::new(false)).collect(),
-            completed: AtomicU32::new(0),
-        };
-        for (i, id) in [(0usize, 10u64), (1, 11), (3, 13)] {
-            slots.wr_ids[i].store(id, Ordering::Relaxed);
-            slots.busy[i].store(true, Ordering::Release);
-        }
-        let user = |wr_id| slots.retire(SRQ_BIT | wr_id).map(|d| (d.user_wr_id, d.op));
-        assert_eq!(user(3), Some((13, Op::Recv)));
-        assert_eq!(user(0), Some((10, Op::Recv)));
-        assert_eq!(user(0), None, "a slot retires once");
-        assert_eq!(user(2), None, "a slot never posted");
-        assert_eq!(user(9), None, "a slot outside the table");
-        assert_eq!(slots.completed.load(Ordering::Acquire), 2);
-        assert!(slots.busy[1].load(Ordering::Acquire));
     }
 }
