@@ -726,6 +726,13 @@ impl<D: Device + Clone> Channel<D> {
     /// unrelated call whose poll ran it), the call's resources are released as if the callback
     /// had returned, [`ChannelStats::callback_panics`] counts it, and the first one per channel is
     /// reported on stderr (after the standard panic message, which the panic hook prints).
+    ///
+    /// The thread that completes the call can be the process's shared control loop: when the
+    /// peer closes the connection, or a keepalive look finds the channel idle, the loop polls
+    /// the channel once to deliver replies that had already arrived, and their callbacks run
+    /// there. While a callback runs on the loop, no other connection's control plane (keepalive,
+    /// close, recovery) makes progress, so a callback must not block: hand blocking work to
+    /// another thread. Deferring such deliveries off the loop is not done yet.
     pub fn call_callback(
         &self,
         opts: &CallOptions,
