@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod batch;
+mod deferred;
 pub use batch::CallBatch;
 mod monitor;
 mod one_sided;
@@ -325,6 +326,10 @@ pub struct ChannelStats {
     pub keepalive_probes: u64,
     /// Queues recovered (brought back from ERROR to READY).
     pub recoveries: u64,
+    /// Closes (the server went away) that waited for replies another thread had already taken
+    /// from the completion queue, so that those calls ended with their reply rather than with
+    /// the close's error.
+    pub close_waits: u64,
 }
 
 struct Pending {
@@ -342,6 +347,9 @@ struct Pending {
 
 /// The row of the client's trace events: the calling or completing thread, in group "client".
 const TRACK: Track = Track::Thread("client");
+
+/// Longest a close waits for replies another thread is delivering ([`ChannelInner::collect_arrived`]).
+const COLLECT_LIMIT: Duration = Duration::from_secs(2);
 
 fn mode_name(mode: CallMode) -> &'static str {
     match mode {
@@ -395,6 +403,7 @@ struct Counters {
     stale: AtomicU64,
     protocol_errors: AtomicU64,
     callback_panics: AtomicU64,
+    close_waits: AtomicU64,
 }
 
 pub(crate) struct ChannelInner<D: Device + Clone> {
@@ -424,6 +433,8 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     on_break: Mutex<BreakSlot>,
     /// Queues waiting for recovery.
     recovery: recovery::State,
+    /// Callback deliveries the control loop finished and hands to the aside thread.
+    deferred: deferred::DeferredList,
 }
 
 /// A channel's break callback (until it ran) and the reason it closed (once it did).
@@ -583,6 +594,7 @@ impl<D: Device + Clone> Channel<D> {
             live: Live::new(),
             on_break: Mutex::default(),
             recovery: recovery_state,
+            deferred: deferred::DeferredList::default(),
         });
         let weak = Arc::downgrade(&inner);
         crate::reactor::watch(Box::new(monitor::ChannelWatch::new(stream, weak, keepalive)))
@@ -663,6 +675,7 @@ impl<D: Device + Clone> Channel<D> {
             callback_panics: i.counters.callback_panics.load(Ordering::Relaxed),
             keepalive_probes: i.live.probes.load(Ordering::Relaxed),
             recoveries: i.recovery.recovered.load(Ordering::Relaxed),
+            close_waits: i.counters.close_waits.load(Ordering::Relaxed),
         }
     }
 
@@ -727,12 +740,11 @@ impl<D: Device + Clone> Channel<D> {
     /// had returned, [`ChannelStats::callback_panics`] counts it, and the first one per channel is
     /// reported on stderr (after the standard panic message, which the panic hook prints).
     ///
-    /// The thread that completes the call can be the process's shared control loop: when the
-    /// peer closes the connection, or a keepalive look finds the channel idle, the loop polls
-    /// the channel once to deliver replies that had already arrived, and their callbacks run
-    /// there. While a callback runs on the loop, no other connection's control plane (keepalive,
-    /// close, recovery) makes progress, so a callback must not block: hand blocking work to
-    /// another thread. Deferring such deliveries off the loop is not done yet.
+    /// It never runs on the process's shared control loop (`bypass-ctl`): when the loop finishes
+    /// a call — the peer closed the connection, a keepalive look polled an idle channel — the
+    /// callback runs on a short-lived `bypass-ctl-aside` thread instead, so a slow callback
+    /// delays no other connection's keepalive or close. It still delays whatever else that
+    /// thread delivers, so hand long work to a thread of your own.
     pub fn call_callback(
         &self,
         opts: &CallOptions,
@@ -921,7 +933,7 @@ impl<D: Device + Clone> Channel<D> {
     /// Together with [`Channel::poll_send_completions`] and [`Channel::check_timeouts`] it lets a
     /// test choose the order in which a call's events are seen.
     pub fn poll_responses(&self) -> usize {
-        self.inner.poll_recv()
+        self.inner.poll_recv(false)
     }
 
     /// Only the send side of [`Channel::poll`]: send completions.
@@ -962,10 +974,10 @@ impl<D: Device + Clone> Channel<D> {
 
     /// Sets the callback that runs once when the channel closes, with the reason: the peer went
     /// away (closed, or stopped answering keepalive probes), the queues failed past recovery, or
-    /// this side closed it. It runs on the thread that closes the channel (the process's control
-    /// loop thread `bypass-ctl` for a peer that closed or stopped answering — keep it short there:
-    /// it delays the other connections' keepalive —, a recovery thread, a poller, or the one
-    /// calling [`Channel::close`] or dropping the last handle), after every
+    /// this side closed it. It runs on the thread that closes the channel (a short-lived
+    /// `bypass-ctl-aside` thread for a peer that closed or stopped answering — never the shared
+    /// control loop itself —, a recovery thread, a poller, or the one calling
+    /// [`Channel::close`] or dropping the last handle), after every
     /// outstanding call got its outcome; if the channel is closed already, it runs at once on
     /// this thread. A panic in it is contained. Replaces a callback set earlier that has not run.
     pub fn set_break_callback(&self, callback: impl FnOnce(CloseReason) + Send + 'static) {
@@ -1275,14 +1287,43 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// Delivers a call's outcome (recording its end first, if recording). A completion callback
     /// that panics is contained by the sink; it is counted and reported here, and the caller goes
     /// on to release the call's context as if the callback had returned.
+    /// On the control loop a callback is not run but handed on (`deferred`).
     fn deliver(&self, p: Pending, result: Result<&[u8], RpcError>) {
         if trace::is_enabled() {
             trace_call_end(&p, result.is_ok());
         }
         let function = p.function;
+        if matches!(p.sink, Sink::Callback(_)) && crate::reactor::on_loop() {
+            let result = result.map(<[u8]>::to_vec);
+            return self.deferred.push(deferred::Deferred::Call { sink: p.sink, function, result });
+        }
         if p.sink.deliver(result) {
             self.callback_panicked(function);
         }
+    }
+
+    /// Runs the deliveries the control loop handed on, in order (on the calling thread, which
+    /// is not the loop, except when the loop lets go of the channel after a panic of its own).
+    pub(crate) fn run_deferred(&self) {
+        for d in self.deferred.take() {
+            match d {
+                deferred::Deferred::Call { sink, function, result } => {
+                    let (bytes, result) = match result {
+                        Ok(bytes) => (bytes, Ok(())),
+                        Err(e) => (Vec::new(), Err(e)),
+                    };
+                    if sink.deliver(result.map(|()| &bytes[..])) {
+                        self.callback_panicked(function);
+                    }
+                }
+                deferred::Deferred::Break(cb, reason) => run_break_callback(self.channel_id, cb, reason),
+            }
+        }
+    }
+
+    /// Whether the control loop has handed on deliveries that wait to be run.
+    pub(crate) fn has_deferred(&self) -> bool {
+        self.deferred.pending()
     }
 
     #[cold]
@@ -1337,7 +1378,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     pub(crate) fn poll(&self) -> usize {
-        let n = self.poll_recv() + self.poll_send();
+        let n = self.poll_recv(false) + self.poll_send();
         // Timeouts are checked every 32nd poll: reading the clock on every poll costs more than
         // a poll of an empty CQ. A deadline is therefore honoured to within 32 polls.
         if self.polls.fetch_add(1, Ordering::Relaxed) % 32 == 0 {
@@ -1346,9 +1387,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         n
     }
 
-    fn poll_recv(&self) -> usize {
+    /// Polls the receive CQ if no other thread is polling it; `wait`: waits for the thread
+    /// that is (see [`collect_arrived`](Self::collect_arrived)).
+    fn poll_recv(&self, wait: bool) -> usize {
         let mut wc = [Completion::default(); POLL_BATCH];
-        let n = self.ep.poll_recv(&mut wc);
+        let (n, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
         if n > 0 {
             self.live.mark_heard();
         }
@@ -1630,25 +1673,41 @@ impl<D: Device + Clone> ChannelInner<D> {
         self.close_with(CloseReason::Local);
     }
 
-    /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
-    /// with `reason`'s error, then the break callback runs, once.
     /// Polls until the device has nothing more to give (bounded): completions that arrived
-    /// before the channel closed are handled as usual.
+    /// before the channel closed are handled as usual. A reply another thread (a worker, a
+    /// caller's own poll) already took from the CQ is waited for until that thread has delivered
+    /// it, so the close does not fail a call whose reply is in hand; the wait is bounded by
+    /// [`COLLECT_LIMIT`], since that thread may be running a slow callback of an earlier call.
+    /// Runs aside (on a `bypass-ctl-aside` thread), never on a thread that is itself handling
+    /// receive completions: it would wait for itself until the limit.
     fn collect_arrived(&self) {
-        let mut idle = 0;
-        for _ in 0..1_000 {
-            if self.poll() == 0 {
-                idle += 1;
-                if idle == 3 {
-                    return;
-                }
-                self.ep.device.progress();
-            } else {
+        let limit = std::time::Instant::now() + COLLECT_LIMIT;
+        let (mut idle, mut waited) = (0, false);
+        while std::time::Instant::now() < limit {
+            if self.poll_recv(true) + self.poll_send() > 0 {
                 idle = 0;
+                continue;
             }
+            // The CQ was empty with its lock held: what earlier polls took is now either
+            // handled or still counted in flight.
+            if self.ep.recv_in_flight() {
+                if !waited {
+                    waited = true;
+                    self.counters.close_waits.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::yield_now();
+                continue;
+            }
+            idle += 1;
+            if idle == 3 {
+                return;
+            }
+            self.ep.device.progress();
         }
     }
 
+    /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
+    /// with `reason`'s error, then the break callback runs, once.
     pub(crate) fn close_with(&self, reason: CloseReason) {
         if !self.ep.mark_closed() {
             return;
@@ -1685,6 +1744,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     /// Runs the break callback (if one is set) once, contained like a completion callback.
+    /// On the control loop it is handed on (`deferred`), after the calls' outcomes.
     fn fire_break(&self, reason: CloseReason) {
         let callback = {
             let mut slot = lock(&self.on_break);
@@ -1692,6 +1752,9 @@ impl<D: Device + Clone> ChannelInner<D> {
             slot.callback.take()
         };
         if let Some(cb) = callback {
+            if crate::reactor::on_loop() {
+                return self.deferred.push(deferred::Deferred::Break(cb, reason));
+            }
             run_break_callback(self.channel_id, cb, reason);
         }
     }
@@ -1709,6 +1772,9 @@ fn run_break_callback(channel_id: u32, cb: Box<dyn FnOnce(CloseReason) + Send>, 
 impl<D: Device + Clone> Drop for ChannelInner<D> {
     fn drop(&mut self) {
         self.close();
+        // Dropped on the loop (its watch held the last reference): nobody else is left to run
+        // what it handed on.
+        self.run_deferred();
     }
 }
 

@@ -256,12 +256,29 @@ pub(crate) struct Endpoint<D: Device> {
     /// Polls of the receive CQ that found it empty (counted on the shared path only, where a
     /// drain has no receive marker; see [`Endpoint::drain`]).
     recv_empty_polls: AtomicU64,
+    /// Polls of the receive CQ whose completions are still being handled by the thread that
+    /// took them ([`Endpoint::poll_recv_tracked`]; the client counts them so that a close can
+    /// wait for replies another thread took from the CQ but has not delivered yet).
+    recv_in_flight: AtomicU32,
     /// Bytes registered for the send and receive buffers so far.
     registered: AtomicU64,
     /// Set for good when the connection closes (before its queues are failed), so a post that
     /// finds its queue failed can tell a closed connection ([`RpcError::Closed`]) from a queue
     /// that failed on its own ([`RpcError::Queue`]).
     pub(crate) closed: AtomicBool,
+}
+
+/// A receive poll's completions being handled (see [`Endpoint::poll_recv_tracked`]); dropping it
+/// (also when the handling unwinds) ends the poll's count.
+#[must_use]
+pub(crate) struct InFlight<'a>(Option<&'a AtomicU32>);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(count) = self.0 {
+            count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }
 
 impl<D: Device + Clone> Endpoint<D> {
@@ -366,6 +383,7 @@ impl<D: Device + Clone> Endpoint<D> {
             msg_size: s.msg_size,
             max_send_sge: config.max_send_sge as usize,
             recv_empty_polls: AtomicU64::new(0),
+            recv_in_flight: AtomicU32::new(0),
             closed: AtomicBool::new(false),
         };
         // The slab hands out context 0 first: its chunk is there from the start.
@@ -807,6 +825,28 @@ impl<D: Device + Clone> Endpoint<D> {
             self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
         }
         n
+    }
+
+    /// Polls the receive CQ like [`poll_recv`](Self::poll_recv) (or waiting for its lock, with
+    /// `wait`), and counts a poll that returned completions as in flight until the returned
+    /// guard is dropped: the caller keeps it while it handles them. The count is raised under
+    /// the CQ's lock, so a thread that then takes the lock and finds the CQ empty sees every
+    /// earlier poll's completions either handled or still counted ([`Self::recv_in_flight`]).
+    pub(crate) fn poll_recv_tracked(&self, out: &mut [Completion], wait: bool) -> (usize, InFlight<'_>) {
+        let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
+        let Some(mut cq) = guard else { return (0, InFlight(None)) };
+        let n = cq.poll(out).unwrap_or(0);
+        if n == 0 {
+            return (0, InFlight(None));
+        }
+        self.recv_in_flight.fetch_add(1, Ordering::AcqRel);
+        (n, InFlight(Some(&self.recv_in_flight)))
+    }
+
+    /// Whether completions taken by [`poll_recv_tracked`](Self::poll_recv_tracked) are still
+    /// being handled.
+    pub(crate) fn recv_in_flight(&self) -> bool {
+        self.recv_in_flight.load(Ordering::Acquire) > 0
     }
 
     fn poll_cq(cq: &Mutex<D::Cq>, out: &mut [Completion]) -> usize {

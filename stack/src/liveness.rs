@@ -20,7 +20,9 @@
 //! Timing uses the real monotonic clock (not a simulated device's clock), and the process's
 //! control loop ([`crate::reactor`], the thread that watches every control stream) runs it: it
 //! looks at each channel every `interval / 4`, and, when nobody else has polled the channel
-//! since its last look, polls it itself so that an idle channel's probe responses are collected. The hot path pays one
+//! since its last look, polls it itself so that an idle channel's probe responses are collected
+//! (a callback call that poll finishes has its callback run aside, not on the loop: see
+//! [`crate::reactor`]). A channel or connection keepalive gives up on is closed aside too. The hot path pays one
 //! relaxed load (and, after a quiet spell, one store) per non-empty poll of the receive CQ.
 
 use crate::wire::FunctionId;
@@ -298,7 +300,7 @@ impl Silence {
     /// One look at `now`: takes `live`'s traffic mark and returns how long it has been quiet.
     ///
     /// A look that comes more than `stall` after the previous one ([`Keepalive::stall`]) means
-    /// the control loop was held up (a blocking callback, a starved thread): meanwhile our own
+    /// the control loop was held up (a starved thread, a stopped process): meanwhile our own
     /// probes were not sent, and traffic may have been heard at any moment of the gap, so the
     /// gap says nothing about the peer. The silence starts again from this look rather than
     /// close a healthy connection; a peer that really died in the gap is found one limit later.

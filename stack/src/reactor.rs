@@ -6,8 +6,17 @@
 //! eventfd, with a timeout to the earliest timer (a binary heap of deadlines, stale entries
 //! skipped). What a watched connection does on each event is its [`Watch`] implementation
 //! (`client::monitor`, `server::monitor`); everything it does on the loop is bounded local work
-//! that never waits on a peer: judging a closed stream, a keepalive look (polling the channel,
-//! starting a probe call), closing a connection (which runs its break callback here).
+//! that never waits on a peer and runs no application code: judging a closed stream, a
+//! keepalive look (polling the channel, starting a probe call).
+//!
+//! Application code — completion and break callbacks, a server's connection events, a custom
+//! rendezvous allocator — never runs on the loop, where one callback that blocked would stall
+//! every connection. A connection the loop finds closed (its stream ended, keepalive gave up) is
+//! closed *aside* (below), where its callbacks run; a callback call the loop itself finishes
+//! while polling an idle channel has its outcome copied and delivered aside
+//! (`client::deferred`); [`on_loop`] tells the code underneath where it runs. The one exception
+//! is a connection the loop lets go of after a panic in its own handling of it
+//! ([`Watch::abandon`]): that one is closed, and its callbacks run, on the loop.
 //!
 //! The rare exchanges that block on a peer — a client's queue recovery, a server answering a
 //! queue reset — are run *aside*: the loop stops watching the stream and hands the connection to
@@ -29,6 +38,17 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+thread_local! {
+    /// Set for good on the loop's thread (see [`on_loop`]).
+    static ON_LOOP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is the control loop, where no application code may run (the
+/// module documentation says what is done instead).
+pub(crate) fn on_loop() -> bool {
+    ON_LOOP.with(std::cell::Cell::get)
+}
 
 /// What the loop does with a connection after one of its events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,6 +335,7 @@ fn aside_thread() {
 /// since closing runs callbacks — and the next [`watch`] starts a new loop, instead of handing
 /// connections to a loop that is gone.
 fn run(shared: Arc<Shared>) {
+    ON_LOOP.with(|on| on.set(true));
     let mut table =
         Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
     if catch_unwind(AssertUnwindSafe(|| run_loop(&shared, &mut table))).is_ok() {

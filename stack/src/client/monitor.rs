@@ -1,7 +1,9 @@
 //! A channel's watch in the process's control loop ([`crate::reactor`]): the control stream's
 //! closure (or any byte the server sends unasked) closes the channel; keepalive looks run on
 //! the loop's timers (see [`crate::liveness`]); failed queues are recovered aside, on a
-//! short-lived thread that owns the stream meanwhile (see [`crate::recovery`]).
+//! short-lived thread that owns the stream meanwhile (see [`crate::recovery`]). Closing is done
+//! aside too, and so are the callbacks of calls a look finished ([`super::deferred`]): the loop
+//! runs no application code.
 
 use super::{CallOptions, ChannelInner};
 use crate::call::{self, Oneshot, Sink};
@@ -30,6 +32,8 @@ pub(super) struct ChannelWatch<D: Device + Clone> {
     stream: ControlStream,
     channel: Weak<ChannelInner<D>>,
     ka: Option<KeepaliveState>,
+    /// The loop found the channel over, for this reason: it is closed aside.
+    closing: Option<CloseReason>,
 }
 
 impl<D: Device + Clone> ChannelWatch<D> {
@@ -46,12 +50,30 @@ impl<D: Device + Clone> ChannelWatch<D> {
             last_polls: u32::MAX,
             next_look: now + keepalive.tick(),
         });
-        ChannelWatch { stream, channel, ka }
+        ChannelWatch { stream, channel, ka, closing: None }
     }
 
     /// The channel, unless it is gone or closed (then the loop stops watching it).
     fn open(&self) -> Option<Arc<ChannelInner<D>>> {
         self.channel.upgrade().filter(|c| !c.ep.is_closed())
+    }
+
+    /// After the loop acted on the channel: callbacks it finished are run aside, and a closed
+    /// channel is let go of.
+    fn after(&self, inner: &ChannelInner<D>) -> Step {
+        if inner.has_deferred() {
+            Step::Aside
+        } else if inner.ep.is_closed() {
+            Step::Done
+        } else {
+            Step::Keep
+        }
+    }
+
+    /// Closes the channel aside, for `reason`.
+    fn close_aside(&mut self, reason: CloseReason) -> Step {
+        self.closing = Some(reason);
+        Step::Aside
     }
 }
 
@@ -64,19 +86,22 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
         self.stream.buffered() > 0
     }
 
+    /// The one place the channel is closed, and its callbacks run, on the loop: the loop lets
+    /// go of it after a panic of its own, or is going away.
     fn abandon(&mut self) {
-        if let Some(inner) = self.open() {
-            inner.close_with(CloseReason::ControlLost);
+        if let Some(inner) = self.channel.upgrade() {
+            inner.close_with(self.closing.take().unwrap_or(CloseReason::ControlLost));
+            inner.run_deferred();
         }
     }
 
     fn on_readable(&mut self) -> Step {
-        if let Some(inner) = self.open() {
-            // End of stream, an error, or bytes nobody asked for (answers to our own requests
-            // are read where they are awaited, aside): the connection is over.
-            inner.close_with(CloseReason::PeerClosed);
+        if self.open().is_none() {
+            return Step::Done;
         }
-        Step::Done
+        // End of stream, an error, or bytes nobody asked for (answers to our own requests are
+        // read where they are awaited, aside): the connection is over.
+        self.close_aside(CloseReason::PeerClosed)
     }
 
     fn on_timer(&mut self, now: Instant) -> Step {
@@ -84,22 +109,20 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
         if let Some(k) = self.ka.as_mut() {
             if now >= k.next_look {
                 k.next_look = now + k.keepalive.tick();
-                inner.keepalive_look(k, now);
+                if inner.keepalive_look(k, now) {
+                    return self.close_aside(CloseReason::KeepaliveTimeout);
+                }
             }
         }
-        if inner.ep.is_closed() {
-            Step::Done
-        } else {
-            Step::Keep
-        }
+        self.after(&inner)
     }
 
     fn on_wake(&mut self) -> Step {
-        match self.open() {
-            None => Step::Done,
-            Some(inner) if inner.recovery.pending() => Step::Aside,
-            Some(_) => Step::Keep,
+        let Some(inner) = self.channel.upgrade() else { return Step::Done };
+        if inner.recovery.pending() && !inner.ep.is_closed() {
+            return Step::Aside;
         }
+        self.after(&inner)
     }
 
     fn deadline(&self) -> Option<Instant> {
@@ -107,7 +130,15 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
     }
 
     fn aside(&mut self) -> bool {
-        let Some(inner) = self.open() else { return false };
+        let Some(inner) = self.channel.upgrade() else { return false };
+        inner.run_deferred();
+        if let Some(reason) = self.closing.take() {
+            inner.close_with(reason);
+            return false;
+        }
+        if inner.ep.is_closed() {
+            return false;
+        }
         if inner.recover_pending(&mut self.stream) {
             if let Some(k) = self.ka.as_mut() {
                 // The data path was down meanwhile, by our own doing: silence counts from now.
@@ -122,10 +153,11 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
 
 impl<D: Device + Clone> ChannelInner<D> {
     /// One keepalive look: collect what arrived if nobody else polls, judge the silence, probe.
-    fn keepalive_look(&self, k: &mut KeepaliveState, now: Instant) {
+    /// Returns true if the channel is to be closed ([`CloseReason::KeepaliveTimeout`]).
+    fn keepalive_look(&self, k: &mut KeepaliveState, now: Instant) -> bool {
         if self.live.frozen.load(Ordering::Acquire) {
             k.silence.restart(now);
-            return;
+            return false;
         }
         if self.polls.load(Ordering::Relaxed) == k.last_polls {
             // Nobody polled since the last look (an idle channel between blocking calls, with no
@@ -140,8 +172,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         k.last_polls = self.polls.load(Ordering::Relaxed);
         let quiet = k.silence.look(&self.live, now, k.keepalive.stall());
         if k.keepalive.expired(quiet, k.keepalive.limit()) {
-            self.close_with(CloseReason::KeepaliveTimeout);
-            return;
+            return true;
         }
         if k.probe.as_ref().is_some_and(|p| p.is_done()) {
             if let Some(p) = k.probe.take() {
@@ -168,5 +199,6 @@ impl<D: Device + Clone> ChannelInner<D> {
                 Err(_) => call::recycle_shot(shot),
             }
         }
+        false
     }
 }

@@ -26,8 +26,9 @@ pub type BreakHook<D> = Arc<dyn Fn(&Connection<D>, CloseReason) + Send + Sync>;
 ///   client closed it or went away ([`CloseReason::PeerClosed`]), keepalive found it silent
 ///   ([`CloseReason::KeepaliveTimeout`]), its queues failed, or the server closed it
 ///   ([`CloseReason::Local`], e.g. [`Server::shutdown`](crate::Server::shutdown)). It runs on the
-///   thread that noticed (the connection's monitor, a worker, or the one shutting down); a panic
-///   in it is contained.
+///   thread that noticed (a worker, the one shutting down, or — for a client that closed or went
+///   silent — a short-lived `bypass-ctl-aside` thread, never the process's shared control loop
+///   itself); a panic in it is contained.
 pub struct ConnectionEvents<D: Device + Clone> {
     pub(super) on_connect: Option<ConnectHook<D>>,
     pub(super) on_break: Option<BreakHook<D>>,
@@ -134,9 +135,8 @@ impl<D: Device + Clone> Connection<D> {
     /// Closes the connection (the client sees the server close it; the break callback runs with
     /// [`CloseReason::Local`]). Replies already posted are first given up to half a second to be
     /// acknowledged, so they reach the client; a handler may answer and then close its own
-    /// connection. The call blocks for that wait: from a break or new-connection callback,
-    /// which run on the process's control loop, it holds every connection's control plane up
-    /// for as long.
+    /// connection. The call blocks for that wait: from a new-connection callback, which runs on
+    /// the server's control thread, it holds up the server's other handshakes for as long.
     pub fn close(&self) {
         self.conn.close_gracefully(std::time::Instant::now() + super::LINGER);
     }

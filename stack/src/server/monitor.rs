@@ -2,7 +2,9 @@
 //! client's control stream closing (or carrying anything but a queue reset) closes the
 //! connection; a queue reset is read and answered aside, on a short-lived thread that owns the
 //! stream meanwhile (see [`crate::recovery`]); keepalive silence is judged on the loop's timers
-//! (see [`crate::liveness`]).
+//! (see [`crate::liveness`]). A connection the loop finds over is closed aside as well, so its
+//! break callback and its rendezvous memory's release (a custom allocator) never run on the
+//! loop.
 
 use super::Conn;
 use crate::control::session::{self, SessionFrame};
@@ -25,6 +27,8 @@ pub(super) struct ConnWatch<D: Device + Clone> {
     keepalive: Option<Keepalive>,
     silence: Silence,
     next_look: Option<Instant>,
+    /// The loop found the connection over, for this reason: it is closed aside.
+    closing: Option<CloseReason>,
 }
 
 impl<D: Device + Clone> ConnWatch<D> {
@@ -36,6 +40,7 @@ impl<D: Device + Clone> ConnWatch<D> {
             keepalive,
             silence: Silence::new(now),
             next_look: keepalive.map(|k| now + k.tick()),
+            closing: None,
         }
     }
 
@@ -78,14 +83,18 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
         self.stream.buffered() > 0
     }
 
+    /// The one place the connection is closed (and its break callback runs) on the loop: the
+    /// loop lets go of it after a panic of its own, or is going away.
     fn abandon(&mut self) {
         if let Some(c) = self.open() {
-            c.close_with(CloseReason::ControlLost);
+            c.close_with(self.closing.take().unwrap_or(CloseReason::ControlLost));
         }
     }
 
     fn on_readable(&mut self) -> Step {
-        let Some(c) = self.open() else { return Step::Done };
+        if self.open().is_none() {
+            return Step::Done;
+        }
         if self.stream.buffered() > 0 {
             return Step::Aside;
         }
@@ -93,8 +102,8 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
             Peek::Data => Step::Aside,
             Peek::Empty => Step::Keep,
             Peek::Closed => {
-                c.close_with(CloseReason::PeerClosed);
-                Step::Done
+                self.closing = Some(CloseReason::PeerClosed);
+                Step::Aside
             }
         }
     }
@@ -112,8 +121,8 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
         }
         let quiet = self.silence.look(&c.live, now, k.stall());
         if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
-            c.close_with(CloseReason::KeepaliveTimeout);
-            return Step::Done;
+            self.closing = Some(CloseReason::KeepaliveTimeout);
+            return Step::Aside;
         }
         Step::Keep
     }
@@ -130,10 +139,14 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
         self.next_look
     }
 
-    /// Reads the client's frame (a queue reset) and answers it, blocking (bounded by
-    /// [`FRAME_TIMEOUT`] each way).
+    /// Closes the connection the loop found over; else reads the client's frame (a queue reset)
+    /// and answers it, blocking (bounded by [`FRAME_TIMEOUT`] each way).
     fn aside(&mut self) -> bool {
         let Some(c) = self.open() else { return false };
+        if let Some(reason) = self.closing.take() {
+            c.close_with(reason);
+            return false;
+        }
         let answered = match session::read_frame(&mut self.stream, FRAME_TIMEOUT) {
             Ok(SessionFrame::QueueReset(r)) => {
                 let answer = c.reset_queue(&r);
