@@ -58,6 +58,30 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// A copy, for reporting one failure to several parties (every call of a refused batch). An
+/// [`Error::Io`] is rebuilt from its OS error code when it has one (else from its kind and
+/// message), since `std::io::Error` cannot be cloned.
+impl Clone for Error {
+    fn clone(&self) -> Self {
+        match self {
+            Error::WouldBlock { side, free, wanted } => {
+                Error::WouldBlock { side, free: *free, wanted: *wanted }
+            }
+            Error::BadState { state, op, needs } => Error::BadState { state: *state, op, needs },
+            Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
+            Error::CqOverflow { depth } => Error::CqOverflow { depth: *depth },
+            Error::OutOfResources(m) => Error::OutOfResources(m.clone()),
+            Error::Busy(m) => Error::Busy(m.clone()),
+            Error::Unsupported(m) => Error::Unsupported(m.clone()),
+            Error::Device(m) => Error::Device(m.clone()),
+            Error::Io(e) => Error::Io(match e.raw_os_error() {
+                Some(code) => std::io::Error::from_raw_os_error(code),
+                None => std::io::Error::new(e.kind(), e.to_string()),
+            }),
+        }
+    }
+}
+
 impl Error {
     /// True for [`Error::WouldBlock`]: retrying later (after polling completions) can succeed.
     pub fn is_would_block(&self) -> bool {
@@ -67,3 +91,31 @@ impl Error {
 
 /// Shorthand for `Result<T, bypass_hal::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn a_clone_says_the_same() {
+        let errors = [
+            Error::WouldBlock { side: "send", free: 1, wanted: 4 },
+            Error::BadState { state: crate::QueueState::Reset, op: "post_send", needs: "RTS or ERROR" },
+            Error::InvalidArgument("x".into()),
+            Error::CqOverflow { depth: 8 },
+            Error::OutOfResources("keys".into()),
+            Error::Busy("srq".into()),
+            Error::Unsupported("atomics".into()),
+            Error::Device("gone".into()),
+            Error::Io(std::io::Error::from_raw_os_error(12)),
+            Error::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, "slow")),
+        ];
+        for e in &errors {
+            let c = e.clone();
+            assert_eq!(c.to_string(), e.to_string());
+            assert_eq!(std::mem::discriminant(&c), std::mem::discriminant(e));
+        }
+        let Error::Io(io) = Error::Io(std::io::Error::from_raw_os_error(12)).clone() else { unreachable!() };
+        assert_eq!(io.raw_os_error(), Some(12), "the OS error code survives");
+    }
+}

@@ -124,11 +124,14 @@ impl Staging {
     }
 }
 
-/// The error of a failed batch post, once per call of the batch.
+/// The error of a failed batch post, once per call of the batch: the error the same call would
+/// have got from an unbatched post.
 fn same_error(e: &RpcError) -> RpcError {
     match e {
         RpcError::Closed => RpcError::Closed,
         RpcError::Queue(s) => RpcError::Queue(*s),
+        RpcError::Device(e) => RpcError::Device(e.clone()),
+        // Not produced by a post; kept general rather than unreachable.
         other => RpcError::InvalidArgument(format!("posting the batch failed: {other}")),
     }
 }
@@ -284,11 +287,19 @@ mod tests {
         let mut ids: Vec<u8> = got.iter().map(|(i, _)| *i).collect();
         ids.sort_unstable();
         assert_eq!(ids, [0, 1, 2, 3, 4]);
-        for (i, e) in &got {
-            assert!(e.contains("posting the batch failed"), "call {i}: {e}");
-        }
         assert_eq!(channel.stats().tx_in_use, 0, "the send contexts came back");
         assert_eq!(inner.credits[0].available(), credits, "the credits came back");
+        // Each staged call got the error an unbatched call gets from the same post.
+        let unbatched = channel
+            .call_callback(&on_queue(0), ECHO, b"alone", |_| panic!("the post is refused"))
+            .expect_err("an unbatched post on queue 0 is refused too")
+            .to_string();
+        assert!(unbatched.contains("queue is Reset"), "{unbatched}");
+        for (i, e) in &got {
+            assert_eq!(e, &unbatched, "call {i}");
+        }
+        assert_eq!(channel.stats().tx_in_use, 0);
+        assert_eq!(inner.credits[0].available(), credits);
         fabric.run_until_idle();
         server.poll();
         assert_eq!(server.stats().requests, 0, "nothing reached the server");
