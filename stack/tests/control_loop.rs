@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "common/helpers.rs"]
+mod helpers;
+
 const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
@@ -243,18 +246,7 @@ fn a_close_does_not_fail_a_call_whose_reply_another_thread_holds() {
     assert!(channel.stats().close_waits > 0, "the close waited for the poller");
 }
 
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
-}
-
-per_engine!(
+helpers::per_engine!(
     a_blocking_callback_of_a_closed_channel_stalls_no_other_connection,
     a_reply_a_keepalive_look_collects_runs_its_callback_aside,
 );

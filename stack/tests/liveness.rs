@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "common/helpers.rs"]
+mod helpers;
+
 const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
@@ -372,18 +375,7 @@ fn keepalive_config_is_validated_by_name() {
     assert_eq!(ServerConfig::default().keepalive, Some(d));
 }
 
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
-}
-
-per_engine!(
+helpers::per_engine!(
     idle_connection_is_probed_and_stays_up,
     frozen_server_breaks_the_channel,
     cut_wire_breaks_the_channel,

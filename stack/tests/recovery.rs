@@ -10,6 +10,9 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "common/helpers.rs"]
+mod helpers;
+
 const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
@@ -225,18 +228,7 @@ fn recovery_config_is_validated_by_name() {
     assert_eq!(ChannelConfig::default().recovery, Some(Recovery::default()));
 }
 
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
-}
-
-per_engine!(
+helpers::per_engine!(
     failed_queue_comes_back,
     one_of_two_queues_comes_back,
     remote_access_error_is_recovered,

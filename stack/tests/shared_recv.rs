@@ -11,6 +11,9 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "common/helpers.rs"]
+mod helpers;
+
 const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
@@ -202,18 +205,7 @@ fn pool_survives_recovery_and_closes(engine: Engine) {
     assert!(!a.is_closed());
 }
 
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
-}
-
-per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
+helpers::per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
 
 /// Registered bytes of a server with two idle connections (one queue, window 32), and its
 /// stats' pool size.
