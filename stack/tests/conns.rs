@@ -3,23 +3,14 @@
 //! `bypass-ctl`), whatever the number of channels; the loop still runs every channel's keepalive,
 //! sees every closure on both sides, and ends once no connection is left.
 //!
-//! The loop survives its own panic: the connections it held are closed (`ControlLost`), and the
-//! next connection starts a new loop that serves it.
-//!
-//! The tests run one at a time (the thread counts and the control loop are the process's); each
-//! leaves no thread behind. Every wait is bounded and ends on observable state.
+//! One test function (the thread counts are the process's, so nothing else may run at the same
+//! time in this binary). Every wait is bounded and ends on observable state.
 
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// One test at a time in this binary.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static ONE: Mutex<()> = Mutex::new(());
-    ONE.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const ECHO: FunctionId = match FunctionId::new(0x32, 0x1, true, 1) {
     Some(f) => f,
@@ -56,7 +47,6 @@ fn until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
 
 #[test]
 fn many_channels_share_one_control_thread() {
-    let _one = one_at_a_time();
     let before = thread_names();
     assert_eq!(count(&before, "bypass-ctl"), 0, "no connection yet, no control loop: {before:?}");
     let fabric = Fabric::new(Engine::Inline);
@@ -138,88 +128,4 @@ fn many_channels_share_one_control_thread() {
 
     // Nothing left to watch: the loop ends (the next connection starts it again).
     until("the control loop to end", &fabric, || count(&thread_names(), "bypass-ctl") == 0);
-}
-
-/// Holds its request unanswered (in `held`) until the test lets go of it.
-const HOLD: FunctionId = match FunctionId::new(0x32, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-
-#[test]
-fn a_panicking_control_loop_closes_its_connections_and_the_next_one_starts_a_new_loop() {
-    let _one = one_at_a_time();
-    let fabric = Fabric::new(Engine::Inline);
-    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let held: Arc<Mutex<Vec<Request<SimNic>>>> = Arc::default();
-    let mut functions = Functions::new();
-    functions.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    functions.register(HOLD, move |req| h.lock().unwrap().push(req));
-    let mut server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions).expect("bind");
-    let connect = |info: &str| {
-        let config = ChannelConfig { client_info: info.into(), ..ChannelConfig::new(NAME) };
-        Channel::connect(&cnic, server.local_addr(), config).expect("connect")
-    };
-    let mut rsp = Vec::new();
-
-    // A channel the loop watches, with a call outstanding.
-    let a = connect("a");
-    a.call(ECHO, b"before", &mut rsp).expect("a call before the panic");
-    let breaks: Arc<Mutex<Vec<CloseReason>>> = Arc::default();
-    let b = breaks.clone();
-    a.set_break_callback(move |reason| b.lock().unwrap().push(reason));
-    let outcome: Arc<Mutex<Option<String>>> = Arc::default();
-    let o = outcome.clone();
-    a.call_callback(&CallOptions::default(), HOLD, b"", move |r| {
-        *o.lock().unwrap() = Some(match r {
-            Ok(_) => "answered".into(),
-            Err(e) => format!("{e:?}"),
-        });
-    })
-    .expect("start the held call");
-    until("the server to hold the call", &fabric, || held.lock().unwrap().len() == 1);
-
-    // The loop panics as it registers the next connection (this one's watches): it held A and
-    // had taken the new one; both are closed, none is left unwatched.
-    panic_control_loop_for_tests();
-    let lost = connect("lost");
-    until("the loop's connections to be closed", &fabric, || a.is_closed() && lost.is_closed());
-    assert_eq!(a.close_reason(), Some(CloseReason::ControlLost), "closed because the loop is gone");
-    until("A's break callback", &fabric, || !breaks.lock().unwrap().is_empty());
-    assert_eq!(*breaks.lock().unwrap(), [CloseReason::ControlLost], "once, with the reason");
-    let o = outcome.lock().unwrap().clone();
-    assert_eq!(
-        o.as_deref(),
-        Some("ConnectionBroken(ControlLost)"),
-        "the outstanding call ends, with the reason"
-    );
-    assert!(matches!(a.call(ECHO, b"after", &mut rsp), Err(RpcError::Closed)));
-    // The new connection's own watch was abandoned (ControlLost), or the server's side of it
-    // was and the client saw the server close it (PeerClosed): closed either way.
-    assert!(
-        matches!(lost.close_reason(), Some(CloseReason::ControlLost | CloseReason::PeerClosed)),
-        "{:?}",
-        lost.close_reason()
-    );
-
-    // A new connection starts a new loop, which serves it: calls work, and the server's
-    // closing it is seen.
-    let c = connect("c");
-    for i in 0..10u8 {
-        c.call(ECHO, &[i; 32], &mut rsp).expect("a call on a connection made after the panic");
-        assert_eq!(rsp, [i; 32]);
-    }
-    until("the server to drop the closed connections", &fabric, || server.connections() == 1);
-    assert_eq!(count(&thread_names(), "bypass-ctl"), 1, "one (new) control loop: {:?}", thread_names());
-    held.lock().unwrap().clear();
-    server.shutdown();
-    until("the new loop to see the server close", &fabric, || c.is_closed());
-    assert_eq!(c.close_reason(), Some(CloseReason::PeerClosed));
-    drop((a, lost, c));
-    drop(server);
-    until("every thread of the stack to end", &fabric, || count(&thread_names(), "bypass") == 0);
 }
