@@ -1709,6 +1709,9 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// Closes the channel for `reason` (the first close's reason stands): outstanding calls fail
     /// with `reason`'s error, then the break callback runs, once.
     pub(crate) fn close_with(&self, reason: CloseReason) {
+        // Before the channel is marked closed, so that a closed channel always tells why
+        // (`close_reason` reads it only once the channel is closed); the first reason stands.
+        let reason = self.live.set_reason(reason);
         if !self.ep.mark_closed() {
             return;
         }
@@ -1717,7 +1720,6 @@ impl<D: Device + Clone> ChannelInner<D> {
             // reached us (the control stream closes after the queues). Deliver them first.
             self.collect_arrived();
         }
-        let reason = self.live.set_reason(reason);
         // One-sided operations are left to their own completions (collected below: failing the
         // queues completes every work request, with its error or flushed), so an operation whose
         // error closed the channel still reports that error; flushed ones end `Closed`.

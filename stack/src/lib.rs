@@ -172,6 +172,9 @@ pub use error::{Result, RpcError};
 #[cfg(not(loom))]
 pub use liveness::{CloseReason, Keepalive};
 #[cfg(not(loom))]
+#[doc(hidden)]
+pub use reactor::panic_control_loop_for_tests;
+#[cfg(not(loom))]
 pub use recovery::Recovery;
 #[cfg(not(loom))]
 pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};

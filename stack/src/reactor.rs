@@ -14,21 +14,28 @@
 //! every connection. A connection the loop finds closed (its stream ended, keepalive gave up) is
 //! closed *aside* (below), where its callbacks run; a callback call the loop itself finishes
 //! while polling an idle channel has its outcome copied and delivered aside
-//! (`client::deferred`); [`on_loop`] tells the code underneath where it runs. The one exception
-//! is a connection the loop lets go of after a panic in its own handling of it
-//! ([`Watch::abandon`]): that one is closed, and its callbacks run, on the loop.
+//! (`client::deferred`); [`on_loop`] tells the code underneath where it runs. The exception is
+//! a connection the loop lets go of ([`Watch::abandon`]) — its handling panicked, the loop
+//! itself panicked, or no aside thread could be started for it in time: that one is closed, and
+//! its callbacks run, on the loop.
 //!
 //! The rare exchanges that block on a peer — a client's queue recovery, a server answering a
 //! queue reset — are run *aside*: the loop stops watching the stream and hands the connection to
 //! a short-lived thread (`bypass-ctl-aside`, at most 16 at once: more connections aside wait
 //! their turn), which does the exchange with ordinary blocking reads and writes (TLS included)
 //! and then gives the connection back to the loop. Other connections are never stalled by one
-//! peer.
+//! peer. The loop never runs that work itself: if no aside thread can be started (the process
+//! is out of threads or memory) the connection waits in the aside queue, and the loop tries
+//! again every [`ASIDE_RETRY`]; after [`ASIDE_GIVE_UP`] without any thread the waiting
+//! connections are closed ([`CloseReason::ControlLost`](crate::CloseReason::ControlLost), the
+//! error on stderr).
 //!
 //! The loop starts with the first watched connection and ends when none is left (including none
-//! in the queue of new ones); the next one starts it again. A panic inside one connection's
-//! handling is contained: that connection is no longer watched (its stream is dropped, which
-//! the peer sees as closure), the others go on.
+//! in the queue of new ones, and none waiting for an aside thread to be started); the next one
+//! starts it again. A panic inside one connection's handling is contained: that connection is
+//! no longer watched (its stream is dropped, which the peer sees as closure), the others go on.
+//! A panic of the loop's own code closes every connection it held (see [`run`]); the next
+//! connection starts a new loop.
 
 use crate::endpoint::lock;
 use crate::worker::WakeFd;
@@ -80,7 +87,8 @@ pub(crate) trait Watch: Send + 'static {
     /// The blocking part, off the loop; returns whether the loop should watch it again.
     fn aside(&mut self) -> bool;
     /// The loop lets go of it without its having said [`Step::Done`]: one of its methods
-    /// panicked, it could not be registered, or the loop itself is going away. Its stream is
+    /// panicked, it could not be registered, no thread could be started for its
+    /// [`aside`](Self::aside) work, or the loop itself is going away. Its stream is
     /// not the connection's only handle on the socket, so dropping it tells nobody: close the
     /// connection here, so that its calls end and its peer sees the close.
     fn abandon(&mut self);
@@ -182,30 +190,34 @@ struct Entry {
     gen: u64,
 }
 
-/// The loop's own table: slots of entries and the timer heap.
+/// The loop's own table: slots of entries and the timer heap. Every connection the loop holds
+/// is in it (in `slots`, or in `incoming` until registered), so that a panic of the loop can
+/// close them all ([`run`]).
 struct Table {
     slots: Vec<Option<Entry>>,
     free: Vec<usize>,
     live: usize,
     timers: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     next_gen: u64,
+    /// New connections taken from [`State::new`] and not registered yet.
+    incoming: std::collections::VecDeque<Box<dyn Watch>>,
 }
 
 impl Table {
     fn insert(&mut self, shared: &Shared, w: Box<dyn Watch>) {
-        let fd = w.fd();
         let idx = self.free.pop().unwrap_or_else(|| {
             self.slots.push(None);
             self.slots.len() - 1
         });
-        if let Err(e) = shared.ctl(libc::EPOLL_CTL_ADD, fd, idx as u64) {
-            eprintln!("bypass: the control loop cannot watch a control stream (epoll_ctl: {e}); closing it");
-            self.free.push(idx);
-            abandon(w);
-            return;
-        }
+        // In its slot before anything of it runs: should that panic, the loop still holds it.
         self.slots[idx] = Some(Entry { w, scheduled: None, gen: 0 });
         self.live += 1;
+        let fd = self.slots[idx].as_ref().map_or(-1, |e| e.w.fd());
+        if let Err(e) = shared.ctl(libc::EPOLL_CTL_ADD, fd, idx as u64) {
+            let e = self.remove_unregistered(idx, e);
+            abandon(e.w);
+            return;
+        }
         let step = guarded(self.slots[idx].as_mut(), |e| {
             if e.w.has_buffered() {
                 e.w.on_readable()
@@ -241,11 +253,22 @@ impl Table {
     }
 
     fn remove(&mut self, shared: &Shared, idx: usize) -> Entry {
+        if let Some(e) = self.slots[idx].as_ref() {
+            let _ = shared.ctl(libc::EPOLL_CTL_DEL, e.w.fd(), 0);
+        }
         let e = self.slots[idx].take().expect("a live slot");
-        let _ = shared.ctl(libc::EPOLL_CTL_DEL, e.w.fd(), 0);
         self.free.push(idx);
         self.live -= 1;
         e
+    }
+
+    /// Takes back the entry of slot `idx`, which epoll refused to watch (`e`).
+    fn remove_unregistered(&mut self, idx: usize, e: std::io::Error) -> Entry {
+        eprintln!("bypass: the control loop cannot watch a control stream (epoll_ctl: {e}); closing it");
+        let entry = self.slots[idx].take().expect("the slot just filled");
+        self.free.push(idx);
+        self.live -= 1;
+        entry
     }
 }
 
@@ -278,18 +301,31 @@ fn abandon(mut w: Box<dyn Watch>) {
 /// (a recovery storm — every channel of a failed NIC — does not start a thread per channel).
 const MAX_ASIDE_THREADS: usize = 16;
 
+/// How often the loop tries again to start an aside thread while connections wait for one and
+/// none runs (the last start failed).
+const ASIDE_RETRY: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How long connections wait for an aside thread that cannot be started before they are
+/// closed: by then the process has been out of threads (or memory) for a while, and a
+/// connection whose recovery cannot run is better closed, with a reason, than left hanging.
+const ASIDE_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Aside threads running, and connections waiting for one.
 struct Aside {
     threads: usize,
     queue: std::collections::VecDeque<Box<dyn Watch>>,
+    /// Connections wait and no aside thread runs, since no thread could be started: since when,
+    /// and when the loop tries again (`None`: not stuck).
+    stuck: Option<(Instant, Instant)>,
 }
 
-static ASIDE: Mutex<Aside> = Mutex::new(Aside { threads: 0, queue: std::collections::VecDeque::new() });
+static ASIDE: Mutex<Aside> =
+    Mutex::new(Aside { threads: 0, queue: std::collections::VecDeque::new(), stuck: None });
 
 /// Runs `w.aside()` off the loop, on a short-lived thread (at most [`MAX_ASIDE_THREADS`]; each
 /// takes the waiting connections one after another before it ends), then hands it back to the
-/// loop. If no thread can be started it runs here (delaying the other connections, but not
-/// losing this one).
+/// loop. Never runs it here, on the loop: if no thread can be started, `w` waits in the queue
+/// for the loop's next try ([`retry_aside`]), or for an aside thread started meanwhile.
 fn run_aside(w: Box<dyn Watch>) {
     {
         let mut a = lock(&ASIDE);
@@ -299,9 +335,99 @@ fn run_aside(w: Box<dyn Watch>) {
         }
         a.threads += 1;
     }
-    if std::thread::Builder::new().name("bypass-ctl-aside".into()).spawn(aside_thread).is_err() {
-        aside_thread();
+    start_aside_thread();
+}
+
+/// Starts an aside thread (its count already taken). On failure the count is given back; if
+/// then no aside thread runs while connections wait, the queue is *stuck* until the loop's
+/// [`retry_aside`] succeeds or gives up.
+fn start_aside_thread() {
+    let err = match spawn_aside() {
+        Ok(()) => {
+            lock(&ASIDE).stuck = None;
+            return;
+        }
+        Err(e) => e,
+    };
+    let first = {
+        let mut a = lock(&ASIDE);
+        a.threads -= 1;
+        if a.threads > 0 || a.queue.is_empty() {
+            // A running thread takes the waiting ones before it ends.
+            return;
+        }
+        let now = Instant::now();
+        let first = a.stuck.is_none();
+        let since = a.stuck.map_or(now, |(since, _)| since);
+        a.stuck = Some((since, now + ASIDE_RETRY));
+        first
+    };
+    if first {
+        eprintln!(
+            "bypass: the control loop cannot start a thread for a connection's blocking control exchange \
+             ({err}); it tries again for {ASIDE_GIVE_UP:?}, then closes the connection"
+        );
     }
+}
+
+/// Starts a thread running [`aside_thread`].
+fn spawn_aside() -> std::io::Result<()> {
+    #[cfg(test)]
+    if tests::refuse_spawn() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "the test refuses to start a thread",
+        ));
+    }
+    std::thread::Builder::new().name("bypass-ctl-aside".into()).spawn(aside_thread).map(drop)
+}
+
+/// The loop's turn on a stuck aside queue (see [`start_aside_thread`]): tries again to start a
+/// thread when it is time, closes the waiting connections after [`ASIDE_GIVE_UP`]. Returns when
+/// to look again (`None`: not stuck).
+fn retry_aside(now: Instant) -> Option<Instant> {
+    let given_up = {
+        let mut a = lock(&ASIDE);
+        let (since, at) = a.stuck?;
+        if a.threads > 0 || a.queue.is_empty() {
+            a.stuck = None;
+            return None;
+        }
+        if now < at {
+            return Some(at);
+        }
+        if now.duration_since(since) < ASIDE_GIVE_UP {
+            a.threads += 1;
+            None
+        } else {
+            a.stuck = None;
+            Some(std::mem::take(&mut a.queue))
+        }
+    };
+    match given_up {
+        None => {
+            start_aside_thread();
+            lock(&ASIDE).stuck.map(|(_, at)| at)
+        }
+        Some(waiting) => {
+            eprintln!(
+                "bypass: no thread could be started for {ASIDE_GIVE_UP:?} to run the blocking control exchange \
+                 of {} connection(s) (queue recovery); they are closed",
+                waiting.len()
+            );
+            waiting.into_iter().for_each(abandon);
+            None
+        }
+    }
+}
+
+/// The connections of a stuck aside queue, taken out (the loop that would retry is gone).
+fn take_stuck_aside() -> std::collections::VecDeque<Box<dyn Watch>> {
+    let mut a = lock(&ASIDE);
+    if a.stuck.take().is_none() || a.threads > 0 {
+        return Default::default();
+    }
+    std::mem::take(&mut a.queue)
 }
 
 /// Takes waiting connections until none is left.
@@ -331,13 +457,21 @@ fn aside_thread() {
 }
 
 /// The loop thread: runs [`run_loop`]; should it panic (outside [`guarded`]), the connections
-/// it held and the new ones waiting for it are abandoned — after the unwind, not during it,
-/// since closing runs callbacks — and the next [`watch`] starts a new loop, instead of handing
-/// connections to a loop that is gone.
+/// it held (registered, or taken from the queue of new ones and not registered yet), the new
+/// ones waiting for it and those waiting for it to start an aside thread are abandoned — closed
+/// with [`CloseReason::ControlLost`](crate::CloseReason::ControlLost), after the unwind, not
+/// during it, since closing runs callbacks — and the next [`watch`] starts a new loop, instead
+/// of handing connections to a loop that is gone.
 fn run(shared: Arc<Shared>) {
     ON_LOOP.with(|on| on.set(true));
-    let mut table =
-        Table { slots: Vec::new(), free: Vec::new(), live: 0, timers: BinaryHeap::new(), next_gen: 0 };
+    let mut table = Table {
+        slots: Vec::new(),
+        free: Vec::new(),
+        live: 0,
+        timers: BinaryHeap::new(),
+        next_gen: 0,
+        incoming: Default::default(),
+    };
     if catch_unwind(AssertUnwindSafe(|| run_loop(&shared, &mut table))).is_ok() {
         return;
     }
@@ -349,21 +483,41 @@ fn run(shared: Arc<Shared>) {
         std::mem::take(&mut st.new)
     };
     table.slots.drain(..).flatten().for_each(|e| abandon(e.w));
+    table.incoming.drain(..).for_each(abandon);
     waiting.into_iter().for_each(abandon);
+    take_stuck_aside().into_iter().for_each(abandon);
+}
+
+/// Test hook ([`panic_control_loop_for_tests`]): the loop panics before it registers the next
+/// new connection.
+static PANIC_ON_REGISTER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Test hook: the process's control loop panics, outside any one connection's handling, when it
+/// next registers a new connection (as if its own code had failed there). The loop's recovery
+/// from that is what is tested: every connection it held is closed
+/// ([`CloseReason::ControlLost`](crate::CloseReason::ControlLost)) and the next connection
+/// starts a new loop.
+#[doc(hidden)]
+pub fn panic_control_loop_for_tests() {
+    PANIC_ON_REGISTER.store(true, std::sync::atomic::Ordering::Release);
 }
 
 /// The loop itself.
 fn run_loop(shared: &Shared, table: &mut Table) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     loop {
-        let (new, scan) = {
+        // Only this thread makes the aside queue stuck (its `run_aside`), so `None` here stays
+        // true until the loop ends below.
+        let retry = retry_aside(Instant::now());
+        let scan = {
             let mut st = lock(&STATE);
-            if st.new.is_empty() && table.live == 0 {
+            if st.new.is_empty() && table.live == 0 && retry.is_none() {
                 st.running = None;
                 st.scan = false;
                 return;
             }
-            (std::mem::take(&mut st.new), std::mem::take(&mut st.scan))
+            table.incoming.extend(st.new.drain(..));
+            std::mem::take(&mut st.scan)
         };
         if scan {
             // Before the new ones (which are asked on registration anyway).
@@ -374,15 +528,27 @@ fn run_loop(shared: &Shared, table: &mut Table) {
                 }
             }
         }
-        for w in new {
-            table.insert(shared, w);
+        while !table.incoming.is_empty() {
+            if PANIC_ON_REGISTER.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                panic!("the control loop panics (test hook)");
+            }
+            if let Some(w) = table.incoming.pop_front() {
+                table.insert(shared, w);
+            }
         }
-        if table.live == 0 {
+        // Registering or scanning may have sent a connection aside with no thread to take it.
+        let retry = retry.or_else(|| lock(&ASIDE).stuck.map(|(_, at)| at));
+        if table.live == 0 && retry.is_none() {
             continue; // look at the queue of new ones again (and end if it is empty)
         }
-        let timeout = match table.timers.peek() {
+        let next = match (table.timers.peek(), retry) {
+            (Some(Reverse((d, _, _))), Some(r)) => Some((*d).min(r)),
+            (Some(Reverse((d, _, _))), None) => Some(*d),
+            (None, r) => r,
+        };
+        let timeout = match next {
             None => -1,
-            Some(Reverse((d, _, _))) => {
+            Some(d) => {
                 d.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000).min(i32::MAX as u128)
                     as libc::c_int
             }
@@ -446,6 +612,32 @@ mod tests {
     use std::time::Duration;
 
     const LIMIT: Duration = Duration::from_secs(30);
+
+    /// Aside threads [`spawn_aside`] still refuses to start (`usize::MAX`: all).
+    static REFUSE_SPAWNS: AtomicUsize = AtomicUsize::new(0);
+
+    /// The tests that send connections aside share the aside queue and the refusals: one at a time.
+    static ASIDE_TESTS: Mutex<()> = Mutex::new(());
+
+    pub(super) fn refuse_spawn() -> bool {
+        REFUSE_SPAWNS.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
+
+    /// Refuses the next `n` aside threads until dropped.
+    struct Refusing;
+
+    impl Refusing {
+        fn next(n: usize) -> Refusing {
+            REFUSE_SPAWNS.store(n, Ordering::Release);
+            Refusing
+        }
+    }
+
+    impl Drop for Refusing {
+        fn drop(&mut self) {
+            REFUSE_SPAWNS.store(0, Ordering::Release);
+        }
+    }
 
     fn until(what: &str, cond: impl Fn() -> bool) {
         let start = Instant::now();
@@ -541,6 +733,7 @@ mod tests {
 
     #[test]
     fn a_connection_aside_does_not_stall_the_others_and_comes_back() {
+        let _one = lock(&ASIDE_TESTS);
         let (tx, rx) = mpsc::channel();
         let (slow, slow_h) = probe(None, Some(rx));
         let (busy, busy_h) = probe(Some(Duration::from_millis(1)), None);
@@ -568,6 +761,7 @@ mod tests {
     /// runs on at most `MAX_ASIDE_THREADS` threads; every one comes back.
     #[test]
     fn asides_share_a_bounded_set_of_threads() {
+        let _one = lock(&ASIDE_TESTS);
         struct Blocks {
             sock: UnixStream,
             inside: Arc<AtomicUsize>,
@@ -684,5 +878,134 @@ mod tests {
         until("the loop to go on for the other", || other_h.ticks.load(Ordering::Relaxed) >= at + 5);
         drop(other_h.peer);
         until("the other to end", || other_h.dropped.load(Ordering::Acquire));
+    }
+
+    /// A connection that goes aside once, at registration; its aside work blocks until released.
+    struct Stuck {
+        sock: UnixStream,
+        entered: Arc<AtomicBool>,
+        release: Arc<AtomicBool>,
+        back: Arc<AtomicUsize>,
+        abandoned: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+        went: bool,
+    }
+
+    impl Drop for Stuck {
+        fn drop(&mut self) {
+            self.dropped.store(true, Ordering::Release);
+        }
+    }
+
+    impl Watch for Stuck {
+        fn fd(&self) -> RawFd {
+            self.sock.as_raw_fd()
+        }
+        fn has_buffered(&mut self) -> bool {
+            false
+        }
+        fn on_readable(&mut self) -> Step {
+            Step::Done
+        }
+        fn on_timer(&mut self, _: Instant) -> Step {
+            Step::Keep
+        }
+        fn on_wake(&mut self) -> Step {
+            if self.went {
+                self.back.fetch_add(1, Ordering::AcqRel);
+                return Step::Keep;
+            }
+            self.went = true;
+            Step::Aside
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn abandon(&mut self) {
+            self.abandoned.store(true, Ordering::Release);
+        }
+        fn aside(&mut self) -> bool {
+            self.entered.store(true, Ordering::Release);
+            until("the release", || self.release.load(Ordering::Acquire));
+            true
+        }
+    }
+
+    #[derive(Default)]
+    struct StuckHandles {
+        entered: Arc<AtomicBool>,
+        release: Arc<AtomicBool>,
+        back: Arc<AtomicUsize>,
+        abandoned: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    fn stuck() -> (Box<Stuck>, StuckHandles, UnixStream) {
+        let (sock, peer) = UnixStream::pair().unwrap();
+        let h = StuckHandles::default();
+        let w = Stuck {
+            sock,
+            entered: h.entered.clone(),
+            release: h.release.clone(),
+            back: h.back.clone(),
+            abandoned: h.abandoned.clone(),
+            dropped: h.dropped.clone(),
+            went: false,
+        };
+        (Box::new(w), h, peer)
+    }
+
+    /// No aside thread can be started at first (the process is out of threads): the connection
+    /// waits, the loop goes on with the others and tries again; once a thread starts, the work
+    /// runs there (never on the loop) and the connection comes back.
+    #[test]
+    fn aside_work_waits_for_a_thread_instead_of_blocking_the_loop() {
+        let _one = lock(&ASIDE_TESTS);
+        let refusing = Refusing::next(3);
+        let (busy, busy_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(busy).unwrap();
+        let (w, h, peer) = stuck();
+        watch(w).unwrap();
+        until("the aside work to start", || h.entered.load(Ordering::Acquire));
+        assert_eq!(REFUSE_SPAWNS.load(Ordering::Acquire), 0, "started after the loop's retries");
+        drop(refusing);
+        // Its aside work blocks: the loop, not running it, still runs the other's timer.
+        let at = busy_h.ticks.load(Ordering::Relaxed);
+        until("the loop to go on while the work blocks", || busy_h.ticks.load(Ordering::Relaxed) >= at + 20);
+        h.release.store(true, Ordering::Release);
+        until("the connection to be watched again", || h.back.load(Ordering::Acquire) == 1);
+        assert!(!h.abandoned.load(Ordering::Acquire));
+        drop(peer);
+        drop(busy_h.peer);
+        until("both watches to end", || {
+            h.dropped.load(Ordering::Acquire) && busy_h.dropped.load(Ordering::Acquire)
+        });
+    }
+
+    /// No aside thread can ever be started: after `ASIDE_GIVE_UP` the waiting connection is
+    /// closed (abandoned) rather than left hanging, its work never having run; the loop and
+    /// the other connections are not held up meanwhile.
+    #[test]
+    fn aside_work_that_never_gets_a_thread_closes_its_connection() {
+        let _one = lock(&ASIDE_TESTS);
+        let _refusing = Refusing::next(usize::MAX);
+        let (busy, busy_h) = probe(Some(Duration::from_millis(1)), None);
+        watch(busy).unwrap();
+        let (w, h, peer) = stuck();
+        h.release.store(true, Ordering::Release);
+        let start = Instant::now();
+        watch(w).unwrap();
+        let at = busy_h.ticks.load(Ordering::Relaxed);
+        until("the loop to go on for the other", || busy_h.ticks.load(Ordering::Relaxed) >= at + 20);
+        until("the waiting connection to be closed", || h.abandoned.load(Ordering::Acquire));
+        assert!(start.elapsed() >= ASIDE_GIVE_UP, "closed only after {ASIDE_GIVE_UP:?} of tries");
+        until("it to be dropped", || h.dropped.load(Ordering::Acquire));
+        assert!(!h.entered.load(Ordering::Acquire), "its blocking work never ran (on the loop or anywhere)");
+        assert!(lock(&ASIDE).queue.is_empty());
+        let at = busy_h.ticks.load(Ordering::Relaxed);
+        until("the loop to go on", || busy_h.ticks.load(Ordering::Relaxed) >= at + 5);
+        drop(peer);
+        drop(busy_h.peer);
+        until("the other to end", || busy_h.dropped.load(Ordering::Acquire));
     }
 }

@@ -1116,10 +1116,12 @@ impl<D: Device + Clone> Conn<D> {
     /// Closes the connection for `reason` (the first close's reason stands); the break callback
     /// runs once, for a connection the new-connection callback accepted.
     fn close_with(&self, reason: CloseReason) {
+        // Before the connection is marked closed, so that a closed connection always tells why
+        // (`close_reason` reads it only once it is closed); the first reason stands.
+        let reason = self.live.set_reason(reason);
         if !self.ep.mark_closed() {
             return;
         }
-        let reason = self.live.set_reason(reason);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
         }

@@ -236,6 +236,11 @@ fn a_close_does_not_fail_a_call_whose_reply_another_thread_holds() {
         || rig.step_all(),
         || channel.stats().close_waits > 0 || seen.lock().unwrap().len() > 1,
     );
+    // The close is under way (it waits for the poller): the channel says closed, and why.
+    if channel.stats().close_waits > 0 {
+        assert!(channel.is_closed());
+        assert_eq!(channel.close_reason(), Some(CloseReason::PeerClosed), "a closed channel tells why");
+    }
     release.send(()).expect("release the first callback");
     let polled = poller.join().expect("the poller");
     assert!(polled >= 2, "one poll took both replies: {polled}");

@@ -582,3 +582,180 @@ fn descriptors_from_a_rogue_peer_get_error_statuses_and_leak_nothing() {
     assert!(echo(&channel, &pattern(200_000, 2)).unwrap() == pattern(200_000, 2));
     assert_eq!(channel.rndv_in_use(), 0);
 }
+
+// ---- an allocator that refuses ----
+
+/// A user allocator (regions on the server's NIC) that refuses the next `refuse` allocations.
+struct Refusing {
+    nic: SimNic,
+    refuse: AtomicUsize,
+    allocs: AtomicUsize,
+    frees: AtomicUsize,
+}
+
+impl Refusing {
+    fn new(nic: &SimNic) -> Arc<Refusing> {
+        Arc::new(Refusing { nic: nic.clone(), refuse: 0.into(), allocs: 0.into(), frees: 0.into() })
+    }
+}
+
+impl RndvAllocator<Region> for Refusing {
+    fn allocate(&self, len: usize) -> Option<RndvBuf<Region>> {
+        if self.refuse.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return None;
+        }
+        let region = Arc::new(self.nic.register(len.max(1), Access::LOCAL_WRITE).ok()?);
+        self.allocs.fetch_add(1, Ordering::SeqCst);
+        Some(RndvBuf { region, offset: 0, len })
+    }
+    fn free(&self, _: RndvBuf<Region>) {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+type Outcome = Arc<std::sync::Mutex<Option<Result<Vec<u8>, String>>>>;
+
+fn start(ch: &Channel<SimNic>, f: FunctionId, args: &[u8]) -> Outcome {
+    start_with(ch, &CallOptions::default(), f, args)
+}
+
+fn start_with(ch: &Channel<SimNic>, opts: &CallOptions, f: FunctionId, args: &[u8]) -> Outcome {
+    let out: Outcome = Arc::default();
+    let o = out.clone();
+    ch.call_callback(opts, f, args, move |r| {
+        *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec).map_err(|e| format!("{e:?}")));
+    })
+    .unwrap();
+    out
+}
+
+/// Requests queued for rendezvous memory, the first of which the allocator then refuses: that
+/// one call ends at once with SERVER_DECLINE, and the one behind it gets its memory and
+/// completes, without another call arriving to move things on.
+#[test]
+fn a_refused_allocation_ends_its_call_and_the_next_waiting_request_goes_on() {
+    for (engine, mode) in [Engine::Inline, Engine::Threaded]
+        .into_iter()
+        .flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
+    {
+        for round in 0..20u8 {
+            let fabric = Fabric::new(engine);
+            let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+            let alloc = Refusing::new(&snic);
+            let held = Arc::new(std::sync::Mutex::new(None));
+            let mut f = functions(held.clone());
+            f.rndv_allocator(alloc.clone());
+            // Room for one request's arguments at a time.
+            let cfg = ServerConfig { rndv_memory_limit: 1 << 20, mode, ..ServerConfig::new(NAME) };
+            let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
+            let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+            let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
+            let wait = |what: &str, cond: &dyn Fn() -> bool| {
+                let start = Instant::now();
+                while !cond() {
+                    assert!(
+                        start.elapsed() < LIMIT,
+                        "{engine:?} {mode:?} round {round}: gave up waiting for {what}"
+                    );
+                    fabric.progress();
+                    channel.poll();
+                    std::thread::yield_now();
+                }
+            };
+            let (a_args, b_args, c_args) = (pattern(600_000, 1), pattern(600_000, 2), pattern(600_000, 3));
+            let a = start(&channel, HOLD, &a_args);
+            wait("the server to hold A", &|| held.lock().unwrap().is_some());
+            let b = start(&channel, SHAPE, &b_args);
+            wait("B to wait for memory", &|| server.rndv_stats().waited == 1);
+            let c = start(&channel, SHAPE, &c_args);
+            wait("C to wait for memory", &|| server.rndv_stats().waited == 2);
+            alloc.refuse.store(1, Ordering::SeqCst);
+            // A is answered from this thread; its memory goes back.
+            let req: Request<SimNic> = held.lock().unwrap().take().unwrap();
+            req.reply(b"a").unwrap();
+            wait("A, B and C to end", &|| [&a, &b, &c].iter().all(|o| o.lock().unwrap().is_some()));
+            assert_eq!(a.lock().unwrap().clone().unwrap().unwrap(), b"a");
+            let b = b.lock().unwrap().clone().unwrap();
+            assert_eq!(b, Err("Status(ServerDecline)".into()), "{engine:?}: B's memory was refused");
+            let c = c.lock().unwrap().clone().unwrap().expect("C got memory after B's refusal");
+            assert_eq!(u32::from_le_bytes(c[c.len() - 4..].try_into().unwrap()), checksum(&c_args));
+            let s = server.rndv_stats();
+            assert_eq!((s.requests, s.refused, s.failed), (3, 1, 0), "{engine:?} {s:?}");
+            wait("the memory to go back", &|| server.rndv_stats().bytes_in_use == 0);
+            assert_eq!(alloc.allocs.load(Ordering::SeqCst), 2, "A and C");
+            wait("every buffer to be freed", &|| alloc.frees.load(Ordering::SeqCst) == 2);
+        }
+    }
+}
+
+/// The same for the memory a large copied response is staged in: the call whose response
+/// memory is refused ends once with SERVER_DECLINE (replied from the worker, or from another
+/// thread), the memory its request held goes back, and the request waiting for that memory
+/// goes on at once; the next call gets its response.
+#[test]
+fn a_refused_response_allocation_ends_its_call_and_the_next_one_goes_on() {
+    for (engine, mode) in [Engine::Inline, Engine::Threaded]
+        .into_iter()
+        .flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
+    {
+        for round in 0..10u8 {
+            let fabric = Fabric::new(engine);
+            let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+            let alloc = Refusing::new(&snic);
+            let held = Arc::new(std::sync::Mutex::new(None));
+            let mut f = functions(held.clone());
+            f.rndv_allocator(alloc.clone());
+            let cfg = ServerConfig { rndv_memory_limit: 2 << 20, mode, ..ServerConfig::new(NAME) };
+            let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
+            let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+            let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
+            let wait = |what: &str, cond: &dyn Fn() -> bool| {
+                let start = Instant::now();
+                while !cond() {
+                    assert!(
+                        start.elapsed() < LIMIT,
+                        "{engine:?} {mode:?} round {round}: gave up waiting for {what}"
+                    );
+                    fabric.progress();
+                    channel.poll();
+                    std::thread::yield_now();
+                }
+            };
+            let big = CallOptions { max_response: 600_000, ..Default::default() };
+            // Replied on the worker: refused, then the next one gets its response.
+            alloc.refuse.store(1, Ordering::SeqCst);
+            let make = 300_000u64.to_le_bytes();
+            let e = channel.call_with(&big, MAKE, &make, &mut Vec::new()).unwrap_err();
+            assert!(matches!(e, RpcError::Status(Status::ServerDecline)), "{engine:?} {mode:?}: {e}");
+            let mut out = Vec::new();
+            channel.call_with(&big, MAKE, &make, &mut out).unwrap();
+            assert!(out == pattern(300_000, 7));
+            // Replied from another thread, while a request waits for the memory the call holds.
+            let a = start_with(&channel, &big, HOLD, &pattern(600_000, 1));
+            wait("the server to hold A", &|| held.lock().unwrap().is_some());
+            let b_args = pattern(1_500_000, 2);
+            let b = start(&channel, SHAPE, &b_args);
+            wait("B to wait for memory", &|| server.rndv_stats().waited == 1);
+            alloc.refuse.store(1, Ordering::SeqCst);
+            let req: Request<SimNic> = held.lock().unwrap().take().unwrap();
+            let e = req.reply(&pattern(500_000, 3)).unwrap_err();
+            assert!(e.is_would_block(), "{e}");
+            wait("A and B to end", &|| a.lock().unwrap().is_some() && b.lock().unwrap().is_some());
+            let a = a.lock().unwrap().clone().unwrap();
+            assert_eq!(
+                a,
+                Err("Status(ServerDecline)".into()),
+                "{engine:?} {mode:?}: A's response memory was refused"
+            );
+            let b = b.lock().unwrap().clone().unwrap().expect("B got the memory A gave back");
+            assert_eq!(u32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()), checksum(&b_args));
+            let s = server.rndv_stats();
+            assert_eq!((s.requests, s.refused, s.failed), (4, 2, 0), "{engine:?} {s:?}");
+            wait("the memory to go back", &|| server.rndv_stats().bytes_in_use == 0);
+            // The second MAKE's response, A's and B's arguments.
+            assert_eq!(alloc.allocs.load(Ordering::SeqCst), 3);
+            wait("every buffer to be freed", &|| alloc.frees.load(Ordering::SeqCst) == 3);
+            assert_eq!(channel.rndv_in_use(), 0);
+        }
+    }
+}
