@@ -133,6 +133,7 @@ fn measure(n: usize, recv_buffers: RecvBuffers) -> Result<(), String> {
     );
     drop(channels);
     server.shutdown();
+    control_threads_gone()?;
     if ok != n {
         return Err(format!("{} of {n} calls failed", n - ok));
     }
@@ -153,6 +154,37 @@ fn recv_bytes(channels: &[Channel<SimNic>], shared_pool: bool) -> u64 {
             c.queues() as u64 * ((4 * w + batch) + server) * msg
         })
         .sum()
+}
+
+/// Waits (at most 10 s) until the control-plane threads of the connections just closed have
+/// ended: the control loop (`bypass-ctl`) and the short-lived threads that close connections
+/// aside (`bypass-ctl-aside`). The next count's "server alone" figures are taken after that,
+/// so its thread growth is its own.
+fn control_threads_gone() -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let left = control_threads();
+        if left == 0 {
+            return Ok(());
+        }
+        if start.elapsed() > std::time::Duration::from_secs(10) {
+            return Err(format!(
+                "{left} control-plane thread(s) still running 10 s after every connection closed"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Threads of this process whose name starts with `bypass-ctl` (`/proc/self/task/*/comm`).
+fn control_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|name| name.starts_with("bypass-ctl"))
+        })
+        .count()
 }
 
 /// (threads, resident bytes) of this process, from `/proc/self/status`.
