@@ -174,6 +174,9 @@ pub enum Test {
     Rate,
     /// RPC only: blocking echo calls, as MiB/s of arguments, next to a memcpy of the same size
     Echo,
+    /// RPC only: blocking one-way rendezvous calls: arguments already in registered memory
+    /// (`Channel::call_segments_with`), READ by the server, empty reply; next to a memcpy
+    Oneway,
 }
 
 impl Test {
@@ -183,6 +186,7 @@ impl Test {
             Test::Bw => "bw",
             Test::Rate => "rate",
             Test::Echo => "echo",
+            Test::Oneway => "oneway",
         }
     }
 }
@@ -392,7 +396,7 @@ fn default_iters(test: Test) -> u64 {
         Test::Lat => 100_000,
         Test::Rate => 500_000,
         Test::Bw => 20_000,
-        Test::Echo => 200,
+        Test::Echo | Test::Oneway => 200,
     }
 }
 
@@ -497,6 +501,9 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     }
     if tests.contains(&Test::Echo) && level != Level::Rpc {
         return Err("-t echo: only --level rpc".into());
+    }
+    if tests.contains(&Test::Oneway) && level != Level::Rpc {
+        return Err("-t oneway: only --level rpc".into());
     }
     // -a at the RPC level and --rendezvous keep the message size (sizes above it go by
     // rendezvous); otherwise the message size grows to hold the largest size.

@@ -302,7 +302,7 @@ fn measure<D: Device>(
             progress.finish();
             Ok(Measured::Thru(t))
         }
-        Test::Echo => Err("-t echo is an RPC test".into()),
+        Test::Echo | Test::Oneway => Err("-t echo and -t oneway are RPC tests".into()),
     }
 }
 

@@ -93,9 +93,9 @@ impl Report {
                     );
                 }
                 Kind::Echo => {
-                    out!("blocking echo calls (arguments and response of the same size), and a plain memcpy of that size in the same run");
+                    out!("blocking echo calls (arguments and response of the same size; oneway: arguments in registered memory, empty reply), and a plain memcpy of that size in the same run; MiB/s of arguments, moved: both ways");
                     out!(
-                        "{:<5} {:<4} {:<9} {:>8} {:>9} {:>10} {:>12} {:>6}",
+                        "{:<5} {:<4} {:<9} {:>8} {:>9} {:>10} {:>12} {:>6} {:>11} {:>6}",
                         "level",
                         "test",
                         what_header(plan.level),
@@ -103,6 +103,8 @@ impl Report {
                         "iters",
                         "MiB/s",
                         "memcpy MiB/s",
+                        "ratio",
+                        "moved MiB/s",
                         "ratio"
                     );
                 }
@@ -143,9 +145,17 @@ impl Report {
                 l.mean / 1e3
             ),
             Measured::Echo(e) => {
-                let (rpc, copy) = (e.mib_per_sec(), e.memcpy_mib_per_sec());
-                let ratio = if copy > 0.0 { rpc / copy } else { 0.0 };
-                out!("{head} {:>9} {:>10.1} {:>12.1} {:>6.3}", e.iters, rpc, copy, ratio);
+                let (rpc, copy, moved) = (e.mib_per_sec(), e.memcpy_mib_per_sec(), e.moved_mib_per_sec());
+                let ratio = |x: f64| if copy > 0.0 { x / copy } else { 0.0 };
+                out!(
+                    "{head} {:>9} {:>10.1} {:>12.1} {:>6.3} {:>11.1} {:>6.3}",
+                    e.iters,
+                    rpc,
+                    copy,
+                    ratio(rpc),
+                    moved,
+                    ratio(moved)
+                );
             }
             Measured::Thru(t) => {
                 let window = if plan.level == Level::Tcp { "-".to_string() } else { plan.window.to_string() };
@@ -232,6 +242,7 @@ fn json_row(plan: &Plan, spec: &Spec, m: &Measured) -> Map<String, Value> {
             o.insert("secs".into(), e.secs.into());
             o.insert("mib_per_sec".into(), ((e.mib_per_sec() * 100.0).round() / 100.0).into());
             o.insert("memcpy_mib_per_sec".into(), ((e.memcpy_mib_per_sec() * 100.0).round() / 100.0).into());
+            o.insert("moved_mib_per_sec".into(), ((e.moved_mib_per_sec() * 100.0).round() / 100.0).into());
         }
         Measured::Thru(t @ Throughput { msgs, secs, .. }) => {
             o.insert("iters".into(), (*msgs).into());

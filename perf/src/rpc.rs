@@ -11,6 +11,9 @@
 //!
 //! - `echo`: blocking calls whose arguments and response are `size` bytes, reported as MiB/s of
 //!   arguments, next to a plain `memcpy` of the same size measured right after, in the same run.
+//! - `oneway`: blocking calls whose `size` bytes of arguments already lie in memory registered on
+//!   the client's device (`Channel::call_segments_with`: the server READs them where they are)
+//!   and whose reply is empty; reported like `echo`. The one-way rendezvous transfer.
 //!
 //! Arguments up to the message size less the 20-byte request header travel eagerly, inside the
 //! request message; larger ones (or all, with `--rendezvous`) by rendezvous: the server RDMA
@@ -47,6 +50,8 @@ const TICK: u64 = 4096;
 pub struct Rig<D: Device + Clone> {
     server: Option<Server<D>>,
     channel: Channel<D>,
+    /// The channel's device (`oneway` registers its arguments there).
+    client_nic: D,
     one_thread: bool,
     rendezvous: bool,
 }
@@ -106,13 +111,25 @@ impl<D: Device + Clone> Rig<D> {
     pub fn new(server_nic: &D, client_nic: &D, plan: &Plan) -> Res<Rig<D>> {
         let server = start_server(server_nic, "127.0.0.1:0", plan)?;
         let channel = Self::channel(client_nic, &server.local_addr().to_string(), plan)?;
-        Ok(Rig { server: Some(server), channel, one_thread: plan.one_thread, rendezvous: plan.rendezvous })
+        Ok(Rig {
+            server: Some(server),
+            channel,
+            client_nic: client_nic.clone(),
+            one_thread: plan.one_thread,
+            rendezvous: plan.rendezvous,
+        })
     }
 
     /// `--client ADDR`: a channel to a `bypass-perf --server` in another process.
     pub fn connect(client_nic: &D, addr: &str, plan: &Plan) -> Res<Rig<D>> {
         let channel = Self::channel(client_nic, addr, plan)?;
-        Ok(Rig { server: None, channel, one_thread: false, rendezvous: plan.rendezvous })
+        Ok(Rig {
+            server: None,
+            channel,
+            client_nic: client_nic.clone(),
+            one_thread: false,
+            rendezvous: plan.rendezvous,
+        })
     }
 
     fn channel(client_nic: &D, addr: &str, plan: &Plan) -> Res<Channel<D>> {
@@ -201,7 +218,49 @@ impl<D: Device + Clone> Rig<D> {
                 let l = self.latency(mode, &args, budget, &mut progress)?;
                 // The same bytes with a plain memcpy, now, for comparison.
                 let (copies, copy_secs) = crate::stats::memcpy(size, Duration::from_millis(300));
-                Measured::Echo(crate::stats::Echo { iters: l.iters, size, secs: l.secs, copies, copy_secs })
+                Measured::Echo(crate::stats::Echo {
+                    iters: l.iters,
+                    size,
+                    secs: l.secs,
+                    copies,
+                    copy_secs,
+                    ways: 2,
+                })
+            }
+            Test::Oneway => {
+                if !matches!(mode, CallMode::WaitRsp | CallMode::Ack) || self.one_thread {
+                    return Err("-t oneway needs --mode wait or ack, and two threads".into());
+                }
+                let mut region = self
+                    .client_nic
+                    .register(size.max(1), bypass::Access::REMOTE_READ | bypass::Access::LOCAL_WRITE)
+                    .map_err(|e| format!("register {size} bytes of arguments: {e}"))?;
+                bypass::MemoryRegion::write(&mut region, 0, &args)
+                    .map_err(|e| format!("fill the arguments: {e}"))?;
+                let region = std::sync::Arc::new(region);
+                let opts = CallOptions { max_response: 0, ..CallOptions::mode(mode) };
+                let ranges = [bypass::LocalRange::new(&region, 0, size)];
+                let mut resp = Vec::new();
+                let mut once = || -> Res<()> {
+                    self.channel.call_segments_with(&opts, SINK, &ranges, &mut resp).map_err(call_err)?;
+                    if !resp.is_empty() {
+                        return Err(format!("the one-way call returned {} bytes, expected none", resp.len()));
+                    }
+                    Ok(())
+                };
+                if warmup > 0 {
+                    time_round_trips(Budget::Iters(warmup), &mut none, &mut once)?;
+                }
+                let l = time_round_trips(budget, &mut progress, &mut once)?;
+                let (copies, copy_secs) = crate::stats::memcpy(size, Duration::from_millis(300));
+                Measured::Echo(crate::stats::Echo {
+                    iters: l.iters,
+                    size,
+                    secs: l.secs,
+                    copies,
+                    copy_secs,
+                    ways: 1,
+                })
             }
         };
         progress.finish();

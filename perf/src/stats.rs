@@ -119,12 +119,20 @@ pub struct Echo {
     /// Copies of `size` bytes and the seconds they took.
     pub copies: u64,
     pub copy_secs: f64,
+    /// Bytes each call moves, in units of `size`: 2 for an echo (arguments there, the same back),
+    /// 1 for a one-way call (empty reply).
+    pub ways: u32,
 }
 
 impl Echo {
     /// Argument bytes echoed per second, in MiB/s (each call also moves as many back).
     pub fn mib_per_sec(&self) -> f64 {
         mib(self.iters, self.size, self.secs)
+    }
+
+    /// Bytes moved per second, both ways, in MiB/s (arguments and response).
+    pub fn moved_mib_per_sec(&self) -> f64 {
+        self.mib_per_sec() * f64::from(self.ways)
     }
 
     pub fn memcpy_mib_per_sec(&self) -> f64 {

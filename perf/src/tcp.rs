@@ -81,7 +81,7 @@ pub fn run(
                 }
                 Measured::Thru(stream(connect()?, size, batch, spec.budget, &mut progress)?)
             }
-            Test::Echo => return Err("-t echo is an RPC test".into()),
+            Test::Echo | Test::Oneway => return Err("-t echo and -t oneway are RPC tests".into()),
         };
         progress.finish();
         Ok(m)

@@ -15,6 +15,7 @@ use crate::nic::Nic;
 use crate::ring::{CqRing, WorkRing};
 use crate::shared::{armed, CqShared, QueueShared, SideTable};
 use crate::shared_recv::SimSharedRecv;
+use crate::source::Life;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU8, Mutex, Ordering};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{
@@ -168,10 +169,20 @@ impl SimNic {
         layout: Option<Layout>,
     ) -> Result<SimRegion> {
         let desc = RegionDesc { base: ptr.as_ptr(), addr: ptr.as_ptr() as u64, len: len as u64, access };
-        let Some(key) = sync::lock(&self.nic.dev).keys.insert(desc) else {
+        let life = Arc::new(Life::new());
+        let Some(key) = sync::lock(&self.nic.dev).keys.insert(desc, life.clone()) else {
             return Err(Error::OutOfResources("the NIC's key table is full".into()));
         };
-        Ok(SimRegion { nic: self.nic.clone(), _owner: self.owner.clone(), ptr, layout, len, key, access })
+        Ok(SimRegion {
+            nic: self.nic.clone(),
+            _owner: self.owner.clone(),
+            ptr,
+            layout,
+            len,
+            key,
+            access,
+            life,
+        })
     }
 
     /// Creates a queue; with `srq`, one that takes its receives from that shared receive queue.
@@ -403,6 +414,8 @@ pub struct SimRegion {
     len: usize,
     key: u32,
     access: Access,
+    /// Guards the memory for packets that refer to it from a peer's inbox (`source.rs`).
+    life: Arc<Life>,
 }
 
 // SAFETY: the region owns its allocation; shared access to the bytes follows the DMA contract in
@@ -435,10 +448,14 @@ impl MemoryRegion for SimRegion {
 impl Drop for SimRegion {
     fn drop(&mut self) {
         // Deregister first: once the key is gone (under the device lock) the device can no longer
-        // reach this memory, so freeing it is safe.
+        // reach this memory, nor make new references to it for the in-process wire. Then kill
+        // its liveness: packets that still refer to it from a peer's inbox are lost from now on,
+        // and `kill` returns once a peer copying from it right now is done.
         sync::lock(&self.nic.dev).keys.remove(self.key);
+        self.life.kill();
         if let Some(layout) = self.layout {
-            // SAFETY: allocated in `register` with this layout; no key refers to it any more.
+            // SAFETY: allocated in `register` with this layout; no key refers to it any more and
+            // no reader is in it or can enter it (`kill`).
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
     }

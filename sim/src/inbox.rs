@@ -19,10 +19,18 @@
 //! word with read-modify-writes, so no fence is needed (a first version paired SeqCst fences
 //! instead, Dekker-style: the consumer's fence after every pass cost more than the mutex it
 //! replaced, docs/BENCHMARKS.md). The model: `loom-tests/tests/inbox.rs`.
+//!
+//! A slot holds its payload's bytes, or ([`Inbox::push_ref`]) a reference into the sender's
+//! registered memory: a pointer and the registration's [`Life`], which the consumer enters for
+//! the time it handles the packet (`source.rs`). The slot keeps the last `Life` it was given
+//! and replaces it only when a packet from another registration comes, so a long transfer
+//! through the same slots touches no reference count per packet.
 
 use crate::packet::PacketHeader;
+use crate::source::{Life, Payload, PayloadRef};
 use crate::sync::{self, AtomicU64, Mutex, Ordering, UnsafeCell};
 use bypass_hal::trace;
+use std::sync::Arc;
 
 /// In a slot's sequence: a refused sender waits for this slot to be freed.
 const WAITED: u64 = 1 << 63;
@@ -41,6 +49,38 @@ struct Slot {
     /// When the packet went in ([`bypass_hal::trace::now`]), if recording; else 0.
     sent_at: UnsafeCell<u64>,
     buf: UnsafeCell<Box<[u8]>>,
+    /// Where the payload is: in `buf`, or in a sender's registration.
+    src: UnsafeCell<Src>,
+}
+
+/// A slot's payload source.
+#[derive(Debug)]
+struct Src {
+    /// The payload is `hdr.payload_len` bytes at `ptr` in the registration `life` guards, not
+    /// in `buf`.
+    by_ref: bool,
+    ptr: *const u8,
+    /// The registration of the last by-reference packet in this slot (kept afterwards, so that
+    /// the next packet from it clones nothing).
+    life: Option<Arc<Life>>,
+}
+
+/// How a producer hands over a payload.
+enum Fill<'f, 'p> {
+    /// Writes the bytes into the slot.
+    Copy(&'f mut dyn FnMut(&mut [u8])),
+    /// Leaves them in the sender's memory.
+    Ref(&'f PayloadRef<'p>),
+}
+
+/// Leaves the source registration when the consumer is done with a by-reference packet (also
+/// if handling it panics, so a deregistration never waits for a reader that is gone).
+struct Reader<'a>(&'a Life);
+
+impl Drop for Reader<'_> {
+    fn drop(&mut self) {
+        self.0.exit();
+    }
 }
 
 /// The ring (see the module documentation).
@@ -60,6 +100,9 @@ pub(crate) struct Inbox {
 // an acquire load of that sequence; the consumer frees it with a release store before any
 // producer's acquire load lets it write again. Everything else is atomic or behind the mutex.
 unsafe impl Sync for Inbox {}
+// SAFETY: the only non-`Send` field is a slot's source pointer, into registered memory that any
+// thread may read under the slot's `Life` (it is not tied to the thread that stored it).
+unsafe impl Send for Inbox {}
 
 impl Inbox {
     /// `depth` slots of `mtu` bytes each, allocated once.
@@ -71,6 +114,7 @@ impl Inbox {
                 hdr: UnsafeCell::new(PacketHeader::default()),
                 sent_at: UnsafeCell::new(0),
                 buf: UnsafeCell::new(vec![0u8; mtu].into()),
+                src: UnsafeCell::new(Src { by_ref: false, ptr: std::ptr::null(), life: None }),
             })
             .collect();
         Inbox {
@@ -89,6 +133,17 @@ impl Inbox {
     /// bytes into the slot. False if the inbox is full (`fill` not called); then, if `wait`,
     /// `hdr.src_nic` is kicked once the consumer frees the slot that blocked it.
     pub(crate) fn push(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8]), wait: bool) -> bool {
+        self.push_with(hdr, &mut Fill::Copy(fill), wait)
+    }
+
+    /// Producer: appends a packet whose payload stays in the sender's memory (`src`, of
+    /// `hdr.payload_len` bytes); otherwise as [`push`](Self::push).
+    pub(crate) fn push_ref(&self, hdr: &PacketHeader, src: &PayloadRef<'_>, wait: bool) -> bool {
+        debug_assert_eq!(src.len(), hdr.payload_len as usize);
+        self.push_with(hdr, &mut Fill::Ref(src), wait)
+    }
+
+    fn push_with(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>, wait: bool) -> bool {
         let mut registered = false;
         loop {
             let Err((pos, seq)) = self.try_push(hdr, fill) else { return true };
@@ -132,7 +187,7 @@ impl Inbox {
 
     /// Claims, fills and publishes the tail slot, or returns the position that was full and
     /// the sequence (without [`WAITED`]) its slot held.
-    fn try_push(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Result<(), (u64, u64)> {
+    fn try_push(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>) -> Result<(), (u64, u64)> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         loop {
             let slot = self.slot(pos);
@@ -164,7 +219,7 @@ impl Inbox {
         }
     }
 
-    fn fill_and_publish(&self, slot: &Slot, pos: u64, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) {
+    fn fill_and_publish(&self, slot: &Slot, pos: u64, hdr: &PacketHeader, fill: &mut Fill<'_, '_>) {
         let len = hdr.payload_len as usize;
         // SAFETY: claiming `pos` (the tail's compare-exchange from `pos`, with the slot's
         // sequence at `2 pos`, i.e. freed by the consumer) gives this producer the slot alone
@@ -172,10 +227,26 @@ impl Inbox {
         unsafe {
             slot.hdr.with_mut(|h| *h = *hdr);
             slot.sent_at.with_mut(|t| *t = trace::stamp());
-            slot.buf.with_mut(|b| {
-                let b = &mut *b;
-                debug_assert!(len <= b.len(), "packet larger than the MTU");
-                fill(&mut b[..len]);
+            slot.src.with_mut(|s| {
+                let s = &mut *s;
+                match fill {
+                    Fill::Copy(fill) => {
+                        s.by_ref = false;
+                        slot.buf.with_mut(|b| {
+                            let b = &mut *b;
+                            debug_assert!(len <= b.len(), "packet larger than the MTU");
+                            fill(&mut b[..len]);
+                        });
+                    }
+                    Fill::Ref(src) => {
+                        s.by_ref = true;
+                        s.ptr = src.ptr();
+                        // A pointer comparison: a slot fed by one registration keeps its `Arc`.
+                        if !s.life.as_ref().is_some_and(|l| Arc::ptr_eq(l, src.life())) {
+                            s.life = Some(src.life().clone());
+                        }
+                    }
+                }
             });
         }
         #[cfg(loom)]
@@ -197,11 +268,15 @@ impl Inbox {
     }
 
     /// Consumer: runs `f` on the oldest packet (header, payload, trace stamp) if one is
-    /// published, leaving it in place.
+    /// published, leaving it in place. The payload is `None` if it was left in a sender's
+    /// registration that has been deregistered since: the packet is lost.
     ///
     /// # Safety
     /// The caller is the only consumer (it holds the NIC's device lock) until its `pop`.
-    pub(crate) unsafe fn with_front<R>(&self, f: impl FnOnce(&PacketHeader, &[u8], u64) -> R) -> Option<R> {
+    pub(crate) unsafe fn with_front<R>(
+        &self,
+        f: impl FnOnce(&PacketHeader, Option<Payload<'_>>, u64) -> R,
+    ) -> Option<R> {
         let h = self.head.0.load(Ordering::Relaxed);
         let slot = self.slot(h);
         if slot.seq.load(Ordering::Acquire) & !WAITED != 2 * h + 1 {
@@ -212,7 +287,22 @@ impl Inbox {
         unsafe {
             let hdr = slot.hdr.with(|p| *p);
             let sent_at = slot.sent_at.with(|p| *p);
-            Some(slot.buf.with(|b| f(&hdr, &(&*b)[..hdr.payload_len as usize], sent_at)))
+            let len = hdr.payload_len as usize;
+            Some(slot.src.with(|s| {
+                let s = &*s;
+                if !s.by_ref {
+                    return slot.buf.with(|b| f(&hdr, Some(Payload::from(&(&*b)[..len])), sent_at));
+                }
+                let life = s.life.as_deref().expect("a by-reference slot names its registration");
+                if !life.enter() {
+                    return f(&hdr, None, sent_at);
+                }
+                let _reader = Reader(life);
+                // SAFETY: the sender's key table vouched for `len` bytes at `ptr` in the
+                // registration `life` guards, and `enter` succeeded: its memory is not freed
+                // before `_reader` leaves, after `f`.
+                f(&hdr, Some(Payload::from_raw(s.ptr, len)), sent_at)
+            }))
         }
     }
 
@@ -264,7 +354,7 @@ mod tests {
 
     fn front(ib: &Inbox) -> Option<(u32, Vec<u8>)> {
         // SAFETY: the test thread is the only consumer.
-        unsafe { ib.with_front(|h, p, _| (h.psn, p.to_vec())) }
+        unsafe { ib.with_front(|h, p, _| (h.psn, p.expect("bytes in the slot").to_vec())) }
     }
 
     #[test]

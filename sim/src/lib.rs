@@ -63,6 +63,7 @@ pub mod roce;
 mod shared;
 mod shared_recv;
 mod shm;
+mod source;
 mod sync;
 mod udp;
 pub mod wire;
@@ -116,10 +117,39 @@ pub mod loom_api {
         /// One consumer at a time (in the sim: the device lock's holder).
         pub unsafe fn take(&self, kicked: &mut Vec<u32>) -> Option<(u32, u32, Vec<u8>)> {
             // SAFETY: the caller is the only consumer.
-            let got = unsafe { self.0.with_front(|h, p, _| (h.src_nic, h.psn, p.to_vec())) }?;
+            let got = unsafe {
+                self.0.with_front(|h, p, _| (h.src_nic, h.psn, p.map(|p| p.to_vec()).unwrap_or_default()))
+            }?;
             // SAFETY: as above; a packet is at the head.
             unsafe { self.0.pop(&mut |w| kicked.push(w)) };
             Some(got)
+        }
+    }
+
+    /// The liveness of a registration's memory (`sim/src/source.rs`): a peer's device copying a
+    /// by-reference payload `enter`s and `exit`s; deregistration `kill`s it before freeing.
+    #[derive(Debug, Default)]
+    pub struct RegionLife(crate::source::Life);
+
+    impl RegionLife {
+        /// A live registration with no reader.
+        pub fn new() -> Self {
+            RegionLife(crate::source::Life::new())
+        }
+
+        /// A reader starts a copy: true if the memory is alive (it stays so until `exit`).
+        pub fn enter(&self) -> bool {
+            self.0.enter()
+        }
+
+        /// The reader that entered is done.
+        pub fn exit(&self) {
+            self.0.exit()
+        }
+
+        /// Deregistration: no reader enters from now on; returns once the readers in have left.
+        pub fn kill(&self) {
+            self.0.kill()
         }
     }
 

@@ -7,7 +7,7 @@ use crate::events::AsyncEvents;
 use crate::fabric::{Engine, FabricShared};
 use crate::packet::PacketHeader;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
-use crate::wire::{Port, Transmit, Wire};
+use crate::wire::{PayloadRef, Port, Transmit, Wire};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::DeviceCaps;
 use std::sync::{Arc, OnceLock};
@@ -241,6 +241,25 @@ impl Wire for Nic {
         }
         let taken = self.port.push(hdr, fill);
         if !taken {
+            if trace::is_enabled() {
+                let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
+                trace::instant(Track::Wire { from: hdr.src_nic, to: self.addr }, "inbox full", &args);
+            }
+            return Transmit::Busy;
+        }
+        Transmit::Sent
+    }
+
+    /// By reference: the slot keeps a pointer into the sender's registration, and the receiving
+    /// device copies the bytes from there when it places the packet (one copy per transfer).
+    fn transmit_ref(&self, hdr: &PacketHeader, src: PayloadRef<'_>) -> Transmit {
+        if hdr.payload_len > self.fabric.config.mtu {
+            return Transmit::Dropped;
+        }
+        if src.is_empty() {
+            return self.transmit(hdr, &mut |buf: &mut [u8]| src.copy_to(buf));
+        }
+        if !self.port.push_ref(hdr, &src) {
             if trace::is_enabled() {
                 let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
                 trace::instant(Track::Wire { from: hdr.src_nic, to: self.addr }, "inbox full", &args);

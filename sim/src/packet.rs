@@ -1,5 +1,7 @@
 //! Packets: what travels on a wire between two NICs. Headers only carry numbers (queue numbers,
 //! sequence numbers, remote addresses and keys) — never a pointer into another host's memory.
+//! (The in-process wire may leave a payload in the sender's registered memory and put a pointer
+//! to it in the inbox slot beside the header, guarded by the registration's liveness: `wire.rs`.)
 
 /// Packet sequence numbers are 24 bits, as in the InfiniBand BTH, and wrap around.
 pub const PSN_MASK: u32 = 0x00FF_FFFF;

@@ -107,6 +107,9 @@ pub mod mutation {
         /// `inbox::Inbox::push` marks the blocking slot with a load and a store instead of a
         /// read-modify-write (a free in between is overwritten: the lost kick).
         InboxMarkLoadStore = 110,
+        /// `source::Life::enter` checks the alive bit with a load and counts the reader with a
+        /// second read-modify-write (a deregistration between the two frees memory under a copy).
+        SourceCheckThenEnter = 111,
     }
 
     pub use bypass_hal::mutation::Guard;

@@ -5,7 +5,9 @@
 //! the address range and the access rights; the device touches host memory only through
 //! [`KeyTable::resolve`].
 
+use crate::source::Life;
 use bypass_hal::Access;
+use std::sync::Arc;
 
 /// A registration as the device sees it.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +26,8 @@ pub(crate) struct RegionDesc {
 struct Entry {
     generation: u8,
     region: Option<RegionDesc>,
+    /// The registration's liveness, for payloads the in-process wire passes by reference.
+    life: Option<Arc<Life>>,
 }
 
 /// Why a key lookup failed.
@@ -54,8 +58,10 @@ const REUSE_AFTER: usize = 256;
 pub(crate) const MAX_KEYS: usize = 1 << 24;
 
 impl KeyTable {
-    /// Installs a registration and returns its key, or `None` when the table is full.
-    pub(crate) fn insert(&mut self, region: RegionDesc) -> Option<u32> {
+    /// Installs a registration and returns its key, or `None` when the table is full. `life`
+    /// is killed by the registration's owner after [`remove`](Self::remove), before it frees
+    /// the memory.
+    pub(crate) fn insert(&mut self, region: RegionDesc, life: Arc<Life>) -> Option<u32> {
         let index = if self.free.len() >= REUSE_AFTER || self.entries.len() >= MAX_KEYS {
             self.free.pop_front()?
         } else {
@@ -64,6 +70,7 @@ impl KeyTable {
         };
         let e = &mut self.entries[index as usize];
         e.region = Some(region);
+        e.life = Some(life);
         Some(index << 8 | u32::from(e.generation))
     }
 
@@ -73,6 +80,7 @@ impl KeyTable {
         if let Some(e) = self.entries.get_mut(index as usize) {
             if e.region.is_some() && u32::from(e.generation) == key & 0xff {
                 e.region = None;
+                e.life = None;
                 e.generation = e.generation.wrapping_add(1);
                 self.free.push_back(index);
             }
@@ -81,6 +89,18 @@ impl KeyTable {
 
     /// Translates `len` bytes at device address `addr` under `key`, requiring `need`.
     pub(crate) fn resolve(&self, key: u32, addr: u64, len: u64, need: Access) -> Result<*mut u8, KeyFault> {
+        self.resolve_live(key, addr, len, need).map(|(p, _)| p)
+    }
+
+    /// [`resolve`](Self::resolve), also returning the registration's liveness (a reference
+    /// valid while the caller holds the device lock, which keeps the registration in the table).
+    pub(crate) fn resolve_live(
+        &self,
+        key: u32,
+        addr: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(*mut u8, &Arc<Life>), KeyFault> {
         let e = self.entries.get((key >> 8) as usize).ok_or(KeyFault::BadKey)?;
         let r = match &e.region {
             Some(r) if u32::from(e.generation) == key & 0xff => r,
@@ -95,7 +115,8 @@ impl KeyTable {
         }
         // SAFETY: `addr - r.addr <= r.len`, so the result stays inside (or one past) the
         // registration's allocation, which is live while it is in the table.
-        Ok(unsafe { r.base.add((addr - r.addr) as usize) })
+        let p = unsafe { r.base.add((addr - r.addr) as usize) };
+        Ok((p, e.life.as_ref().expect("a live entry has its liveness")))
     }
 }
 
@@ -108,7 +129,7 @@ mod tests {
         let mut buf = [0u8; 64];
         let desc = RegionDesc { base: buf.as_mut_ptr(), addr: 0x1000, len: 64, access: Access::LOCAL_WRITE };
         let mut t = KeyTable::default();
-        let k = t.insert(desc).unwrap();
+        let k = t.insert(desc, Arc::default()).unwrap();
         assert!(t.resolve(k, 0x1000, 64, Access::LOCAL_WRITE).is_ok());
         assert!(t.resolve(k, 0x1040, 0, Access::empty()).is_ok(), "an empty range at the end is in bounds");
         assert_eq!(t.resolve(k, 0x1001, 64, Access::empty()), Err(KeyFault::OutOfBounds));
@@ -117,7 +138,7 @@ mod tests {
         assert_eq!(t.resolve(k, 0x1000, 1, Access::REMOTE_READ), Err(KeyFault::NoAccess));
         t.remove(k);
         assert_eq!(t.resolve(k, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
-        let k2 = t.insert(desc).unwrap();
+        let k2 = t.insert(desc, Arc::default()).unwrap();
         assert_ne!(k, k2, "a new registration gets a new key");
         assert_eq!(t.resolve(k, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
         t.remove(k); // a stale remove does not take the new registration down
@@ -129,10 +150,10 @@ mod tests {
         let mut buf = [0u8; 8];
         let desc = RegionDesc { base: buf.as_mut_ptr(), addr: 0x1000, len: 8, access: Access::empty() };
         let mut t = KeyTable::default();
-        let stale = t.insert(desc).unwrap();
+        let stale = t.insert(desc, Arc::default()).unwrap();
         t.remove(stale);
         for _ in 0..20_000 {
-            let k = t.insert(desc).unwrap();
+            let k = t.insert(desc, Arc::default()).unwrap();
             assert_ne!(k, stale, "a deregistered key came back");
             assert_eq!(t.resolve(stale, 0x1000, 1, Access::empty()), Err(KeyFault::BadKey));
             t.remove(k);

@@ -13,6 +13,8 @@ pub(crate) mod keys;
 pub(crate) mod qp;
 mod read_res;
 #[cfg(all(test, not(loom)))]
+mod source_tests;
+#[cfg(all(test, not(loom)))]
 mod transport_tests;
 
 use crate::clock::{Nanos, NEVER};
@@ -21,7 +23,8 @@ use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
 use crate::shm::ShmPort;
-use crate::wire::{Port, Transmit};
+use crate::source::{Life, Payload, PayloadRef};
+use crate::wire::{Port, Transmit, BY_REF_MIN};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
@@ -76,6 +79,9 @@ pub struct NicStats {
     /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
     /// it sleeps (the only system call on that wire's send path).
     pub tx_wakeups: u64,
+    /// In-process wire: packets lost because the sender's memory their payload was left in (they
+    /// travel by reference) was deregistered while they waited in this NIC's inbox.
+    pub rx_source_gone: u64,
 }
 
 /// A queued response packet. Its addresses are filled in from the queue when it is sent.
@@ -115,7 +121,7 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a AsyncEvents,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
     /// Queues an ACK or NAK, merging a plain ACK into a plain ACK of the same queue queued last.
     pub(crate) fn push_ack(&mut self, qpn: u32, syndrome: Syndrome, psn: u32) {
         if syndrome == Syndrome::Ack {
@@ -139,11 +145,28 @@ impl Ctx<'_> {
         &self,
         ring: &WorkRing,
         wqe: &Wqe,
-        mut off: u64,
+        off: u64,
         len: u64,
         need: Access,
         out: &mut [(*mut u8, usize)],
     ) -> Result<usize, KeyFault> {
+        self.resolve_span_live(ring, wqe, off, len, need, out, &mut None)
+    }
+
+    /// [`resolve_span`](Self::resolve_span), also setting `life` to the liveness of the last
+    /// range's registration (the only one when a single range is returned).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn resolve_span_live(
+        &self,
+        ring: &WorkRing,
+        wqe: &Wqe,
+        mut off: u64,
+        len: u64,
+        need: Access,
+        out: &mut [(*mut u8, usize)],
+        life: &mut Option<&'a Arc<Life>>,
+    ) -> Result<usize, KeyFault> {
+        let keys: &'a KeyTable = self.keys;
         let mut left = len;
         let mut n = 0;
         for i in 0..usize::from(wqe.nsge) {
@@ -158,7 +181,8 @@ impl Ctx<'_> {
                 continue;
             }
             let take = (slen - off).min(left);
-            let p = self.keys.resolve(s.lkey, s.addr + off, take, need)?;
+            let (p, l) = keys.resolve_live(s.lkey, s.addr + off, take, need)?;
+            *life = Some(l);
             out[n] = (p, take as usize);
             n += 1;
             left -= take;
@@ -537,7 +561,7 @@ impl DeviceState {
                 // Frames are decoded in place in the shared rings: no copy through the inbox.
                 let nic = self.addr;
                 shm.drain(nic, &mut |hdr, payload| {
-                    self.receive(now, hdr, payload);
+                    self.receive(now, hdr, payload.into());
                 });
             }
             // Send work only grows from doorbells and received packets (ACKs open the window,
@@ -588,7 +612,12 @@ impl DeviceState {
                 if trace::is_enabled() {
                     trace_flight(hdr, sent_at);
                 }
-                self.receive(now, hdr, payload);
+                match payload {
+                    Some(payload) => self.receive(now, hdr, payload),
+                    // Its payload was left in the sender's memory, which is gone: lost on the
+                    // wire (the sender's retransmission meets the missing registration).
+                    None => self.stats.rx_source_gone += 1,
+                }
             })
         };
         if took.is_none() {
@@ -603,7 +632,7 @@ impl DeviceState {
     /// read in place): hands it to its queue if the queue is connected to the packet's sender,
     /// else counts it as ignored (also a packet for a destroyed queue whose slot holds a newer
     /// queue: its number's generation differs).
-    pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: &[u8]) {
+    pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: Payload<'_>) {
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
             let from_peer = qp.remote.as_ref().is_some_and(|r| {
@@ -646,12 +675,23 @@ impl DeviceState {
         let result = match desc.read_from {
             None => remote.wire.transmit(&hdr, &mut |_| {}),
             Some((rkey, addr)) => {
-                match self.keys.resolve(rkey, addr, u64::from(hdr.payload_len), Access::REMOTE_READ) {
-                    Ok(src) => remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| {
-                        // SAFETY: the key table vouched for `buf.len()` readable bytes at `src` in a
-                        // live registration (we hold the device lock); `buf` is wire memory.
-                        unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
-                    }),
+                let len = u64::from(hdr.payload_len);
+                match self.keys.resolve_live(rkey, addr, len, Access::REMOTE_READ) {
+                    Ok((src, _)) if (len as usize) < BY_REF_MIN => {
+                        remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| {
+                            // SAFETY: the key table vouched for `buf.len()` readable bytes at
+                            // `src` in a live registration (we hold the device lock); `buf` is
+                            // wire memory.
+                            unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+                        })
+                    }
+                    Ok((src, life)) => {
+                        // SAFETY: the key table vouched for `len` readable bytes at `src` in the
+                        // live registration `life` guards; we hold the device lock until the
+                        // wire has taken the packet, so it stays in the table meanwhile.
+                        let src = unsafe { PayloadRef::new(src, len as usize, life) };
+                        remote.wire.transmit_ref(&hdr, src)
+                    }
                     Err(_) => {
                         // Deregistered between the request and this response.
                         let nak = PacketHeader {

@@ -24,7 +24,8 @@ use crate::packet::{
 };
 use crate::ring::WorkRing;
 use crate::shared::{CqShared, QueueShared};
-use crate::wire::{Transmit, Wire};
+use crate::source::{Payload, PayloadRef};
+use crate::wire::{Transmit, Wire, BY_REF_MIN};
 use bypass_hal::trace::{self, Arg, Track};
 use bypass_hal::{Access, AsyncEvent, CqOpcode, QueueInfo, QueueState, Status, WrFlags};
 use std::collections::VecDeque;
@@ -708,19 +709,30 @@ impl QpCtx {
             })
         } else {
             let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
-            let Ok(n) = ctx.resolve_span(
+            let mut life = None;
+            let Ok(n) = ctx.resolve_span_live(
                 &self.shared.sq,
                 w,
                 off,
                 u64::from(hdr.payload_len),
                 Access::empty(),
                 &mut segs,
+                &mut life,
             ) else {
                 // The region was deregistered after the WQE was fetched.
                 self.fail_local(ctx, psn, Status::LocalProtection);
                 return true;
             };
-            remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf))
+            match life {
+                Some(life) if n == 1 && segs[0].1 >= BY_REF_MIN => {
+                    // SAFETY: the key table vouched for `segs[0].1` readable bytes at `segs[0].0`
+                    // in the registration `life` guards; we hold the device lock until the wire
+                    // has taken the packet, so it stays registered meanwhile.
+                    let src = unsafe { PayloadRef::new(segs[0].0, segs[0].1, life) };
+                    remote.wire.transmit_ref(&hdr, src)
+                }
+                _ => remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf)),
+            }
         };
         match result {
             Transmit::Busy => {
@@ -943,7 +955,7 @@ impl QpCtx {
     }
 
     /// Handles a READ response segment.
-    pub(crate) fn on_read_response(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+    pub(crate) fn on_read_response(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
         if self.state != QueueState::Ready {
             return;
         }
@@ -1040,7 +1052,7 @@ impl QpCtx {
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
         match ctx.resolve_span(&self.shared.sq, &op.wqe, 0, 8, Access::LOCAL_WRITE, &mut segs) {
             // The old value in host byte order (see `SendOp::CompareSwap`).
-            Ok(n) => scatter(&segs[..n], &hdr.atomic[0].to_ne_bytes()),
+            Ok(n) => scatter(&segs[..n], Payload::from(&hdr.atomic[0].to_ne_bytes()[..])),
             Err(_) => {
                 self.fail_front(ctx, Status::LocalProtection);
                 return;
@@ -1087,7 +1099,7 @@ impl QpCtx {
     }
 
     /// Handles a request packet (SEND, WRITE, READ request) in PSN order.
-    pub(crate) fn on_request(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+    pub(crate) fn on_request(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
         if self.state != QueueState::Ready {
             return;
         }
@@ -1177,7 +1189,7 @@ impl QpCtx {
         self.enter_error(ctx);
     }
 
-    fn on_send(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+    fn on_send(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
         if hdr.first != self.cur_recv.is_none() {
             // A middle segment without a first one, or a new message inside another.
             self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
@@ -1260,7 +1272,7 @@ impl QpCtx {
         self.responder_error(ctx, syndrome, psn);
     }
 
-    fn on_write(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: &[u8]) {
+    fn on_write(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
         if hdr.first != self.cur_write.is_none() {
             // A middle segment without a first one, or a new WRITE inside another.
             self.responder_error(ctx, Syndrome::NakInvalidRequest, hdr.psn);
@@ -1292,8 +1304,8 @@ impl QpCtx {
             return;
         }
         // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live
-        // registration with REMOTE_WRITE; `payload` is wire memory, so they do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
+        // registration with REMOTE_WRITE (we hold the device lock).
+        unsafe { payload.copy_out(0, dst, payload.len()) };
         self.epsn = psn_add(self.epsn, 1);
         self.cur_write = (!hdr.last).then_some(WriteState { off: end as u32, ..w });
         if !hdr.last {
@@ -1433,12 +1445,14 @@ fn gather(segs: &[(*mut u8, usize)], buf: &mut [u8]) {
     }
 }
 
-/// Copies one wire buffer into scattered host ranges.
-fn scatter(segs: &[(*mut u8, usize)], payload: &[u8]) {
+/// Copies one received payload into scattered host ranges.
+fn scatter(segs: &[(*mut u8, usize)], payload: Payload<'_>) {
     let mut pos = 0;
     for &(p, n) in segs {
-        // SAFETY: as in `gather`, in the other direction.
-        unsafe { std::ptr::copy_nonoverlapping(payload[pos..pos + n].as_ptr(), p, n) };
+        // SAFETY: the key table vouched for `n` writable bytes at `p` in a live registration
+        // (under the device lock, which the caller holds); `copy_out` checks the payload's bounds
+        // and allows the payload to overlap them (a loopback by reference).
+        unsafe { payload.copy_out(pos, p, n) };
         pos += n;
     }
 }
