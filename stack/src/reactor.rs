@@ -762,70 +762,19 @@ mod tests {
     #[test]
     fn asides_share_a_bounded_set_of_threads() {
         let _one = lock(&ASIDE_TESTS);
-        struct Blocks {
-            sock: UnixStream,
-            inside: Arc<AtomicUsize>,
-            most: Arc<AtomicUsize>,
-            back: Arc<AtomicUsize>,
-            release: Arc<AtomicBool>,
-            went: bool,
-        }
-        impl Watch for Blocks {
-            fn fd(&self) -> RawFd {
-                self.sock.as_raw_fd()
-            }
-            fn has_buffered(&mut self) -> bool {
-                false
-            }
-            fn on_readable(&mut self) -> Step {
-                Step::Done
-            }
-            fn on_timer(&mut self, _: Instant) -> Step {
-                Step::Keep
-            }
-            fn on_wake(&mut self) -> Step {
-                if self.went {
-                    self.back.fetch_add(1, Ordering::AcqRel);
-                    return Step::Keep;
-                }
-                self.went = true;
-                Step::Aside
-            }
-            fn deadline(&self) -> Option<Instant> {
-                None
-            }
-            fn abandon(&mut self) {}
-            fn aside(&mut self) -> bool {
-                let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
-                self.most.fetch_max(now, Ordering::AcqRel);
-                until("the release", || self.release.load(Ordering::Acquire) || now > MAX_ASIDE_THREADS);
-                self.inside.fetch_sub(1, Ordering::AcqRel);
-                true
-            }
-        }
-        let (inside, most, back): (Arc<AtomicUsize>, Arc<AtomicUsize>, Arc<AtomicUsize>) =
-            (Arc::default(), Arc::default(), Arc::default());
-        let release = Arc::new(AtomicBool::new(false));
+        let h = StuckHandles::default();
         let n = MAX_ASIDE_THREADS + 4;
         let mut peers = Vec::new();
         for _ in 0..n {
-            let (sock, peer) = UnixStream::pair().unwrap();
+            let (w, peer) = stuck_with(&h);
             peers.push(peer);
-            let w = Blocks {
-                sock,
-                inside: inside.clone(),
-                most: most.clone(),
-                back: back.clone(),
-                release: release.clone(),
-                went: false,
-            };
-            watch(Box::new(w)).unwrap();
+            watch(w).unwrap();
         }
-        until("the thread limit to be reached", || inside.load(Ordering::Acquire) >= MAX_ASIDE_THREADS);
-        release.store(true, Ordering::Release);
-        until("every connection to come back", || back.load(Ordering::Acquire) == n);
+        until("the thread limit to be reached", || h.inside.load(Ordering::Acquire) >= MAX_ASIDE_THREADS);
+        h.release.store(true, Ordering::Release);
+        until("every connection to come back", || h.back.load(Ordering::Acquire) == n);
         assert!(
-            most.load(Ordering::Acquire) <= MAX_ASIDE_THREADS,
+            h.most.load(Ordering::Acquire) <= MAX_ASIDE_THREADS,
             "at most {MAX_ASIDE_THREADS} aside at once"
         );
         drop(peers);
@@ -880,10 +829,13 @@ mod tests {
         until("the other to end", || other_h.dropped.load(Ordering::Acquire));
     }
 
-    /// A connection that goes aside once, at registration; its aside work blocks until released.
+    /// A connection that goes aside once, at registration; its aside work blocks until released
+    /// (or until more than `MAX_ASIDE_THREADS` are inside at once, the failure a test looks for).
     struct Stuck {
         sock: UnixStream,
         entered: Arc<AtomicBool>,
+        inside: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
         release: Arc<AtomicBool>,
         back: Arc<AtomicUsize>,
         abandoned: Arc<AtomicBool>,
@@ -926,14 +878,21 @@ mod tests {
         }
         fn aside(&mut self) -> bool {
             self.entered.store(true, Ordering::Release);
-            until("the release", || self.release.load(Ordering::Acquire));
+            let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
+            self.most.fetch_max(now, Ordering::AcqRel);
+            until("the release", || self.release.load(Ordering::Acquire) || now > MAX_ASIDE_THREADS);
+            self.inside.fetch_sub(1, Ordering::AcqRel);
             true
         }
     }
 
+    /// What the test sees of one or more [`Stuck`] connections (shared by all made from it).
     #[derive(Default)]
     struct StuckHandles {
         entered: Arc<AtomicBool>,
+        /// How many are in their aside work now, and the most that ever were at once.
+        inside: Arc<AtomicUsize>,
+        most: Arc<AtomicUsize>,
         release: Arc<AtomicBool>,
         back: Arc<AtomicUsize>,
         abandoned: Arc<AtomicBool>,
@@ -941,18 +900,25 @@ mod tests {
     }
 
     fn stuck() -> (Box<Stuck>, StuckHandles, UnixStream) {
-        let (sock, peer) = UnixStream::pair().unwrap();
         let h = StuckHandles::default();
+        let (w, peer) = stuck_with(&h);
+        (w, h, peer)
+    }
+
+    fn stuck_with(h: &StuckHandles) -> (Box<Stuck>, UnixStream) {
+        let (sock, peer) = UnixStream::pair().unwrap();
         let w = Stuck {
             sock,
             entered: h.entered.clone(),
+            inside: h.inside.clone(),
+            most: h.most.clone(),
             release: h.release.clone(),
             back: h.back.clone(),
             abandoned: h.abandoned.clone(),
             dropped: h.dropped.clone(),
             went: false,
         };
-        (Box::new(w), h, peer)
+        (Box::new(w), peer)
     }
 
     /// No aside thread can be started at first (the process is out of threads): the connection

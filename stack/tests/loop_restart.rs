@@ -8,39 +8,16 @@
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+
+#[path = "common/threads.rs"]
+mod threads;
+use threads::{count, thread_names, until};
 
 const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
     Some(f) => f,
     None => panic!("bad function id"),
 };
 const NAME: &str = "restart";
-const WAIT_LIMIT: Duration = Duration::from_secs(60);
-
-/// The names of this process's threads (`/proc/self/task/*/comm`).
-fn thread_names() -> Vec<String> {
-    let mut names = Vec::new();
-    for t in std::fs::read_dir("/proc/self/task").expect("/proc/self/task").flatten() {
-        if let Ok(n) = std::fs::read_to_string(t.path().join("comm")) {
-            names.push(n.trim().to_owned());
-        }
-    }
-    names.sort();
-    names
-}
-
-fn count(names: &[String], prefix: &str) -> usize {
-    names.iter().filter(|n| n.starts_with(prefix)).count()
-}
-
-fn until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}; threads: {:?}", thread_names());
-        fabric.progress();
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Holds its request unanswered (in `held`) until the test lets go of it.
 const HOLD: FunctionId = match FunctionId::new(0x33, 0x1, true, 2) {

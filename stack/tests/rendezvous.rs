@@ -613,6 +613,56 @@ impl RndvAllocator<Region> for Refusing {
     }
 }
 
+/// Every engine with every server poll mode: the refusal tests race the worker's wake-ups.
+fn engine_modes() -> impl Iterator<Item = (Engine, PollMode)> {
+    engines().into_iter().flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
+}
+
+/// A server whose rendezvous memory comes from a [`Refusing`] allocator, under a limit of
+/// `rndv_memory_limit` bytes, and one channel to it (fields drop in order: channel first).
+struct RefusalRig {
+    channel: Channel<SimNic>,
+    server: Server<SimNic>,
+    held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>,
+    alloc: Arc<Refusing>,
+    fabric: Fabric,
+    label: String,
+}
+
+impl RefusalRig {
+    fn new(engine: Engine, mode: PollMode, rndv_memory_limit: u64, round: u8) -> RefusalRig {
+        let fabric = Fabric::new(engine);
+        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+        let alloc = Refusing::new(&snic);
+        let held = Arc::new(std::sync::Mutex::new(None));
+        let mut f = functions(held.clone());
+        f.rndv_allocator(alloc.clone());
+        let cfg = ServerConfig { rndv_memory_limit, mode, ..ServerConfig::new(NAME) };
+        let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
+        let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
+        RefusalRig {
+            channel,
+            server,
+            held,
+            alloc,
+            fabric,
+            label: format!("{engine:?} {mode:?} round {round}"),
+        }
+    }
+
+    /// Drives both sides until `cond` holds; gives up after [`LIMIT`].
+    fn wait(&self, what: &str, cond: &dyn Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(start.elapsed() < LIMIT, "{}: gave up waiting for {what}", self.label);
+            self.fabric.progress();
+            self.channel.poll();
+            std::thread::yield_now();
+        }
+    }
+}
+
 type Outcome = Arc<std::sync::Mutex<Option<Result<Vec<u8>, String>>>>;
 
 fn start(ch: &Channel<SimNic>, f: FunctionId, args: &[u8]) -> Outcome {
@@ -634,40 +684,18 @@ fn start_with(ch: &Channel<SimNic>, opts: &CallOptions, f: FunctionId, args: &[u
 /// completes, without another call arriving to move things on.
 #[test]
 fn a_refused_allocation_ends_its_call_and_the_next_waiting_request_goes_on() {
-    for (engine, mode) in [Engine::Inline, Engine::Threaded]
-        .into_iter()
-        .flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
-    {
+    for (engine, mode) in engine_modes() {
         for round in 0..20u8 {
-            let fabric = Fabric::new(engine);
-            let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-            let alloc = Refusing::new(&snic);
-            let held = Arc::new(std::sync::Mutex::new(None));
-            let mut f = functions(held.clone());
-            f.rndv_allocator(alloc.clone());
             // Room for one request's arguments at a time.
-            let cfg = ServerConfig { rndv_memory_limit: 1 << 20, mode, ..ServerConfig::new(NAME) };
-            let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
-            let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
-            let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-            let wait = |what: &str, cond: &dyn Fn() -> bool| {
-                let start = Instant::now();
-                while !cond() {
-                    assert!(
-                        start.elapsed() < LIMIT,
-                        "{engine:?} {mode:?} round {round}: gave up waiting for {what}"
-                    );
-                    fabric.progress();
-                    channel.poll();
-                    std::thread::yield_now();
-                }
-            };
+            let rig = RefusalRig::new(engine, mode, 1 << 20, round);
+            let RefusalRig { alloc, held, server, channel, .. } = &rig;
+            let wait = |what: &str, cond: &dyn Fn() -> bool| rig.wait(what, cond);
             let (a_args, b_args, c_args) = (pattern(600_000, 1), pattern(600_000, 2), pattern(600_000, 3));
-            let a = start(&channel, HOLD, &a_args);
+            let a = start(channel, HOLD, &a_args);
             wait("the server to hold A", &|| held.lock().unwrap().is_some());
-            let b = start(&channel, SHAPE, &b_args);
+            let b = start(channel, SHAPE, &b_args);
             wait("B to wait for memory", &|| server.rndv_stats().waited == 1);
-            let c = start(&channel, SHAPE, &c_args);
+            let c = start(channel, SHAPE, &c_args);
             wait("C to wait for memory", &|| server.rndv_stats().waited == 2);
             alloc.refuse.store(1, Ordering::SeqCst);
             // A is answered from this thread; its memory goes back.
@@ -694,33 +722,11 @@ fn a_refused_allocation_ends_its_call_and_the_next_waiting_request_goes_on() {
 /// goes on at once; the next call gets its response.
 #[test]
 fn a_refused_response_allocation_ends_its_call_and_the_next_one_goes_on() {
-    for (engine, mode) in [Engine::Inline, Engine::Threaded]
-        .into_iter()
-        .flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
-    {
+    for (engine, mode) in engine_modes() {
         for round in 0..10u8 {
-            let fabric = Fabric::new(engine);
-            let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-            let alloc = Refusing::new(&snic);
-            let held = Arc::new(std::sync::Mutex::new(None));
-            let mut f = functions(held.clone());
-            f.rndv_allocator(alloc.clone());
-            let cfg = ServerConfig { rndv_memory_limit: 2 << 20, mode, ..ServerConfig::new(NAME) };
-            let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
-            let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
-            let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-            let wait = |what: &str, cond: &dyn Fn() -> bool| {
-                let start = Instant::now();
-                while !cond() {
-                    assert!(
-                        start.elapsed() < LIMIT,
-                        "{engine:?} {mode:?} round {round}: gave up waiting for {what}"
-                    );
-                    fabric.progress();
-                    channel.poll();
-                    std::thread::yield_now();
-                }
-            };
+            let rig = RefusalRig::new(engine, mode, 2 << 20, round);
+            let RefusalRig { alloc, held, server, channel, .. } = &rig;
+            let wait = |what: &str, cond: &dyn Fn() -> bool| rig.wait(what, cond);
             let big = CallOptions { max_response: 600_000, ..Default::default() };
             // Replied on the worker: refused, then the next one gets its response.
             alloc.refuse.store(1, Ordering::SeqCst);
@@ -731,10 +737,10 @@ fn a_refused_response_allocation_ends_its_call_and_the_next_one_goes_on() {
             channel.call_with(&big, MAKE, &make, &mut out).unwrap();
             assert!(out == pattern(300_000, 7));
             // Replied from another thread, while a request waits for the memory the call holds.
-            let a = start_with(&channel, &big, HOLD, &pattern(600_000, 1));
+            let a = start_with(channel, &big, HOLD, &pattern(600_000, 1));
             wait("the server to hold A", &|| held.lock().unwrap().is_some());
             let b_args = pattern(1_500_000, 2);
-            let b = start(&channel, SHAPE, &b_args);
+            let b = start(channel, SHAPE, &b_args);
             wait("B to wait for memory", &|| server.rndv_stats().waited == 1);
             alloc.refuse.store(1, Ordering::SeqCst);
             let req: Request<SimNic> = held.lock().unwrap().take().unwrap();
