@@ -173,7 +173,7 @@ pub use error::{Result, RpcError};
 pub use liveness::{CloseReason, Keepalive};
 #[cfg(not(loom))]
 #[doc(hidden)]
-pub use reactor::panic_control_loop_for_tests;
+pub use reactor::{control_loop_settled_for_tests, panic_control_loop_for_tests};
 #[cfg(not(loom))]
 pub use recovery::Recovery;
 #[cfg(not(loom))]

@@ -484,6 +484,7 @@ fn run(shared: Arc<Shared>) {
     };
     table.slots.drain(..).flatten().for_each(|e| abandon(e.w));
     table.incoming.drain(..).for_each(abandon);
+    TAKEN.store(0, std::sync::atomic::Ordering::Release);
     waiting.into_iter().for_each(abandon);
     take_stuck_aside().into_iter().for_each(abandon);
 }
@@ -502,6 +503,20 @@ pub fn panic_control_loop_for_tests() {
     PANIC_ON_REGISTER.store(true, std::sync::atomic::Ordering::Release);
 }
 
+/// How many connections the loop has taken from [`State::new`] and not yet registered (set
+/// under the [`STATE`] lock as it takes them): with `new`, what [`control_loop_settled_for_tests`]
+/// reads.
+static TAKEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Test hook: true once the process's control loop has registered every connection handed to it
+/// (so the allocations of setting a connection up are over: `tests/alloc.rs` waits for this
+/// before it counts).
+#[doc(hidden)]
+pub fn control_loop_settled_for_tests() -> bool {
+    let st = lock(&STATE);
+    st.new.is_empty() && TAKEN.load(std::sync::atomic::Ordering::Acquire) == 0
+}
+
 /// The loop itself.
 fn run_loop(shared: &Shared, table: &mut Table) {
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
@@ -517,6 +532,7 @@ fn run_loop(shared: &Shared, table: &mut Table) {
                 return;
             }
             table.incoming.extend(st.new.drain(..));
+            TAKEN.store(table.incoming.len(), std::sync::atomic::Ordering::Release);
             std::mem::take(&mut st.scan)
         };
         if scan {
@@ -536,6 +552,7 @@ fn run_loop(shared: &Shared, table: &mut Table) {
                 table.insert(shared, w);
             }
         }
+        TAKEN.store(0, std::sync::atomic::Ordering::Release);
         // Registering or scanning may have sent a connection aside with no thread to take it.
         let retry = retry.or_else(|| lock(&ASIDE).stuck.map(|(_, at)| at));
         if table.live == 0 && retry.is_none() {

@@ -40,6 +40,18 @@ fn echo_functions(echo: FunctionId) -> Functions<bypass::sim::SimNic> {
 /// allocates nothing: what is counted is the library's own allocation).
 static FINISHED: AtomicU64 = AtomicU64::new(0);
 
+/// Waits (at most 10 s) until setting up the server's one connection is over on every thread:
+/// the acceptor has handed it to the control loop (which then counts it accepted) and the loop
+/// has registered every connection handed to it. Counting earlier would catch a slow acceptor's
+/// setup allocations (seen on a loaded machine: `ServerInner::watch` on `bypass-accept`).
+fn settle(server: &Server<bypass::sim::SimNic>) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.stats().connections < 1 || !bypass::control_loop_settled_for_tests() {
+        assert!(Instant::now() < deadline, "the connection's setup did not finish in 10 s");
+        std::thread::yield_now();
+    }
+}
+
 fn one_thread_polled() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
@@ -67,6 +79,7 @@ fn one_thread_polled() {
     for _ in 0..2_000 {
         round_trip();
     }
+    settle(&server);
     ALLOCATIONS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..10_000 {
@@ -91,6 +104,7 @@ fn steady_state(recv_buffers: RecvBuffers) {
     for _ in 0..2_000 {
         channel.call(echo, &args, &mut response).unwrap();
     }
+    settle(&server);
     ALLOCATIONS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..5 {
