@@ -132,9 +132,14 @@ fn twin_claim_load_store_is_caught() {
     check(Bound::Env, two_senders_model);
 }
 
-fn kick_model() {
-    let ib = Arc::new(Inbox::new(1, 4));
-    assert!(ib.push(1, 0, &payload(1, 0), true));
+/// A full inbox of `depth` slots, a sender that waits for room, a device that drains it: a
+/// refused sender is kicked. At depth 1 the sender marks the slot that blocked it; at depth 2
+/// one halfway along the ring, the newest (the device's first free must not be the only chance).
+fn kick_model_at(depth: u32) {
+    let ib = Arc::new(Inbox::new(depth as usize, 4));
+    for i in 0..depth {
+        assert!(ib.push(1, i, &payload(1, i), true));
+    }
     let refused = Arc::new(loom::sync::atomic::AtomicBool::new(false));
     let (tx, r) = (ib.clone(), refused.clone());
     let sender = thread::spawn(move || {
@@ -145,8 +150,10 @@ fn kick_model() {
     let rx = ib.clone();
     let device = thread::spawn(move || {
         let mut kicked = Vec::new();
-        // SAFETY: this thread is the model's only consumer.
-        assert_eq!(unsafe { rx.take(&mut kicked) }, Some((1, 0, payload(1, 0))));
+        for i in 0..depth {
+            // SAFETY: this thread is the model's only consumer.
+            assert_eq!(unsafe { rx.take(&mut kicked) }, Some((1, i, payload(1, i))));
+        }
         kicked
     });
     sender.join().unwrap();
@@ -155,10 +162,29 @@ fn kick_model() {
     assert!(!refused || kicked == [2], "lost kick: the sender was refused and never kicked ({kicked:?})");
 }
 
+fn kick_model() {
+    kick_model_at(1);
+}
+
 #[test]
 fn a_refused_sender_is_always_kicked() {
     let _serial = serial();
     check(Bound::Exhaustive, kick_model);
+}
+
+#[test]
+fn a_refused_sender_is_always_kicked_from_the_middle_of_the_ring() {
+    let _serial = serial();
+    check(Bound::Exhaustive, || kick_model_at(2));
+}
+
+/// The same mutant at depth 2.
+#[test]
+#[should_panic(expected = "lost kick")]
+fn twin_mark_load_store_is_caught_in_the_middle_of_the_ring() {
+    let _serial = serial();
+    let _mutant = sim_mutation::set(SimMutant::InboxMarkLoadStore);
+    check(Bound::Exhaustive, || kick_model_at(2));
 }
 
 /// Marking the blocking slot with a load and a store: the device's free can fall between them

@@ -12,7 +12,8 @@
 //!
 //! A full inbox refuses the packet. A refused NIC may ask to be kicked once there is room
 //! ([`Inbox::push`] with `wait`): it registers in a small locked list (only on this cold path),
-//! then sets a *waited-on* bit in the sequence word of the published slot that blocked it, with a
+//! then sets a *waited-on* bit in the sequence word of a published slot halfway along the ring
+//! (so it is kicked once half the ring is free, and refills it in one burst), with a
 //! read-modify-write; the consumer frees slots with a swap, so it sees the bit exactly when the
 //! bit went in before its free, and kicks the registered NICs. If the free came first, the
 //! sender's read-modify-write sees the freed sequence and it retries. Both sides act on the one
@@ -146,9 +147,21 @@ impl Inbox {
     fn push_with(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>, wait: bool) -> bool {
         let mut registered = false;
         loop {
-            let Err((pos, seq)) = self.try_push(hdr, fill) else { return true };
+            let Err((full, _)) = self.try_push(hdr, fill) else { return true };
             if !wait {
                 return false;
+            }
+            // Mark the slot halfway between the head and the tail (the ring is full, so every
+            // position in between was claimed): the sender is kicked once the consumer has freed
+            // half the ring and then refills it in one burst. Marking the head's slot, which
+            // blocked us, would kick it after every free of a ring kept full by a sender faster
+            // than its consumer (a by-reference READ response costs the sender no copy): one
+            // kick, one packet, one refusal per packet.
+            let depth = self.slots.len() as u64;
+            let pos = full - depth + depth / 2;
+            let seq = self.slot(pos).seq.load(Ordering::Acquire) & !WAITED;
+            if seq.wrapping_sub(2 * pos) as i64 > 1 {
+                continue; // freed meanwhile: there is room now
             }
             if seq & 1 == 0 {
                 // Claimed by another sender that has not published yet (it is copying its
@@ -176,7 +189,7 @@ impl Inbox {
                 return false;
             }
             let old = self.slot(pos).seq.fetch_or(WAITED, Ordering::AcqRel);
-            if old & !WAITED == seq {
+            if old & !WAITED == 2 * pos + 1 {
                 // Marked before the consumer freed it: its free will see the bit.
                 return false;
             }
@@ -371,15 +384,42 @@ mod tests {
         h.src_nic = 7;
         assert!(!ib.push(&h, &mut |_: &mut [u8]| unreachable!(), false));
         assert_eq!(front(&ib), Some((0, vec![0; 3])));
-        let mut kicked = vec![];
         // SAFETY: the test thread is the only consumer and a packet is at the head.
+        unsafe { ib.pop(&mut |w| panic!("NIC {w} kicked before half the ring was free")) };
+        assert_eq!(front(&ib), Some((1, vec![1; 3])));
+        let mut kicked = vec![];
+        // SAFETY: as above.
         unsafe { ib.pop(&mut |w| kicked.push(w)) };
         kicked.sort();
-        assert_eq!(kicked, [5, 6], "the freed slot kicks both waiters, not the one that did not wait");
-        assert_eq!(front(&ib), Some((1, vec![1; 3])));
-        // SAFETY: as above.
-        unsafe { ib.pop(&mut |_| panic!("nobody waits any more")) };
+        assert_eq!(
+            kicked,
+            [5, 6],
+            "the marked slot's free kicks both waiters, not the one that did not wait"
+        );
         assert!(front(&ib).is_none() && !ib.nonempty());
+    }
+
+    /// A sender refused by a full ring is kicked once more than half of it is free, not after
+    /// the first free: a sender faster than its consumer refills it in bursts instead of one
+    /// kick and one refusal per packet (which cut by-reference READ streams to a third).
+    #[test]
+    fn a_refused_sender_is_kicked_once_half_the_ring_is_free() {
+        let ib = Inbox::new(8, 16);
+        let mut h = PacketHeader { src_nic: 5, payload_len: 1, ..Default::default() };
+        for psn in 0..8 {
+            h.psn = psn;
+            assert!(ib.push(&h, &mut |b: &mut [u8]| b[0] = psn as u8, true));
+        }
+        assert!(!ib.push(&h, &mut |_: &mut [u8]| unreachable!("a full inbox never calls fill"), true));
+        for psn in 0..4 {
+            assert_eq!(front(&ib), Some((psn, vec![psn as u8])));
+            // SAFETY: the test thread is the only consumer and a packet is at the head.
+            unsafe { ib.pop(&mut |w| panic!("NIC {w} kicked with only {} slot(s) free", psn + 1)) };
+        }
+        let mut kicked = vec![];
+        // SAFETY: as above.
+        unsafe { ib.pop(&mut |w| kicked.push(w)) };
+        assert_eq!(kicked, [5], "kicked when the fifth of eight slots is freed");
     }
 
     /// A kicked sender can run at once (nested in the kick, on the Inline engine), be refused
