@@ -25,9 +25,9 @@ pub(crate) struct RegionDesc {
 #[derive(Debug, Default)]
 struct Entry {
     generation: u8,
-    region: Option<RegionDesc>,
-    /// The registration's liveness, for payloads the in-process wire passes by reference.
-    life: Option<Arc<Life>>,
+    /// The registration and its liveness (for payloads the in-process wire passes by
+    /// reference), together so that a lookup tests one `Option`.
+    region: Option<(RegionDesc, Arc<Life>)>,
 }
 
 /// Why a key lookup failed.
@@ -69,8 +69,7 @@ impl KeyTable {
             (self.entries.len() - 1) as u32
         };
         let e = &mut self.entries[index as usize];
-        e.region = Some(region);
-        e.life = Some(life);
+        e.region = Some((region, life));
         Some(index << 8 | u32::from(e.generation))
     }
 
@@ -80,7 +79,6 @@ impl KeyTable {
         if let Some(e) = self.entries.get_mut(index as usize) {
             if e.region.is_some() && u32::from(e.generation) == key & 0xff {
                 e.region = None;
-                e.life = None;
                 e.generation = e.generation.wrapping_add(1);
                 self.free.push_back(index);
             }
@@ -102,8 +100,8 @@ impl KeyTable {
         need: Access,
     ) -> Result<(*mut u8, &Arc<Life>), KeyFault> {
         let e = self.entries.get((key >> 8) as usize).ok_or(KeyFault::BadKey)?;
-        let r = match &e.region {
-            Some(r) if u32::from(e.generation) == key & 0xff => r,
+        let (r, life) = match &e.region {
+            Some((r, life)) if u32::from(e.generation) == key & 0xff => (r, life),
             _ => return Err(KeyFault::BadKey),
         };
         let end = addr.checked_add(len).ok_or(KeyFault::OutOfBounds)?;
@@ -116,7 +114,7 @@ impl KeyTable {
         // SAFETY: `addr - r.addr <= r.len`, so the result stays inside (or one past) the
         // registration's allocation, which is live while it is in the table.
         let p = unsafe { r.base.add((addr - r.addr) as usize) };
-        Ok((p, e.life.as_ref().expect("a live entry has its liveness")))
+        Ok((p, life))
     }
 }
 
