@@ -11,10 +11,13 @@
 //! - [`a_refused_sender_is_always_kicked`]: a sender refused by a full 1-slot inbox registers
 //!   and marks the blocking slot ‖ the device takes the packet (its free sees the mark or the
 //!   sender sees the free and retries): if the sender is refused, the device kicks it.
+//! - [`a_refused_sender_is_always_kicked_from_the_middle_of_the_ring`]: the same through a full
+//!   2-slot inbox, where the sender marks the slot halfway along the ring (the newer one, not
+//!   the head's that blocked it) ‖ the device takes both packets.
 //!
 //! Broken twins (`bypass_sim::loom_api::mutation`): the slot published `Relaxed` (a causality
 //! violation on the slot), the position claimed with a load and a store (two senders write one
-//! slot), and the blocking slot marked with a load and a store (a lost kick).
+//! slot), and the waited-on slot marked with a load and a store (a lost kick, at depth 1 and 2).
 #![cfg(loom)]
 
 use bypass_loom_tests::{check, Bound};

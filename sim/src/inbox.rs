@@ -13,7 +13,7 @@
 //! A full inbox refuses the packet. A refused NIC may ask to be kicked once there is room
 //! ([`Inbox::push`] with `wait`): it registers in a small locked list (only on this cold path),
 //! then sets a *waited-on* bit in the sequence word of a published slot halfway along the ring
-//! (so it is kicked once half the ring is free, and refills it in one burst), with a
+//! (so it is kicked once more than half the ring is free, and refills it in one burst), with a
 //! read-modify-write; the consumer frees slots with a swap, so it sees the bit exactly when the
 //! bit went in before its free, and kicks the registered NICs. If the free came first, the
 //! sender's read-modify-write sees the freed sequence and it retries. Both sides act on the one
@@ -132,7 +132,8 @@ impl Inbox {
 
     /// Producer: appends a packet, calling `fill` once to write its `hdr.payload_len` payload
     /// bytes into the slot. False if the inbox is full (`fill` not called); then, if `wait`,
-    /// `hdr.src_nic` is kicked once the consumer frees the slot that blocked it.
+    /// `hdr.src_nic` is kicked once the consumer has freed more than half the ring (the slot it
+    /// marks, `ceil(depth / 2)` behind the refused position: the head's slot at depth 1).
     pub(crate) fn push(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8]), wait: bool) -> bool {
         self.push_with(hdr, &mut Fill::Copy(fill), wait)
     }
@@ -152,12 +153,14 @@ impl Inbox {
                 return false;
             }
             // Mark the slot halfway between the head and the tail (the ring is full, so every
-            // position in between was claimed): the sender is kicked once the consumer has freed
-            // half the ring and then refills it in one burst. Marking the head's slot, which
+            // position in between was claimed): the sender is kicked after `depth / 2 + 1` frees
+            // (5 of 8; 2 of 2; 1 of 1) and then refills the ring in one burst. Marking the head's slot, which
             // blocked us, would kick it after every free of a ring kept full by a sender faster
             // than its consumer (a by-reference READ response costs the sender no copy): one
             // kick, one packet, one refusal per packet.
             let depth = self.slots.len() as u64;
+            // A slot starts at `2p` for its first lap, so a refusal is never in the first lap.
+            debug_assert!(full >= depth, "refused at {full} by a ring of {depth}");
             let pos = full - depth + depth / 2;
             let seq = self.slot(pos).seq.load(Ordering::Acquire) & !WAITED;
             if seq.wrapping_sub(2 * pos) as i64 > 1 {

@@ -104,7 +104,7 @@ pub mod mutation {
         /// `inbox::Inbox::push` claims a position with a load and a store, not a
         /// compare-exchange (two senders can claim the same slot).
         InboxClaimLoadStore = 109,
-        /// `inbox::Inbox::push` marks the blocking slot with a load and a store instead of a
+        /// `inbox::Inbox::push` marks the slot it waits on with a load and a store instead of a
         /// read-modify-write (a free in between is overwritten: the lost kick).
         InboxMarkLoadStore = 110,
         /// `source::Life::enter` checks the alive bit with a load and counts the reader with a
