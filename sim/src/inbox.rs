@@ -148,16 +148,16 @@ impl Inbox {
     fn push_with(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>, wait: bool) -> bool {
         let mut registered = false;
         loop {
-            let Err((full, _)) = self.try_push(hdr, fill) else { return true };
+            let Err(full) = self.try_push(hdr, fill) else { return true };
             if !wait {
                 return false;
             }
             // Mark the slot halfway between the head and the tail (the ring is full, so every
             // position in between was claimed): the sender is kicked after `depth / 2 + 1` frees
-            // (5 of 8; 2 of 2; 1 of 1) and then refills the ring in one burst. Marking the head's slot, which
-            // blocked us, would kick it after every free of a ring kept full by a sender faster
-            // than its consumer (a by-reference READ response costs the sender no copy): one
-            // kick, one packet, one refusal per packet.
+            // (5 of 8; 2 of 2; 1 of 1) and then refills the ring in one burst. Marking the head's
+            // slot, which blocked us, would kick it after every free of a ring kept full by a
+            // sender faster than its consumer (a by-reference READ response costs the sender no
+            // copy): one kick, one packet, one refusal per packet.
             let depth = self.slots.len() as u64;
             // A slot starts at `2p` for its first lap, so a refusal is never in the first lap.
             debug_assert!(full >= depth, "refused at {full} by a ring of {depth}");
@@ -201,9 +201,8 @@ impl Inbox {
         }
     }
 
-    /// Claims, fills and publishes the tail slot, or returns the position that was full and
-    /// the sequence (without [`WAITED`]) its slot held.
-    fn try_push(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>) -> Result<(), (u64, u64)> {
+    /// Claims, fills and publishes the tail slot, or returns the position that was full.
+    fn try_push(&self, hdr: &PacketHeader, fill: &mut Fill<'_, '_>) -> Result<(), u64> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         loop {
             let slot = self.slot(pos);
@@ -227,7 +226,7 @@ impl Inbox {
             } else if ahead < 0 {
                 // The slot still holds the packet of the previous lap (or is being filled with
                 // it): full.
-                return Err((pos, seq));
+                return Err(pos);
             } else {
                 // Another producer claimed `pos` meanwhile.
                 pos = self.tail.0.load(Ordering::Relaxed);
