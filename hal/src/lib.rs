@@ -47,11 +47,19 @@ mod wr;
 pub mod conformance;
 
 #[cfg(any(feature = "verbs", feature = "urma"))]
+mod cq_feeders;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod queue_book;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod region_memory;
+#[cfg(any(feature = "verbs", feature = "urma"))]
 mod shared_slots;
 #[cfg(any(feature = "verbs", feature = "urma"))]
 mod side_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod wr_chain;
 
 #[cfg(feature = "urma")]
 pub mod urma;
