@@ -47,6 +47,8 @@ mod wr;
 pub mod conformance;
 
 #[cfg(any(feature = "verbs", feature = "urma"))]
+mod cq_events;
+#[cfg(any(feature = "verbs", feature = "urma"))]
 mod cq_feeders;
 #[cfg(any(feature = "verbs", feature = "urma"))]
 mod queue_book;

@@ -24,6 +24,12 @@ pub(crate) fn posted_before<T>(bad: *mut T, base: *const T, n: usize) -> usize {
     unsafe { bad.cast_const().offset_from(base) }.clamp(0, n as isize) as usize
 }
 
+/// What a refused post says: request (or receive: `what`) `posted` of a batch of `n` on `place`
+/// (a queue, a shared receive queue) was refused, the ones before it were posted.
+pub(crate) fn refusal(what: &str, posted: usize, n: usize, place: std::fmt::Arguments<'_>) -> String {
+    format!("{what} {posted} of a batch of {n} on {place} refused, the {posted} before it were posted")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,5 +43,9 @@ mod tests {
         let bad = buf.as_mut_ptr().wrapping_add(2);
         assert_eq!(posted_before(bad, base, 3), 2);
         assert_eq!(posted_before(std::ptr::null_mut::<u64>(), base, 3), 0);
+        assert_eq!(
+            refusal("receive", 2, 3, format_args!("QP {}", 7)),
+            "receive 2 of a batch of 3 on QP 7 refused, the 2 before it were posted"
+        );
     }
 }

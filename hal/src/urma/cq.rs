@@ -5,6 +5,7 @@ use super::device::Context;
 use super::queue::{self, QueueShared};
 use super::srq::{self, SRQ_TAG};
 use super::tables::{self, errno, status_error};
+use crate::cq_events::{self, EventSource};
 use crate::cq_feeders::{FeederCache, Feeders};
 use crate::queue_book::HasRings;
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result, Status};
@@ -39,7 +40,9 @@ impl ChannelInner {
         }
         Ok(Arc::new(ChannelInner { ctx: ctx.clone(), jfce }))
     }
+}
 
+impl EventSource for ChannelInner {
     fn fd(&self) -> RawFd {
         // SAFETY: the JFCE is live while `self` is; `fd` is a public field.
         unsafe { (*self.jfce).fd }
@@ -95,18 +98,13 @@ impl std::fmt::Debug for UrmaChannel {
 
 impl AsFd for UrmaChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the JFCE's fd stays open while the channel (borrowed here) lives.
-        unsafe { BorrowedFd::borrow_raw(self.inner.fd()) }
+        self.inner.borrowed_fd()
     }
 }
 
 impl EventChannel for UrmaChannel {
     fn take_events(&self, out: &mut [u64]) -> Result<usize> {
-        let mut i = 0;
-        self.inner.take(out.len(), |id| {
-            out[i] = id;
-            i += 1;
-        })
+        self.inner.take_into(out)
     }
 }
 
@@ -184,12 +182,7 @@ impl UrmaCq {
         channel: Arc<ChannelInner>,
         private: bool,
     ) -> Result<Self> {
-        if depth == 0 || depth > ctx.caps.max_cq_depth {
-            return Err(Error::InvalidArgument(format!(
-                "CQ depth {depth} is outside 1..={} of {}",
-                ctx.caps.max_cq_depth, ctx.name
-            )));
-        }
+        cq_events::check_depth(&ctx.caps, &ctx.name, depth)?;
         let id = ctx.next_cq_id();
         let mut cfg = abi::UrmaJfcCfg { depth, flag: 0, ceqn: 0, jfce: channel.jfce, user_ctx: id };
         // SAFETY: the context and JFCE are live; `cfg` is a valid configuration.
@@ -330,9 +323,6 @@ impl CompletionQueue for UrmaCq {
     }
 
     fn ack_events(&mut self) -> Result<u64> {
-        if !self.private {
-            return Ok(0);
-        }
-        Ok(self.shared.channel.take(usize::MAX, |_| {})? as u64)
+        self.shared.channel.ack_own(self.private)
     }
 }

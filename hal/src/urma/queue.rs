@@ -775,7 +775,7 @@ impl Queue for UrmaQueue {
             return Err(status_error(
                 "urma_post_jetty_send_wr",
                 rc,
-                &format!("request {posted} of a batch of {n} on jetty {} refused, the {posted} before it were posted", self.book.shared.qpn()),
+                &wr_chain::refusal("request", posted, n, format_args!("jetty {}", self.book.shared.qpn())),
             ));
         }
         self.book.posted_send(n);
@@ -840,7 +840,7 @@ impl Queue for UrmaQueue {
             return Err(status_error(
                 "urma_post_jetty_recv_wr",
                 rc,
-                &format!("receive {posted} of a batch of {n} on jetty {} refused, the {posted} before it were posted", self.book.shared.qpn()),
+                &wr_chain::refusal("receive", posted, n, format_args!("jetty {}", self.book.shared.qpn())),
             ));
         }
         self.book.posted_recv(n);

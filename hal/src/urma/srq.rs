@@ -214,11 +214,7 @@ impl SharedRecv for UrmaSharedRecv {
             return Err(status_error(
                 "urma_post_jfr_wr",
                 rc,
-                &format!(
-                    "receive {posted} of a batch of {n} on a shared JFR of {} refused, the {posted} before it \
-                     were posted",
-                    ctx.name
-                ),
+                &wr_chain::refusal("receive", posted, n, format_args!("a shared JFR of {}", ctx.name)),
             ));
         }
         self.poster.finish(&self.slots, n, n);

@@ -5,6 +5,7 @@ use super::device::{set_nonblocking, Context};
 use super::qp::{self, QueueShared};
 use super::srq;
 use super::tables::{self, errno, verb_error};
+use crate::cq_events::{self, EventSource};
 use crate::cq_feeders::{FeederCache, Feeders};
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result};
 use rdma_sys::*;
@@ -40,15 +41,17 @@ impl ChannelInner {
         set_nonblocking(inner.fd(), "the completion channel")?;
         Ok(inner)
     }
+}
 
+impl EventSource for ChannelInner {
     fn fd(&self) -> RawFd {
         // SAFETY: `ch` is live while `self` is.
         unsafe { (*self.ch).fd }
     }
 
-    /// Takes up to `max` pending events (acknowledging each at once), calling `f` with the tag of
-    /// the CQ that raised it.
-    fn take(&self, max: usize, mut f: impl FnMut(&CqTag)) -> Result<usize> {
+    /// Takes up to `max` pending events (acknowledging each at once), calling `f` with the id of
+    /// the CQ that raised it (from its tag).
+    fn take(&self, max: usize, mut f: impl FnMut(u64)) -> Result<usize> {
         let mut n = 0;
         while n < max {
             let mut cq: *mut ibv_cq = std::ptr::null_mut();
@@ -64,7 +67,7 @@ impl ChannelInner {
             // SAFETY: the CQ's context is its tag, a Box the CQ owns; ibv_destroy_cq (which runs
             // before the tag is freed) waits for every event taken to be acknowledged, so the tag
             // is alive until the ack below.
-            f(unsafe { &*cq_ctx.cast::<CqTag>() });
+            f(unsafe { &*cq_ctx.cast::<CqTag>() }.id);
             // SAFETY: acknowledges the one event just taken on this CQ.
             unsafe { ibv_ack_cq_events(cq, 1) };
             n += 1;
@@ -93,18 +96,13 @@ impl std::fmt::Debug for VerbsChannel {
 
 impl AsFd for VerbsChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the channel's fd stays open while the channel (borrowed here) lives.
-        unsafe { BorrowedFd::borrow_raw(self.inner.fd()) }
+        self.inner.borrowed_fd()
     }
 }
 
 impl EventChannel for VerbsChannel {
     fn take_events(&self, out: &mut [u64]) -> Result<usize> {
-        let mut i = 0;
-        self.inner.take(out.len(), |tag| {
-            out[i] = tag.id;
-            i += 1;
-        })
+        self.inner.take_into(out)
     }
 }
 
@@ -170,12 +168,7 @@ impl VerbsCq {
         channel: Arc<ChannelInner>,
         private: bool,
     ) -> Result<Self> {
-        if depth == 0 || depth > ctx.caps.max_cq_depth {
-            return Err(Error::InvalidArgument(format!(
-                "CQ depth {depth} is outside 1..={} of {}",
-                ctx.caps.max_cq_depth, ctx.name
-            )));
-        }
+        cq_events::check_depth(&ctx.caps, &ctx.name, depth)?;
         let tag = Box::new(CqTag { id: ctx.next_cq_id(), overflow: AtomicBool::new(false) });
         let tag_ptr = (&*tag as *const CqTag).cast_mut().cast::<c_void>();
         // SAFETY: the context and channel are live; the tag outlives the CQ (CqShared destroys
@@ -285,10 +278,7 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn ack_events(&mut self) -> Result<u64> {
-        if !self.private {
-            return Ok(0);
-        }
-        Ok(self.shared.channel.take(usize::MAX, |_| {})? as u64)
+        self.shared.channel.ack_own(self.private)
     }
 }
 

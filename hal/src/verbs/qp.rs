@@ -99,11 +99,7 @@ fn refused<T>(
     qpn: u32,
 ) -> (usize, Error) {
     let posted = wr_chain::posted_before(bad, base, n);
-    let e = verb_error(
-        verb,
-        rc,
-        &format!("{what} {posted} of a batch of {n} on QP {qpn} refused, the {posted} before it were posted"),
-    );
+    let e = verb_error(verb, rc, &wr_chain::refusal(what, posted, n, format_args!("QP {qpn}")));
     (posted, e)
 }
 

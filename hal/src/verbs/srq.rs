@@ -173,10 +173,11 @@ impl SharedRecv for VerbsSharedRecv {
             return Err(verb_error(
                 "ibv_post_srq_recv",
                 rc,
-                &format!(
-                    "receive {posted} of a batch of {n} on a shared receive queue of {} refused, the {posted} \
-                     before it were posted",
-                    self.obj.ctx.name
+                &wr_chain::refusal(
+                    "receive",
+                    posted,
+                    n,
+                    format_args!("a shared receive queue of {}", self.obj.ctx.name),
                 ),
             ));
         }
