@@ -20,7 +20,11 @@
 //! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, uasid, token | NIC address, qpn |
 //!
 //! Backends behind features: `verbs` ([`verbs`], libibverbs) and `urma` (`urma`, liburma
-//! loaded at run time).
+//! loaded at run time). What the two do alike over their different libraries lives once, in a
+//! crate-private module per concept: `queue_book` (a queue's rings, epoch, heads, tracked state
+//! and checks), `side_ring`, `cq_feeders` (the queues feeding a CQ), `cq_events` (a CQ's event
+//! channel), `shared_slots` (a shared receive queue's slots), `wr_chain` (chained work
+//! requests) and `region_memory` (the memory under a region).
 //!
 //! [`trace`] records what drivers, devices and the stack do, as a Chrome trace (off unless
 //! started; an `if trace::is_enabled()` per emit site otherwise).
@@ -47,11 +51,21 @@ mod wr;
 pub mod conformance;
 
 #[cfg(any(feature = "verbs", feature = "urma"))]
+mod cq_events;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod cq_feeders;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod queue_book;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod region_memory;
+#[cfg(any(feature = "verbs", feature = "urma"))]
 mod shared_slots;
 #[cfg(any(feature = "verbs", feature = "urma"))]
 mod side_ring;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+#[cfg(any(feature = "verbs", feature = "urma"))]
+mod wr_chain;
 
 #[cfg(feature = "urma")]
 pub mod urma;

@@ -1,4 +1,5 @@
-//! The slot table of a shared receive queue, common to the verbs and URMA backends.
+//! The slot table of a shared receive queue and the checks of its configuration and batches,
+//! common to the verbs and URMA backends.
 //!
 //! The receives of a shared queue complete on the CQs of whichever queues took them, in any
 //! order, polled from any thread; so unlike a queue's side ring (retired in order) the slots here
@@ -9,7 +10,7 @@
 //! backend's business.
 
 use crate::side_ring::{Done, Op};
-use crate::{Error, Result};
+use crate::{DeviceCaps, Error, RecvWr, Result};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// The slot table the pollers of the queues on a shared queue resolve completions with.
@@ -71,6 +72,18 @@ impl SlotPoster {
         self.posted
     }
 
+    /// Checks a batch before anything is built: SGE counts (at most `max_sge` each), then room
+    /// for all of it.
+    pub(crate) fn check_batch(&self, slots: &SharedSlots, wrs: &[RecvWr<'_>], max_sge: usize) -> Result<()> {
+        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
+            return Err(Error::InvalidArgument(format!(
+                "{} SGEs exceed the shared receive queue's max_sge {max_sge}",
+                wr.sges.len()
+            )));
+        }
+        self.check_room(slots, wrs.len())
+    }
+
     /// Whether a batch of `wanted` fits: all or nothing.
     pub(crate) fn check_room(&self, slots: &SharedSlots, wanted: usize) -> Result<()> {
         let outstanding = self.posted.wrapping_sub(slots.completed.load(Ordering::Acquire));
@@ -105,6 +118,35 @@ impl SlotPoster {
         }
         self.posted = self.posted.wrapping_add(posted as u32);
     }
+}
+
+/// Checks a shared receive queue's `depth` and `max_sge` against the device's caps (`sge_limit`
+/// caps the SGE count further: a library field narrower than the caps); `none` says what the
+/// device lacks when it has no shared receive queues.
+pub(crate) fn check_config(
+    caps: &DeviceCaps,
+    name: &str,
+    depth: u32,
+    max_sge: u32,
+    sge_limit: u32,
+    none: &str,
+) -> Result<()> {
+    if caps.max_shared_recv == 0 {
+        return Err(Error::Unsupported(format!("{name} has no {none}")));
+    }
+    if depth == 0 || depth > caps.max_shared_recv_depth {
+        return Err(Error::InvalidArgument(format!(
+            "shared receive queue depth {depth} is outside 1..={} on {name}",
+            caps.max_shared_recv_depth
+        )));
+    }
+    let sge_max = caps.max_recv_sge.min(sge_limit);
+    if max_sge == 0 || max_sge > sge_max {
+        return Err(Error::InvalidArgument(format!(
+            "shared receive queue max_sge {max_sge} is outside 1..={sge_max} on {name}"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

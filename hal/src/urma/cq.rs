@@ -3,14 +3,17 @@
 
 use super::device::Context;
 use super::queue::{self, QueueShared};
-use super::srq::{SrqSlots, SRQ_TAG};
+use super::srq::{self, SRQ_TAG};
 use super::tables::{self, errno, status_error};
+use crate::cq_events::{self, EventSource};
+use crate::cq_feeders::{FeederCache, Feeders};
+use crate::queue_book::HasRings;
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result, Status};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 /// Completion records one `urma_poll_jfc` call fetches at most (the buffer lives in the CQ).
 const CR_BATCH: usize = 32;
@@ -37,7 +40,9 @@ impl ChannelInner {
         }
         Ok(Arc::new(ChannelInner { ctx: ctx.clone(), jfce }))
     }
+}
 
+impl EventSource for ChannelInner {
     fn fd(&self) -> RawFd {
         // SAFETY: the JFCE is live while `self` is; `fd` is a public field.
         unsafe { (*self.jfce).fd }
@@ -93,18 +98,13 @@ impl std::fmt::Debug for UrmaChannel {
 
 impl AsFd for UrmaChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the JFCE's fd stays open while the channel (borrowed here) lives.
-        unsafe { BorrowedFd::borrow_raw(self.inner.fd()) }
+        self.inner.borrowed_fd()
     }
 }
 
 impl EventChannel for UrmaChannel {
     fn take_events(&self, out: &mut [u64]) -> Result<usize> {
-        let mut i = 0;
-        self.inner.take(out.len(), |id| {
-            out[i] = id;
-            i += 1;
-        })
+        self.inner.take_into(out)
     }
 }
 
@@ -115,12 +115,8 @@ pub(crate) struct CqShared {
     id: u64,
     overflow: AtomicBool,
     channel: Arc<ChannelInner>,
-    /// Queues created on this CQ (or dropped) since the poller last looked.
-    attach: Mutex<Vec<Arc<QueueShared>>>,
-    attach_pending: AtomicBool,
-    /// The slot tables of the shared receive queues its queues took receives from, kept after
-    /// those queues die: a receive record of a destroyed queue still frees its slot.
-    srqs: Mutex<Vec<Weak<SrqSlots>>>,
+    /// The queues feeding this JFC and the shared receive queues they took receives from.
+    pub(crate) feeders: Feeders<QueueShared>,
 }
 
 // SAFETY: a JFC may be polled, rearmed and deleted from any thread (the library locks unless
@@ -128,38 +124,6 @@ pub(crate) struct CqShared {
 unsafe impl Send for CqShared {}
 // SAFETY: as above.
 unsafe impl Sync for CqShared {}
-
-impl CqShared {
-    pub(crate) fn attach(&self, q: &Arc<QueueShared>) {
-        let mut list = self.attach.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|x| x.is_alive());
-        if !list.iter().any(|x| Arc::ptr_eq(x, q)) {
-            list.push(q.clone());
-        }
-        if let Some(s) = &q.srq {
-            let mut srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
-            srqs.retain(|w| w.strong_count() > 0);
-            if !srqs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
-                srqs.push(Arc::downgrade(s));
-            }
-        }
-        self.attach_pending.store(true, Ordering::Release);
-    }
-
-    /// Frees the shared-queue slot of a receive record whose queue is gone (cold).
-    #[cold]
-    fn retire_orphan(&self, user_ctx: u64) {
-        let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
-        let id = super::srq::id_of(user_ctx);
-        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == u64::from(id)) {
-            let _ = super::srq::retire(&s, user_ctx);
-        }
-    }
-
-    pub(crate) fn detach_later(&self) {
-        self.attach_pending.store(true, Ordering::Release);
-    }
-}
 
 impl Drop for CqShared {
     fn drop(&mut self) {
@@ -193,8 +157,7 @@ pub struct UrmaCq {
     /// The channel is this CQ's own (so `ack_events` takes its events).
     private: bool,
     depth: u32,
-    queues: Vec<Arc<QueueShared>>,
-    last: usize,
+    queues: FeederCache<QueueShared>,
     cr: Box<[abi::UrmaCr]>,
 }
 
@@ -219,12 +182,7 @@ impl UrmaCq {
         channel: Arc<ChannelInner>,
         private: bool,
     ) -> Result<Self> {
-        if depth == 0 || depth > ctx.caps.max_cq_depth {
-            return Err(Error::InvalidArgument(format!(
-                "CQ depth {depth} is outside 1..={} of {}",
-                ctx.caps.max_cq_depth, ctx.name
-            )));
-        }
+        cq_events::check_depth(&ctx.caps, &ctx.name, depth)?;
         let id = ctx.next_cq_id();
         let mut cfg = abi::UrmaJfcCfg { depth, flag: 0, ceqn: 0, jfce: channel.jfce, user_ctx: id };
         // SAFETY: the context and JFCE are live; `cfg` is a valid configuration.
@@ -244,54 +202,10 @@ impl UrmaCq {
             id,
             overflow: AtomicBool::new(false),
             channel,
-            attach: Mutex::new(Vec::new()),
-            attach_pending: AtomicBool::new(false),
-            srqs: Mutex::new(Vec::new()),
+            feeders: Feeders::new(),
         });
         let cr = (0..CR_BATCH).map(|_| abi::UrmaCr::default()).collect();
-        Ok(UrmaCq { shared, private, depth: actual, queues: Vec::new(), last: 0, cr })
-    }
-
-    #[cold]
-    fn refresh(&mut self) {
-        self.shared.attach_pending.store(false, Ordering::Relaxed);
-        let list = self.shared.attach.lock().unwrap_or_else(|e| e.into_inner());
-        self.queues.clear();
-        self.queues.extend(list.iter().filter(|q| q.is_alive()).cloned());
-        self.last = 0;
-    }
-
-    fn queue_index(&mut self, tag: u16) -> Option<usize> {
-        if self.queues.get(self.last).is_some_and(|q| q.tag == tag && q.is_alive()) {
-            return Some(self.last);
-        }
-        let find = |qs: &[Arc<QueueShared>]| qs.iter().position(|q| q.tag == tag && q.is_alive());
-        let i = match find(&self.queues) {
-            Some(i) => i,
-            None => {
-                self.refresh();
-                find(&self.queues)?
-            }
-        };
-        self.last = i;
-        Some(i)
-    }
-
-    /// The queue on a shared receive queue bound to peer jetty `remote`.
-    fn queue_of_peer(&mut self, remote: &abi::UrmaJettyId) -> Option<usize> {
-        let hit = |q: &Arc<QueueShared>| q.srq.is_some() && q.is_alive() && q.is_peer(remote);
-        if self.queues.get(self.last).is_some_and(hit) {
-            return Some(self.last);
-        }
-        let i = match self.queues.iter().position(hit) {
-            Some(i) => i,
-            None => {
-                self.refresh();
-                self.queues.iter().position(hit)?
-            }
-        };
-        self.last = i;
-        Some(i)
+        Ok(UrmaCq { shared, private, depth: actual, queues: FeederCache::new(), cr })
     }
 
     /// The hal completion for record `k`, or `None` for one of a queue's earlier incarnation or
@@ -300,19 +214,21 @@ impl UrmaCq {
         let cr = self.cr[k];
         let status = tables::cr_status(cr.status);
         let (tag, ..) = queue::decode_user_ctx(cr.user_ctx);
+        let feeders = &self.shared.feeders;
         let done;
         let q = if tag == SRQ_TAG {
             // A shared receive names no queue: the queue is the one bound to the sender.
-            let Some(i) = self.queue_of_peer(&cr.remote_id) else {
-                self.shared.retire_orphan(cr.user_ctx);
+            let remote = &cr.remote_id;
+            let hit = |q: &QueueShared| q.rings().srq.is_some() && q.is_peer(remote);
+            let Some(q) = self.queues.find(feeders, hit) else {
+                let (id, slot) = srq::locate(cr.user_ctx);
+                feeders.retire_orphan(id, slot);
                 return None;
             };
-            let q = &self.queues[i];
             done = q.complete_shared(cr.user_ctx, status.is_ok(), status == Status::Flushed)?;
             q
         } else {
-            let i = self.queue_index(tag)?;
-            let q = &self.queues[i];
+            let q = self.queues.find(feeders, |q| q.tag == tag)?;
             done = q.complete(cr.user_ctx, status.is_ok())?;
             q
         };
@@ -363,9 +279,7 @@ impl CompletionQueue for UrmaCq {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if self.shared.attach_pending.load(Ordering::Acquire) {
-            self.refresh();
-        }
+        self.queues.refresh_if_changed(&self.shared.feeders);
         let mut n = 0;
         while n < out.len() {
             let want = (out.len() - n).min(CR_BATCH);
@@ -409,9 +323,6 @@ impl CompletionQueue for UrmaCq {
     }
 
     fn ack_events(&mut self) -> Result<u64> {
-        if !self.private {
-            return Ok(0);
-        }
-        Ok(self.shared.channel.take(usize::MAX, |_| {})? as u64)
+        self.shared.channel.ack_own(self.private)
     }
 }

@@ -33,14 +33,12 @@
 //! without moving a byte.
 
 use super::device::{random_u32, register_raw, Context};
+use crate::region_memory;
 use crate::{Access, Error, MemoryRegion, RemoteKey, Result};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use std::alloc::Layout;
 use std::sync::Arc;
-
-/// Alignment of memory the backend allocates for a region (a page, as UMDK's sample uses).
-const REGION_ALIGN: usize = 4096;
 
 /// A live local segment as a post sees it: the library's target segment and its range.
 #[derive(Debug, Clone, Copy)]
@@ -142,23 +140,12 @@ impl std::fmt::Debug for UrmaRegion {
 
 impl UrmaRegion {
     pub(crate) fn allocate(ctx: &Arc<Context>, len: usize, access: Access) -> Result<Self> {
-        let layout = Layout::from_size_align(len.max(1), REGION_ALIGN)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let layout = region_memory::layout(len)?;
         seg_access(access)?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::OutOfResources(format!("cannot allocate {len} bytes to register")));
-        }
-        // SAFETY: `ptr..ptr + layout.size()` was just allocated and is owned by the new region.
-        match unsafe { Self::reg(ctx, ptr, len, layout.size(), access, Some(layout)) } {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                // SAFETY: allocated above with this layout; nothing refers to it.
-                unsafe { std::alloc::dealloc(ptr, layout) };
-                Err(e)
-            }
-        }
+        region_memory::allocate(len, layout, |ptr, reg_len| {
+            // SAFETY: `ptr..ptr + reg_len` was just allocated and is owned by the new region.
+            unsafe { Self::reg(ctx, ptr, len, reg_len, access, Some(layout)) }
+        })
     }
 
     /// # Safety
@@ -169,14 +156,7 @@ impl UrmaRegion {
         len: usize,
         access: Access,
     ) -> Result<Self> {
-        if ptr.is_null() {
-            return Err(Error::InvalidArgument("register_external of a null pointer".into()));
-        }
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "register_external of zero bytes (URMA registers at least one)".into(),
-            ));
-        }
+        region_memory::check_external(ptr, len, "URMA")?;
         // SAFETY: forwarded from the caller.
         unsafe { Self::reg(ctx, ptr, len, len, access, None) }
     }
@@ -241,14 +221,8 @@ impl Drop for UrmaRegion {
         self.ctx.regions.write().unwrap_or_else(|e| e.into_inner()).remove(&self.lkey);
         // SAFETY: the segment came from urma_register_seg and is unregistered once.
         let rc = unsafe { (self.ctx.lib.unregister_seg)(self.seg.tseg) };
-        if rc != 0 {
-            // The device may still reach the memory: leak it rather than free DMA memory.
-            return;
-        }
-        if let Some(layout) = self.owned {
-            // SAFETY: allocated in `allocate` with this layout; the segment is gone.
-            unsafe { std::alloc::dealloc(self.ptr, layout) };
-        }
+        // SAFETY: `owned` is the layout `allocate` used; the segment is gone (if `rc` is 0).
+        unsafe { region_memory::free(self.ptr, self.owned, rc == 0) };
     }
 }
 

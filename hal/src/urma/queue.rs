@@ -17,8 +17,10 @@
 use super::cq::{CqShared, UrmaCq};
 use super::device::Context;
 use super::mr::{KeyFields, LocalSeg};
-use super::srq::{SrqObj, SrqSlots, UrmaSharedRecv, SRQ_TAG};
+use super::srq::{self, SrqObj, UrmaSharedRecv, SRQ_TAG};
 use super::tables::{errno, status_error};
+use crate::queue_book::{check_config, invalid, HasRings, QueueBook, Rings};
+use crate::wr_chain::{self, posted_before};
 use crate::{
     Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
 };
@@ -26,10 +28,9 @@ use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::{URMA_EEXIST, URMA_SUCCESS};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::side_ring::{pack, pack_state, state_of, SideRing};
 pub(crate) use crate::side_ring::{Done, Op};
 
 const RECV_BIT: u64 = 1 << 32;
@@ -69,13 +70,7 @@ pub(crate) struct QueueShared {
     pub(crate) tag: u16,
     /// The jetty id (changes when a reset recreates the jetty).
     qpn: AtomicU32,
-    send: SideRing,
-    recv: SideRing,
-    /// `epoch << 8 | state`.
-    state: AtomicU32,
-    alive: AtomicBool,
-    /// The slot table of the shared receive queue the queue takes its receives from.
-    pub(crate) srq: Option<Arc<SrqSlots>>,
+    rings: Rings,
     /// The peer jettys bound last and before (see [`Peers`]).
     peers: Peers,
 }
@@ -138,31 +133,28 @@ impl Peers {
     }
 }
 
+impl HasRings for QueueShared {
+    fn rings(&self) -> &Rings {
+        &self.rings
+    }
+}
+
 impl std::fmt::Debug for QueueShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueueShared").field("qpn", &self.qpn()).field("state", &self.state()).finish()
+        f.debug_struct("QueueShared").field("qpn", &self.qpn()).field("state", &self.rings.state()).finish()
     }
 }
 
 impl QueueShared {
-    pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
-    }
-
     pub(crate) fn qpn(&self) -> u32 {
         self.qpn.load(Ordering::Acquire)
-    }
-
-    fn state(&self) -> QueueState {
-        state_of(self.state.load(Ordering::Acquire))
     }
 
     /// Poller side: resolves the record with `user_ctx`; `None` if it belongs to an earlier
     /// incarnation. Retires the slot(s) and, for an error, moves the tracked state to ERROR.
     pub(crate) fn complete(&self, user_ctx: u64, success: bool) -> Option<Done> {
         let (_, epoch, recv, index) = decode_user_ctx(user_ctx);
-        let ring = if recv { &self.recv } else { &self.send };
-        crate::side_ring::retire(ring, &self.state, epoch, index, success)
+        self.rings.retire(epoch, recv, index, success)
     }
 
     /// Whether `remote` is a peer jetty this queue was bound to last or the time before.
@@ -177,16 +169,13 @@ impl QueueShared {
     /// Poller side: a shared receive's record taken by this queue. An error other than a flush
     /// moves the tracked state to ERROR, as an error on its own receive ring would.
     pub(crate) fn complete_shared(&self, user_ctx: u64, success: bool, flushed: bool) -> Option<Done> {
-        let done = super::srq::retire(self.srq.as_ref()?, user_ctx)?;
-        if !success && !flushed {
-            self.device_error();
-        }
-        Some(done)
+        let (id, slot) = srq::locate(user_ctx);
+        self.rings.retire_shared(id, slot, !success && !flushed)
     }
 
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
-        crate::side_ring::device_error(&self.state);
+        self.rings.device_error();
     }
 }
 
@@ -215,9 +204,9 @@ pub struct UrmaQueue {
     ctx: Arc<Context>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
-    shared: Arc<QueueShared>,
+    /// The shared part, the epoch and the heads.
+    book: QueueBook<QueueShared>,
     config: QueueConfig,
-    epoch: u16,
     jfr: *mut abi::UrmaJfr,
     /// The shared receive queue whose JFR `jfr` is (not this queue's to delete), if any.
     srq: Option<Arc<SrqObj>>,
@@ -226,8 +215,6 @@ pub struct UrmaQueue {
     /// Remote segments imported through this queue's peer, by remote key (null: the library
     /// refused the import; such keys travel as user target segments).
     imports: HashMap<[u8; RemoteKey::LEN], *mut abi::UrmaTargetSeg>,
-    send_head: u32,
-    recv_head: u32,
     // Reusable buffers the batches are built in (no allocation when posting).
     wrs: Box<[abi::UrmaJfsWr]>,
     sges: Box<[abi::UrmaSge]>,
@@ -244,16 +231,12 @@ unsafe impl Send for UrmaQueue {}
 impl std::fmt::Debug for UrmaQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UrmaQueue")
-            .field("qpn", &self.shared.qpn())
-            .field("state", &self.shared.state())
-            .field("epoch", &self.epoch)
+            .field("qpn", &self.book.shared.qpn())
+            .field("state", &self.book.tracked())
+            .field("epoch", &self.book.epoch())
             .field("imports", &self.imports.len())
             .finish_non_exhaustive()
     }
-}
-
-fn invalid(msg: impl Into<String>) -> Error {
-    Error::InvalidArgument(msg.into())
 }
 
 fn zero_sge() -> abi::UrmaSge {
@@ -341,37 +324,8 @@ impl UrmaQueue {
         recv_cq: &UrmaCq,
         srq: Option<&UrmaSharedRecv>,
     ) -> Result<Self> {
-        let caps = &ctx.caps;
-        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
-        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
-            return Err(invalid(format!(
-                "queue depths must be in 1..={} on {}",
-                caps.max_queue_depth, ctx.name
-            )));
-        }
-        if c.max_send_sge == 0 || c.max_send_sge > caps.max_send_sge.min(255) {
-            return Err(invalid(format!(
-                "max_send_sge must be in 1..={} on {}",
-                caps.max_send_sge.min(255),
-                ctx.name
-            )));
-        }
-        if c.max_recv_sge == 0 || c.max_recv_sge > caps.max_recv_sge.min(255) {
-            return Err(invalid(format!(
-                "max_recv_sge must be in 1..={} on {}",
-                caps.max_recv_sge.min(255),
-                ctx.name
-            )));
-        }
-        if c.max_inline > caps.max_inline {
-            return Err(invalid(format!(
-                "max_inline {} exceeds {}'s {}",
-                c.max_inline, ctx.name, caps.max_inline
-            )));
-        }
-        if c.retry_count > 7 || c.rnr_retry > 7 {
-            return Err(invalid("retry_count and rnr_retry are 0..=7"));
-        }
+        // The JFS and JFR configurations carry SGE counts in a byte.
+        check_config(&ctx.caps, &ctx.name, c, 255)?;
         if !Arc::ptr_eq(&send_cq.shared.ctx, ctx) || !Arc::ptr_eq(&recv_cq.shared.ctx, ctx) {
             return Err(invalid("the CQs belong to another device (context)"));
         }
@@ -379,18 +333,14 @@ impl UrmaQueue {
         let shared = Arc::new(QueueShared {
             tag: next_tag(),
             qpn: AtomicU32::new(0),
-            send: SideRing::new(c.send_depth, epoch),
-            recv: SideRing::new(c.recv_depth, epoch),
-            state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
-            alive: AtomicBool::new(true),
-            srq: srq.map(|s| s.slots.clone()),
+            rings: Rings::new(c.send_depth, c.recv_depth, epoch, srq.map(|s| s.slots.clone())),
             peers: Peers::new(),
         });
         let srq = srq.map(|s| s.obj.clone());
         let shared_jfr = srq.as_ref().map(|s| s.jfr);
         let (jfr, jetty) = create_objects(ctx, c, &send_cq.shared, &recv_cq.shared, &shared, shared_jfr)?;
         for cq in [&send_cq.shared, &recv_cq.shared] {
-            cq.attach(&shared);
+            cq.feeders.attach(&shared);
         }
         let n_send = c.send_depth as usize;
         let n_recv = c.recv_depth as usize;
@@ -398,16 +348,13 @@ impl UrmaQueue {
             ctx: ctx.clone(),
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
-            shared,
+            book: QueueBook::new(shared, epoch),
             config: *c,
-            epoch,
             jfr,
             srq,
             jetty,
             peer: None,
             imports: HashMap::new(),
-            send_head: 0,
-            recv_head: 0,
             wrs: (0..n_send).map(|_| zero_wr()).collect(),
             sges: (0..n_send * c.max_send_sge as usize).map(|_| zero_sge()).collect(),
             remote_sges: (0..n_send).map(|_| zero_sge()).collect(),
@@ -415,14 +362,6 @@ impl UrmaQueue {
             recv_wrs: (0..n_recv).map(|_| zero_recv_wr()).collect(),
             recv_sges: (0..n_recv * c.max_recv_sge as usize).map(|_| zero_sge()).collect(),
         })
-    }
-
-    fn tracked(&self) -> QueueState {
-        self.shared.state()
-    }
-
-    fn set_tracked(&self, s: QueueState) {
-        self.shared.state.store(pack_state(self.epoch, s), Ordering::Release);
     }
 
     /// The jetty's state as the device has it.
@@ -488,7 +427,7 @@ impl UrmaQueue {
                 rc,
                 &format!(
                     "bind jetty {} to jetty {} (order types: ours {ours}, the import's {theirs})",
-                    self.shared.qpn(),
+                    self.book.shared.qpn(),
                     peer.qpn
                 ),
             ));
@@ -545,15 +484,6 @@ impl UrmaQueue {
         // that decision.
         self.imports.insert(*key.as_bytes(), tseg);
         Ok(tseg)
-    }
-
-    fn need_posting_state(&self, op: &'static str) -> Result<()> {
-        match self.tracked() {
-            QueueState::Reset => {
-                Err(Error::BadState { state: QueueState::Reset, op, needs: "READY or ERROR" })
-            }
-            _ => Ok(()),
-        }
     }
 }
 
@@ -634,18 +564,9 @@ fn create_objects(
     Ok((jfr, jetty))
 }
 
-/// A provider's refusal of a chained post: how many requests before `bad` it posted anyway.
-fn posted_before<T>(bad: *mut T, base: *const T, n: usize) -> usize {
-    if bad.is_null() {
-        return 0;
-    }
-    // SAFETY: a bad_wr the library reports points into the chain, which is this array.
-    unsafe { bad.cast_const().offset_from(base) }.clamp(0, n as isize) as usize
-}
-
 impl Queue for UrmaQueue {
     fn qpn(&self) -> u32 {
-        self.shared.qpn()
+        self.book.shared.qpn()
     }
 
     fn info(&self) -> QueueInfo {
@@ -658,34 +579,20 @@ impl Queue for UrmaQueue {
     }
 
     fn state(&self) -> QueueState {
-        let s = self.tracked();
-        if s == QueueState::Ready && self.query_state() == Some(QueueState::Error) {
-            self.shared.device_error();
-            return QueueState::Error;
-        }
-        s
+        self.book.state(|| self.query_state())
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
-        match self.tracked() {
-            QueueState::Reset => {}
-            state => return Err(Error::BadState { state, op: "connect", needs: "RESET" }),
-        }
+        self.book.need_reset("connect")?;
         let p = self.connect_steps(peer)?;
-        self.shared.set_peer(&abi::UrmaEid { raw: peer.gid }, peer.qpn);
+        self.book.shared.set_peer(&abi::UrmaEid { raw: peer.gid }, peer.qpn);
         self.peer = Some(p);
-        self.set_tracked(QueueState::Ready);
+        self.book.set_tracked(QueueState::Ready);
         Ok(())
     }
 
     fn set_error(&mut self) -> Result<()> {
-        if self.tracked() == QueueState::Reset {
-            return Err(Error::BadState {
-                state: QueueState::Reset,
-                op: "set_error",
-                needs: "READY or ERROR",
-            });
-        }
+        self.book.need_ready_or_error("set_error")?;
         let mut attr =
             abi::UrmaJettyAttr { mask: JETTY_STATE, rx_threshold: 0, state: URMA_JETTY_STATE_ERROR };
         // SAFETY: the jetty is live; `attr` is valid.
@@ -693,7 +600,7 @@ impl Queue for UrmaQueue {
         if rc != URMA_SUCCESS {
             return Err(status_error("urma_modify_jetty", rc, "move a jetty to ERROR"));
         }
-        self.set_tracked(QueueState::Error);
+        self.book.set_tracked(QueueState::Error);
         Ok(())
     }
 
@@ -712,15 +619,10 @@ impl Queue for UrmaQueue {
                 (lib.delete_jfr)(self.jfr);
             }
         }
-        self.epoch = next_epoch();
-        self.send_head = 0;
-        self.recv_head = 0;
-        self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);
-        self.shared.recv.retired.store(pack(self.epoch, 0), Ordering::Release);
-        self.set_tracked(QueueState::Reset);
+        self.book.new_incarnation(next_epoch());
         let shared_jfr = self.srq.as_ref().map(|s| s.jfr);
-        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, &self.shared, shared_jfr)
-        {
+        let shared = &self.book.shared;
+        match create_objects(&self.ctx, &self.config, &self.send_cq, &self.recv_cq, shared, shared_jfr) {
             Ok((jfr, jetty)) => {
                 self.jfr = jfr;
                 self.jetty = jetty;
@@ -730,14 +632,14 @@ impl Queue for UrmaQueue {
                 // Leave the queue unusable but safe: a poison jetty pointer must never be used.
                 self.jfr = std::ptr::null_mut();
                 self.jetty = std::ptr::null_mut();
-                self.shared.alive.store(false, Ordering::Release);
+                self.book.shared.rings.kill();
                 Err(Error::Device(format!("reset could not recreate the jetty, the queue is unusable: {e}")))
             }
         }
     }
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.need_posting_state("post_send")?;
+        self.book.need_ready_or_error("post_send")?;
         if self.jetty.is_null() {
             return Err(Error::Device("the queue lost its jetty in a failed reset; drop it".into()));
         }
@@ -745,22 +647,9 @@ impl Queue for UrmaQueue {
             return Ok(());
         }
         let c = self.config;
-        for wr in wrs {
-            if wr.sges.len() > c.max_send_sge as usize {
-                return Err(invalid(format!(
-                    "{} SGEs exceed the queue's max_send_sge {}",
-                    wr.sges.len(),
-                    c.max_send_sge
-                )));
-            }
-            // The atomics are refused here (Unsupported): the backend does not map URMA's CAS and
-            // FAA yet, so its caps say `atomics: false`.
-            crate::check_send_wr(wr, c.max_inline, c.max_send_sge, self.ctx.caps.atomics)?;
-        }
-        let free = self.shared.send.free(self.send_head);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "send", free, wanted: wrs.len() });
-        }
+        // The atomics are refused here (Unsupported): the backend does not map URMA's CAS and FAA
+        // yet, so its caps say `atomics: false`.
+        self.book.check_send(wrs, &c, self.ctx.caps.atomics, |_| Ok(()))?;
         // Imports first: the only step that can fail after the checks, before anything is built.
         for wr in wrs {
             if let SendOp::Write(r) | SendOp::WriteImm(r, _) | SendOp::Read(r) = &wr.op {
@@ -780,8 +669,9 @@ impl Queue for UrmaQueue {
         let max_sge = c.max_send_sge as usize;
         let n = wrs.len();
         let tjetty = self.peer.map_or(std::ptr::null_mut(), |p| p.tjetty);
+        let (send_head, epoch) = (self.book.send_head(), self.book.epoch());
         for (i, wr) in wrs.iter().enumerate() {
-            let index = self.send_head.wrapping_add(i as u32);
+            let index = send_head.wrapping_add(i as u32);
             let base = i * max_sge;
             for (k, s) in wr.sges.iter().enumerate() {
                 let (seg, live) = local_seg(&regions, &ctx.poison, s);
@@ -862,18 +752,13 @@ impl Queue for UrmaQueue {
                     return Err(Error::Unsupported(format!("{} on the urma backend", wr.op.name())));
                 }
             };
-            self.shared.send.set(index, wr.wr_id, op);
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= send_depth`, in bounds.
-                unsafe { self.wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            self.book.shared.rings.send.set(index, wr.wr_id, op);
+            let next = wr_chain::next(&mut self.wrs, i, n);
             self.wrs[i] = abi::UrmaJfsWr {
                 opcode,
                 flag: wr_flags(wr.flags),
                 tjetty,
-                user_ctx: encode_user_ctx(self.shared.tag, self.epoch, false, index),
+                user_ctx: encode_user_ctx(self.book.shared.tag, epoch, false, index),
                 body,
                 next,
             };
@@ -886,14 +771,14 @@ impl Queue for UrmaQueue {
         drop(regions);
         if rc != URMA_SUCCESS {
             let posted = posted_before(bad, self.wrs.as_ptr(), n);
-            self.send_head = self.send_head.wrapping_add(posted as u32);
+            self.book.posted_send(posted);
             return Err(status_error(
                 "urma_post_jetty_send_wr",
                 rc,
-                &format!("request {posted} of a batch of {n} on jetty {} refused, the {posted} before it were posted", self.shared.qpn()),
+                &wr_chain::refusal("request", posted, n, format_args!("jetty {}", self.book.shared.qpn())),
             ));
         }
-        self.send_head = self.send_head.wrapping_add(n as u32);
+        self.book.posted_send(n);
         Ok(())
     }
 
@@ -901,10 +786,10 @@ impl Queue for UrmaQueue {
         if self.srq.is_some() {
             return Err(invalid(format!(
                 "jetty {} takes its receives from a shared receive queue (a shared JFR): post them there",
-                self.shared.qpn()
+                self.book.shared.qpn()
             )));
         }
-        self.need_posting_state("post_recv")?;
+        self.book.need_ready_or_error("post_recv")?;
         if self.jetty.is_null() {
             return Err(Error::Device("the queue lost its jetty in a failed reset; drop it".into()));
         }
@@ -912,13 +797,7 @@ impl Queue for UrmaQueue {
             return Ok(());
         }
         let max_sge = self.config.max_recv_sge as usize;
-        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
-            return Err(invalid(format!("{} SGEs exceed the queue's max_recv_sge {max_sge}", wr.sges.len())));
-        }
-        let free = self.shared.recv.free(self.recv_head);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
-        }
+        self.book.check_recv(wrs, max_sge)?;
         // A borrow that does not hold `self` (the loop below writes the queue's buffers) and costs
         // no reference count: `self.ctx` is set once at creation and outlives this call.
         let ctx_ptr = Arc::as_ptr(&self.ctx);
@@ -926,8 +805,9 @@ impl Queue for UrmaQueue {
         let ctx: &Context = unsafe { &*ctx_ptr };
         let regions = ctx.regions.read().unwrap_or_else(|e| e.into_inner());
         let n = wrs.len();
+        let (recv_head, epoch) = (self.book.recv_head(), self.book.epoch());
         for (i, wr) in wrs.iter().enumerate() {
-            let index = self.recv_head.wrapping_add(i as u32);
+            let index = recv_head.wrapping_add(i as u32);
             let base = i * max_sge;
             for (k, s) in wr.sges.iter().enumerate() {
                 let (seg, _) = local_seg(&regions, &ctx.poison, s);
@@ -938,20 +818,15 @@ impl Queue for UrmaQueue {
                     user_tseg: std::ptr::null_mut(),
                 };
             }
-            self.shared.recv.set(index, wr.wr_id, Op::Recv);
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= recv_depth`, in bounds.
-                unsafe { self.recv_wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            self.book.shared.rings.recv.set(index, wr.wr_id, Op::Recv);
+            let next = wr_chain::next(&mut self.recv_wrs, i, n);
             self.recv_wrs[i] = abi::UrmaJfrWr {
                 src: abi::UrmaSg {
                     // SAFETY: `base <= (recv_depth - 1) * max_sge`, in bounds.
                     sge: unsafe { self.recv_sges.as_mut_ptr().add(base) },
                     num_sge: wr.sges.len() as u32,
                 },
-                user_ctx: encode_user_ctx(self.shared.tag, self.epoch, true, index),
+                user_ctx: encode_user_ctx(self.book.shared.tag, epoch, true, index),
                 next,
             };
         }
@@ -961,21 +836,21 @@ impl Queue for UrmaQueue {
         drop(regions);
         if rc != URMA_SUCCESS {
             let posted = posted_before(bad, self.recv_wrs.as_ptr(), n);
-            self.recv_head = self.recv_head.wrapping_add(posted as u32);
+            self.book.posted_recv(posted);
             return Err(status_error(
                 "urma_post_jetty_recv_wr",
                 rc,
-                &format!("receive {posted} of a batch of {n} on jetty {} refused, the {posted} before it were posted", self.shared.qpn()),
+                &wr_chain::refusal("receive", posted, n, format_args!("jetty {}", self.book.shared.qpn())),
             ));
         }
-        self.recv_head = self.recv_head.wrapping_add(n as u32);
+        self.book.posted_recv(n);
         Ok(())
     }
 }
 
 impl Drop for UrmaQueue {
     fn drop(&mut self) {
-        self.shared.alive.store(false, Ordering::Release);
+        self.book.shared.rings.kill();
         if !self.jetty.is_null() {
             self.disconnect();
             // SAFETY: live, deleted once, the jetty before its JFR (a shared JFR is deleted by its
@@ -987,8 +862,8 @@ impl Drop for UrmaQueue {
                 }
             }
         }
-        self.send_cq.detach_later();
-        self.recv_cq.detach_later();
+        self.send_cq.feeders.detach_later();
+        self.recv_cq.feeders.detach_later();
     }
 }
 
@@ -1009,28 +884,27 @@ mod tests {
 
     #[test]
     fn signaled_records_retire_earlier_slots_and_stale_epochs_vanish() {
-        let q = QueueShared {
+        let shared = QueueShared {
             tag: 3,
             qpn: AtomicU32::new(9),
-            send: SideRing::new(4, 5),
-            recv: SideRing::new(4, 5),
-            state: AtomicU32::new(pack_state(5, QueueState::Ready)),
-            alive: AtomicBool::new(true),
-            srq: None,
+            rings: Rings::new(4, 4, 5, None),
             peers: Peers::new(),
         };
+        let book = QueueBook::new(Arc::new(shared), 5);
+        book.set_tracked(QueueState::Ready);
+        let q = &book.shared;
         for i in 0..3 {
-            q.send.set(i, 100 + u64::from(i), Op::Write);
+            q.rings.send.set(i, 100 + u64::from(i), Op::Write);
         }
-        assert_eq!(q.send.free(3), 1);
+        assert_eq!(q.rings.send.free(3), 1);
         let d = q.complete(encode_user_ctx(3, 5, false, 2), true).unwrap();
         assert_eq!((d.user_wr_id, d.op), (102, Op::Write));
-        assert_eq!(q.send.free(3), 4);
+        assert_eq!(q.rings.send.free(3), 4);
         assert!(q.complete(encode_user_ctx(3, 4, false, 3), false).is_none());
-        assert_eq!(q.state(), QueueState::Ready);
-        q.recv.set(0, 7, Op::Recv);
+        assert_eq!(q.rings.state(), QueueState::Ready);
+        q.rings.recv.set(0, 7, Op::Recv);
         assert_eq!(q.complete(encode_user_ctx(3, 5, true, 0), false).unwrap().user_wr_id, 7);
-        assert_eq!(q.state(), QueueState::Error);
+        assert_eq!(q.rings.state(), QueueState::Error);
     }
 
     #[test]

@@ -18,8 +18,8 @@
 use super::device::Context;
 use super::queue::encode_user_ctx;
 use super::tables::{errno, status_error};
-use crate::shared_slots::{SharedSlots, SlotPoster};
-use crate::side_ring::Done;
+use crate::shared_slots::{self, SharedSlots, SlotPoster};
+use crate::wr_chain;
 use crate::{Error, RecvWr, Result, SharedRecv};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
@@ -33,9 +33,10 @@ pub(crate) const SRQ_TAG: u16 = 0;
 /// Ids of shared queues, unique among the ones alive together (15 bits, wrapping).
 static NEXT_ID: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
 
-/// The shared queue id a shared receive's `user_ctx` carries.
-pub(crate) fn id_of(user_ctx: u64) -> u16 {
-    super::queue::decode_user_ctx(user_ctx).1
+/// The shared queue id and the slot a shared receive's `user_ctx` carries.
+pub(crate) fn locate(user_ctx: u64) -> (u64, usize) {
+    let (_, id, _, slot) = super::queue::decode_user_ctx(user_ctx);
+    (u64::from(id), slot as usize)
 }
 
 /// The JFR and its placeholder JFC; deleted when the handle and every queue on it are gone.
@@ -72,12 +73,6 @@ impl Drop for SrqObj {
 /// is 15 bits).
 pub(crate) type SrqSlots = SharedSlots;
 
-/// Poller side: the completion of a record whose `user_ctx` has [`SRQ_TAG`]; `None` for a
-/// slot that is not outstanding.
-pub(crate) fn retire(slots: &SrqSlots, user_ctx: u64) -> Option<Done> {
-    slots.retire(u64::from(id_of(user_ctx)), user_ctx as u32 as usize)
-}
-
 /// A shared receive queue on a URMA device (see [`crate::SharedRecv`]).
 pub struct UrmaSharedRecv {
     pub(crate) obj: Arc<SrqObj>,
@@ -104,23 +99,8 @@ impl std::fmt::Debug for UrmaSharedRecv {
 
 impl UrmaSharedRecv {
     pub(crate) fn new(ctx: &Arc<Context>, depth: u32, max_sge: u32) -> Result<Self> {
-        let caps = &ctx.caps;
-        if caps.max_shared_recv == 0 {
-            return Err(Error::Unsupported(format!("{} has no shared JFRs (max_jfr 0)", ctx.name)));
-        }
-        if depth == 0 || depth > caps.max_shared_recv_depth {
-            return Err(Error::InvalidArgument(format!(
-                "shared receive queue depth {depth} is outside 1..={} on {}",
-                caps.max_shared_recv_depth, ctx.name
-            )));
-        }
-        if max_sge == 0 || max_sge > caps.max_recv_sge.min(255) {
-            return Err(Error::InvalidArgument(format!(
-                "shared receive queue max_sge {max_sge} is outside 1..={} on {}",
-                caps.max_recv_sge.min(255),
-                ctx.name
-            )));
-        }
+        // A JFR's max_sge is a byte.
+        shared_slots::check_config(&ctx.caps, &ctx.name, depth, max_sge, 255, "shared JFRs (max_jfr 0)")?;
         let lib = ctx.lib;
         let mut jfc_cfg =
             abi::UrmaJfcCfg { depth: 1, flag: 0, ceqn: 0, jfce: std::ptr::null_mut(), user_ctx: u64::MAX };
@@ -193,13 +173,7 @@ impl SharedRecv for UrmaSharedRecv {
             return Ok(());
         }
         let max_sge = self.max_sge as usize;
-        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed the shared receive queue's max_sge {max_sge}",
-                wr.sges.len()
-            )));
-        }
-        self.poster.check_room(&self.slots, wrs.len())?;
+        self.poster.check_batch(&self.slots, wrs, max_sge)?;
         let obj = self.obj.clone();
         let ctx = obj.ctx();
         // Held across the post, as a queue's post holds it: a region cannot be unregistered
@@ -218,12 +192,7 @@ impl SharedRecv for UrmaSharedRecv {
                     user_tseg: std::ptr::null_mut(),
                 };
             }
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= depth`, in bounds of the buffer.
-                unsafe { self.wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            let next = wr_chain::next(&mut self.wrs, i, n);
             self.wrs[i] = abi::UrmaJfrWr {
                 src: abi::UrmaSg {
                     // SAFETY: `base <= (depth - 1) * max_sge`, in bounds of the buffer.
@@ -240,21 +209,12 @@ impl SharedRecv for UrmaSharedRecv {
         let rc = unsafe { (ctx.lib.post_jfr_wr)(obj.jfr, self.wrs.as_mut_ptr(), &mut bad) };
         drop(regions);
         if rc != URMA_SUCCESS {
-            let posted = if bad.is_null() {
-                0
-            } else {
-                // SAFETY: a bad_wr the library reports points into the chain, which is `wrs`.
-                unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
-            };
+            let posted = wr_chain::posted_before(bad, self.wrs.as_ptr(), n);
             self.poster.finish(&self.slots, posted, n);
             return Err(status_error(
                 "urma_post_jfr_wr",
                 rc,
-                &format!(
-                    "receive {posted} of a batch of {n} on a shared JFR of {} refused, the {posted} before it \
-                     were posted",
-                    ctx.name
-                ),
+                &wr_chain::refusal("receive", posted, n, format_args!("a shared JFR of {}", ctx.name)),
             ));
         }
         self.poster.finish(&self.slots, n, n);

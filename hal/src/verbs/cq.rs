@@ -3,14 +3,16 @@
 
 use super::device::{set_nonblocking, Context};
 use super::qp::{self, QueueShared};
-use super::srq::{self, SrqSlots};
+use super::srq;
 use super::tables::{self, errno, verb_error};
+use crate::cq_events::{self, EventSource};
+use crate::cq_feeders::{FeederCache, Feeders};
 use crate::{ArmMode, Completion, CompletionQueue, CqOpcode, Error, EventChannel, Result};
 use rdma_sys::*;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 
 /// Work completions one `ibv_poll_cq` call fetches at most (the buffer lives in the CQ handle).
 const WC_BATCH: usize = 32;
@@ -39,15 +41,17 @@ impl ChannelInner {
         set_nonblocking(inner.fd(), "the completion channel")?;
         Ok(inner)
     }
+}
 
+impl EventSource for ChannelInner {
     fn fd(&self) -> RawFd {
         // SAFETY: `ch` is live while `self` is.
         unsafe { (*self.ch).fd }
     }
 
-    /// Takes up to `max` pending events (acknowledging each at once), calling `f` with the tag of
-    /// the CQ that raised it.
-    fn take(&self, max: usize, mut f: impl FnMut(&CqTag)) -> Result<usize> {
+    /// Takes up to `max` pending events (acknowledging each at once), calling `f` with the id of
+    /// the CQ that raised it (from its tag).
+    fn take(&self, max: usize, mut f: impl FnMut(u64)) -> Result<usize> {
         let mut n = 0;
         while n < max {
             let mut cq: *mut ibv_cq = std::ptr::null_mut();
@@ -63,7 +67,7 @@ impl ChannelInner {
             // SAFETY: the CQ's context is its tag, a Box the CQ owns; ibv_destroy_cq (which runs
             // before the tag is freed) waits for every event taken to be acknowledged, so the tag
             // is alive until the ack below.
-            f(unsafe { &*cq_ctx.cast::<CqTag>() });
+            f(unsafe { &*cq_ctx.cast::<CqTag>() }.id);
             // SAFETY: acknowledges the one event just taken on this CQ.
             unsafe { ibv_ack_cq_events(cq, 1) };
             n += 1;
@@ -92,18 +96,13 @@ impl std::fmt::Debug for VerbsChannel {
 
 impl AsFd for VerbsChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        // SAFETY: the channel's fd stays open while the channel (borrowed here) lives.
-        unsafe { BorrowedFd::borrow_raw(self.inner.fd()) }
+        self.inner.borrowed_fd()
     }
 }
 
 impl EventChannel for VerbsChannel {
     fn take_events(&self, out: &mut [u64]) -> Result<usize> {
-        let mut i = 0;
-        self.inner.take(out.len(), |tag| {
-            out[i] = tag.id;
-            i += 1;
-        })
+        self.inner.take_into(out)
     }
 }
 
@@ -120,12 +119,8 @@ pub(crate) struct CqShared {
     pub(crate) cq: *mut ibv_cq,
     tag: Box<CqTag>,
     channel: Arc<ChannelInner>,
-    /// Queues created on this CQ (or dropped) since the poller last looked.
-    pub(crate) attach: Mutex<Vec<Arc<QueueShared>>>,
-    pub(crate) attach_pending: AtomicBool,
-    /// The slot tables of the shared receive queues its queues took receives from, kept after
-    /// those queues die: a receive completion of a destroyed queue still frees its slot.
-    srqs: Mutex<Vec<Weak<SrqSlots>>>,
+    /// The queues feeding this CQ and the shared receive queues they took receives from.
+    pub(crate) feeders: Feeders<QueueShared>,
 }
 
 // SAFETY: an ibv_cq may be polled, armed and destroyed from any thread (the provider locks); the
@@ -133,40 +128,6 @@ pub(crate) struct CqShared {
 unsafe impl Send for CqShared {}
 // SAFETY: as above.
 unsafe impl Sync for CqShared {}
-
-impl CqShared {
-    /// Adds a queue to the list the poller maps completions with (dropping dead entries).
-    pub(crate) fn attach(&self, q: &Arc<QueueShared>) {
-        let mut list = self.attach.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|x| x.is_alive());
-        if !list.iter().any(|x| Arc::ptr_eq(x, q)) {
-            list.push(q.clone());
-        }
-        if let Some(s) = &q.srq {
-            let mut srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
-            srqs.retain(|w| w.strong_count() > 0);
-            if !srqs.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
-                srqs.push(Arc::downgrade(s));
-            }
-        }
-        self.attach_pending.store(true, Ordering::Release);
-    }
-
-    /// Frees the shared-queue slot of a receive completion whose queue is gone (cold).
-    #[cold]
-    fn retire_orphan(&self, wr_id: u64) {
-        let srqs = self.srqs.lock().unwrap_or_else(|e| e.into_inner());
-        let id = srq::id_of(wr_id);
-        if let Some(s) = srqs.iter().filter_map(Weak::upgrade).find(|s| s.id == id) {
-            let _ = srq::retire(&s, wr_id);
-        }
-    }
-
-    /// Tells the poller a queue died (so it prunes its cache).
-    pub(crate) fn detach_later(&self) {
-        self.attach_pending.store(true, Ordering::Release);
-    }
-}
 
 impl Drop for CqShared {
     fn drop(&mut self) {
@@ -182,8 +143,7 @@ pub struct VerbsCq {
     /// The channel is this CQ's own (so `ack_events` takes its events).
     private: bool,
     depth: u32,
-    queues: Vec<Arc<QueueShared>>,
-    last: usize,
+    queues: FeederCache<QueueShared>,
     wc: Box<[ibv_wc]>,
 }
 
@@ -208,12 +168,7 @@ impl VerbsCq {
         channel: Arc<ChannelInner>,
         private: bool,
     ) -> Result<Self> {
-        if depth == 0 || depth > ctx.caps.max_cq_depth {
-            return Err(Error::InvalidArgument(format!(
-                "CQ depth {depth} is outside 1..={} of {}",
-                ctx.caps.max_cq_depth, ctx.name
-            )));
-        }
+        cq_events::check_depth(&ctx.caps, &ctx.name, depth)?;
         let tag = Box::new(CqTag { id: ctx.next_cq_id(), overflow: AtomicBool::new(false) });
         let tag_ptr = (&*tag as *const CqTag).cast_mut().cast::<c_void>();
         // SAFETY: the context and channel are live; the tag outlives the CQ (CqShared destroys
@@ -228,44 +183,10 @@ impl VerbsCq {
         }
         // SAFETY: `cq` was just created.
         let actual = unsafe { (*cq).cqe }.max(depth as i32) as u32;
-        let shared = Arc::new(CqShared {
-            ctx: ctx.clone(),
-            cq,
-            tag,
-            channel,
-            attach: Mutex::new(Vec::new()),
-            attach_pending: AtomicBool::new(false),
-            srqs: Mutex::new(Vec::new()),
-        });
+        let shared = Arc::new(CqShared { ctx: ctx.clone(), cq, tag, channel, feeders: Feeders::new() });
         // SAFETY: an all-zero ibv_wc is a valid value (integers and a union of integers).
         let wc = (0..WC_BATCH).map(|_| unsafe { std::mem::zeroed::<ibv_wc>() }).collect();
-        Ok(VerbsCq { shared, private, depth: actual, queues: Vec::new(), last: 0, wc })
-    }
-
-    /// Refreshes the local list of queues from the shared one (cold: after a create or a drop).
-    #[cold]
-    fn refresh(&mut self) {
-        self.shared.attach_pending.store(false, Ordering::Relaxed);
-        let list = self.shared.attach.lock().unwrap_or_else(|e| e.into_inner());
-        self.queues.clear();
-        self.queues.extend(list.iter().filter(|q| q.is_alive()).cloned());
-        self.last = 0;
-    }
-
-    fn queue_index(&mut self, qpn: u32) -> Option<usize> {
-        if self.queues.get(self.last).is_some_and(|q| q.qpn == qpn && q.is_alive()) {
-            return Some(self.last);
-        }
-        let find = |qs: &[Arc<QueueShared>]| qs.iter().position(|q| q.qpn == qpn && q.is_alive());
-        let i = match find(&self.queues) {
-            Some(i) => i,
-            None => {
-                self.refresh();
-                find(&self.queues)?
-            }
-        };
-        self.last = i;
-        Some(i)
+        Ok(VerbsCq { shared, private, depth: actual, queues: FeederCache::new(), wc })
     }
 
     /// The hal completion for a work completion, or `None` for one of a queue's earlier
@@ -277,13 +198,13 @@ impl VerbsCq {
         // SAFETY: both union members are u32; reading either is always defined.
         let imm_be = unsafe { wc.imm_data_invalidated_rkey_union.imm_data };
         let status = tables::wc_status(status_code);
-        let Some(i) = self.queue_index(qpn) else {
+        let Some(q) = self.queues.find(&self.shared.feeders, |q| q.qpn == qpn) else {
             if wr_id & srq::SRQ_BIT != 0 {
-                self.shared.retire_orphan(wr_id);
+                let (id, slot) = srq::locate(wr_id);
+                self.shared.feeders.retire_orphan(id, slot);
             }
             return None;
         };
-        let q = &self.queues[i];
         let done = q.complete(wr_id, status.is_ok())?;
         let ok = status.is_ok();
         let opcode = match done.op {
@@ -314,9 +235,7 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if self.shared.attach_pending.load(Ordering::Acquire) {
-            self.refresh();
-        }
+        self.queues.refresh_if_changed(&self.shared.feeders);
         let mut n = 0;
         while n < out.len() {
             let want = (out.len() - n).min(WC_BATCH);
@@ -359,10 +278,7 @@ impl CompletionQueue for VerbsCq {
     }
 
     fn ack_events(&mut self) -> Result<u64> {
-        if !self.private {
-            return Ok(0);
-        }
-        Ok(self.shared.channel.take(usize::MAX, |_| {})? as u64)
+        self.shared.channel.ack_own(self.private)
     }
 }
 

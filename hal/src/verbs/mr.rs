@@ -3,13 +3,11 @@
 
 use super::device::Context;
 use super::tables::{errno, verb_error};
+use crate::region_memory;
 use crate::{Access, Error, MemoryRegion, RemoteKey, Result};
 use rdma_sys::*;
 use std::alloc::Layout;
 use std::sync::Arc;
-
-/// Alignment of memory the backend allocates for a region (a page: what DMA mappings pin).
-const REGION_ALIGN: usize = 4096;
 
 fn ibv_access(access: Access) -> Result<u32> {
     if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
@@ -70,23 +68,11 @@ impl VerbsRegion {
     pub(crate) fn allocate(ctx: &Arc<Context>, len: usize, access: Access) -> Result<Self> {
         check_len(ctx, len)?;
         let flags = ibv_access(access)?;
-        let layout = Layout::from_size_align(len.max(1), REGION_ALIGN)
-            .map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::OutOfResources(format!("cannot allocate {len} bytes to register")));
-        }
-        // SAFETY: `ptr..ptr + layout.size()` was just allocated and is owned by the new region.
-        match unsafe { Self::reg(ctx, ptr, len, layout.size(), flags, access, Some(layout)) } {
-            Ok(r) => Ok(r),
-            Err(e) => {
-                // SAFETY: allocated above with this layout; the registration failed, nothing
-                // refers to it.
-                unsafe { std::alloc::dealloc(ptr, layout) };
-                Err(e)
-            }
-        }
+        let layout = region_memory::layout(len)?;
+        region_memory::allocate(len, layout, |ptr, reg_len| {
+            // SAFETY: `ptr..ptr + reg_len` was just allocated and is owned by the new region.
+            unsafe { Self::reg(ctx, ptr, len, reg_len, flags, access, Some(layout)) }
+        })
     }
 
     /// # Safety
@@ -98,14 +84,7 @@ impl VerbsRegion {
         access: Access,
     ) -> Result<Self> {
         check_len(ctx, len)?;
-        if ptr.is_null() {
-            return Err(Error::InvalidArgument("register_external of a null pointer".into()));
-        }
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "register_external of zero bytes (verbs registers at least one)".into(),
-            ));
-        }
+        region_memory::check_external(ptr, len, "verbs")?;
         let flags = ibv_access(access)?;
         // SAFETY: forwarded from the caller.
         unsafe { Self::reg(ctx, ptr, len, len, flags, access, None) }
@@ -180,13 +159,7 @@ impl Drop for VerbsRegion {
         // SAFETY: `mr` came from ibv_reg_mr and is deregistered once. After it returns the device
         // can no longer reach the memory (the kernel unpins it), so freeing it is safe.
         let rc = unsafe { ibv_dereg_mr(self.mr) };
-        if rc != 0 {
-            // The device may still reach the memory: leak it rather than free DMA memory.
-            return;
-        }
-        if let Some(layout) = self.owned {
-            // SAFETY: allocated in `allocate` with this layout; no key refers to it any more.
-            unsafe { std::alloc::dealloc(self.ptr, layout) };
-        }
+        // SAFETY: `owned` is the layout `allocate` used; no key refers to the memory any more.
+        unsafe { region_memory::free(self.ptr, self.owned, rc == 0) };
     }
 }

@@ -20,14 +20,15 @@
 
 use super::cq::{CqShared, VerbsCq};
 use super::device::Context;
-use super::srq::{SrqObj, SrqSlots, VerbsSharedRecv, SRQ_BIT};
+use super::srq::{self, SrqObj, VerbsSharedRecv, SRQ_BIT};
 use super::tables::{self, errno, verb_error};
+use crate::queue_book::{check_config, invalid, HasRings, QueueBook, Rings};
+use crate::wr_chain;
 use crate::{Error, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, Result, SendOp, SendWr, Sge, WrFlags};
 use rdma_sys::*;
-use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 
-use crate::side_ring::{pack, pack_state, state_of, SideRing};
 pub(crate) use crate::side_ring::{Done, Op};
 
 /// The live registrations, read-locked across an INLINE post.
@@ -51,49 +52,37 @@ static NEXT_EPOCH: AtomicU16 = AtomicU16::new(1);
 /// The part of a queue that its CQs' pollers see.
 pub(crate) struct QueueShared {
     pub(crate) qpn: u32,
-    send: SideRing,
-    recv: SideRing,
-    /// `epoch << 8 | state`.
-    state: AtomicU32,
-    alive: AtomicBool,
-    /// The slot table of the shared receive queue the queue takes its receives from.
-    pub(crate) srq: Option<Arc<SrqSlots>>,
+    rings: Rings,
+}
+
+impl HasRings for QueueShared {
+    fn rings(&self) -> &Rings {
+        &self.rings
+    }
 }
 
 impl std::fmt::Debug for QueueShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueueShared").field("qpn", &self.qpn).field("state", &self.state()).finish()
+        f.debug_struct("QueueShared").field("qpn", &self.qpn).field("state", &self.rings.state()).finish()
     }
 }
 
 impl QueueShared {
-    pub(crate) fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire)
-    }
-
-    fn state(&self) -> QueueState {
-        state_of(self.state.load(Ordering::Acquire))
-    }
-
     /// Poller side: resolves the completion of libibverbs `wr_id`; `None` if it belongs to an
     /// earlier incarnation of the queue. Retires the slot(s) and, for an error, moves the tracked
     /// state to ERROR (the device has).
     pub(crate) fn complete(&self, wr_id: u64, success: bool) -> Option<Done> {
         if wr_id & SRQ_BIT != 0 {
-            let done = super::srq::retire(self.srq.as_ref()?, wr_id)?;
-            if !success {
-                self.device_error();
-            }
-            return Some(done);
+            let (id, slot) = srq::locate(wr_id);
+            return self.rings.retire_shared(id, slot, !success);
         }
         let (epoch, recv, index) = decode_wr_id(wr_id);
-        let ring = if recv { &self.recv } else { &self.send };
-        crate::side_ring::retire(ring, &self.state, epoch, index, success)
+        self.rings.retire(epoch, recv, index, success)
     }
 
     /// The device moved the queue to ERROR (an async event said so).
     pub(crate) fn device_error(&self) {
-        crate::side_ring::device_error(&self.state);
+        self.rings.device_error();
     }
 }
 
@@ -108,19 +97,10 @@ fn refused<T>(
     base: *const T,
     n: usize,
     qpn: u32,
-) -> (u32, Error) {
-    let posted = if bad.is_null() {
-        0
-    } else {
-        // SAFETY: by the contract above `bad` and `base` point into the same array.
-        unsafe { bad.cast_const().offset_from(base) }.clamp(0, n as isize) as usize
-    };
-    let e = verb_error(
-        verb,
-        rc,
-        &format!("{what} {posted} of a batch of {n} on QP {qpn} refused, the {posted} before it were posted"),
-    );
-    (posted as u32, e)
+) -> (usize, Error) {
+    let posted = wr_chain::posted_before(bad, base, n);
+    let e = verb_error(verb, rc, &wr_chain::refusal(what, posted, n, format_args!("QP {qpn}")));
+    (posted, e)
 }
 
 /// A reliable-connected queue on a verbs device.
@@ -129,12 +109,10 @@ pub struct VerbsQueue {
     ctx: Arc<Context>,
     send_cq: Arc<CqShared>,
     recv_cq: Arc<CqShared>,
-    shared: Arc<QueueShared>,
+    /// The shared part, the epoch and the heads.
+    book: QueueBook<QueueShared>,
     config: QueueConfig,
-    epoch: u16,
     psn: u32,
-    send_head: u32,
-    recv_head: u32,
     // Reusable buffers the batches are built in (no allocation when posting).
     send_wrs: Box<[ibv_send_wr]>,
     send_sges: Box<[ibv_sge]>,
@@ -151,17 +129,13 @@ unsafe impl Send for VerbsQueue {}
 impl std::fmt::Debug for VerbsQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VerbsQueue")
-            .field("qpn", &self.shared.qpn)
-            .field("state", &self.shared.state())
-            .field("epoch", &self.epoch)
-            .field("send_head", &self.send_head)
-            .field("recv_head", &self.recv_head)
+            .field("qpn", &self.book.shared.qpn)
+            .field("state", &self.book.tracked())
+            .field("epoch", &self.book.epoch())
+            .field("send_head", &self.book.send_head())
+            .field("recv_head", &self.book.recv_head())
             .finish_non_exhaustive()
     }
-}
-
-fn invalid(msg: impl Into<String>) -> Error {
-    Error::InvalidArgument(msg.into())
 }
 
 /// A 24-bit starting PSN, different for every queue and run.
@@ -189,35 +163,7 @@ impl VerbsQueue {
         recv_cq: &VerbsCq,
         srq: Option<&VerbsSharedRecv>,
     ) -> Result<Self> {
-        let caps = &ctx.caps;
-        let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
-        if !depth_ok(c.send_depth) || !depth_ok(c.recv_depth) {
-            return Err(invalid(format!(
-                "queue depths must be in 1..={} on {}",
-                caps.max_queue_depth, ctx.name
-            )));
-        }
-        if c.max_send_sge == 0 || c.max_send_sge > caps.max_send_sge {
-            return Err(invalid(format!(
-                "max_send_sge must be in 1..={} on {}",
-                caps.max_send_sge, ctx.name
-            )));
-        }
-        if c.max_recv_sge == 0 || c.max_recv_sge > caps.max_recv_sge {
-            return Err(invalid(format!(
-                "max_recv_sge must be in 1..={} on {}",
-                caps.max_recv_sge, ctx.name
-            )));
-        }
-        if c.max_inline > caps.max_inline {
-            return Err(invalid(format!(
-                "max_inline {} exceeds {}'s {}",
-                c.max_inline, ctx.name, caps.max_inline
-            )));
-        }
-        if c.retry_count > 7 || c.rnr_retry > 7 {
-            return Err(invalid("retry_count and rnr_retry are 0..=7"));
-        }
+        check_config(&ctx.caps, &ctx.name, c, u32::MAX)?;
         if !Arc::ptr_eq(&send_cq.shared.ctx, ctx) || !Arc::ptr_eq(&recv_cq.shared.ctx, ctx) {
             return Err(invalid("the CQs belong to another device (context)"));
         }
@@ -248,11 +194,7 @@ impl VerbsQueue {
         // The qpn is filled in right after creation, before anything can see it.
         let mut shared = Arc::new(QueueShared {
             qpn: 0,
-            send: SideRing::new(c.send_depth, epoch),
-            recv: SideRing::new(recv_depth.max(1), epoch),
-            state: AtomicU32::new(pack_state(epoch, QueueState::Reset)),
-            alive: AtomicBool::new(true),
-            srq: srq.map(|s| s.slots.clone()),
+            rings: Rings::new(c.send_depth, recv_depth.max(1), epoch, srq.map(|s| s.slots.clone())),
         });
         attr.qp_context = Arc::as_ptr(&shared).cast_mut().cast();
         // SAFETY: the PD and CQs are live and belong to this context; `attr` is a valid in/out
@@ -272,7 +214,7 @@ impl VerbsQueue {
         let qpn = unsafe { (*qp).qp_num };
         Arc::get_mut(&mut shared).expect("not shared yet").qpn = qpn;
         for cq in [&send_cq.shared, &recv_cq.shared] {
-            cq.attach(&shared);
+            cq.feeders.attach(&shared);
         }
         let send_sges = (c.send_depth as usize) * (c.max_send_sge as usize);
         let recv_sges = (recv_depth as usize) * (c.max_recv_sge as usize);
@@ -281,12 +223,9 @@ impl VerbsQueue {
             ctx: ctx.clone(),
             send_cq: send_cq.shared.clone(),
             recv_cq: recv_cq.shared.clone(),
-            shared,
+            book: QueueBook::new(shared, epoch),
             config: *c,
-            epoch,
             psn: fresh_psn(qpn),
-            send_head: 0,
-            recv_head: 0,
             send_wrs: (0..c.send_depth).map(|_| zeroed()).collect(),
             send_sges: (0..send_sges).map(|_| zeroed()).collect(),
             recv_wrs: (0..recv_depth).map(|_| zeroed()).collect(),
@@ -302,7 +241,7 @@ impl VerbsQueue {
             return Err(verb_error(
                 "ibv_modify_qp",
                 rc,
-                &format!("QP {} to {step} on {}", self.shared.qpn, self.ctx.name),
+                &format!("QP {} to {step} on {}", self.book.shared.qpn, self.ctx.name),
             ));
         }
         Ok(())
@@ -398,14 +337,6 @@ impl VerbsQueue {
         self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ERR (to flush receives posted in ERROR)")
     }
 
-    fn tracked(&self) -> QueueState {
-        self.shared.state()
-    }
-
-    fn set_tracked(&self, s: QueueState) {
-        self.shared.state.store(pack_state(self.epoch, s), Ordering::Release);
-    }
-
     /// The QP's state as the device has it.
     fn query_state(&self) -> Option<QueueState> {
         let mut attr: ibv_qp_attr = zeroed();
@@ -417,15 +348,6 @@ impl VerbsQueue {
             return None;
         }
         tables::qp_state(attr.qp_state)
-    }
-
-    fn need_posting_state(&self, op: &'static str) -> Result<()> {
-        match self.tracked() {
-            QueueState::Reset => {
-                Err(Error::BadState { state: QueueState::Reset, op, needs: "READY or ERROR" })
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Checks every SGE of INLINE requests against the live registrations; returns the read guard
@@ -484,51 +406,37 @@ fn fill_sges(dst: &mut [ibv_sge], src: &[Sge]) {
 
 impl Queue for VerbsQueue {
     fn qpn(&self) -> u32 {
-        self.shared.qpn
+        self.book.shared.qpn
     }
 
     fn info(&self) -> QueueInfo {
-        let mut info = QueueInfo::new(self.ctx.gid, self.shared.qpn, self.psn);
+        let mut info = QueueInfo::new(self.ctx.gid, self.book.shared.qpn, self.psn);
         info.lid = self.ctx.lid;
         info.responder_resources = self.config.max_dest_rd_atomic.min(self.ctx.caps.max_dest_rd_atomic);
         info
     }
 
     fn state(&self) -> QueueState {
-        let s = self.tracked();
-        if s == QueueState::Ready && self.query_state() == Some(QueueState::Error) {
-            self.shared.device_error();
-            return QueueState::Error;
-        }
-        s
+        self.book.state(|| self.query_state())
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
-        match self.tracked() {
-            QueueState::Reset => {}
-            state => return Err(Error::BadState { state, op: "connect", needs: "RESET" }),
-        }
+        self.book.need_reset("connect")?;
         if let Err(e) = self.connect_steps(peer) {
             // Leave the queue where it was: RESET.
             let _ = self.enter_reset();
             return Err(e);
         }
-        self.set_tracked(QueueState::Ready);
+        self.book.set_tracked(QueueState::Ready);
         Ok(())
     }
 
     fn set_error(&mut self) -> Result<()> {
-        if self.tracked() == QueueState::Reset {
-            return Err(Error::BadState {
-                state: QueueState::Reset,
-                op: "set_error",
-                needs: "READY or ERROR",
-            });
-        }
+        self.book.need_ready_or_error("set_error")?;
         let mut attr: ibv_qp_attr = zeroed();
         attr.qp_state = ibv_qp_state::IBV_QPS_ERR;
         self.modify(&mut attr, ibv_qp_attr_mask::IBV_QP_STATE, "ERR")?;
-        self.set_tracked(QueueState::Error);
+        self.book.set_tracked(QueueState::Error);
         Ok(())
     }
 
@@ -537,44 +445,27 @@ impl Queue for VerbsQueue {
         // A new incarnation: completions of the old one that still arrive are dropped by epoch.
         // Epochs come from the process-wide counter, so no two incarnations of any queues share
         // one (a later queue may reuse this QPN on the same CQ).
-        self.epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
-        self.send_head = 0;
-        self.recv_head = 0;
-        self.shared.send.retired.store(pack(self.epoch, 0), Ordering::Release);
-        self.shared.recv.retired.store(pack(self.epoch, 0), Ordering::Release);
-        self.set_tracked(QueueState::Reset);
-        self.psn = fresh_psn(self.shared.qpn ^ u32::from(self.epoch));
+        let epoch = NEXT_EPOCH.fetch_add(1, Ordering::Relaxed);
+        self.book.new_incarnation(epoch);
+        self.psn = fresh_psn(self.book.shared.qpn ^ u32::from(epoch));
         Ok(())
     }
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
-        self.need_posting_state("post_send")?;
+        self.book.need_ready_or_error("post_send")?;
         if wrs.is_empty() {
             return Ok(());
         }
         let c = &self.config;
-        let atomics = self.ctx.caps.atomics;
-        for wr in wrs {
-            if wr.sges.len() > c.max_send_sge as usize {
-                return Err(invalid(format!(
-                    "{} SGEs exceed the queue's max_send_sge {}",
-                    wr.sges.len(),
-                    c.max_send_sge
-                )));
-            }
-            crate::check_send_wr(wr, c.max_inline, c.max_send_sge, atomics)?;
-            if let Some(r) = wr.op.remote() {
-                rkey_of(r)?;
-            }
-        }
-        let free = self.shared.send.free(self.send_head);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "send", free, wanted: wrs.len() });
-        }
+        self.book.check_send(wrs, c, self.ctx.caps.atomics, |wr| match wr.op.remote() {
+            Some(r) => rkey_of(r).map(drop),
+            None => Ok(()),
+        })?;
         let max_sge = c.max_send_sge as usize;
         let n = wrs.len();
+        let send_head = self.book.send_head();
         for (i, wr) in wrs.iter().enumerate() {
-            let index = self.send_head.wrapping_add(i as u32);
+            let index = send_head.wrapping_add(i as u32);
             let sges = &mut self.send_sges[i * max_sge..i * max_sge + wr.sges.len()];
             fill_sges(sges, wr.sges);
             let sg_list = sges.as_mut_ptr();
@@ -596,15 +487,10 @@ impl Queue for VerbsQueue {
                 }
                 SendOp::Read(r) => (ibv_wr_opcode::IBV_WR_RDMA_READ, None, Some(r), Op::Read),
             };
-            self.shared.send.set(index, wr.wr_id, op);
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= send_depth`, in bounds of the buffer.
-                unsafe { self.send_wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            self.book.shared.rings.send.set(index, wr.wr_id, op);
+            let next = wr_chain::next(&mut self.send_wrs, i, n);
             let w = &mut self.send_wrs[i];
-            w.wr_id = encode_wr_id(self.epoch, false, index);
+            w.wr_id = encode_wr_id(self.book.epoch(), false, index);
             w.next = next;
             w.sg_list = sg_list;
             w.num_sge = wr.sges.len() as i32;
@@ -628,12 +514,12 @@ impl Queue for VerbsQueue {
         let rc = unsafe { ibv_post_send(self.qp, chain, &mut bad) };
         drop(guard);
         if rc != 0 {
-            let (posted, e) =
-                refused("ibv_post_send", "request", rc, bad, self.send_wrs.as_ptr(), n, self.shared.qpn);
-            self.send_head = self.send_head.wrapping_add(posted);
+            let qpn = self.book.shared.qpn;
+            let (posted, e) = refused("ibv_post_send", "request", rc, bad, self.send_wrs.as_ptr(), n, qpn);
+            self.book.posted_send(posted);
             return Err(e);
         }
-        self.send_head = self.send_head.wrapping_add(n as u32);
+        self.book.posted_send(n);
         Ok(())
     }
 
@@ -643,33 +529,23 @@ impl Queue for VerbsQueue {
                 "this queue takes its receives from a shared receive queue: post them to the SharedRecv",
             ));
         }
-        self.need_posting_state("post_recv")?;
+        self.book.need_ready_or_error("post_recv")?;
         if wrs.is_empty() {
             return Ok(());
         }
         let max_sge = self.config.max_recv_sge as usize;
-        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
-            return Err(invalid(format!("{} SGEs exceed the queue's max_recv_sge {max_sge}", wr.sges.len())));
-        }
-        let free = self.shared.recv.free(self.recv_head);
-        if wrs.len() > free as usize {
-            return Err(Error::WouldBlock { side: "receive", free, wanted: wrs.len() });
-        }
+        self.book.check_recv(wrs, max_sge)?;
         let n = wrs.len();
+        let recv_head = self.book.recv_head();
         for (i, wr) in wrs.iter().enumerate() {
-            let index = self.recv_head.wrapping_add(i as u32);
+            let index = recv_head.wrapping_add(i as u32);
             let sges = &mut self.recv_sges[i * max_sge..i * max_sge + wr.sges.len()];
             fill_sges(sges, wr.sges);
             let sg_list = sges.as_mut_ptr();
-            self.shared.recv.set(index, wr.wr_id, Op::Recv);
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= recv_depth`, in bounds of the buffer.
-                unsafe { self.recv_wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            self.book.shared.rings.recv.set(index, wr.wr_id, Op::Recv);
+            let next = wr_chain::next(&mut self.recv_wrs, i, n);
             let w = &mut self.recv_wrs[i];
-            w.wr_id = encode_wr_id(self.epoch, true, index);
+            w.wr_id = encode_wr_id(self.book.epoch(), true, index);
             w.next = next;
             w.sg_list = sg_list;
             w.num_sge = wr.sges.len() as i32;
@@ -679,13 +555,13 @@ impl Queue for VerbsQueue {
         // is live. Receive memory is checked by the device through the lkeys.
         let rc = unsafe { ibv_post_recv(self.qp, self.recv_wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            let (posted, e) =
-                refused("ibv_post_recv", "receive", rc, bad, self.recv_wrs.as_ptr(), n, self.shared.qpn);
-            self.recv_head = self.recv_head.wrapping_add(posted);
+            let qpn = self.book.shared.qpn;
+            let (posted, e) = refused("ibv_post_recv", "receive", rc, bad, self.recv_wrs.as_ptr(), n, qpn);
+            self.book.posted_recv(posted);
             return Err(e);
         }
-        self.recv_head = self.recv_head.wrapping_add(n as u32);
-        if self.tracked() == QueueState::Error {
+        self.book.posted_recv(n);
+        if self.book.tracked() == QueueState::Error {
             self.kick_flush()?;
         }
         Ok(())
@@ -694,12 +570,12 @@ impl Queue for VerbsQueue {
 
 impl Drop for VerbsQueue {
     fn drop(&mut self) {
-        self.shared.alive.store(false, Ordering::Release);
+        self.book.shared.rings.kill();
         // SAFETY: the QP is live and destroyed once; libibverbs waits for its unacknowledged
         // async events, whose context pointer (the shared part) we still hold.
         unsafe { ibv_destroy_qp(self.qp) };
-        self.send_cq.detach_later();
-        self.recv_cq.detach_later();
+        self.send_cq.feeders.detach_later();
+        self.recv_cq.feeders.detach_later();
     }
 }
 
@@ -716,28 +592,23 @@ mod tests {
 
     #[test]
     fn side_ring_retires_in_order_and_drops_stale_epochs() {
-        let q = QueueShared {
-            qpn: 1,
-            send: SideRing::new(4, 9),
-            recv: SideRing::new(4, 9),
-            state: AtomicU32::new(pack_state(9, QueueState::Ready)),
-            alive: AtomicBool::new(true),
-            srq: None,
-        };
+        let book = QueueBook::new(Arc::new(QueueShared { qpn: 1, rings: Rings::new(4, 4, 9, None) }), 9);
+        book.set_tracked(QueueState::Ready);
+        let q = &book.shared;
         for i in 0..3 {
-            q.send.set(i, 100 + u64::from(i), Op::Write);
+            q.rings.send.set(i, 100 + u64::from(i), Op::Write);
         }
-        assert_eq!(q.send.free(3), 1);
+        assert_eq!(q.rings.send.free(3), 1);
         // A signaled completion of slot 2 retires 0..=2.
         let d = q.complete(encode_wr_id(9, false, 2), true).unwrap();
         assert_eq!((d.user_wr_id, d.op), (102, Op::Write));
-        assert_eq!(q.send.free(3), 4);
+        assert_eq!(q.rings.send.free(3), 4);
         // An old epoch is invisible; an error moves the state to ERROR.
         assert!(q.complete(encode_wr_id(8, false, 3), false).is_none());
-        assert_eq!(q.state(), QueueState::Ready);
-        q.recv.set(0, 7, Op::Recv);
+        assert_eq!(q.rings.state(), QueueState::Ready);
+        q.rings.recv.set(0, 7, Op::Recv);
         assert_eq!(q.complete(encode_wr_id(9, true, 0), false).unwrap().user_wr_id, 7);
-        assert_eq!(q.state(), QueueState::Error);
-        assert_eq!(q.recv.free(1), 4);
+        assert_eq!(q.rings.state(), QueueState::Error);
+        assert_eq!(q.rings.recv.free(1), 4);
     }
 }

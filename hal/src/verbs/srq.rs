@@ -17,8 +17,8 @@
 
 use super::device::Context;
 use super::tables::{errno, verb_error};
-use crate::shared_slots::{SharedSlots, SlotPoster};
-use crate::side_ring::Done;
+use crate::shared_slots::{self, SharedSlots, SlotPoster};
+use crate::wr_chain;
 use crate::{Error, RecvWr, Result, Sge, SharedRecv};
 use rdma_sys::*;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,9 +35,9 @@ const ID_MASK: u64 = (1 << 14) - 1;
 /// Ids of shared queues, unique among the ones alive together (14 bits, wrapping).
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
-/// The shared queue id a shared receive's `wr_id` carries.
-pub(crate) fn id_of(wr_id: u64) -> u64 {
-    (wr_id >> ID_SHIFT) & ID_MASK
+/// The shared queue id and the slot a shared receive's `wr_id` carries.
+pub(crate) fn locate(wr_id: u64) -> (u64, usize) {
+    ((wr_id >> ID_SHIFT) & ID_MASK, (wr_id & INDEX_MASK) as usize)
 }
 
 /// The `ibv_srq`; destroyed when the handle and every queue created on it are gone.
@@ -68,12 +68,6 @@ impl Drop for SrqObj {
 
 /// The slot table the pollers of the queues on a shared queue resolve completions with.
 pub(crate) type SrqSlots = SharedSlots;
-
-/// Poller side: the completion of libibverbs `wr_id` (which has [`SRQ_BIT`]); `None` for a
-/// slot that is not outstanding.
-pub(crate) fn retire(slots: &SrqSlots, wr_id: u64) -> Option<Done> {
-    slots.retire(id_of(wr_id), (wr_id & INDEX_MASK) as usize)
-}
 
 /// A shared receive queue on a verbs device (see [`crate::SharedRecv`]).
 pub struct VerbsSharedRecv {
@@ -108,22 +102,8 @@ fn zeroed<T>() -> T {
 
 impl VerbsSharedRecv {
     pub(crate) fn new(ctx: &Arc<Context>, depth: u32, max_sge: u32) -> Result<Self> {
-        let caps = &ctx.caps;
-        if caps.max_shared_recv == 0 {
-            return Err(Error::Unsupported(format!("{} has no shared receive queues (max_srq 0)", ctx.name)));
-        }
-        if depth == 0 || depth > caps.max_shared_recv_depth {
-            return Err(Error::InvalidArgument(format!(
-                "shared receive queue depth {depth} is outside 1..={} on {}",
-                caps.max_shared_recv_depth, ctx.name
-            )));
-        }
-        if max_sge == 0 || max_sge > caps.max_recv_sge {
-            return Err(Error::InvalidArgument(format!(
-                "shared receive queue max_sge {max_sge} is outside 1..={} on {}",
-                caps.max_recv_sge, ctx.name
-            )));
-        }
+        let none = "shared receive queues (max_srq 0)";
+        shared_slots::check_config(&ctx.caps, &ctx.name, depth, max_sge, u32::MAX, none)?;
         let mut init: ibv_srq_init_attr = zeroed();
         init.attr.max_wr = depth;
         init.attr.max_sge = max_sge;
@@ -169,25 +149,14 @@ impl SharedRecv for VerbsSharedRecv {
             return Ok(());
         }
         let max_sge = self.max_sge as usize;
-        if let Some(wr) = wrs.iter().find(|w| w.sges.len() > max_sge) {
-            return Err(Error::InvalidArgument(format!(
-                "{} SGEs exceed the shared receive queue's max_sge {max_sge}",
-                wr.sges.len()
-            )));
-        }
-        self.poster.check_room(&self.slots, wrs.len())?;
+        self.poster.check_batch(&self.slots, wrs, max_sge)?;
         let n = wrs.len();
         for (i, wr) in wrs.iter().enumerate() {
             let slot = self.poster.take(&self.slots, i, wr.wr_id);
             let sges = &mut self.sges[i * max_sge..i * max_sge + wr.sges.len()];
             fill_sges(sges, wr.sges);
             let sg_list = sges.as_mut_ptr();
-            let next = if i + 1 < n {
-                // SAFETY: `i + 1 < n <= depth`, in bounds of the buffer.
-                unsafe { self.wrs.as_mut_ptr().add(i + 1) }
-            } else {
-                std::ptr::null_mut()
-            };
+            let next = wr_chain::next(&mut self.wrs, i, n);
             let w = &mut self.wrs[i];
             w.wr_id = SRQ_BIT | self.slots.id << ID_SHIFT | u64::from(slot);
             w.next = next;
@@ -199,20 +168,16 @@ impl SharedRecv for VerbsSharedRecv {
         // is live. Receive memory is checked by the device through the lkeys.
         let rc = unsafe { ibv_post_srq_recv(self.obj.srq, self.wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            let posted = if bad.is_null() {
-                0
-            } else {
-                // SAFETY: `bad` points into the chain that starts at `wrs`.
-                unsafe { bad.cast_const().offset_from(self.wrs.as_ptr()) }.clamp(0, n as isize) as usize
-            };
+            let posted = wr_chain::posted_before(bad, self.wrs.as_ptr(), n);
             self.poster.finish(&self.slots, posted, n);
             return Err(verb_error(
                 "ibv_post_srq_recv",
                 rc,
-                &format!(
-                    "receive {posted} of a batch of {n} on a shared receive queue of {} refused, the {posted} \
-                     before it were posted",
-                    self.obj.ctx.name
+                &wr_chain::refusal(
+                    "receive",
+                    posted,
+                    n,
+                    format_args!("a shared receive queue of {}", self.obj.ctx.name),
                 ),
             ));
         }
