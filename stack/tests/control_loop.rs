@@ -14,18 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::ids::{ECHO, HOLD};
 
-const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-/// Keeps the request (the call stays outstanding) until the test answers or drops it.
-const HOLD: FunctionId = match FunctionId::new(0x31, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "control-loop";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 /// The loop's own thread name.
@@ -251,7 +242,7 @@ fn a_close_does_not_fail_a_call_whose_reply_another_thread_holds() {
     assert!(channel.stats().close_waits > 0, "the close waited for the poller");
 }
 
-helpers::per_engine!(
+common::per_engine!(
     a_blocking_callback_of_a_closed_channel_stalls_no_other_connection,
     a_reply_a_keepalive_look_collects_runs_its_callback_aside,
 );

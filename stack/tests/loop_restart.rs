@@ -13,17 +13,10 @@ use std::sync::{Arc, Mutex};
 mod threads;
 use threads::{count, thread_names, until};
 
-const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const NAME: &str = "restart";
+mod common;
+use common::ids::{ECHO, HOLD};
 
-/// Holds its request unanswered (in `held`) until the test lets go of it.
-const HOLD: FunctionId = match FunctionId::new(0x33, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
+const NAME: &str = "restart";
 
 #[test]
 fn a_panicking_control_loop_closes_its_connections_and_the_next_one_starts_a_new_loop() {

@@ -13,16 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::ids::{ECHO, REGION};
+
 type Region = <SimNic as Device>::Region;
 
-const DESC: FunctionId = match FunctionId::new(0x10, 0x2, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const ECHO: FunctionId = match FunctionId::new(0x10, 0x2, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "one-sided";
 const REGION_LEN: usize = 4096;
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
@@ -69,7 +64,7 @@ impl Rig {
         let mut f = Functions::new();
         let r = exposed.clone();
         // The descriptor travels as the response of an ordinary RPC.
-        f.register(DESC, move |req| {
+        f.register(REGION, move |req| {
             let _ = req.reply(&r.remote().encode());
         });
         f.register(ECHO, |req| {
@@ -123,7 +118,7 @@ impl Rig {
     }
 
     fn descriptor(&self) -> RemoteRegion {
-        let fut = self.channel.call_future(&CallOptions::default(), DESC, b"").unwrap();
+        let fut = self.channel.call_future(&CallOptions::default(), REGION, b"").unwrap();
         let bytes = self.wait(fut).unwrap();
         assert_eq!(bytes.len(), RemoteRegion::ENCODED_LEN);
         RemoteRegion::decode(&bytes).unwrap()

@@ -10,21 +10,10 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::{ECHO, HOLD, REGION};
 
-const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const HOLD: FunctionId = match FunctionId::new(0x31, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const REGION: FunctionId = match FunctionId::new(0x31, 0x1, true, 3) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "recover";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const REGION_LEN: usize = 4096;
@@ -228,7 +217,7 @@ fn recovery_config_is_validated_by_name() {
     assert_eq!(ChannelConfig::default().recovery, Some(Recovery::default()));
 }
 
-helpers::per_engine!(
+common::per_engine!(
     failed_queue_comes_back,
     one_of_two_queues_comes_back,
     remote_access_error_is_recovered,

@@ -11,17 +11,9 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::ids::{ECHO, HOLD};
 
-const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const HOLD: FunctionId = match FunctionId::new(0x33, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "shared";
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
@@ -205,7 +197,7 @@ fn pool_survives_recovery_and_closes(engine: Engine) {
     assert!(!a.is_closed());
 }
 
-helpers::per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
+common::per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
 
 /// Registered bytes of a server with two idle connections (one queue, window 32), and its
 /// stats' pool size.

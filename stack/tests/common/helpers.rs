@@ -1,7 +1,5 @@
 //! Small pieces several test binaries share: an echo service, bounded waits, polling a future
-//! by hand, one test per engine. Include with `#[path = "common/helpers.rs"] mod helpers;`. Not
-//! every binary uses every piece, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! by hand (part of [`super`], `mod common;`).
 
 use bypass::sim::SimNic;
 use bypass::{FunctionId, Functions, Status};
@@ -56,19 +54,3 @@ pub fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
         Poll::Pending => None,
     }
 }
-
-/// Makes each named `fn(Engine)` a test per engine that runs real threads: `inline::name` and
-/// `threaded::name` (the Stepped engine needs a test that steps it, so it is not one of them).
-#[allow(unused_macros)]
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
-}
-#[allow(unused_imports)]
-pub(crate) use per_engine;
