@@ -12,32 +12,21 @@ use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod common;
+use common::helpers::{echo_and_hold, until, Held, WAIT_LIMIT};
 use common::ids::{ECHO, HOLD};
 
 const NAME: &str = "control-loop";
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
 /// The loop's own thread name.
 const LOOP_THREAD: &str = "bypass-ctl";
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 /// A callback's outcome and the name of the thread it ran on.
 type Seen = Arc<Mutex<Vec<(Result<Vec<u8>, RpcError>, String)>>>;
 
 fn thread_name() -> String {
     std::thread::current().name().unwrap_or("<unnamed>").to_string()
-}
-
-/// Waits (bounded) until `cond` holds, driving `drive` between looks; panics naming `what`.
-fn until(what: &str, mut drive: impl FnMut(), mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
-        drive();
-        std::thread::yield_now();
-    }
 }
 
 struct Rig {
@@ -53,13 +42,7 @@ impl Rig {
         let fabric = Fabric::new(engine);
         let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
         let held = Held::default();
-        let mut f = Functions::new();
-        f.register(ECHO, |req| {
-            let args = req.args().to_vec();
-            let _ = req.reply(&args);
-        });
-        let h = held.clone();
-        f.register(HOLD, move |req| h.lock().unwrap().push(req));
+        let f = echo_and_hold(&held);
         let conns: Arc<Mutex<Vec<Connection<SimNic>>>> = Arc::default();
         let c = conns.clone();
         let events = ConnectionEvents::new().on_connect(move |conn| {

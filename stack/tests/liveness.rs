@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::helpers::{echo_and_hold, Held};
 use common::ids::{CONTEXT, ECHO, HOLD};
 
 const NAME: &str = "live";
@@ -30,18 +31,11 @@ fn patient() -> Keepalive {
     Keepalive { interval: Duration::from_millis(20), misses: 100 }
 }
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 /// A callback call's outcome, once it arrived.
 type Outcome = Arc<Mutex<Option<Result<Vec<u8>, RpcError>>>>;
 
 fn functions(held: &Held) -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    f.register(HOLD, move |req| h.lock().unwrap().push(req));
+    let mut f = echo_and_hold(held);
     f.register(CONTEXT, |req| {
         let ctx = req.context().to_le_bytes();
         let _ = req.reply(&ctx);

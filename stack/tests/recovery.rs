@@ -11,14 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::helpers;
+use common::helpers::{echo_and_hold, Held};
 use common::ids::{ECHO, HOLD, REGION};
 
 const NAME: &str = "recover";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const REGION_LEN: usize = 4096;
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
 
 struct Rig {
@@ -40,13 +39,7 @@ impl Rig {
             hal::Device::register(&snic, REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
                 .expect("register"),
         );
-        let mut f = Functions::new();
-        f.register(ECHO, |req| {
-            let args = req.args().to_vec();
-            let _ = req.reply(&args);
-        });
-        let h = held.clone();
-        f.register(HOLD, move |req| h.lock().unwrap().push(req));
+        let mut f = echo_and_hold(&held);
         let e = exposed.clone();
         f.register(REGION, move |req| {
             let _ = req.reply(&e.remote().encode());

@@ -12,28 +12,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
+use common::helpers::{echo_and_hold, Held};
 use common::ids::{ECHO, HOLD};
 
 const NAME: &str = "shared";
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
-
-fn functions(held: &Held) -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    f.register(HOLD, move |req| h.lock().unwrap().push(req));
-    f
-}
 
 fn server(fabric_nic: &SimNic, recv_buffers: RecvBuffers, held: &Held) -> Server<SimNic> {
     let config = ServerConfig { recv_buffers, ..ServerConfig::new(NAME) };
-    Server::bind(fabric_nic, "127.0.0.1:0", config, functions(held)).expect("bind")
+    Server::bind(fabric_nic, "127.0.0.1:0", config, echo_and_hold(held)).expect("bind")
 }
 
 fn connect(nic: &SimNic, server: &Server<SimNic>, window: u32) -> Channel<SimNic> {
