@@ -32,7 +32,12 @@ pub(super) fn on_queue(q: usize) -> CallOptions {
 impl<E: Env> Rig<'_, E> {
     /// A blocking call on the rig's channel: the response (over whatever the buffer held) and
     /// whether the call was acknowledged.
-    pub(super) fn call(&self, opts: &CallOptions, f: FunctionId, args: &[u8]) -> Result<(Vec<u8>, bool), RpcError> {
+    pub(super) fn call(
+        &self,
+        opts: &CallOptions,
+        f: FunctionId,
+        args: &[u8],
+    ) -> Result<(Vec<u8>, bool), RpcError> {
         let mut resp = b"garbage".to_vec();
         self.channel.call_with(opts, f, args, &mut resp).map(|info| (resp, info.acked))
     }
@@ -40,8 +45,9 @@ impl<E: Env> Rig<'_, E> {
     /// An ECHO call that must succeed with the echo.
     #[track_caller]
     pub(super) fn echo(&self, opts: &CallOptions, args: &[u8]) {
-        let (resp, _) =
-            self.call(opts, ECHO, args).unwrap_or_else(|e| panic!("echo call with {opts:?}: {e}; {}", self.state()));
+        let (resp, _) = self
+            .call(opts, ECHO, args)
+            .unwrap_or_else(|e| panic!("echo call with {opts:?}: {e}; {}", self.state()));
         assert!(resp == args, "echo call with {opts:?}: wrong response ({} B)", resp.len());
     }
 
@@ -254,7 +260,9 @@ pub fn deferred_replies<E: Env>(env: &E) {
             }
         });
         for i in 0..BATCH {
-            rig.channel.call_callback(&CallOptions::default(), HOLD, &batch_args(i), log.cb(i)).expect("start");
+            rig.channel
+                .call_callback(&CallOptions::default(), HOLD, &batch_args(i), log.cb(i))
+                .expect("start");
         }
         rig.until("the batch of deferred replies", || log.completed() == BATCH);
         for t in 0..CALLERS {
@@ -370,7 +378,8 @@ pub fn ack_overtaken_by_offloaded_reply<E: Env>(env: &E) {
         (0..N)
             .map(|i| {
                 let args = payload(0, i);
-                let (resp, acked) = rig.call(&CallOptions::mode(CallMode::Ack), OFFLOAD, &args).expect("Ack call");
+                let (resp, acked) =
+                    rig.call(&CallOptions::mode(CallMode::Ack), OFFLOAD, &args).expect("Ack call");
                 assert_eq!(resp, transform(&args));
                 acked
             })

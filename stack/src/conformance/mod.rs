@@ -261,7 +261,8 @@ impl<'e, E: Env> Rig<'e, E> {
             panic!("rpc-suite: a handler panics after replying");
         });
         f.register(PANIC_IN_FILL, |req| {
-            let _ = req.reply_with(Status::Success, |_, _| panic!("rpc-suite: a reply's fill closure panics"));
+            let _ =
+                req.reply_with(Status::Success, |_, _| panic!("rpc-suite: a reply's fill closure panics"));
         });
         f.register(PANIC_AFTER_MOVE, move |req| {
             let _ = moved.send(req);

@@ -239,7 +239,8 @@ pub fn message_size_limits<E: Env>(env: &E) {
             // msg_size counts the header, and that both sides' msg_size must grow.
             assert_eq!((len, limit), (max + 1 + header, max + header), "{mode:?}: {e:?}");
             let text = e.to_string();
-            for needle in [&format!("at most {max} bytes of arguments") as &str, "header", "msg_size", "both"] {
+            for needle in [&format!("at most {max} bytes of arguments") as &str, "header", "msg_size", "both"]
+            {
                 assert!(text.contains(needle), "{mode:?}: {needle:?} missing from {text:?}");
             }
         }
@@ -269,6 +270,10 @@ pub fn ack_arrives_before_response<E: Env>(env: &E) {
     assert!(req.wants_response());
     rig.settle();
     assert!(!fut.is_done(), "the Ack call completed before the handler replied: {fut:?}");
+    let waker = std::task::Waker::from(std::sync::Arc::new(super::Flag::default()));
+    let polled =
+        std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut std::task::Context::from_waker(&waker));
+    assert!(polled.is_pending(), "polling the Ack call before the handler replied: {polled:?}");
     req.reply(b"later").expect("reply");
     let (out, acked) = rig.block_on(&mut fut);
     assert_eq!(out.expect("Ack call"), b"later");
@@ -284,7 +289,11 @@ pub fn ack_arrives_before_response<E: Env>(env: &E) {
     let req = rig.take_held(1).pop().expect("held");
     assert!(!req.wants_response());
     let c = rig.stats();
-    assert_eq!(c.credits, rig.full_credits() - 1, "the server still holds the request's receive buffer: {c:?}");
+    assert_eq!(
+        c.credits,
+        rig.full_credits() - 1,
+        "the server still holds the request's receive buffer: {c:?}"
+    );
     req.reply(b"ignored").expect("a reply to a request without response is fine");
     rig.drain();
     let s = rig.server().stats();
