@@ -7,11 +7,13 @@
 //! function, so nothing else runs while it counts.
 
 use bypass::sim::{Engine, Fabric};
-use bypass::{
-    CallOptions, Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig, Status,
-};
+use bypass::{CallOptions, Channel, ChannelConfig, RecvBuffers, Server, ServerConfig};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::helpers::echo_functions;
+use common::ids::ECHO;
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
@@ -23,17 +25,6 @@ fn blocking_64_byte_calls_do_not_allocate_in_steady_state() {
         steady_state(recv_buffers);
     }
     one_thread_polled();
-}
-
-fn echo_functions(echo: FunctionId) -> Functions<bypass::sim::SimNic> {
-    let mut functions = Functions::new();
-    functions.register(echo, |req| {
-        let _ = req.reply_with(Status::Success, |args, out| {
-            out[..args.len()].copy_from_slice(args);
-            Ok(args.len())
-        });
-    });
-    functions
 }
 
 /// Callback calls finished (a static, so the callbacks capture nothing and boxing them
@@ -55,16 +46,15 @@ fn settle(server: &Server<bypass::sim::SimNic>) {
 fn one_thread_polled() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let echo = FunctionId::new(1, 1, true, 1).unwrap();
     let config = ServerConfig { workers: 0, ..ServerConfig::new("alloc") };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(echo)).unwrap();
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).unwrap();
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("alloc")).unwrap();
     let args = [0x5Au8; 64];
     let opts = CallOptions::default();
     let round_trip = || {
         let before = FINISHED.load(Ordering::Relaxed);
         channel
-            .call_callback(&opts, echo, &args, |r| {
+            .call_callback(&opts, ECHO, &args, |r| {
                 assert_eq!(r.expect("the echo call failed"), [0x5Au8; 64]);
                 FINISHED.fetch_add(1, Ordering::Relaxed);
             })
@@ -93,23 +83,22 @@ fn one_thread_polled() {
 fn steady_state(recv_buffers: RecvBuffers) {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let echo = FunctionId::new(1, 1, true, 1).unwrap();
     let config = ServerConfig { recv_buffers, ..ServerConfig::new("alloc") };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(echo)).unwrap();
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).unwrap();
     let shared = server.stats().shared_recv_buffers > 0;
     assert_eq!(shared, recv_buffers != RecvBuffers::PerConnection, "{recv_buffers:?}");
     let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("alloc")).unwrap();
     let args = [0x5Au8; 64];
     let mut response = Vec::new();
     for _ in 0..2_000 {
-        channel.call(echo, &args, &mut response).unwrap();
+        channel.call(ECHO, &args, &mut response).unwrap();
     }
     settle(&server);
     ALLOCATIONS.store(0, Ordering::SeqCst);
     COUNTING.store(true, Ordering::SeqCst);
     for _ in 0..5 {
         for _ in 0..2_000 {
-            channel.call(echo, &args, &mut response).unwrap();
+            channel.call(ECHO, &args, &mut response).unwrap();
         }
         // An idle spell: the server's worker goes to sleep on its event fds and is woken by the
         // next call. A busy machine does this at random moments; here every run does it, so a

@@ -8,14 +8,11 @@ use bypass::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::ECHO;
 use helpers::{echo_functions, until};
 
-const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "batch";
 
 type Outcomes = Arc<Mutex<Vec<(u8, Result<Vec<u8>, String>)>>>;

@@ -10,14 +10,11 @@ use bypass::*;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::ECHO;
 use helpers::{echo_functions, until};
 
-const ECHO: FunctionId = match FunctionId::new(0x30, 0x2, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "batch-doorbells";
 const QUEUES: usize = 4;
 const CALLS: u8 = 32;

@@ -16,10 +16,9 @@ use std::time::Duration;
 mod threads;
 use threads::{count, thread_names, until};
 
-const ECHO: FunctionId = match FunctionId::new(0x32, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
+mod common;
+use common::ids::ECHO;
+
 const NAME: &str = "many";
 const CHANNELS: usize = 200;
 

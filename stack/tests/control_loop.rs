@@ -12,41 +12,21 @@ use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers::{echo_and_hold, until, Held, WAIT_LIMIT};
+use common::ids::{ECHO, HOLD};
 
-const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-/// Keeps the request (the call stays outstanding) until the test answers or drops it.
-const HOLD: FunctionId = match FunctionId::new(0x31, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "control-loop";
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
 /// The loop's own thread name.
 const LOOP_THREAD: &str = "bypass-ctl";
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 /// A callback's outcome and the name of the thread it ran on.
 type Seen = Arc<Mutex<Vec<(Result<Vec<u8>, RpcError>, String)>>>;
 
 fn thread_name() -> String {
     std::thread::current().name().unwrap_or("<unnamed>").to_string()
-}
-
-/// Waits (bounded) until `cond` holds, driving `drive` between looks; panics naming `what`.
-fn until(what: &str, mut drive: impl FnMut(), mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
-        drive();
-        std::thread::yield_now();
-    }
 }
 
 struct Rig {
@@ -62,13 +42,7 @@ impl Rig {
         let fabric = Fabric::new(engine);
         let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
         let held = Held::default();
-        let mut f = Functions::new();
-        f.register(ECHO, |req| {
-            let args = req.args().to_vec();
-            let _ = req.reply(&args);
-        });
-        let h = held.clone();
-        f.register(HOLD, move |req| h.lock().unwrap().push(req));
+        let f = echo_and_hold(&held);
         let conns: Arc<Mutex<Vec<Connection<SimNic>>>> = Arc::default();
         let c = conns.clone();
         let events = ConnectionEvents::new().on_connect(move |conn| {
@@ -251,7 +225,7 @@ fn a_close_does_not_fail_a_call_whose_reply_another_thread_holds() {
     assert!(channel.stats().close_waits > 0, "the close waited for the poller");
 }
 
-helpers::per_engine!(
+common::per_engine!(
     a_blocking_callback_of_a_closed_channel_stalls_no_other_connection,
     a_reply_a_keepalive_look_collects_runs_its_callback_aside,
 );

@@ -7,9 +7,7 @@
 //! however it ends.
 
 use bypass::sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
-use bypass::{
-    CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, RpcError, Server, ServerConfig,
-};
+use bypass::{CallMode, CallOptions, Channel, ChannelConfig, Functions, RpcError, Server, ServerConfig};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::UdpSocket;
 use std::process::{Child, Command, Stdio};
@@ -21,12 +19,8 @@ const ROLE: &str = "BYPASS_XP_ROLE";
 const WIRE: &str = "BYPASS_XP_WIRE";
 const TARGET: &str = "BYPASS_XP_TARGET";
 
-const ECHO: u32 = 1;
-const SLOW: u32 = 2;
-
-fn fid(n: u32) -> FunctionId {
-    FunctionId::new(1, 1, true, n).unwrap()
-}
+mod common;
+use common::ids::{ECHO, HOLD as SLOW};
 
 fn engine() -> Engine {
     match std::env::var("BYPASS_XP_ENGINE").as_deref() {
@@ -56,13 +50,13 @@ static HELD: std::sync::Mutex<Vec<bypass::Request<SimNic>>> = std::sync::Mutex::
 
 fn functions() -> Functions<SimNic> {
     let mut f = Functions::new();
-    f.register(fid(ECHO), |req| {
+    f.register(ECHO, |req| {
         let args = req.args().to_vec();
         let _ = req.reply(&args);
     });
     // Never answers: keeps a call outstanding for the kill tests (the request is held, not the
     // worker thread, so other calls go on).
-    f.register(fid(SLOW), |req| HELD.lock().unwrap().push(req));
+    f.register(SLOW, |req| HELD.lock().unwrap().push(req));
     f
 }
 
@@ -157,8 +151,8 @@ fn child_role() {
             let mut announced = false;
             loop {
                 // A stream of echo calls, and calls left waiting on the slow function.
-                let _ = ch.call_callback(&CallOptions::default(), fid(SLOW), b"wait", |_| {});
-                ch.call(fid(ECHO), b"ping", &mut rsp).expect("echo");
+                let _ = ch.call_callback(&CallOptions::default(), SLOW, b"wait", |_| {});
+                ch.call(ECHO, b"ping", &mut rsp).expect("echo");
                 if !announced {
                     println!("XP CALLING");
                     std::io::stdout().flush().unwrap();
@@ -213,7 +207,7 @@ fn every_call_mode(server_wire: &str, client_wire: &str) {
                 if len > max {
                     continue;
                 }
-                ch.call_with(&CallOptions::mode(mode), fid(ECHO), &args, &mut rsp)
+                ch.call_with(&CallOptions::mode(mode), ECHO, &args, &mut rsp)
                     .unwrap_or_else(|e| panic!("{engine:?} {mode:?} {len} B: {e}"));
                 if matches!(mode, CallMode::WaitRsp | CallMode::Ack) {
                     assert_eq!(rsp, args, "{engine:?} {mode:?} {len} B");
@@ -224,7 +218,7 @@ fn every_call_mode(server_wire: &str, client_wire: &str) {
         let (tx, rx) = mpsc::channel();
         for i in 0..50u32 {
             let tx = tx.clone();
-            ch.call_callback(&CallOptions::default(), fid(ECHO), &i.to_le_bytes(), move |r| {
+            ch.call_callback(&CallOptions::default(), ECHO, &i.to_le_bytes(), move |r| {
                 let _ = tx.send(r.map(|b| b.to_vec()).map_err(|e| e.to_string()));
             })
             .unwrap();
@@ -245,7 +239,7 @@ fn every_call_mode(server_wire: &str, client_wire: &str) {
         }
         seen.sort();
         assert_eq!(seen, (0..50).collect::<Vec<_>>());
-        let fut = ch.call_future(&CallOptions::default(), fid(ECHO), b"future").unwrap();
+        let fut = ch.call_future(&CallOptions::default(), ECHO, b"future").unwrap();
         assert_eq!(
             futures_block_on(fut, || {
                 ch.poll();
@@ -293,11 +287,11 @@ fn killing_the_server(server_wire: &str, client_wire: &str) {
     let (_fabric, nic) = nic_on(client_wire, Engine::Inline);
     let ch = Channel::connect(&nic, tcp.as_str(), config()).unwrap();
     let mut rsp = Vec::new();
-    ch.call(fid(ECHO), b"before", &mut rsp).unwrap();
+    ch.call(ECHO, b"before", &mut rsp).unwrap();
     let (tx, rx) = mpsc::channel();
     for _ in 0..4 {
         let tx = tx.clone();
-        ch.call_callback(&CallOptions::default(), fid(SLOW), b"x", move |r| {
+        ch.call_callback(&CallOptions::default(), SLOW, b"x", move |r| {
             let _ = tx.send(r.map(|_| ()).map_err(|e| e.to_string()));
         })
         .unwrap();
@@ -315,7 +309,7 @@ fn killing_the_server(server_wire: &str, client_wire: &str) {
     }
     assert!(killed.elapsed() < Duration::from_secs(15));
     assert!(ch.is_closed());
-    match ch.call(fid(ECHO), b"after", &mut rsp) {
+    match ch.call(ECHO, b"after", &mut rsp) {
         Err(RpcError::Closed) => {}
         other => panic!("a call on the broken channel: {other:?}"),
     }
@@ -325,7 +319,7 @@ fn killing_the_server(server_wire: &str, client_wire: &str) {
         assert!(!std::path::Path::new(&seg).exists(), "the killed server's segment {seg} is left");
     }
     let ch2 = Channel::connect(&nic, tcp2.as_str(), config()).expect("connect to the new server");
-    ch2.call(fid(ECHO), b"again", &mut rsp).unwrap();
+    ch2.call(ECHO, b"again", &mut rsp).unwrap();
     assert_eq!(rsp, b"again");
 }
 
@@ -383,7 +377,7 @@ fn garbage_on_the_wire_is_dropped_while_calls_complete() {
         let noise: Vec<u8> = (0..(i % 70) as usize).map(|k| (k as u32 * 13 + i) as u8).collect();
         junk.send_to(&noise, udp.as_str()).unwrap();
         junk.send_to(&noise, mine).unwrap();
-        ch.call(fid(ECHO), &i.to_le_bytes(), &mut rsp).unwrap();
+        ch.call(ECHO, &i.to_le_bytes(), &mut rsp).unwrap();
         assert_eq!(rsp, i.to_le_bytes());
     }
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -418,7 +412,7 @@ fn several_at_once(server_wires: [&str; 2], client_wire: fn(usize) -> String) {
                 for i in 0..100u32 {
                     let ch = &chans[i as usize % chans.len()];
                     let msg = format!("client {c} call {i}");
-                    ch.call(fid(ECHO), msg.as_bytes(), &mut rsp).unwrap();
+                    ch.call(ECHO, msg.as_bytes(), &mut rsp).unwrap();
                     assert_eq!(rsp, msg.as_bytes());
                 }
                 done.fetch_add(1, Ordering::Relaxed);

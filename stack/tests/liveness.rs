@@ -13,23 +13,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers::{echo_and_hold, Held};
+use common::ids::{CONTEXT, ECHO, HOLD};
 
-const ECHO: FunctionId = match FunctionId::new(0x30, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-/// Keeps the request (the call stays outstanding) until the test replies.
-const HOLD: FunctionId = match FunctionId::new(0x30, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-/// Answers the connection's context (8 bytes, little-endian).
-const CONTEXT: FunctionId = match FunctionId::new(0x30, 0x1, true, 3) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "live";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
@@ -44,18 +31,11 @@ fn patient() -> Keepalive {
     Keepalive { interval: Duration::from_millis(20), misses: 100 }
 }
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 /// A callback call's outcome, once it arrived.
 type Outcome = Arc<Mutex<Option<Result<Vec<u8>, RpcError>>>>;
 
 fn functions(held: &Held) -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    f.register(HOLD, move |req| h.lock().unwrap().push(req));
+    let mut f = echo_and_hold(held);
     f.register(CONTEXT, |req| {
         let ctx = req.context().to_le_bytes();
         let _ = req.reply(&ctx);
@@ -375,7 +355,7 @@ fn keepalive_config_is_validated_by_name() {
     assert_eq!(ServerConfig::default().keepalive, Some(d));
 }
 
-helpers::per_engine!(
+common::per_engine!(
     idle_connection_is_probed_and_stays_up,
     frozen_server_breaks_the_channel,
     cut_wire_breaks_the_channel,

@@ -5,7 +5,7 @@
 //! One test function in its own binary: the loop and the thread names are the process's. Every
 //! wait is bounded and ends on observable state.
 
-use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::sim::{Engine, Fabric};
 use bypass::*;
 use std::sync::{Arc, Mutex};
 
@@ -13,30 +13,18 @@ use std::sync::{Arc, Mutex};
 mod threads;
 use threads::{count, thread_names, until};
 
-const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const NAME: &str = "restart";
+mod common;
+use common::helpers::{echo_and_hold, Held};
+use common::ids::{ECHO, HOLD};
 
-/// Holds its request unanswered (in `held`) until the test lets go of it.
-const HOLD: FunctionId = match FunctionId::new(0x33, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
+const NAME: &str = "restart";
 
 #[test]
 fn a_panicking_control_loop_closes_its_connections_and_the_next_one_starts_a_new_loop() {
     let fabric = Fabric::new(Engine::Inline);
     let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-    let held: Arc<Mutex<Vec<Request<SimNic>>>> = Arc::default();
-    let mut functions = Functions::new();
-    functions.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    functions.register(HOLD, move |req| h.lock().unwrap().push(req));
+    let held = Held::default();
+    let functions = echo_and_hold(&held);
     let mut server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions).expect("bind");
     let connect = |info: &str| {
         let config = ChannelConfig { client_info: info.into(), ..ChannelConfig::new(NAME) };

@@ -14,10 +14,9 @@ use bypass::{
 use std::net::TcpListener;
 use std::time::Duration;
 
-const ECHO: FunctionId = match FunctionId::new(7, 7, true, 7) {
-    Some(f) => f,
-    None => panic!("bad id"),
-};
+mod common;
+use common::ids::{ECHO, MISSING};
+
 const MSG: usize = 4096;
 
 /// One queue pair driven by hand.
@@ -163,7 +162,7 @@ fn server_counts_and_drops_malformed_requests_and_keeps_serving() {
     }
     // The connection still works: an echo comes back, and an unknown function gets FUNCTION_ERR.
     raw.send(20, &good);
-    raw.send(21, &request(ch, 9, FunctionId::new(1, 1, true, 1).unwrap(), b""));
+    raw.send(21, &request(ch, 9, MISSING, b""));
     let mut credits_back = 0u32;
     let mut answers = Vec::new();
     while answers.len() < 2 {

@@ -13,26 +13,15 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod common;
+use common::ids::{ECHO, REGION};
+use common::rig::{real, STEPPED};
+
 type Region = <SimNic as Device>::Region;
 
-const DESC: FunctionId = match FunctionId::new(0x10, 0x2, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const ECHO: FunctionId = match FunctionId::new(0x10, 0x2, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "one-sided";
 const REGION_LEN: usize = 4096;
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Eng {
-    Inline,
-    Threaded,
-    Stepped,
-}
 
 /// A waker that does nothing: [`Rig::wait`] polls in a loop anyway.
 struct Noop;
@@ -42,7 +31,7 @@ impl Wake for Noop {
 }
 
 struct Rig {
-    eng: Eng,
+    eng: Engine,
     fabric: Fabric,
     cnic: SimNic,
     /// The server's exposed region (the test reads it to check WRITEs).
@@ -52,13 +41,8 @@ struct Rig {
 }
 
 impl Rig {
-    fn new(eng: Eng, queues: usize) -> Rig {
-        let engine = match eng {
-            Eng::Inline => Engine::Inline,
-            Eng::Threaded => Engine::Threaded,
-            Eng::Stepped => Engine::Stepped { seed: 0x0E5_1DED },
-        };
-        let fabric = Fabric::new(engine);
+    fn new(eng: Engine, queues: usize) -> Rig {
+        let fabric = Fabric::new(eng);
         let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
         let mut region = snic
             .register(REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)
@@ -69,7 +53,7 @@ impl Rig {
         let mut f = Functions::new();
         let r = exposed.clone();
         // The descriptor travels as the response of an ordinary RPC.
-        f.register(DESC, move |req| {
+        f.register(REGION, move |req| {
             let _ = req.reply(&r.remote().encode());
         });
         f.register(ECHO, |req| {
@@ -77,7 +61,7 @@ impl Rig {
             let _ = req.reply(&a);
         });
         let mut scfg = ServerConfig::new(NAME);
-        scfg.workers = if eng == Eng::Stepped { 0 } else { 1 };
+        scfg.workers = if !real(eng) { 0 } else { 1 };
         let server = Server::bind(&snic, "127.0.0.1:0", scfg, f).unwrap();
         let mut ccfg = ChannelConfig::new(NAME);
         ccfg.queues = queues;
@@ -89,7 +73,7 @@ impl Rig {
     }
 
     fn pump(&self) {
-        if self.eng == Eng::Stepped {
+        if !real(self.eng) {
             self.fabric.run_until_idle();
             self.server.poll();
         } else {
@@ -123,7 +107,7 @@ impl Rig {
     }
 
     fn descriptor(&self) -> RemoteRegion {
-        let fut = self.channel.call_future(&CallOptions::default(), DESC, b"").unwrap();
+        let fut = self.channel.call_future(&CallOptions::default(), REGION, b"").unwrap();
         let bytes = self.wait(fut).unwrap();
         assert_eq!(bytes.len(), RemoteRegion::ENCODED_LEN);
         RemoteRegion::decode(&bytes).unwrap()
@@ -148,7 +132,7 @@ impl Rig {
         off: u64,
     ) -> Result<(), RpcError> {
         let opts = OpOptions::default();
-        if self.eng == Eng::Stepped {
+        if !real(self.eng) {
             let fut = self.channel.write_future(local, remote, off, &opts)?;
             self.wait(fut)
         } else {
@@ -163,7 +147,7 @@ impl Rig {
         off: u64,
     ) -> Result<(), RpcError> {
         let opts = OpOptions::default();
-        if self.eng == Eng::Stepped {
+        if !real(self.eng) {
             let fut = self.channel.read_future(local, remote, off, &opts)?;
             self.wait(fut)
         } else {
@@ -196,26 +180,9 @@ fn logger(log: &Log) -> impl FnOnce(Result<(), RpcError>) + Send + 'static {
     move |r| log.lock().unwrap().push(r.map_err(|e| format!("{e:?}")))
 }
 
-macro_rules! engines {
-    ($($scenario:ident => $i:ident, $t:ident, $s:ident;)*) => {$(
-        #[test]
-        fn $i() { $scenario(Eng::Inline) }
-        #[test]
-        fn $t() { $scenario(Eng::Threaded) }
-        #[test]
-        fn $s() { $scenario(Eng::Stepped) }
-    )*};
-}
+common::per_engine!(stepped: round_trip, gather_scatter, bad_key_and_range, callbacks, close_outstanding);
 
-engines! {
-    round_trip => round_trip_inline, round_trip_threaded, round_trip_stepped;
-    gather_scatter => gather_scatter_inline, gather_scatter_threaded, gather_scatter_stepped;
-    bad_key_and_range => bad_key_and_range_inline, bad_key_and_range_threaded, bad_key_and_range_stepped;
-    callbacks => callbacks_inline, callbacks_threaded, callbacks_stepped;
-    close_outstanding => close_outstanding_inline, close_outstanding_threaded, close_outstanding_stepped;
-}
-
-fn round_trip(eng: Eng) {
+fn round_trip(eng: Engine) {
     let rig = Rig::new(eng, 1);
     let remote = rig.descriptor();
     assert_eq!(remote.len, REGION_LEN as u64);
@@ -237,7 +204,7 @@ fn round_trip(eng: Eng) {
     assert_eq!((s.ready_queues, s.tx_in_use, s.table_in_use), (1, 0, 0), "{s:?}");
 }
 
-fn gather_scatter(eng: Eng) {
+fn gather_scatter(eng: Engine) {
     let rig = Rig::new(eng, 1);
     let remote = rig.descriptor();
     let a = rig.local_with(64, 0, &[1; 64]);
@@ -271,13 +238,13 @@ fn gather_scatter(eng: Eng) {
 
 /// A bad key and an out-of-range offset each fail with `RemoteAccess` and fail the queue they
 /// used (RC semantics); the channel goes on with its other queues, and closes when none is left.
-fn bad_key_and_range(eng: Eng) {
+fn bad_key_and_range(eng: Engine) {
     let rig = Rig::new(eng, 3);
     let remote = rig.descriptor();
     let buf = rig.local_with(64, 0, &[7; 64]);
     let on = |q| OpOptions { queue: Some(q), ..Default::default() };
     let write_on = |q, r: &RemoteRegion, off| {
-        if eng == Eng::Stepped {
+        if !real(eng) {
             let fut = rig.channel.write_future(&[LocalRange::whole(&buf)], r, off, &on(q)).unwrap();
             rig.wait(fut)
         } else {
@@ -311,7 +278,7 @@ fn bad_key_and_range(eng: Eng) {
 }
 
 /// Callback delivery, and futures of both kinds, exactly once each.
-fn callbacks(eng: Eng) {
+fn callbacks(eng: Engine) {
     let rig = Rig::new(eng, 1);
     let remote = rig.descriptor();
     let log: Log = Arc::default();
@@ -333,7 +300,7 @@ fn callbacks(eng: Eng) {
 
 /// Closing the channel with an operation outstanding ends it exactly once (`Closed`, or `Ok` on
 /// the real engines if it already completed); the context comes back.
-fn close_outstanding(eng: Eng) {
+fn close_outstanding(eng: Engine) {
     let rig = Rig::new(eng, 1);
     let remote = rig.descriptor();
     let log: Log = Arc::default();
@@ -349,7 +316,7 @@ fn close_outstanding(eng: Eng) {
     }
     let got = log.lock().unwrap().clone();
     assert_eq!(got.len(), 2, "{eng:?}: exactly once each: {got:?}");
-    if eng == Eng::Stepped {
+    if !real(eng) {
         assert_eq!(got, vec![Err("Closed".to_string()), Err("Closed".to_string())]);
     } else {
         assert!(got.iter().all(|r| r.is_ok() || r.as_ref().unwrap_err() == "Closed"), "{got:?}");
@@ -365,7 +332,7 @@ fn close_outstanding(eng: Eng) {
 /// alive until its work request completes, and its late completion is not delivered again.
 #[test]
 fn deadline_expiry_stepped() {
-    let rig = Rig::new(Eng::Stepped, 1);
+    let rig = Rig::new(STEPPED, 1);
     let remote = rig.descriptor();
     let log: Log = Arc::default();
     let dst = rig.local(64);
@@ -388,7 +355,7 @@ fn deadline_expiry_stepped() {
 /// The descriptor round-trips through its 49 bytes.
 #[test]
 fn descriptor_travels_in_an_rpc() {
-    let rig = Rig::new(Eng::Inline, 1);
+    let rig = Rig::new(Engine::Inline, 1);
     let d = rig.descriptor();
     assert_eq!(d, rig.exposed.remote());
     assert_eq!(RemoteRegion::decode(&d.encode()).unwrap(), d);

@@ -15,18 +15,11 @@ use bypass::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::{ECHO, REGION as DESC};
 use helpers::poll_once;
 
-const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const DESC: FunctionId = match FunctionId::new(0x20, 0x2, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "rd-atomic";
 const REGION: usize = 256 << 10;
 const LIMIT: Duration = Duration::from_secs(60);

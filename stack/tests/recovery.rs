@@ -10,26 +10,14 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers::{echo_and_hold, Held};
+use common::ids::{ECHO, HOLD, REGION};
 
-const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const HOLD: FunctionId = match FunctionId::new(0x31, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const REGION: FunctionId = match FunctionId::new(0x31, 0x1, true, 3) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "recover";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const REGION_LEN: usize = 4096;
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
 
 struct Rig {
@@ -51,13 +39,7 @@ impl Rig {
             hal::Device::register(&snic, REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
                 .expect("register"),
         );
-        let mut f = Functions::new();
-        f.register(ECHO, |req| {
-            let args = req.args().to_vec();
-            let _ = req.reply(&args);
-        });
-        let h = held.clone();
-        f.register(HOLD, move |req| h.lock().unwrap().push(req));
+        let mut f = echo_and_hold(&held);
         let e = exposed.clone();
         f.register(REGION, move |req| {
             let _ = req.reply(&e.remote().encode());
@@ -228,7 +210,7 @@ fn recovery_config_is_validated_by_name() {
     assert_eq!(ChannelConfig::default().recovery, Some(Recovery::default()));
 }
 
-helpers::per_engine!(
+common::per_engine!(
     failed_queue_comes_back,
     one_of_two_queues_comes_back,
     remote_access_error_is_recovered,

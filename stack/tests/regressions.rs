@@ -11,14 +11,11 @@ use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::ECHO;
 use helpers::{echo_functions, poll_once, until, WAIT_LIMIT};
 
-const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "regress";
 // ---- Defect 9: the default worker spins briefly, then sleeps on the CQs' event fds. ----
 

@@ -16,20 +16,15 @@ use std::time::{Duration, Instant};
 
 type Region = <SimNic as Device>::Region;
 
-const fn fid(m: u32) -> FunctionId {
-    match FunctionId::new(0x20, 0x3, true, m) {
-        Some(f) => f,
-        None => panic!("bad function id"),
-    }
-}
-/// Echoes its arguments (zero-copy from the gathered buffer when it can).
-const ECHO: FunctionId = fid(1);
+mod common;
+// ECHO here echoes zero-copy from the gathered buffer when it can; HOLD holds the request for a
+// while without answering (drops it on the next call).
+use common::ids::{fid, ECHO, HOLD};
+
 /// Answers `[is_rendezvous, segment count, then u32 length and u32 checksum per segment]`.
-const SHAPE: FunctionId = fid(2);
+const SHAPE: FunctionId = fid(20);
 /// Answers `n` bytes of pattern, `n` = the u64 argument (from a copy: `reply`).
-const MAKE: FunctionId = fid(3);
-/// Holds the request for a while without answering (drops it on the next call).
-const HOLD: FunctionId = fid(4);
+const MAKE: FunctionId = fid(21);
 const NAME: &str = "rndv";
 const LIMIT: Duration = Duration::from_secs(30);
 

@@ -11,37 +11,18 @@ use bypass::*;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers::{echo_and_hold, Held};
+use common::ids::{ECHO, HOLD};
 
-const ECHO: FunctionId = match FunctionId::new(0x33, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
-const HOLD: FunctionId = match FunctionId::new(0x33, 0x1, true, 2) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "shared";
 const WAIT_LIMIT: Duration = Duration::from_secs(60);
 
-type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
 type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
-
-fn functions(held: &Held) -> Functions<SimNic> {
-    let mut f = Functions::new();
-    f.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let h = held.clone();
-    f.register(HOLD, move |req| h.lock().unwrap().push(req));
-    f
-}
 
 fn server(fabric_nic: &SimNic, recv_buffers: RecvBuffers, held: &Held) -> Server<SimNic> {
     let config = ServerConfig { recv_buffers, ..ServerConfig::new(NAME) };
-    Server::bind(fabric_nic, "127.0.0.1:0", config, functions(held)).expect("bind")
+    Server::bind(fabric_nic, "127.0.0.1:0", config, echo_and_hold(held)).expect("bind")
 }
 
 fn connect(nic: &SimNic, server: &Server<SimNic>, window: u32) -> Channel<SimNic> {
@@ -205,7 +186,7 @@ fn pool_survives_recovery_and_closes(engine: Engine) {
     assert!(!a.is_closed());
 }
 
-helpers::per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
+common::per_engine!(tiny_pool_serves_many_full_windows, pool_survives_recovery_and_closes);
 
 /// Registered bytes of a server with two idle connections (one queue, window 32), and its
 /// stats' pool size.

@@ -12,14 +12,11 @@ use bypass::*;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::ECHO;
 use helpers::{echo_functions, poll_once};
 
-const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "stepped-blocking";
 /// Longest the test waits for a blocking call to come back (it should be at once).
 const LIMIT: Duration = Duration::from_secs(20);

@@ -18,14 +18,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[path = "common/helpers.rs"]
-mod helpers;
+mod common;
+use common::helpers;
+use common::ids::ECHO;
 use helpers::{echo_functions, wait_for, WAIT_LIMIT};
 
-const ECHO: FunctionId = match FunctionId::new(0x20, 0x1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad function id"),
-};
 const NAME: &str = "tls-test";
 /// Longest any single wait may take before the test gives up.
 const PASSPHRASE: &[u8] = b"correct horse battery staple";

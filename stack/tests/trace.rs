@@ -6,13 +6,11 @@
 
 use bypass::hal::trace::{self, Kind, TraceEvent, Track, Value};
 use bypass::sim::{Engine, Fabric, SimNic};
-use bypass::{CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use bypass::{CallOptions, Channel, ChannelConfig, Functions, Server, ServerConfig};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-const ECHO: FunctionId = match FunctionId::new(0x100, 1, true, 1) {
-    Some(f) => f,
-    None => panic!("bad id"),
-};
+mod common;
+use common::ids::ECHO;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

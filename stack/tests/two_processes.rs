@@ -3,10 +3,13 @@
 //! `Queue(Flushed)`. The test re-executes its own binary as the server process.
 
 use bypass::sim::{Engine, Fabric};
-use bypass::{Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use bypass::{Channel, ChannelConfig, Functions, Server, ServerConfig};
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::ids::ECHO;
 
 const CHILD: &str = "BYPASS_TEST_CHILD_SERVER";
 
@@ -19,7 +22,7 @@ fn child_server() {
     let fabric = Fabric::new(Engine::Inline);
     let nic = fabric.add_nic();
     let mut functions = Functions::new();
-    functions.register(FunctionId::new(1, 1, true, 1).unwrap(), |req| {
+    functions.register(ECHO, |req| {
         let args = req.args().to_vec();
         let _ = req.reply(&args);
     });

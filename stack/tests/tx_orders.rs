@@ -8,16 +8,13 @@
 //! of the first terminal event, and that no send context, table slot or credit is leaked.
 
 use bypass::sim::{Engine, Fabric, FabricConfig, FaultPlan};
-use bypass::{
-    CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, RpcError, Server, ServerConfig,
-};
+use bypass::{CallMode, CallOptions, Channel, ChannelConfig, Functions, RpcError, Server, ServerConfig};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const ECHO: FunctionId = match FunctionId::new(1, 2, true, 3) {
-    Some(f) => f,
-    None => panic!("bad id"),
-};
+mod common;
+use common::ids::ECHO;
+
 const TIMEOUT: Duration = Duration::from_millis(5);
 const WINDOW: u32 = 8;
 

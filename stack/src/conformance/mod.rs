@@ -38,7 +38,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+mod connect;
+mod flow;
+mod robustness;
 mod scenarios;
+pub use connect::*;
+pub use flow::*;
+pub use robustness::*;
 pub use scenarios::*;
 
 /// A test environment: a server device and a client device that can reach each other, and
@@ -81,6 +87,17 @@ const HOLD: FunctionId = fid(2);
 const REPLY_STATUS: FunctionId = fid(3);
 /// Replies with the largest response the client accepts: bytes 0, 1, 2, … (mod 251).
 const BIG: FunctionId = fid(4);
+/// Hands the request to another thread (the rig's `offload` receiver) and returns only once that thread
+/// says it has replied (a handler offloading to a pool and waiting for it).
+const OFFLOAD: FunctionId = fid(5);
+/// Panics while it still holds the request.
+const PANIC: FunctionId = fid(6);
+/// Echoes, then panics (the reply is already on its way).
+const PANIC_AFTER_REPLY: FunctionId = fid(7);
+/// Replies with `reply_with` whose fill closure panics.
+const PANIC_IN_FILL: FunctionId = fid(8);
+/// Hands the request to the test (like HOLD), then panics.
+const PANIC_AFTER_MOVE: FunctionId = fid(9);
 /// Not registered.
 const MISSING: FunctionId = fid(99);
 
@@ -183,6 +200,9 @@ impl Wake for Flag {
     }
 }
 
+/// A request an OFFLOAD handler handed on, and the way to tell that handler it was answered.
+type Offloaded<D> = (Request<D>, mpsc::Sender<()>);
+
 /// A server with the suite's functions, one channel to it, and what the handlers saw.
 struct Rig<'e, E: Env> {
     env: &'e E,
@@ -190,6 +210,7 @@ struct Rig<'e, E: Env> {
     channel: Channel<E::Dev>,
     server: Option<Server<E::Dev>>,
     held: Mutex<Receiver<Request<E::Dev>>>,
+    offload: Mutex<Receiver<Offloaded<E::Dev>>>,
     hits: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<Vec<u8>>>>,
     window: u32,
@@ -218,9 +239,34 @@ impl<'e, E: Env> Rig<'e, E> {
             let n = req.args().len();
             let _ = req.reply_args(n);
         });
+        let moved = tx.clone();
         f.register(HOLD, move |req| {
             // If the test stopped listening, the request is dropped (cleanly).
             let _ = tx.send(req);
+        });
+        let (otx, offload) = mpsc::channel::<Offloaded<E::Dev>>();
+        f.register(OFFLOAD, move |req| {
+            let (done_tx, done_rx) = mpsc::channel();
+            if otx.send((req, done_tx)).is_ok() {
+                let _ = done_rx.recv_timeout(WAIT_BUDGET);
+            }
+        });
+        f.register(PANIC, |req| {
+            let n = req.args().len();
+            panic!("rpc-suite: a handler panics holding its request ({n} bytes of arguments)");
+        });
+        f.register(PANIC_AFTER_REPLY, |req| {
+            let n = req.args().len();
+            let _ = req.reply_args(n);
+            panic!("rpc-suite: a handler panics after replying");
+        });
+        f.register(PANIC_IN_FILL, |req| {
+            let _ =
+                req.reply_with(Status::Success, |_, _| panic!("rpc-suite: a reply's fill closure panics"));
+        });
+        f.register(PANIC_AFTER_MOVE, move |req| {
+            let _ = moved.send(req);
+            panic!("rpc-suite: a handler panics after handing its request on");
         });
         f.register(REPLY_STATUS, |req| {
             let status = req.args().first().and_then(|&b| Status::from_u8(b).ok()).unwrap_or(Status::HdrErr);
@@ -243,7 +289,16 @@ impl<'e, E: Env> Rig<'e, E> {
         let window = ccfg.window.min(scfg.max_window);
         let server = Server::bind(env.server(), "127.0.0.1:0", scfg, f).expect("bind the server");
         let channel = Channel::connect(env.client(), server.local_addr(), ccfg).expect("connect the channel");
-        let rig = Rig { env, channel, server: Some(server), held: Mutex::new(held), hits, seen, window };
+        let rig = Rig {
+            env,
+            channel,
+            server: Some(server),
+            held: Mutex::new(held),
+            offload: Mutex::new(offload),
+            hits,
+            seen,
+            window,
+        };
         let s = rig.channel.stats();
         assert_eq!(s.credits, rig.full_credits(), "a fresh channel has every credit: {s:?}");
         assert_eq!(s.ready_queues, rig.channel.queues(), "a fresh channel has every queue READY: {s:?}");
@@ -437,6 +492,22 @@ macro_rules! __rpc_suite_module {
                 server_dropped_mid_call,
                 client_close_mid_call,
                 queue_error_mid_flight,
+                multi_queue_round_robin,
+                would_block_without_credit,
+                deadlines_each_their_own,
+                deferred_replies,
+                client_worker_group,
+                ack_overtaken_by_offloaded_reply,
+                contexts_held_by_unreaped_send_completions,
+                server_shutdown_mid_call,
+                handler_panics_are_contained,
+                callback_panics_are_contained,
+                huge_timeouts_saturate,
+                failed_calls_leave_no_stale_response,
+                reply_after_client_close_is_closed,
+                control_errors,
+                connect_takes_a_host_port_tuple,
+                no_ack_timer_is_valid,
             );
         }
     };

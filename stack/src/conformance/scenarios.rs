@@ -234,6 +234,16 @@ pub fn message_size_limits<E: Env>(env: &E) {
         let mut resp = Vec::new();
         let r = rig.channel.call_with(&opts, ECHO, &too_big, &mut resp);
         assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{mode:?}: {} B of arguments: {r:?}", max + 1);
+        if let Err(e @ RpcError::TooLarge { len, max: limit, header }) = r {
+            // The error counts the header in, names the message size, and says what fits, that
+            // msg_size counts the header, and that both sides' msg_size must grow.
+            assert_eq!((len, limit), (max + 1 + header, max + header), "{mode:?}: {e:?}");
+            let text = e.to_string();
+            for needle in [&format!("at most {max} bytes of arguments") as &str, "header", "msg_size", "both"]
+            {
+                assert!(text.contains(needle), "{mode:?}: {needle:?} missing from {text:?}");
+            }
+        }
         let r = rig.channel.call_callback(&opts, ECHO, &too_big, log.cb(1));
         assert!(matches!(r, Err(RpcError::TooLarge { .. })), "{mode:?} callback: {r:?}");
         let r = rig.channel.call_future(&opts, ECHO, &too_big);
@@ -260,6 +270,10 @@ pub fn ack_arrives_before_response<E: Env>(env: &E) {
     assert!(req.wants_response());
     rig.settle();
     assert!(!fut.is_done(), "the Ack call completed before the handler replied: {fut:?}");
+    let waker = std::task::Waker::from(std::sync::Arc::new(super::Flag::default()));
+    let polled =
+        std::future::Future::poll(std::pin::Pin::new(&mut fut), &mut std::task::Context::from_waker(&waker));
+    assert!(polled.is_pending(), "polling the Ack call before the handler replied: {polled:?}");
     req.reply(b"later").expect("reply");
     let (out, acked) = rig.block_on(&mut fut);
     assert_eq!(out.expect("Ack call"), b"later");
@@ -274,6 +288,12 @@ pub fn ack_arrives_before_response<E: Env>(env: &E) {
     assert!(acked, "AckEarlyRsp completes on the ACK");
     let req = rig.take_held(1).pop().expect("held");
     assert!(!req.wants_response());
+    let c = rig.stats();
+    assert_eq!(
+        c.credits,
+        rig.full_credits() - 1,
+        "the server still holds the request's receive buffer: {c:?}"
+    );
     req.reply(b"ignored").expect("a reply to a request without response is fine");
     rig.drain();
     let s = rig.server().stats();
@@ -302,6 +322,8 @@ pub fn unknown_function<E: Env>(env: &E) {
         rig.channel.call_callback(&opts, MISSING, &[1; 100], log.cb(i)).expect("start");
     }
     rig.until("the callbacks", || log.completed() == 2);
+    let e = RpcError::FunctionNotFound(MISSING);
+    assert!(e.to_string().contains(&MISSING.to_string()), "the error should name the function: {e}");
     for i in 0..2 {
         log.with(i, |o| assert!(matches!(o, Err(RpcError::FunctionNotFound(id)) if *id == MISSING), "{o:?}"));
     }

@@ -1,13 +1,12 @@
 //! Small pieces several test binaries share: an echo service, bounded waits, polling a future
-//! by hand, one test per engine. Include with `#[path = "common/helpers.rs"] mod helpers;`. Not
-//! every binary uses every piece, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! by hand (part of [`super`], `mod common;`).
 
+use super::ids::{ECHO, HOLD};
 use bypass::sim::SimNic;
-use bypass::{FunctionId, Functions, Status};
+use bypass::{FunctionId, Functions, Request, Status};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -57,18 +56,18 @@ pub fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
     }
 }
 
-/// Makes each named `fn(Engine)` a test per engine that runs real threads: `inline::name` and
-/// `threaded::name` (the Stepped engine needs a test that steps it, so it is not one of them).
-#[allow(unused_macros)]
-macro_rules! per_engine {
-    ($($name:ident),* $(,)?) => {
-        mod inline {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Inline) } )*
-        }
-        mod threaded {
-            $( #[test] fn $name() { super::$name(bypass::sim::Engine::Threaded) } )*
-        }
-    };
+/// Requests a HOLD handler keeps, in arrival order, until the test answers or drops them.
+pub type Held = Arc<Mutex<Vec<Request<SimNic>>>>;
+
+/// A service with ECHO (answers its arguments, from a copy: `Request::reply`) and HOLD (keeps
+/// the request in `held`).
+pub fn echo_and_hold(held: &Held) -> Functions<SimNic> {
+    let mut f = Functions::new();
+    f.register(ECHO, |req| {
+        let args = req.args().to_vec();
+        let _ = req.reply(&args);
+    });
+    let h = held.clone();
+    f.register(HOLD, move |req| h.lock().unwrap_or_else(|e| e.into_inner()).push(req));
+    f
 }
-#[allow(unused_imports)]
-pub(crate) use per_engine;
