@@ -170,7 +170,13 @@ macro_rules! caller_tests {
     };
 }
 
-caller_tests!("libcomm", 0, libcomm_in_one_process, libcomm_two_processes_on_shm, libcomm_two_processes_on_udp);
+caller_tests!(
+    "libcomm",
+    0,
+    libcomm_in_one_process,
+    libcomm_two_processes_on_shm,
+    libcomm_two_processes_on_udp
+);
 caller_tests!("ndp", 3, ndp_in_one_process, ndp_two_processes_on_shm, ndp_two_processes_on_udp);
 caller_tests!("mes", 6, mes_in_one_process, mes_two_processes_on_shm, mes_two_processes_on_udp);
 
@@ -195,7 +201,13 @@ mod ubc {
         };
     }
 
-    ubc_tests!("libcomm", 9, libcomm_in_one_process, libcomm_two_processes_on_shm, libcomm_two_processes_on_udp);
+    ubc_tests!(
+        "libcomm",
+        9,
+        libcomm_in_one_process,
+        libcomm_two_processes_on_shm,
+        libcomm_two_processes_on_udp
+    );
     ubc_tests!("ndp", 12, ndp_in_one_process, ndp_two_processes_on_shm, ndp_two_processes_on_udp);
     ubc_tests!("mes", 15, mes_in_one_process, mes_two_processes_on_shm, mes_two_processes_on_udp);
 }

@@ -85,6 +85,7 @@ static void *pool_worker(void *arg)
         if (len > 0) {
             t->reply = malloc(len);
             CHECK(t->reply != NULL);
+            memset(t->reply, 0, len); /* the pages NDP reads; marked every 4 KiB */
             for (size_t i = 0; i < len; i += 4096) {
                 ((unsigned char *)t->reply)[i] = byte_of(t->req.task_id, (uint32_t)i);
             }
