@@ -109,10 +109,13 @@ static void load(void)
 #undef SYM
 }
 
-/* The receiving side's per-channel state. */
+/* The receiving side's per-channel state: which sequence numbers arrived (a message resent after
+ * a reconnect may arrive twice). */
 static atomic_int g_active[CHANNELS], g_handshakes, g_heartbeats, g_bad;
 static atomic_int g_data[CHANNELS];
-static atomic_llong g_sum[CHANNELS];
+static atomic_uchar g_seen[CHANNELS][SENDERS * MSGS + 1];
+static atomic_int g_reconnects;
+static uint16_t g_port;
 
 static uint32_t checksum(const unsigned char *p, size_t n)
 {
@@ -144,7 +147,11 @@ static void proc_default(OckRpcServerContext handle, OckRpcMessage msg)
     if (c->cmd != CMD_DATA || checksum(copy + sizeof(*c), c->size - sizeof(*c)) != c->checksum) {
         atomic_fetch_add(&g_bad, 1);
     }
-    atomic_fetch_add(&g_sum[c->caller_tid], (long long)c->seq);
+    if (c->seq >= 1 && c->seq <= SENDERS * MSGS) {
+        atomic_store(&g_seen[c->caller_tid][c->seq], 1);
+    } else {
+        atomic_fetch_add(&g_bad, 1);
+    }
     atomic_fetch_add(&g_data[c->caller_tid], 1);
     free(copy);
     rpc.cleanup(handle);
@@ -282,6 +289,18 @@ static void connect_channel(struct channel *ch, uint16_t port)
     CHECK_EQ(rpc.call(ch->client, 2, &cmd, NULL, NULL), OCK_RPC_OK);
 }
 
+/* CBB on a failed send: disconnect, connect again (with the handshake), and the message is sent
+ * again. (Under valgrind the simulated NIC of a starved peer can miss the transport's ACK
+ * timer, about 1 s of retries, which fails the queue as a lost link would.) */
+static void reconnect(struct channel *ch, OckRpcStatus st)
+{
+    fprintf(stderr, "channel %d: send failed (%d): reconnecting\n", ch->id, (int)st);
+    atomic_fetch_add(&g_reconnects, 1);
+    CHECK(atomic_load(&g_reconnects) <= 20);
+    rpc.disconnect(ch->client);
+    connect_channel(ch, g_port);
+}
+
 /* mes_rdma_rpc_send_data / mes_rdma_rpc_send_bufflist, under the channel's send lock. */
 static void *sender(void *arg)
 {
@@ -310,7 +329,10 @@ static void *sender(void *arg)
             head.checksum = checksum(msg + sizeof(head), body_len);
             memcpy(msg, &head, sizeof(head));
             OckRpcMessage request = {msg, head.size};
-            CHECK_EQ(rpc.call(ch->client, 0, &request, NULL, NULL), OCK_RPC_OK);
+            OckRpcStatus st;
+            while ((st = rpc.call(ch->client, 0, &request, NULL, NULL)) != OCK_RPC_OK) {
+                reconnect(ch, st);
+            }
             free(msg);
         } else {
             unsigned char all[3 * 2048];
@@ -333,7 +355,11 @@ static void *sender(void *arg)
             param.rspIov.count = 0;
             param.rspIov.msgs = NULL;
             param.done = NULL;
-            CHECK_EQ(rpc.call_param(&param), OCK_RPC_OK);
+            OckRpcStatus st;
+            while ((st = rpc.call_param(&param)) != OCK_RPC_OK) {
+                reconnect(ch, st);
+                param.client = ch->client;
+            }
         }
         pthread_rwlock_unlock(&ch->send_lock);
     }
@@ -342,6 +368,7 @@ static void *sender(void *arg)
 
 static void node_sends(uint16_t port)
 {
+    g_port = port;
     for (int c = 0; c < CHANNELS; c++) {
         g_ch[c].id = c;
         CHECK_EQ(pthread_rwlock_init(&g_ch[c].send_lock, NULL), 0);
@@ -380,21 +407,25 @@ static void node_sends(uint16_t port)
         rpc.disconnect(g_ch[c].client);
         pthread_rwlock_destroy(&g_ch[c].send_lock);
     }
-    printf("node sent %d messages\n", CHANNELS * SENDERS * MSGS);
+    printf("node sent %d messages, %d reconnects\n", CHANNELS * SENDERS * MSGS, atomic_load(&g_reconnects));
 }
 
 static void check_receiver(void)
 {
     const int per_channel = SENDERS * MSGS;
-    const long long sum = (long long)per_channel * (per_channel + 1) / 2;
     for (int c = 0; c < CHANNELS; c++) {
         CHECK(wait_at_least(&g_data[c], per_channel, 60));
-        CHECK_EQ(atomic_load(&g_data[c]), per_channel);
-        CHECK_EQ(atomic_load(&g_sum[c]), sum); /* every sequence number once */
+        for (int seq = 1; seq <= per_channel; seq++) {
+            if (!atomic_load(&g_seen[c][seq])) {
+                fprintf(stderr, "channel %d: message %d never arrived\n", c, seq);
+                exit(1);
+            }
+        }
         CHECK_EQ(atomic_load(&g_active[c]), 1);
     }
     CHECK(wait_at_least(&g_heartbeats, CHANNELS, 60));
     CHECK(wait_at_least(&g_handshakes, 2 * CHANNELS, 60));
+    printf("received %d %d messages\n", atomic_load(&g_data[0]), atomic_load(&g_data[1]));
     CHECK_EQ(atomic_load(&g_bad), 0);
 }
 
