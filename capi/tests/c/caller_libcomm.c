@@ -126,6 +126,17 @@ static void handle_recv(OckRpcServerContext ctx, OckRpcMessage msg)
     OckRpcServerCleanupCtx(ctx);
 }
 
+/* The test's own service (id 2): how many data messages the server has handled. A one-way
+ * send completes when the peer's NIC has the message, not when its handler ran; libcomm keeps
+ * its connections, the test's node disconnects, so it first waits for the handlers here. */
+static void handle_count(OckRpcServerContext ctx, OckRpcMessage msg)
+{
+    (void)msg;
+    int n = atomic_load(&g_msgs);
+    OckRpcMessage rsp = {&n, sizeof(n)};
+    CHECK_EQ(OckRpcServerReply(ctx, 2, &rsp, NULL), OCK_RPC_OK);
+}
+
 static void logger(int level, const char *msg)
 {
     if (level >= 2) {
@@ -164,9 +175,10 @@ static OckRpcServer listener_init(const char *range)
     OckRpcServer s = 0;
     CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &configs), OCK_RPC_OK);
     CHECK_EQ(OckRpcServerStart(s), OCK_RPC_OK);
-    OckRpcService cmd = {0, handle_cmd}, recv = {1, handle_recv};
+    OckRpcService cmd = {0, handle_cmd}, recv = {1, handle_recv}, count = {2, handle_count};
     CHECK_EQ(OckRpcServerAddService(s, &cmd), OCK_RPC_OK);
     CHECK_EQ(OckRpcServerAddService(s, &recv), OCK_RPC_OK);
+    CHECK_EQ(OckRpcServerAddService(s, &count), OCK_RPC_OK);
     return s;
 }
 
@@ -261,6 +273,13 @@ static void node_talks(uint16_t port, uint16_t local_port)
         sent += (long long)m.len;
     }
     CHECK(wait_at_least(&g_done, MSGS, 60));
+    int handled = 0;
+    double until = now_s() + 60;
+    while (handled < MSGS) {
+        OckRpcMessage q = {"?", 1}, a = {&handled, sizeof(handled)};
+        CHECK_EQ(OckRpcClientCall(c, 2, &q, &a, NULL), OCK_RPC_OK);
+        CHECK(now_s() < until);
+    }
     printf("client sent %d messages, %lld bytes\n", MSGS, sent);
     OckRpcClientDisconnect(c);
 }
