@@ -6,7 +6,7 @@
 //! over-read.
 //!
 //! A server reads every key; a client ([`Role::Client`]) reads only the keys a client uses
-//! (name, payload, self-polling, heartbeat, TLS) and checks `segsize` / `segcount` with the
+//! (name, payload, self-polling, heartbeat, TLS, its break handler) and checks `segsize` / `segcount` with the
 //! reference's client bounds (its CallWithParam pool: `segcount` 0 means none), ignoring the
 //! server-only keys as the reference does.
 
@@ -264,6 +264,7 @@ pub unsafe fn parse(cfg: *const OckRpcCreateConfig, role: Role) -> Result<Settin
                 && !matches!(
                     k,
                     "server.create.name"
+                        | "server.client.break"
                         | "server.create.segsize"
                         | "server.create.segcount"
                         | "server.heartbeat.idle"

@@ -496,3 +496,19 @@ pub fn destroy(obj: &Arc<ServerObj>) {
                    // Pooled contexts point back at the dispatch state: break the cycle.
     obj.dispatch.ctx_pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eager_buffers_stop_at_64_kib_and_at_the_devices_largest_message() {
+        // The default segment is eager as it is; a 16 MiB or 1 GiB one is not sized into every
+        // buffer (its messages go by rendezvous), and no device limit is exceeded.
+        assert_eq!(eager_size(65536, 16 << 20), 65536 + HEADROOM);
+        assert_eq!(eager_size(256, 16 << 20), 256 + HEADROOM);
+        assert_eq!(eager_size(16 << 20, 16 << 20), EAGER_MAX + HEADROOM);
+        assert_eq!(eager_size(1 << 30, 16 << 20), EAGER_MAX + HEADROOM);
+        assert_eq!(eager_size(1 << 20, 4096), 4096);
+    }
+}

@@ -23,6 +23,7 @@
 #define SEGMENT (16u << 20)
 #define RESPONSE_MAX (4u << 20)
 #define IO_CALLS 12
+#define IO_WINDOW 4
 #define POOL_THREADS 2
 
 struct io_request {
@@ -265,6 +266,10 @@ static void compute_side(uint16_t port, const char *range)
         calls[i].rsp.len = RESPONSE_MAX;
         OckRpcMessage r = {&calls[i].req, sizeof(calls[i].req)};
         OckRpcCallDone done = {io_done, &calls[i]};
+        /* at most IO_WINDOW requests in flight (a scan's prefetch depth): 12 responses of up to
+         * 4 MiB at once sometimes overran the simulator's UDP wire on a loaded machine (its retries
+         * ran out and the connection broke) */
+        CHECK(wait_at_least(&g_io_done, i - IO_WINDOW + 1, 120));
         CHECK_EQ(OckRpcClientCall(c, RPC_IO_REQ, &r, &calls[i].rsp, &done), OCK_RPC_OK);
     }
     CHECK(wait_at_least(&g_io_done, IO_CALLS, 120));
