@@ -46,7 +46,7 @@ typedef enum {
  * four function-pointer keys, whose value IS the function pointer cast to const char *. */
 #define OCK_RPC_STR_SERVER_NAME "server.create.name"           /* <= 64 chars, default "service" */
 #define OCK_RPC_STR_SERVER_PORT_RANGE "server.create.range"    /* "4000-5000", used for port 0 */
-#define OCK_RPC_STR_COMMUNICATION_TYPE "server.create.type"    /* "TCP", "RDMA" or "UBC" */
+#define OCK_RPC_STR_COMMUNICATION_TYPE "server.create.type"    /* "TCP", "RDMA", "UBC" or "HCCS" */
 #define OCK_RPC_STR_PRE_SEGMENT_SIZE "server.create.segsize"   /* largest two-sided message */
 #define OCK_RPC_STR_PRE_SEGMENT_COUNT "server.create.segcount" /* preallocated segments */
 #define OCK_RPC_STR_CLIENT_NEW "server.client.new"             /* OckRpcClientHandler */
@@ -56,7 +56,7 @@ typedef enum {
 #define OCK_RPC_STR_WRK_THR_GRP "worker.thread.groups"         /* "4" or "1,2,3" */
 #define OCK_RPC_STR_WRK_CPU_SET "worker.thread.cpuset"         /* "1-4" or "1-1,2-3,na" */
 #define OCK_RPC_STR_ENABLE_POLL_WORKER "worker.poll.enable"    /* "yes" busy poll, "no" events */
-#define OCK_RPC_STR_ENABLE_SEND_RNDV "server.rndv.enable"      /* "yes" / "no" */
+#define OCK_RPC_STR_ENABLE_SEND_RNDV "server.rndv.enable"      /* "yes" (with malloc, mfree) / "no" */
 #define OCK_RPC_STR_RNDV_MALLOC "server.rndv.malloc"           /* OckRpcRndvMemAllocate */
 #define OCK_RPC_STR_RNDV_MFREE "server.rndv.mfree"             /* OckRpcRndvMemFree */
 #define OCK_RPC_STR_HEATBEAT_IDLE "server.heartbeat.idle"      /* seconds, >= 1, default 1 */

@@ -42,15 +42,23 @@ pub unsafe extern "C" fn OckRpcClientConnectWithCfg(
             crate::log!(ERROR, "OckRpcClientConnectWithCfg: ip {ip:?} is not an IP address");
             return OCK_RPC_ERR_INVALID_PARAM;
         };
-        if port == 0 {
-            crate::log!(ERROR, "OckRpcClientConnectWithCfg: port 0");
+        if (1..1024).contains(&port) {
+            crate::log!(
+                ERROR,
+                "OckRpcClientConnectWithCfg: port {port} is privileged: servers listen on 1024..=65535"
+            );
             return OCK_RPC_ERR_INVALID_PARAM;
         }
         // SAFETY: the caller's contract.
-        let settings = match unsafe { config::parse(cfg) } {
+        let settings = match unsafe { config::parse(cfg, config::Role::Client) } {
             Ok(s) => s,
             Err(st) => return st,
         };
+        if port == 0 {
+            // As the reference: the connect itself fails.
+            crate::log!(ERROR, "OckRpcClientConnectWithCfg: port 0: give the server's port (1024..=65535)");
+            return OCK_RPC_ERR;
+        }
         let Some(server) = client::server_named(&settings.name) else {
             crate::log!(
                 ERROR,

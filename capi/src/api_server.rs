@@ -90,8 +90,16 @@ pub unsafe extern "C" fn OckRpcServerCreateWithCfg(
             crate::log!(ERROR, "OckRpcServerCreateWithCfg: ip {ip:?} is not an IP address");
             return OCK_RPC_ERR_INVALID_PARAM;
         }
+        if (1..1024).contains(&port) {
+            crate::log!(
+                ERROR,
+                "OckRpcServerCreateWithCfg: port {port} is privileged: use 1024..=65535, or 0 for the first free \
+                 port of server.create.range"
+            );
+            return OCK_RPC_ERR_INVALID_PARAM;
+        }
         // SAFETY: the caller's contract.
-        let settings = match unsafe { config::parse(cfg) } {
+        let settings = match unsafe { config::parse(cfg, config::Role::Server) } {
             Ok(s) => s,
             Err(st) => return st,
         };

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `RDMA` (default) | `verbs` (the first RDMA device; feature `verbs`) |
 //! | `UBC` | `urma` (the first URMA device liburma lists; liburma from `$BYPASS_URMA_LIB`, else `liburma.so.0`; feature `urma`) |
+//! | `HCCS` (libcomm's default) | `urma`, as `UBC`: HCCS is Huawei's chip-to-chip link, which UB and its URMA API succeed; there is no HCCS verbs or socket device to open |
 //! | `TCP` | `sim+udp://IP:0`: the simulated NIC on the UDP wire, bound to the server's IP |
 //!
 //! `BYPASS_BACKEND` (any spec `bypass::Backend::open` takes: `sim`, `sim+shm`,
@@ -26,6 +27,8 @@ pub enum CommType {
     Rdma,
     /// `"UBC"`.
     Ubc,
+    /// `"HCCS"`: opened as [`CommType::Ubc`] (see the module doc).
+    Hccs,
 }
 
 /// An opened backend and a device on it; the server keeps it alive.
@@ -53,7 +56,7 @@ pub fn spec_for(kind: CommType, ip: &str) -> String {
     }
     match kind {
         CommType::Rdma => "verbs".into(),
-        CommType::Ubc => "urma".into(),
+        CommType::Ubc | CommType::Hccs => "urma".into(),
         CommType::Tcp => format!("sim+udp://{ip}:0"),
     }
 }
@@ -83,11 +86,11 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
                              and build libhcom4db with `--features verbs`, or set BYPASS_BACKEND=sim to run on the \
                              simulated NIC"
                         }
-                        CommType::Ubc if !cfg!(feature = "urma") => {
+                        CommType::Ubc | CommType::Hccs if !cfg!(feature = "urma") => {
                             "this libhcom4db was built without the URMA backend: build it with `--features urma`, \
                              or use type RDMA or TCP, or set BYPASS_BACKEND=sim to run on the simulated NIC"
                         }
-                        CommType::Ubc => {
+                        CommType::Ubc | CommType::Hccs => {
                             "install UMDK's liburma.so.0 with a UB device, or point BYPASS_URMA_LIB at a liburma \
                              (sim-urma's liburma.so runs on the simulated NIC); choose the device with \
                              BYPASS_BACKEND=urma:<device>[,lib=<path>]; or set BYPASS_BACKEND=sim to run on the \

@@ -14,7 +14,7 @@
 use crate::client::ClientObj;
 use crate::net::Nic;
 use crate::regions::RegionEntry;
-use crate::server::{function_id, status_of};
+use crate::server::{function_id, oneway_function_id, status_of};
 use crate::types::*;
 use bypass::{CallMode, CallOptions, Channel, LocalRange};
 use std::cell::RefCell;
@@ -135,6 +135,30 @@ fn options(c: &ClientObj, target: &Target) -> CallOptions {
     }
 }
 
+/// The options and function of a call of `id` with `len` bytes on `ch`, whose server's segment
+/// is `segsize`: a one-way message larger than the eager segment travels as a call to the
+/// one-way function (the server answers it empty, which frees the rendezvous memory); a
+/// response the library mallocs may be as large as a segment, so a segment above the eager
+/// size names a response buffer of that size.
+fn plan<D: Nic>(
+    ch: &Channel<D>,
+    c: &ClientObj,
+    id: u16,
+    len: usize,
+    target: &Target,
+) -> (CallOptions, bypass::FunctionId) {
+    let mut opts = options(c, target);
+    let segsize = c.server().map_or(0, |s| s.settings.segsize);
+    if !target.wants_response() && len > ch.max_request_args() {
+        opts.mode = CallMode::WaitRsp;
+        return (opts, oneway_function_id(id));
+    }
+    if target.wants_response() && opts.max_response == 0 && segsize > ch.max_request_args() {
+        opts.max_response = segsize;
+    }
+    (opts, function_id(id, false))
+}
+
 /// A call of `id` with `args`.
 pub fn call(c: &ClientObj, id: u16, args: &[u8], target: Target, done: Option<Done>) -> OckRpcStatus {
     let Some(ch) = c.channel() else {
@@ -155,8 +179,7 @@ fn call_on<D: Nic>(
     target: Target,
     done: Option<Done>,
 ) -> OckRpcStatus {
-    let opts = options(c, &target);
-    let f = function_id(id, false);
+    let (opts, f) = plan(ch, c, id, args.len(), &target);
     match done {
         None => with_scratch(|rsp| match ch.call_with(&opts, f, args, rsp) {
             Ok(_) => target.deliver(rsp),

@@ -9,7 +9,7 @@
 use crate::config::Settings;
 use crate::handle::{Handle, HandleTable};
 use crate::net::{AnyChannel, AnyConn, Nic};
-use crate::server::{ServerObj, HEADROOM, STACK_NAME};
+use crate::server::{ServerObj, STACK_NAME};
 use crate::types::*;
 use bypass::{Channel, ChannelConfig, Keepalive};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -176,7 +176,7 @@ fn connect_on<D: Nic>(
 ) -> Result<AnyChannel, bypass::RpcError> {
     let mut cfg = ChannelConfig::new(STACK_NAME);
     cfg.client_info = s.client_info.clone();
-    cfg.msg_size = segsize + HEADROOM;
+    cfg.msg_size = crate::server::eager_size(segsize, dev.caps().max_msg_size);
     cfg.timeout = None;
     cfg.self_poll = s.self_polling;
     cfg.keepalive = Some(Keepalive { interval: Duration::from_secs(s.heartbeat_idle), misses: 5 });

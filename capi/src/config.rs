@@ -1,7 +1,14 @@
 //! `OckRpcCreateConfig` → [`Settings`]: every key of `hcom4db.h`, with the defaults of
 //! docs/capi.md. Unknown keys are accepted and ignored (logged at debug); a bad value is
-//! `OCK_RPC_ERR_INVALID_PARAM` with a log line naming the key. Strings are read only up to
-//! their documented limit: a value without a terminator within it is refused, not over-read.
+//! refused with the reference's status (`OCK_RPC_ERR_INVALID_PARAM`, or `OCK_RPC_ERR` for the
+//! client's segment keys) and a log line naming the key and what it accepts. Strings are read
+//! only up to their documented limit: a value without a terminator within it is refused, not
+//! over-read.
+//!
+//! A server reads every key; a client ([`Role::Client`]) reads only the keys a client uses
+//! (name, payload, self-polling, heartbeat, TLS, its break handler) and checks `segsize` / `segcount` with the
+//! reference's client bounds (its CallWithParam pool: `segcount` 0 means none), ignoring the
+//! server-only keys as the reference does.
 
 use crate::backend::CommType;
 use crate::types::*;
@@ -9,6 +16,9 @@ use std::ffi::{c_char, CStr};
 
 /// Longest key read.
 const MAX_KEY: usize = 128;
+
+/// The server's largest `server.create.segsize`: 1 GiB.
+pub const MAX_SEGSIZE: u64 = 1 << 30;
 
 /// TLS callbacks (all three set).
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +31,21 @@ pub struct TlsCallbacks {
     /// Private key.
     pub get_pri_key: unsafe extern "C" fn(*mut *const c_char, *mut *mut c_char, *mut OckRpcTlsKeypassErase),
 }
+
+/// Who reads a config: the keys and bounds differ (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `OckRpcServerCreateWithCfg`.
+    Server,
+    /// `OckRpcClientConnectWithCfg`.
+    Client,
+}
+
+/// The client's largest `server.create.segsize` (the reference's bound for its CallWithParam
+/// pool, 900 MiB).
+pub const CLIENT_MAX_SEGSIZE: u64 = 943_718_400;
+/// The client's largest `server.create.segcount` (the reference's bound).
+pub const CLIENT_MAX_SEGCOUNT: u64 = 65_535;
 
 /// Parsed configuration (server and client keys).
 #[derive(Debug, Clone)]
@@ -141,9 +166,17 @@ fn yes_no(key: &str, v: &str) -> Result<bool, OckRpcStatus> {
 }
 
 fn number(key: &str, v: &str, min: u64, max: u64) -> Result<u64, OckRpcStatus> {
+    number_or(key, v, min, max, OCK_RPC_ERR_INVALID_PARAM)
+}
+
+/// [`number`], refused with `status`.
+fn number_or(key: &str, v: &str, min: u64, max: u64, status: OckRpcStatus) -> Result<u64, OckRpcStatus> {
     match v.trim().parse::<u64>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(bad(key, format_args!("{v:?} is not a number in {min}..={max}"))),
+        _ => {
+            bad(key, format_args!("{v:?} is not a number in {min}..={max}"));
+            Err(status)
+        }
     }
 }
 
@@ -187,23 +220,33 @@ fn parse_cpusets(key: &str, v: &str) -> Result<Vec<Option<(usize, usize)>>, OckR
     })
 }
 
-/// Parses `cfg` (NULL: defaults). `for_client`: the client's keys matter (the server keys are
-/// still checked).
+/// Parses `cfg` for `role`. A NULL `cfg`, or a NULL pair array or negative count with
+/// `OCK_RPC_CONFIG_USE_RPC_CONFIGS`, is refused as the reference refuses it.
 ///
 /// # Safety
 /// `cfg` is NULL or points to a readable `OckRpcCreateConfig` whose pairs are readable.
-pub unsafe fn parse(cfg: *const OckRpcCreateConfig) -> Result<Settings, OckRpcStatus> {
+pub unsafe fn parse(cfg: *const OckRpcCreateConfig, role: Role) -> Result<Settings, OckRpcStatus> {
     let mut s = Settings::default();
     if cfg.is_null() {
-        return Ok(s);
+        return Err(bad(
+            "configs",
+            "the OckRpcCreateConfig pointer is NULL: pass a config (mask 0 for all defaults)",
+        ));
     }
     // SAFETY: the caller's contract.
     let cfg = unsafe { &*cfg };
     let mut tls_value = true;
+    let client = role == Role::Client;
     if cfg.mask & OCK_RPC_CONFIG_USE_RPC_CONFIGS != 0 {
         let n = cfg.configs.size;
-        if n < 0 || (n > 0 && cfg.configs.pairs.is_null()) {
-            return Err(bad("configs", format_args!("size {n} with pairs {:p}", cfg.configs.pairs)));
+        if n < 0 || cfg.configs.pairs.is_null() {
+            return Err(bad(
+                "configs",
+                format_args!(
+                    "size {n} with pairs {:p}: with OCK_RPC_CONFIG_USE_RPC_CONFIGS give a pair array and a count >= 0",
+                    cfg.configs.pairs
+                ),
+            ));
         }
         for i in 0..n as usize {
             // SAFETY: `pairs` holds `size` pairs (the caller's contract).
@@ -214,6 +257,25 @@ pub unsafe fn parse(cfg: *const OckRpcCreateConfig) -> Result<Settings, OckRpcSt
             };
             let ptr = pair.value as usize;
             let k = key.as_str();
+            if ptr == 0 {
+                return Err(bad(k, "the value is NULL: give a value (function-pointer keys: the function)"));
+            }
+            if client
+                && !matches!(
+                    k,
+                    "server.create.name"
+                        | "server.client.break"
+                        | "server.create.segsize"
+                        | "server.create.segcount"
+                        | "server.heartbeat.idle"
+                        | "server.tls.enable"
+                        | "client.create.info"
+                        | "client.enable.selfpolling"
+                )
+            {
+                crate::log!(crate::log::DEBUG, "config key {k:?} is not read by a client; ignored");
+                continue;
+            }
             // Function-pointer keys: the value is the pointer.
             match k {
                 "server.client.new" | "server.client.break" => {
@@ -281,11 +343,24 @@ pub unsafe fn parse(cfg: *const OckRpcCreateConfig) -> Result<Settings, OckRpcSt
                         "TCP" => CommType::Tcp,
                         "RDMA" => CommType::Rdma,
                         "UBC" => CommType::Ubc,
-                        _ => return Err(bad(k, format_args!("{v:?} is not \"TCP\", \"RDMA\" or \"UBC\""))),
+                        "HCCS" => CommType::Hccs,
+                        _ => {
+                            return Err(bad(
+                                k,
+                                format_args!("{v:?} is not \"TCP\", \"RDMA\", \"UBC\" or \"HCCS\""),
+                            ))
+                        }
                     }
                 }
-                "server.create.segsize" => s.segsize = number(k, &v, 256, 1 << 30)? as usize,
-                "server.create.segcount" => s.segcount = number(k, &v, 1, 1 << 20)? as usize,
+                // The client's pair (the reference's CallWithParam pool): refused with OCK_RPC_ERR.
+                "server.create.segsize" if client => {
+                    s.segsize = number_or(k, &v, 0, CLIENT_MAX_SEGSIZE, OCK_RPC_ERR)? as usize
+                }
+                "server.create.segcount" if client => {
+                    s.segcount = number_or(k, &v, 0, CLIENT_MAX_SEGCOUNT, OCK_RPC_ERR)? as usize
+                }
+                "server.create.segsize" => s.segsize = number(k, &v, 256, MAX_SEGSIZE)? as usize,
+                "server.create.segcount" => s.segcount = number(k, &v, 0, 1 << 20)? as usize,
                 "worker.thread.groups" => s.groups = parse_groups(k, &v)?,
                 "worker.thread.cpuset" => s.cpusets = parse_cpusets(k, &v)?,
                 "worker.poll.enable" => s.busy_poll = yes_no(k, &v)?,
@@ -308,16 +383,35 @@ pub unsafe fn parse(cfg: *const OckRpcCreateConfig) -> Result<Settings, OckRpcSt
             ),
         ));
     }
-    if s.rndv && (s.rndv_malloc.is_none() != s.rndv_free.is_none()) {
-        return Err(bad(
-            "server.rndv.malloc",
-            "set both server.rndv.malloc and server.rndv.mfree, or neither",
-        ));
+    if s.rndv && !client {
+        let missing = match (s.rndv_malloc.is_none(), s.rndv_free.is_none()) {
+            (true, true) => Some("server.rndv.malloc and server.rndv.mfree"),
+            (true, false) => Some("server.rndv.malloc"),
+            (false, true) => Some("server.rndv.mfree"),
+            (false, false) => None,
+        };
+        if let Some(m) = missing {
+            return Err(bad(
+                "server.rndv.enable",
+                format_args!(
+                    "\"yes\" needs both hooks, server.rndv.malloc and server.rndv.mfree: {m} not set \
+                     (or set server.rndv.enable to \"no\")"
+                ),
+            ));
+        }
     }
     if cfg.mask & OCK_RPC_CONFIG_USE_SSL_CALLBACK != 0 && tls_value {
         match (cfg.get_ca_and_verify, cfg.get_cert, cfg.get_pri_key) {
             (Some(a), Some(c), Some(k)) => {
                 s.tls = Some(TlsCallbacks { get_ca_and_verify: a, get_cert: c, get_pri_key: k })
+            }
+            // The reference refuses a server so configured; it never reads TLS on a client.
+            _ if !client => {
+                return Err(bad(
+                    "server.tls.enable",
+                    "OCK_RPC_CONFIG_USE_SSL_CALLBACK is set and TLS is not \"no\", but not all three TLS \
+                     callbacks (getCaAndVerify, getCert, getPriKey) are: set them, or set server.tls.enable to \"no\"",
+                ))
             }
             _ => crate::log!(
                 crate::log::WARN,

@@ -4,7 +4,9 @@
 //! `OckRpcServerCleanupRndvCtx`). `OckRpcCloneCtx` makes a second handle on the same request
 //! that lives until `OckRpcDeCloneCtx`, so another thread can reply. The request is answered at
 //! most once, by whichever handle replies first; a request no handle answered is dropped when
-//! its last handle ends (the client sees a timeout).
+//! its last handle ends (the client sees a timeout) — except a one-way message too large for
+//! the eager segment, which travels as a call ([`Ctx::auto_reply`]) and is answered empty
+//! then, so the sender learns the server is done with its memory.
 
 use crate::handle::{Handle, HandleTable};
 use crate::net::AnyRequest;
@@ -25,6 +27,28 @@ pub struct Ctx {
     pub dispatch: Arc<Dispatch>,
     /// Whether it came by `OckRpcClientCallRndv*`.
     pub rndv: bool,
+    /// A one-way message sent as a call (larger than the eager segment): answered with an
+    /// empty reply when its last handle ends unanswered.
+    pub auto_reply: bool,
+}
+
+impl Ctx {
+    /// Ends the request if no handle answered it: dropped, or (a large one-way message)
+    /// answered empty.
+    pub fn end(&mut self) {
+        let req = self.req.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let (Some(req), true) = (req, self.auto_reply) {
+            if let Err(e) = crate::by_dev!(req, r => r.reply(&[])) {
+                crate::log!(crate::log::DEBUG, "the empty answer of a large one-way message failed: {e}");
+            }
+        }
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        self.end();
+    }
 }
 
 /// Every live context handle.

@@ -6,8 +6,8 @@
 //! same: [`AnyRegion`], [`Nic::region`] and [`Nic::region_of`].
 
 use bypass::hal::Device;
-use bypass::sim::SimNic;
 use bypass::{Channel, Connection, Request, Server};
+use bypass_sim::SimNic;
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::sync::Arc;

@@ -467,8 +467,8 @@ mod tests {
     use super::*;
     use crate::memory::REGION_ACCESS;
     use bypass::hal::{Device, MemoryRegion};
-    use bypass::sim::{Engine, Fabric, SimNic};
     use bypass::{ChannelConfig, Functions, Server, ServerConfig};
+    use bypass_sim::{Engine, Fabric, SimNic};
     use std::sync::mpsc;
 
     struct Pair {

@@ -30,9 +30,39 @@ pub const STACK_NAME: &str = "hcom4db";
 /// Bytes added to `segsize` for the stack's headers (a segment holds `segsize` bytes of data).
 pub const HEADROOM: usize = 64;
 
+/// Largest eager segment data: a `server.create.segsize` above it still sets the largest
+/// message, but messages above this go by rendezvous (the reference's default segment, 64 KiB).
+/// Eager buffers are preallocated per connection and in the shared receive pool, so a 16 MiB
+/// (or 1 GiB) segment must not size them.
+pub const EAGER_MAX: usize = 64 << 10;
+
+/// The eager message size (header room included) of a server of `segsize` on a device whose
+/// largest message is `max_msg`.
+pub fn eager_size(segsize: usize, max_msg: u32) -> usize {
+    (segsize.min(EAGER_MAX) + HEADROOM).min(max_msg as usize)
+}
+
 /// The stack function of message `id` (plain or rendezvous service).
 pub fn function_id(id: u16, rndv: bool) -> FunctionId {
     FunctionId::new(0xDB, if rndv { 2 } else { 1 }, true, u32::from(id)).expect("ids below 1000 fit")
+}
+
+/// The stack function of a one-way message of `id` too large for the eager segment: it travels
+/// as a call (rendezvous needs an answer to free the sender's memory), and the server answers
+/// it empty once its handler is done ([`Ctx::auto_reply`]).
+pub fn oneway_function_id(id: u16) -> FunctionId {
+    FunctionId::new(0xDB, 3, true, u32::from(id)).expect("ids below 1000 fit")
+}
+
+/// Registers every id's plain, rendezvous and large one-way function.
+fn register_all<D: Nic>(functions: &mut Functions<D>, obj: &Arc<ServerObj>) {
+    for id in 0..MAX_ID {
+        for (rndv, auto) in [(false, false), (true, false), (false, true)] {
+            let d = obj.dispatch.clone();
+            let f = if auto { oneway_function_id(id) } else { function_id(id, rndv) };
+            functions.register(f, move |req| on_request(&d, id, rndv, auto, req));
+        }
+    }
 }
 
 /// The services: handler addresses by id (0: none), replaced atomically.
@@ -216,12 +246,7 @@ fn start_on<D: Nic>(
 ) -> Result<(AnyServer, std::net::SocketAddr), OckRpcStatus> {
     let s = &obj.settings;
     let mut functions = Functions::<D>::new();
-    for id in 0..MAX_ID {
-        for rndv in [false, true] {
-            let d = obj.dispatch.clone();
-            functions.register(function_id(id, rndv), move |req| on_request(&d, id, rndv, req));
-        }
-    }
+    register_all(&mut functions, obj);
     if let (true, Some(malloc), Some(mfree)) = (s.rndv, s.rndv_malloc, s.rndv_free) {
         let weak = Arc::downgrade(obj);
         let alloc = AllocFns {
@@ -261,9 +286,12 @@ fn start_on<D: Nic>(
         };
         functions.rndv_allocator(Arc::new(alloc));
     }
+    let segment = (s.segsize + HEADROOM) as u64;
     let config = ServerConfig {
         name: STACK_NAME.into(),
-        msg_size: s.segsize + HEADROOM,
+        msg_size: eager_size(s.segsize, dev.caps().max_msg_size),
+        // A segment-sized argument being handled and a segment-sized response being written.
+        rndv_memory_limit: bypass::DEFAULT_RNDV_MEMORY_LIMIT.max(2 * segment),
         workers: s.workers(),
         mode: if s.busy_poll { PollMode::Busy } else { PollMode::Adaptive },
         pin: s.pin(),
@@ -320,12 +348,7 @@ fn start_on<D: Nic>(
 
 fn rebuild<D: Nic>(obj: &Arc<ServerObj>) -> Functions<D> {
     let mut functions = Functions::<D>::new();
-    for id in 0..MAX_ID {
-        for rndv in [false, true] {
-            let d = obj.dispatch.clone();
-            functions.register(function_id(id, rndv), move |req| on_request(&d, id, rndv, req));
-        }
-    }
+    register_all(&mut functions, obj);
     functions
 }
 
@@ -364,8 +387,9 @@ fn on_break(d: &Arc<Dispatch>, channel: u32, context: u64, info: &str) {
     CLIENTS.remove(h);
 }
 
-/// A request arrived for message `id`: run its service with a context handle.
-fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, req: Request<D>) {
+/// A request arrived for message `id`: run its service with a context handle (`auto`: a large
+/// one-way message, answered empty if the handler does not answer it).
+fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, auto: bool, req: Request<D>) {
     let f = d.services.get(rndv, id);
     if f == 0 {
         crate::log!(
@@ -373,6 +397,10 @@ fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, req: Request<D>) {
             "a {} message with id {id} arrived, but no service has that id: dropped",
             if rndv { "rendezvous" } else { "plain" }
         );
+        if auto {
+            // The sender of a large one-way message waits for the answer that frees its memory.
+            let _ = req.reply(&[]);
+        }
         return;
     }
     let channel = req.channel_id();
@@ -396,7 +424,7 @@ fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, req: Request<D>) {
     }
     // The message bytes live in the request's receive buffer (or its gathered rendezvous
     // memory), which stays put while the request is alive, wherever the `Request` moves.
-    let ctx = take_ctx(d, D::request(req), id, channel, rndv);
+    let ctx = take_ctx(d, D::request(req), id, channel, rndv, auto);
     let h = CTXS.insert(ctx);
     if rndv {
         // SAFETY: `f` was stored from an OckRpcMsgRndvHandler by OckRpcServerAddRndvService.
@@ -425,6 +453,7 @@ fn take_ctx(
     msg_id: u16,
     channel: u32,
     rndv: bool,
+    auto_reply: bool,
 ) -> Arc<Ctx> {
     let pooled = d.ctx_pool.lock().unwrap_or_else(|e| e.into_inner()).pop();
     if let Some(mut ctx) = pooled {
@@ -433,17 +462,19 @@ fn take_ctx(
             c.msg_id = msg_id;
             c.channel = channel;
             c.rndv = rndv;
+            c.auto_reply = auto_reply;
             return ctx;
         }
     }
-    Arc::new(Ctx { req: Mutex::new(Some(req)), msg_id, channel, dispatch: d.clone(), rndv })
+    Arc::new(Ctx { req: Mutex::new(Some(req)), msg_id, channel, dispatch: d.clone(), rndv, auto_reply })
 }
 
 /// Takes back a context whose handler returned: into the pool if no clone holds it.
 fn recycle(d: &Arc<Dispatch>, mut ctx: Arc<Ctx>) {
     let Some(c) = Arc::get_mut(&mut ctx) else { return }; // a clone lives on
-                                                          // A request nobody answered is dropped here (the client times out), outside the pool lock.
-    drop(c.req.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+                                                          // A request nobody answered ends here (dropped: the client times out; a large one-way
+                                                          // message is answered empty), outside the pool lock.
+    c.end();
     let mut pool = d.ctx_pool.lock().unwrap_or_else(|e| e.into_inner());
     if pool.len() < CTX_POOL_MAX {
         pool.push(ctx);
@@ -464,4 +495,20 @@ pub fn destroy(obj: &Arc<ServerObj>) {
     drop(workers); // clients of this device keep their own reference
                    // Pooled contexts point back at the dispatch state: break the cycle.
     obj.dispatch.ctx_pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eager_buffers_stop_at_64_kib_and_at_the_devices_largest_message() {
+        // The default segment is eager as it is; a 16 MiB or 1 GiB one is not sized into every
+        // buffer (its messages go by rendezvous), and no device limit is exceeded.
+        assert_eq!(eager_size(65536, 16 << 20), 65536 + HEADROOM);
+        assert_eq!(eager_size(256, 16 << 20), 256 + HEADROOM);
+        assert_eq!(eager_size(16 << 20, 16 << 20), EAGER_MAX + HEADROOM);
+        assert_eq!(eager_size(1 << 30, 16 << 20), EAGER_MAX + HEADROOM);
+        assert_eq!(eager_size(1 << 20, 4096), 4096);
+    }
 }

@@ -17,6 +17,8 @@
 # 4. The URMA backend (type UBC on sim-urma's liburma.so, tests/c_urma.rs, which honours
 #    $CAPI_C_RUNNER too): basic.c and onesided_local.c in one process, onesided_procs.c's two
 #    processes on sim-urma's shared-memory wire.
+# 5. The programs shaped like the real callers (tests/callers.rs: libcomm, NDP, CBB MES), every
+#    one of them: one process and two (shm, UDP), on the simulator and on UBC.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 if ! command -v valgrind >/dev/null 2>&1; then
@@ -63,4 +65,7 @@ echo "== memcheck: the URMA backend (UBC on sim-urma) under valgrind ($((SECONDS
 CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test c_urma -- \
     --test-threads=1 --exact every_function_in_one_process_on_urma \
     one_sided_read_and_write_in_one_process_on_urma one_sided_between_two_processes_over_the_ubc_type
+
+echo "== memcheck: the callers' shapes (libcomm, NDP, MES) under valgrind ($((SECONDS - started)) s)"
+CAPI_C_RUNNER="${vg[*]}" cargo test -p bypass-capi --release --quiet --test callers -- --test-threads=1
 echo "== memcheck: done ($((SECONDS - started)) s)"

@@ -120,9 +120,11 @@ fn rendezvous_calls_with_the_malloc_hooks() {
     assert_eq!(OckRpcServerStart(server), OCK_RPC_OK);
     let port = hcom4db::server::lookup(server).unwrap().bound.lock().unwrap().unwrap().port();
     let mut client = 0usize;
+    // SAFETY: a config is plain data; all zero is mask 0, every key at its default.
+    let mut defaults: OckRpcCreateConfig = unsafe { std::mem::zeroed() };
     assert_eq!(
         // SAFETY: valid pointers.
-        unsafe { OckRpcClientConnectWithCfg(ip.as_ptr(), port, &mut client, std::ptr::null_mut()) },
+        unsafe { OckRpcClientConnectWithCfg(ip.as_ptr(), port, &mut client, &mut defaults) },
         OCK_RPC_OK
     );
     OckRpcClientSetTimeout(client, 30_000);

@@ -39,6 +39,141 @@ static void bad_pair(const char *key, const char *value)
     }
 }
 
+static int dummy_handler(OckRpcClient c, uint64_t ctx, const char *payload)
+{
+    (void)c;
+    (void)ctx;
+    (void)payload;
+    return 0;
+}
+
+static void dummy_cert(const char **path)
+{
+    *path = NULL;
+}
+
+/* What the reference (CBB's hcom4db.cpp) refuses at create, with its status. `quiet`: run
+ * after OckRpcSetExternalLogger(NULL), so the log line is not checked. */
+static void server_table(int quiet)
+{
+    OckRpcServer s = 0;
+    RpcConfigPair tcp[] = {{OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"}};
+    OckRpcCreateConfig cfg = make_cfg(tcp, 1);
+    g_last_error[0] = '\0';
+    /* a NULL config pointer, and a NULL pair array with (or without) a count */
+    CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, NULL), OCK_RPC_ERR_INVALID_PARAM);
+    cfg.configs.pairs = NULL;
+    cfg.configs.size = 3;
+    CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &cfg), OCK_RPC_ERR_INVALID_PARAM);
+    cfg.configs.size = 0;
+    CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &cfg), OCK_RPC_ERR_INVALID_PARAM);
+    cfg = make_cfg(tcp, 1);
+    /* privileged listen ports */
+    uint16_t privileged[] = {1, 22, 80, 1023};
+    for (size_t i = 0; i < sizeof(privileged) / sizeof(privileged[0]); i++) {
+        g_last_error[0] = '\0';
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", privileged[i], &s, &cfg), OCK_RPC_ERR_INVALID_PARAM);
+        CHECK(quiet || strstr(g_last_error, "1024") != NULL);
+    }
+    CHECK_EQ(s, 0);
+    /* rendezvous on without its hooks: none, only malloc, only mfree */
+    {
+        RpcConfigPair none[] = {{OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"}, {OCK_RPC_STR_ENABLE_SEND_RNDV, "yes"}};
+        OckRpcCreateConfig c = make_cfg(none, 2);
+        g_last_error[0] = '\0';
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &c), OCK_RPC_ERR_INVALID_PARAM);
+        CHECK(quiet || (strstr(g_last_error, "server.rndv.malloc") != NULL &&
+                        strstr(g_last_error, "server.rndv.mfree") != NULL));
+        RpcConfigPair only_free[] = {{OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
+                                     {OCK_RPC_STR_ENABLE_SEND_RNDV, "yes"},
+                                     {OCK_RPC_STR_RNDV_MFREE, FN_VALUE(h_twice)}};
+        c = make_cfg(only_free, 3);
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &c), OCK_RPC_ERR_INVALID_PARAM);
+    }
+    /* a NULL value, also of a function-pointer key */
+    {
+        RpcConfigPair nullv[] = {{OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"}, {OCK_RPC_STR_CLIENT_NEW, NULL}};
+        OckRpcCreateConfig c = make_cfg(nullv, 2);
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &c), OCK_RPC_ERR_INVALID_PARAM);
+        nullv[1].key = "netstack.exclusive.enable";
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &c), OCK_RPC_ERR_INVALID_PARAM);
+    }
+    /* TLS asked for with a callback missing (the NDP server's SSL build passes getCaAndVerify NULL) */
+    {
+        OckRpcCreateConfig c = make_cfg(tcp, 1);
+        c.mask |= OCK_RPC_CONFIG_USE_SSL_CALLBACK;
+        c.getCert = dummy_cert;
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 0, &s, &c), OCK_RPC_ERR_INVALID_PARAM);
+    }
+    CHECK_EQ(s, 0);
+    /* What the reference accepts: segcount 0, the function-pointer keys, an unknown key. */
+    {
+        RpcConfigPair ok[] = {{OCK_RPC_STR_COMMUNICATION_TYPE, "TCP"},
+                              {OCK_RPC_STR_PRE_SEGMENT_COUNT, "0"},
+                              {OCK_RPC_STR_CLIENT_NEW, FN_VALUE(dummy_handler)},
+                              {"netstack.exclusive.enable", "yes"}};
+        OckRpcCreateConfig c = make_cfg(ok, 4);
+        CHECK_EQ(OckRpcServerCreateWithCfg("127.0.0.1", 1024, &s, &c), OCK_RPC_OK);
+        OckRpcServerDestroy(s);
+        s = 0;
+    }
+}
+
+/* What the reference refuses at connect, with its status (a live server of the default name
+ * listens on `port`). */
+static void client_table(uint16_t port, int quiet)
+{
+    OckRpcClient c = 0;
+    OckRpcCreateConfig dflt;
+    memset(&dflt, 0, sizeof(dflt));
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, NULL), OCK_RPC_ERR_INVALID_PARAM);
+    OckRpcCreateConfig nopairs = make_cfg(NULL, 5);
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, &nopairs), OCK_RPC_ERR_INVALID_PARAM);
+    uint16_t privileged[] = {1, 443, 1023};
+    for (size_t i = 0; i < sizeof(privileged) / sizeof(privileged[0]); i++) {
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", privileged[i], &c, &dflt), OCK_RPC_ERR_INVALID_PARAM);
+    }
+    /* port 0: the reference tries and fails the connect */
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", 0, &c, &dflt), OCK_RPC_ERR);
+    /* The client's segment keys: the reference's CallWithParam pool bounds, OCK_RPC_ERR. */
+    const char *bad_seg[][2] = {
+        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "65536"},
+        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "x"},
+        {OCK_RPC_STR_PRE_SEGMENT_SIZE, "943718401"},
+        {OCK_RPC_STR_PRE_SEGMENT_SIZE, ""},
+    };
+    for (size_t i = 0; i < sizeof(bad_seg) / sizeof(bad_seg[0]); i++) {
+        RpcConfigPair p[] = {{bad_seg[i][0], bad_seg[i][1]}};
+        OckRpcCreateConfig cc = make_cfg(p, 1);
+        g_last_error[0] = '\0';
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, &cc), OCK_RPC_ERR);
+        CHECK(quiet || strstr(g_last_error, bad_seg[i][0]) != NULL);
+    }
+    {
+        RpcConfigPair p[] = {{OCK_RPC_STR_ENABLE_SELFPOLLING, "maybe"}};
+        OckRpcCreateConfig cc = make_cfg(p, 1);
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, &cc), OCK_RPC_ERR_INVALID_PARAM);
+    }
+    CHECK_EQ(c, 0);
+    /* Accepted: libcomm's client pairs (segcount 0 = no pool; the bounds themselves), and
+     * server-only keys, which a client does not read (the reference ignores them there). */
+    const char *ok[][2] = {
+        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "0"},
+        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "65535"},
+        {OCK_RPC_STR_PRE_SEGMENT_SIZE, "943718400"},
+        {OCK_RPC_STR_PRE_SEGMENT_SIZE, "4096"},
+        {OCK_RPC_STR_COMMUNICATION_TYPE, "anything"},
+        {OCK_RPC_STR_WRK_THR_GRP, "junk"},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        RpcConfigPair p[] = {{ok[i][0], ok[i][1]}};
+        OckRpcCreateConfig cc = make_cfg(p, 1);
+        OckRpcClient d = 0;
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &d, &cc), OCK_RPC_OK);
+        OckRpcClientDisconnect(d);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int has_verbs = argc > 1 && strcmp(argv[1], "verbs") == 0;
@@ -55,7 +190,9 @@ int main(int argc, char **argv)
         {OCK_RPC_STR_PRE_SEGMENT_SIZE, "0"},
         {OCK_RPC_STR_PRE_SEGMENT_SIZE, "99999999999999999999"},
         {OCK_RPC_STR_PRE_SEGMENT_COUNT, "-1"},
-        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "0"},
+        {OCK_RPC_STR_PRE_SEGMENT_COUNT, "2000000"},
+        {OCK_RPC_STR_PRE_SEGMENT_SIZE, "1073741825"}, /* above 1 GiB */
+        {OCK_RPC_STR_COMMUNICATION_TYPE, "hccs"},
         {OCK_RPC_STR_WRK_THR_GRP, "0"},
         {OCK_RPC_STR_WRK_THR_GRP, "a,b"},
         {OCK_RPC_STR_WRK_THR_GRP, ""},
@@ -77,6 +214,10 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         bad_pair(bad[i][0], bad[i][1]);
     }
+    server_table(0);
+    OckRpcSetExternalLogger(NULL);
+    server_table(1);
+    OckRpcSetExternalLogger(logger);
     bad_pair(OCK_RPC_STR_SERVER_NAME, unterminated);     /* no NUL within 64 */
     bad_pair(OCK_RPC_STR_CLIENT_CREATE_INFO, unterminated);
     {
@@ -159,16 +300,23 @@ int main(int argc, char **argv)
     free(ports);
 
     OckRpcClient c = 0;
-    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, NULL, NULL), OCK_RPC_ERR_INVALID_PARAM);
-    CHECK_EQ(OckRpcClientConnectWithCfg(NULL, port, &c, NULL), OCK_RPC_ERR_INVALID_PARAM);
-    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", 0, &c, NULL), OCK_RPC_ERR_INVALID_PARAM);
+    OckRpcCreateConfig dflt;
+    memset(&dflt, 0, sizeof(dflt)); /* mask 0: every key at its default */
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, NULL, &dflt), OCK_RPC_ERR_INVALID_PARAM);
+    CHECK_EQ(OckRpcClientConnectWithCfg(NULL, port, &c, &dflt), OCK_RPC_ERR_INVALID_PARAM);
     {
         RpcConfigPair other[] = {{OCK_RPC_STR_SERVER_NAME, "nosuch"}};
         OckRpcCreateConfig oc = make_cfg(other, 1);
         CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, &oc), OCK_RPC_ERR_INVALID_PARAM);
     }
-    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", (uint16_t)(base + 300), &c, NULL), OCK_RPC_ERR_CONN_UNCONNECTED);
-    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, NULL), OCK_RPC_OK);
+    client_table(port, 0);
+    /* The same refusals with the logger set back to the default sink (libcomm's
+     * Hcom4dbSetLogFunc(NULL)): the checks do not depend on a logger. */
+    OckRpcSetExternalLogger(NULL);
+    client_table(port, 1);
+    OckRpcSetExternalLogger(logger);
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", (uint16_t)(base + 300), &c, &dflt), OCK_RPC_ERR_CONN_UNCONNECTED);
+    CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &c, &dflt), OCK_RPC_OK);
     OckRpcClientSetTimeout(c, 10000);
 
     /* Garbage handles of every kind, and handles of the wrong kind. */

@@ -390,7 +390,10 @@ int main(void)
     /* A client with the defaults (self-polling yes): async calls still complete, on the worker. */
     {
         OckRpcClient d = 0;
-        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &d, NULL), OCK_RPC_OK);
+        OckRpcCreateConfig defaults;
+        memset(&defaults, 0, sizeof(defaults)); /* mask 0: every key at its default */
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &d, NULL), OCK_RPC_ERR_INVALID_PARAM);
+        CHECK_EQ(OckRpcClientConnectWithCfg("127.0.0.1", port, &d, &defaults), OCK_RPC_OK);
         CHECK(wait_at_least(&g_new, 2, 10));
         CHECK(strcmp(g_payload, "hello") == 0); /* the default client.create.info */
         int before_done = atomic_load(&g_done);
