@@ -8,7 +8,7 @@
 //! A blocking caller reuses a few `Oneshot`s per thread (and the response `Vec` it swaps with the
 //! caller's), so a steady loop of blocking calls allocates nothing.
 
-use crate::endpoint::lock;
+use crate::sync::lock;
 use crate::RpcError;
 use std::cell::RefCell;
 use std::future::Future;

@@ -19,14 +19,14 @@
 use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
 use crate::control::{self, ClientHello, ControlIo, CONTROL_VERSION};
 use crate::credits::Credits;
-use crate::endpoint::{
-    bad_field, buffer_bytes, fit_window, lock, validate_queue_config, validate_sizes, Endpoint, Sizes,
-    MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE,
-};
+use crate::endpoint::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Endpoint, Sizes};
+use crate::error::bad_field;
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
 use crate::liveness::{CloseReason, Keepalive, Live};
 use crate::req_table::ReqTable;
+use crate::sync::lock;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
 use crate::worker::Pollable;
@@ -116,7 +116,7 @@ impl Default for ChannelConfig {
             table_size: crate::req_table::DEFAULT_CAPACITY,
             timeout: Some(Duration::from_secs(10)),
             connect_timeout: Duration::from_secs(5),
-            memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
+            memory_limit: crate::limits::DEFAULT_MEMORY_LIMIT,
             self_poll: true,
             queue_config: QueueConfig::default(),
             tls: None,

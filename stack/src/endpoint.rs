@@ -36,35 +36,21 @@
 //! uses `try_lock`: if another thread is polling, it is delivering for everyone, so the caller
 //! moves on. Uncontended, a mutex is one compare-exchange to take and one to give back.
 
+use crate::error::bad_field;
 use crate::hal::{
     Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
     RecvWr, SendOp, SendWr, Sge, WrFlags,
 };
+use crate::limits::{MAX_REPOST_BATCH, MIN_MSG_SIZE};
 use crate::shared_pool::SharedPool;
+use crate::sync::lock;
 use crate::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Send contexts whose buffers are registered together (see the module docs).
 pub(crate) const SEND_CHUNK: usize = 8;
-
-/// Locks a mutex; a poisoned mutex (a thread panicked while holding it) is still usable here
-/// because every critical section leaves its data consistent before anything can panic.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Smallest message size either side accepts (the peer refuses a smaller one in the handshake):
-/// room for the 20-byte request header, or the 16-byte response header, and some data.
-pub(crate) const MIN_MSG_SIZE: usize = 64;
-
-/// Largest credit window (calls outstanding per queue) a client may ask for or a server grant.
-pub(crate) const MAX_WINDOW: u32 = 4096;
-
-/// Default limit of the registered buffer memory of one connection, on either side
-/// (`ChannelConfig::memory_limit`, `ServerConfig::memory_limit`): 256 MiB.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 256 << 20;
 
 /// Bytes of registered buffers of an endpoint of `queues` queues with `send` send contexts and
 /// `recv` receive buffers per queue, of `msg_size` bytes each.
@@ -97,11 +83,6 @@ pub(crate) fn fit_window(
         }
     }
     Some(lo)
-}
-
-/// An [`RpcError::InvalidArgument`] naming the configuration field `field`.
-pub(crate) fn bad_field(field: &str, why: impl std::fmt::Display) -> RpcError {
-    RpcError::InvalidArgument(format!("{field} {why}"))
 }
 
 /// Checks the transport settings `c` (the field `field` of a config) against the device: what
@@ -203,9 +184,6 @@ pub(crate) struct QueueSlot<Q> {
     /// The queue's life: incremented by each recovery, so work of an earlier life is told apart.
     pub(crate) epoch: AtomicU32,
 }
-
-/// Most receive buffers re-posted with one doorbell.
-pub(crate) const MAX_REPOST_BATCH: usize = 16;
 
 #[derive(Default)]
 struct Deferred {

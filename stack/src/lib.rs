@@ -142,7 +142,11 @@ mod endpoint;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod limits;
+#[cfg(not(loom))]
 mod liveness;
+#[cfg(not(loom))]
+mod os;
 #[cfg(not(loom))]
 mod reactor;
 #[cfg(not(loom))]
@@ -166,9 +170,9 @@ pub use client::{
     MAX_SGES,
 };
 #[cfg(not(loom))]
-pub use endpoint::DEFAULT_MEMORY_LIMIT;
-#[cfg(not(loom))]
 pub use error::{Result, RpcError};
+#[cfg(not(loom))]
+pub use limits::{DEFAULT_MEMORY_LIMIT, DEFAULT_SHARED_RECV_BUFFERS};
 #[cfg(not(loom))]
 pub use liveness::{CloseReason, Keepalive};
 #[cfg(not(loom))]
@@ -183,8 +187,6 @@ pub use server::{
     Connection, ConnectionEvents, Functions, Handler, RecvBuffers, Request, RndvStats, Server, ServerConfig,
     ServerStats,
 };
-#[cfg(not(loom))]
-pub use shared_pool::DEFAULT_SHARED_RECV_BUFFERS;
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]

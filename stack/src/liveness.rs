@@ -57,13 +57,13 @@ impl Keepalive {
     /// Checks the fields; `field` is the config field's path for the error text.
     pub(crate) fn validate(&self, field: &str) -> Result<(), RpcError> {
         if self.interval < Duration::from_millis(1) || self.interval > Duration::from_secs(3600) {
-            return Err(crate::endpoint::bad_field(
+            return Err(crate::error::bad_field(
                 &format!("{field}.interval"),
                 format_args!("is {:?}: use 1 ms ..= 1 h (or keepalive None to turn it off)", self.interval),
             ));
         }
         if !(1..=1000).contains(&self.misses) {
-            return Err(crate::endpoint::bad_field(
+            return Err(crate::error::bad_field(
                 &format!("{field}.misses"),
                 format_args!("is {}: use 1..=1000", self.misses),
             ));

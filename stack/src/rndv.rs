@@ -10,8 +10,8 @@
 //!
 //! Nothing here is on the eager path: an eager call never touches this module.
 
-use crate::endpoint::lock;
 use crate::hal::{Access, Device, MemoryRegion};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -24,14 +24,15 @@
 //! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
 use crate::control::{self, ServerHello, CONTROL_VERSION};
-use crate::endpoint::{
-    bad_field, buffer_bytes, fit_window, lock, validate_queue_config, validate_sizes, Endpoint, Sizes,
-    MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE,
-};
+use crate::endpoint::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Endpoint, Sizes};
+use crate::error::bad_field;
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
+use crate::limits::{DEFAULT_SHARED_RECV_BUFFERS, MAX_SHARED_RECV_BUFFERS};
+use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
 use crate::liveness::{self, CloseReason, Keepalive, Live};
-use crate::shared_pool::{self, SharedPool, DEFAULT_SHARED_RECV_BUFFERS, MAX_SHARED_RECV_BUFFERS};
+use crate::shared_pool::{self, SharedPool};
+use crate::sync::lock;
 use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
@@ -229,7 +230,7 @@ impl Default for ServerConfig {
             spin: crate::worker::DEFAULT_SPIN,
             pin: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
-            memory_limit: crate::endpoint::DEFAULT_MEMORY_LIMIT,
+            memory_limit: crate::limits::DEFAULT_MEMORY_LIMIT,
             rndv_memory_limit: crate::rndv::DEFAULT_RNDV_MEMORY_LIMIT,
             recv_buffers: RecvBuffers::default(),
             queue_config: QueueConfig::default(),
@@ -281,7 +282,7 @@ impl ServerConfig {
                 format_args!("is {}: use 1..={}", self.max_queues, control::MAX_QUEUES),
             ));
         }
-        let cpus = 8 * std::mem::size_of::<libc::cpu_set_t>();
+        let cpus = crate::os::MAX_CPUS;
         if let Some(&cpu) = self.pin.iter().find(|&&c| c >= cpus) {
             return Err(bad_field(&field("pin"), format_args!("names CPU {cpu}: CPUs are 0..{cpus}")));
         }
@@ -1407,7 +1408,7 @@ struct PendingHandshake<D: Device + Clone> {
 fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInner<D>>) {
     use std::os::fd::AsRawFd;
     let mut pending: Vec<PendingHandshake<D>> = Vec::new();
-    let mut pfds: Vec<libc::pollfd> = Vec::new();
+    let mut pfds: Vec<crate::os::pollfd> = Vec::new();
     // Out of file descriptors: the listener stays readable while accept(2) keeps failing, so it
     // is left out of the poll set until this instant instead of spinning on it.
     let mut accept_paused_until: Option<std::time::Instant> = None;
@@ -1417,14 +1418,14 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
         }
         let listening = pending.len() < MAX_PENDING_HANDSHAKES && accept_paused_until.is_none();
         pfds.clear();
-        pfds.push(libc::pollfd {
+        pfds.push(crate::os::pollfd {
             fd: if listening { listener.as_raw_fd() } else { -1 },
             events: libc::POLLIN,
             revents: 0,
         });
         for p in &pending {
             let events = if p.hs.wants_write() { libc::POLLOUT } else { libc::POLLIN };
-            pfds.push(libc::pollfd { fd: p.hs.fd(), events, revents: 0 });
+            pfds.push(crate::os::pollfd { fd: p.hs.fd(), events, revents: 0 });
         }
         // Until the first handshake expires (rounded up to a whole millisecond) or accepting
         // resumes, at most 1 s.
@@ -1432,8 +1433,7 @@ fn accept_loop<D: Device + Clone>(listener: TcpListener, server: Weak<ServerInne
         let wait =
             pending.iter().map(|p| p.hs.time_left()).chain(resume).min().unwrap_or(Duration::from_secs(1));
         let wait_ms = wait.as_micros().div_ceil(1000).clamp(1, 1000) as libc::c_int;
-        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, wait_ms) };
+        let rc = crate::os::poll(&mut pfds, wait_ms);
         if rc < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
             eprintln!(
                 "bypass: the server's control loop failed in poll(2): {}",

@@ -10,8 +10,8 @@
 use super::{Channel, ChannelInner};
 use crate::call::{CallFuture, Callback, Oneshot, Sink};
 use crate::control::MAX_QUEUES;
-use crate::endpoint::MAX_REPOST_BATCH;
 use crate::hal::Device;
+use crate::limits::MAX_REPOST_BATCH;
 use crate::tx_ctx::{CallMode, TxHandle};
 use crate::wire::FunctionId;
 use crate::{CallOptions, RpcError};

@@ -35,7 +35,7 @@ pub(super) struct DeferredList {
 
 impl DeferredList {
     pub(super) fn push(&self, d: Deferred) {
-        crate::endpoint::lock(&self.items).push(d);
+        crate::sync::lock(&self.items).push(d);
         self.any.store(true, Ordering::Release);
     }
 
@@ -49,7 +49,7 @@ impl DeferredList {
         if !self.pending() {
             return Vec::new();
         }
-        let mut items = crate::endpoint::lock(&self.items);
+        let mut items = crate::sync::lock(&self.items);
         self.any.store(false, Ordering::Release);
         std::mem::take(&mut *items)
     }

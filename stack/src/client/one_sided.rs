@@ -44,8 +44,8 @@
 
 use super::{ChannelInner, Pending, NO_DEADLINE};
 use crate::call::Sink;
-use crate::endpoint::lock;
 use crate::hal::{self, Access, Device, MemoryRegion, RemoteRegion, SendOp, Sge};
+use crate::sync::lock;
 use crate::tx_ctx::{CallMode, FailReason, TxHandle};
 use crate::wire::FunctionId;
 use crate::{CallFuture, CallOptions, RpcError};

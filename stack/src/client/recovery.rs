@@ -5,10 +5,10 @@
 use super::ChannelInner;
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlError, QueueReset};
-use crate::endpoint::lock;
 use crate::hal::Device;
 use crate::liveness::CloseReason;
 use crate::recovery::{Budget, Recovery};
+use crate::sync::lock;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -16,9 +16,9 @@
 //! transfer fails at the NIC instead of landing in another call's buffer.
 
 use super::{ChannelInner, LocalRange};
-use crate::endpoint::lock;
 use crate::hal::{Access, Device, MemoryRegion};
 use crate::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
+use crate::sync::lock;
 use crate::tx_ctx::{CallMode, TxHandle};
 use crate::wire::{DmaDescriptor, RequestHeader, ResponseHeader, MAX_DMA_DESCRIPTORS, RNDV_PREFIX_LEN};
 use crate::{CallOptions, RpcError};

@@ -31,7 +31,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::endpoint::lock;
+use crate::sync::lock;
 
 /// Set in the `wr_id` of the server's rendezvous READs and WRITEs (bit 31 of the index half).
 pub(crate) const RNDV_TAG: u64 = 1 << 31;
