@@ -21,3 +21,7 @@ pub const DEFAULT_SHARED_RECV_BUFFERS: u32 = 512;
 
 /// Most buffers a shared pool may have.
 pub(crate) const MAX_SHARED_RECV_BUFFERS: u32 = 1 << 20;
+
+/// Default per-connection limit of the server's rendezvous memory
+/// ([`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit)): 256 MiB.
+pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;

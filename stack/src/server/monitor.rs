@@ -1,18 +1,18 @@
-//! A connection's watch in the process's control loop ([`crate::reactor`]) on the server: the
+//! A connection's watch in the process's control loop ([`crate::control::reactor`]) on the server: the
 //! client's control stream closing (or carrying anything but a queue reset) closes the
 //! connection; a queue reset is read and answered aside, on a short-lived thread that owns the
-//! stream meanwhile (see [`crate::recovery`]); keepalive silence is judged on the loop's timers
-//! (see [`crate::liveness`]). A connection the loop finds over is closed aside as well, so its
+//! stream meanwhile (see [`crate::conn::recovery`]); keepalive silence is judged on the loop's timers
+//! (see [`crate::control::liveness`]). A connection the loop finds over is closed aside as well, so its
 //! break callback and its rendezvous memory's release (a custom allocator) never run on the
 //! loop.
 
 use super::Conn;
+use crate::control::liveness::{CloseReason, Keepalive, Silence};
+use crate::control::reactor::{Step, Watch};
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlIo, ControlStream};
 use crate::hal::Device;
-use crate::liveness::{CloseReason, Keepalive, Silence};
 use crate::os::{peek, Peek};
-use crate::reactor::{Step, Watch};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

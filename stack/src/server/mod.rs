@@ -3,7 +3,7 @@
 //! A [`Server`] listens on TCP. Each client that connects gets a connection of its own: as many
 //! queue pairs as the client asked for, `window` credits per queue, and a 24-bit channel id. The
 //! requests land in the server's shared receive pool ([`RecvBuffers::Shared`], the default where
-//! the device has shared receive queues; `crate::shared_pool`), or in `window` receive buffers
+//! the device has shared receive queues; `crate::conn::shared_pool`), or in `window` receive buffers
 //! posted on each queue plus slack for batched re-posting ([`RecvBuffers::PerConnection`]).
 //! Workers poll the connections (a shared-pool completion arrives on its connection's receive
 //! CQ); for every request they
@@ -23,17 +23,18 @@
 //! posted together at the end of the pass, one doorbell per queue; a reply from another thread
 //! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
+use crate::conn::endpoint::Endpoint;
+use crate::conn::shared_pool::{self, SharedPool};
+use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
+use crate::control::liveness::{self, CloseReason, Keepalive, Live};
 use crate::control::{self, ServerHello, CONTROL_VERSION};
-use crate::endpoint::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Endpoint, Sizes};
+use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::error::bad_field;
 use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::limits::{DEFAULT_SHARED_RECV_BUFFERS, MAX_SHARED_RECV_BUFFERS};
 use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
-use crate::liveness::{self, CloseReason, Keepalive, Live};
-use crate::shared_pool::{self, SharedPool};
 use crate::sync::lock;
-use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
 use crate::RpcError;
@@ -70,7 +71,7 @@ pub type Handler<D> = Arc<dyn Fn(Request<D>) + Send + Sync + 'static>;
 pub struct Functions<D: Device + Clone> {
     map: HashMap<u64, Handler<D>>,
     /// Where rendezvous arguments and staged responses live (`None`: a pool per connection).
-    rndv_alloc: Option<Arc<dyn crate::rndv::RndvAllocator<D::Region>>>,
+    rndv_alloc: Option<Arc<dyn crate::conn::rndv::RndvAllocator<D::Region>>>,
 }
 
 impl<D: Device + Clone> Default for Functions<D> {
@@ -108,7 +109,10 @@ impl<D: Device + Clone> Functions<D> {
     /// `OckRpcRndvMemAllocate` / `OckRpcRndvMemFree` hooks). Its regions must be registered on
     /// the server's device with `LOCAL_WRITE`. Every connection still charges what it takes
     /// against [`ServerConfig::rndv_memory_limit`].
-    pub fn rndv_allocator(&mut self, alloc: Arc<dyn crate::rndv::RndvAllocator<D::Region>>) -> &mut Self {
+    pub fn rndv_allocator(
+        &mut self,
+        alloc: Arc<dyn crate::conn::rndv::RndvAllocator<D::Region>>,
+    ) -> &mut Self {
         self.rndv_alloc = Some(alloc);
         self
     }
@@ -175,8 +179,8 @@ pub struct ServerConfig {
     pub queue_config: QueueConfig,
     /// TLS 1.3 on the control connections, required of every client (mutual: each client must
     /// present a certificate the CA bundle vouches for; it needs a certificate chain and key of
-    /// its own). `None`: plain TCP, and TLS clients are refused ([`crate::tls`]).
-    pub tls: Option<crate::tls::TlsConfig>,
+    /// its own). `None`: plain TCP, and TLS clients are refused ([`crate::control::tls`]).
+    pub tls: Option<crate::control::tls::TlsConfig>,
     /// Keepalive (see [`Keepalive`]): once a client has sent its first keepalive probe (which
     /// announces its own settings), a connection that received nothing for the larger of
     /// `interval × misses` and the client's `interval × (misses + 1)` is closed as broken
@@ -231,7 +235,7 @@ impl Default for ServerConfig {
             pin: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::limits::DEFAULT_MEMORY_LIMIT,
-            rndv_memory_limit: crate::rndv::DEFAULT_RNDV_MEMORY_LIMIT,
+            rndv_memory_limit: crate::limits::DEFAULT_RNDV_MEMORY_LIMIT,
             recv_buffers: RecvBuffers::default(),
             queue_config: QueueConfig::default(),
             tls: None,
@@ -904,7 +908,7 @@ impl<D: Device + Clone> Conn<D> {
             }
             if c.status.is_ok() {
                 let _ = self.ep.tx.complete(tx, Event::SendCqe);
-            } else if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+            } else if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 self.ep.mark_drained(q, false);
             } else {
                 let reason = if c.status == hal::Status::Flushed {
@@ -953,7 +957,7 @@ impl<D: Device + Clone> Conn<D> {
 
     fn on_recv(self: &Arc<Self>, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
-            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+            if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
             }
             return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
@@ -1188,7 +1192,7 @@ struct ServerInner<D: Device + Clone> {
     addr: SocketAddr,
     workers: Option<WorkerGroup>,
     /// Handshakes refused for TLS reasons (see [`Server::tls_refusals`]).
-    tls_refusals: crate::tls::RefusalLog,
+    tls_refusals: crate::control::tls::RefusalLog,
     events: Arc<ConnectionEvents<D>>,
 }
 
@@ -1329,7 +1333,7 @@ impl<D: Device + Clone> Server<D> {
     /// client on a TLS server or the reverse, a client certificate refused (and why), a TLS
     /// handshake that failed. Each is also reported on stderr (the first 16, then every power
     /// of two); none contains a secret.
-    pub fn tls_refusals(&self) -> Vec<crate::tls::TlsRefusal> {
+    pub fn tls_refusals(&self) -> Vec<crate::control::tls::TlsRefusal> {
         self.inner.tls_refusals.recent()
     }
 
@@ -1535,8 +1539,12 @@ impl<D: Device + Clone> ServerInner<D> {
     fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
         let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
-        crate::reactor::watch(Box::new(monitor::ConnWatch::new(stream, weak, self.config.keepalive)))
-            .map_err(control::ControlError::from)?;
+        crate::control::reactor::watch(Box::new(monitor::ConnWatch::new(
+            stream,
+            weak,
+            self.config.keepalive,
+        )))
+        .map_err(control::ControlError::from)?;
         Ok(())
     }
 

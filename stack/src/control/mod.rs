@@ -9,7 +9,7 @@
 //! for queue recovery) and nothing else; the process's control loop on each side watches it.
 //!
 //! The stream may be TLS 1.3 ([`ControlStream`], [`connect_with`], [`Handshake::with_tls`];
-//! see [`crate::tls`]): then a TLS handshake comes first and every frame below travels inside
+//! see [`crate::control::tls`]): then a TLS handshake comes first and every frame below travels inside
 //! the TLS session. A server that requires TLS refuses a plaintext client, and a plaintext
 //! server a TLS client, with a plaintext reject of code 5 ([`RejectCode::Tls`]).
 //!
@@ -113,12 +113,17 @@ use std::time::{Duration, Instant};
 
 use bypass_hal::QueueInfo;
 
+#[cfg(not(loom))]
+pub(crate) mod liveness;
+#[cfg(not(loom))]
+pub(crate) mod reactor;
 pub mod session;
 mod stream;
+pub mod tls;
 pub use session::{QueueReset, QueueResetDone};
 pub use stream::{connect_with, ControlIo, ControlStream};
 
-use crate::tls::{TlsConfig, TlsError};
+use crate::control::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
 ///

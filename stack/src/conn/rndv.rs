@@ -16,10 +16,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// Default per-connection limit of the server's rendezvous memory
-/// ([`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit)): 256 MiB.
-pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;
-
 /// Most bytes one READ or WRITE work request of a rendezvous moves (the device's `max_msg_size`
 /// may lower it). Larger descriptors are split, so that a 1 MiB argument has 4 READs in flight
 /// (pipelined) rather than one; on the simulator 256 KiB did best among 64 KiB .. 4 MiB.

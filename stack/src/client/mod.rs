@@ -14,20 +14,21 @@
 //! itself (self-polling, the default), a [`WorkerGroup`](crate::WorkerGroup), or the
 //! application calling [`Channel::poll`]. Every path that may finish a call — the response, the
 //! ACK, the send completion, a timeout, a queue failure, the connection closing — first claims
-//! the call's context ([`crate::tx_ctx::TxSlab::claim_completion`]); only the winner delivers.
+//! the call's context ([`crate::core::tx_ctx::TxSlab::claim_completion`]); only the winner delivers.
 
-use crate::call::{self, CallFuture, Callback, Oneshot, Sink};
+use crate::client::delivery::{Oneshot, Sink};
+use crate::conn::endpoint::Endpoint;
+use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
+use crate::control::liveness::{CloseReason, Keepalive, Live};
 use crate::control::{self, ClientHello, ControlIo, CONTROL_VERSION};
-use crate::credits::Credits;
-use crate::endpoint::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Endpoint, Sizes};
+use crate::core::credits::Credits;
+use crate::core::req_table::ReqTable;
+use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::error::bad_field;
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
-use crate::liveness::{CloseReason, Keepalive, Live};
-use crate::req_table::ReqTable;
 use crate::sync::lock;
-use crate::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
 use crate::worker::Pollable;
 use crate::RpcError;
@@ -39,7 +40,9 @@ use std::time::Duration;
 
 mod batch;
 mod deferred;
+pub(crate) mod delivery;
 pub use batch::CallBatch;
+pub use delivery::{CallFuture, Callback};
 mod monitor;
 mod one_sided;
 mod recovery;
@@ -92,8 +95,8 @@ pub struct ChannelConfig {
     pub queue_config: QueueConfig,
     /// TLS 1.3 on the control connection (mutual: this side's certificate is presented, the
     /// server's checked against the CA bundle). `None`: plain TCP. It must match the server:
-    /// a TLS server refuses a plaintext client and the reverse ([`crate::tls`]).
-    pub tls: Option<crate::tls::TlsConfig>,
+    /// a TLS server refuses a plaintext client and the reverse ([`crate::control::tls`]).
+    pub tls: Option<crate::control::tls::TlsConfig>,
     /// Keepalive (see [`Keepalive`]): a channel that received nothing for `interval` is probed,
     /// and one that received nothing for `interval × misses` is broken. `None`: no probes; only
     /// the control stream's closure (and queue errors) end the connection. Default 1 s × 5.
@@ -113,7 +116,7 @@ impl Default for ChannelConfig {
             queues: 1,
             window: 32,
             msg_size: 4096,
-            table_size: crate::req_table::DEFAULT_CAPACITY,
+            table_size: crate::core::req_table::DEFAULT_CAPACITY,
             timeout: Some(Duration::from_secs(10)),
             connect_timeout: Duration::from_secs(5),
             memory_limit: crate::limits::DEFAULT_MEMORY_LIMIT,
@@ -172,13 +175,13 @@ impl ChannelConfig {
                 ),
             ));
         }
-        if !self.table_size.is_power_of_two() || self.table_size > crate::req_table::MAX_CAPACITY {
+        if !self.table_size.is_power_of_two() || self.table_size > crate::core::req_table::MAX_CAPACITY {
             return Err(bad_field(
                 &field("table_size"),
                 format_args!(
                     "is {}: use a power of two up to {}",
                     self.table_size,
-                    crate::req_table::MAX_CAPACITY
+                    crate::core::req_table::MAX_CAPACITY
                 ),
             ));
         }
@@ -597,7 +600,7 @@ impl<D: Device + Clone> Channel<D> {
             deferred: deferred::DeferredList::default(),
         });
         let weak = Arc::downgrade(&inner);
-        crate::reactor::watch(Box::new(monitor::ChannelWatch::new(stream, weak, keepalive)))
+        crate::control::reactor::watch(Box::new(monitor::ChannelWatch::new(stream, weak, keepalive)))
             .map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
@@ -716,14 +719,14 @@ impl<D: Device + Clone> Channel<D> {
         name: &'static str,
         response: &mut Vec<u8>,
     ) -> Result<CallInfo, RpcError> {
-        let shot = call::blocking_shot();
+        let shot = delivery::blocking_shot();
         let start = self.inner.start_args(opts, function, args, Sink::Shot(shot.clone()), Some(name), None);
         let result = start.and_then(|()| {
             self.wait(&shot);
             shot.take_into(response).unwrap_or(Err(RpcError::Closed))
         });
         let acked = shot.is_acked();
-        call::recycle_shot(shot);
+        delivery::recycle_shot(shot);
         if result.is_err() {
             // Never leave an earlier response's bytes behind for a caller that ignores the error.
             response.clear();
@@ -853,7 +856,7 @@ impl<D: Device + Clone> Channel<D> {
             one_sided::OpKind::Read => "Channel::read",
             one_sided::OpKind::Write => "Channel::write",
         };
-        let shot = call::blocking_shot();
+        let shot = delivery::blocking_shot();
         let start = self.inner.start_op(
             kind,
             local,
@@ -867,7 +870,7 @@ impl<D: Device + Clone> Channel<D> {
             self.wait(&shot);
             shot.take_into(&mut Vec::new()).unwrap_or(Err(RpcError::Closed))
         });
-        call::recycle_shot(shot);
+        delivery::recycle_shot(shot);
         result
     }
 
@@ -1275,7 +1278,7 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     /// A started call's request is posted (or staged): counts it and arms its deadline.
     fn armed(&self, function: FunctionId, h: TxHandle, deadline: u64) {
-        if !crate::liveness::is_probe(function) {
+        if !crate::control::liveness::is_probe(function) {
             self.counters.calls.fetch_add(1, Ordering::Relaxed);
         }
         if deadline != NO_DEADLINE {
@@ -1293,7 +1296,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             trace_call_end(&p, result.is_ok());
         }
         let function = p.function;
-        if matches!(p.sink, Sink::Callback(_)) && crate::reactor::on_loop() {
+        if matches!(p.sink, Sink::Callback(_)) && crate::control::reactor::on_loop() {
             let result = result.map(<[u8]>::to_vec);
             return self.deferred.push(deferred::Deferred::Call { sink: p.sink, function, result });
         }
@@ -1412,7 +1415,7 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     fn on_recv(&self, c: &Completion) {
         if !self.ep.is_buf(c.wr_id) {
-            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+            if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
             }
             protocol_error(
@@ -1534,7 +1537,7 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     fn on_send(&self, c: &Completion) {
         if !c.status.is_ok() {
-            if let Some(q) = crate::recovery::drain_queue(c.wr_id) {
+            if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, false);
             }
         }
@@ -1754,7 +1757,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             slot.callback.take()
         };
         if let Some(cb) = callback {
-            if crate::reactor::on_loop() {
+            if crate::control::reactor::on_loop() {
                 return self.deferred.push(deferred::Deferred::Break(cb, reason));
             }
             run_break_callback(self.channel_id, cb, reason);
