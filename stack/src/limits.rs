@@ -25,3 +25,6 @@ pub(crate) const MAX_SHARED_RECV_BUFFERS: u32 = 1 << 20;
 /// Default per-connection limit of the server's rendezvous memory
 /// ([`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit)): 256 MiB.
 pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;
+
+/// Most local ranges of one operation (the SGEs of one work request).
+pub const MAX_SGES: usize = 4;

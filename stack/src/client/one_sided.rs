@@ -57,8 +57,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Most local ranges of one operation (the SGEs of one work request).
-pub const MAX_SGES: usize = 4;
+pub use crate::limits::MAX_SGES;
 
 /// Set in the `wr_id` of every one-sided operation (bit 31 of the context-index half).
 pub(crate) const ONE_SIDED_TAG: u64 = 1 << 31;

@@ -179,7 +179,7 @@ impl<D: Device + Clone> Endpoint<D> {
             c.send_depth = tx_capacity as u32;
             c.recv_depth = s.recv_depth;
             // Gather/scatter lists of one-sided operations; messages use one SGE.
-            c.max_send_sge = caps.max_send_sge.clamp(1, crate::client::MAX_SGES as u32);
+            c.max_send_sge = caps.max_send_sge.clamp(1, crate::limits::MAX_SGES as u32);
             c.max_recv_sge = 1;
             c
         };

@@ -23,7 +23,7 @@
 //! | 0-3 | magic `"BYPC"` (`42 59 50 43`) |
 //! | 4 | message type: 1 = client hello, 2 = server hello, 3 = reject, 4 = queue reset, 5 = queue reset answer ([`session`]) |
 //! | 5 | reserved, must be 0 |
-//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 4) |
+//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 5) |
 //! | 8-11 | body length in bytes (u32), at most [`MAX_BODY_LEN`] (64 KiB) |
 //! | 12.. | body |
 //!
@@ -44,6 +44,8 @@
 //! |---|---|---|
 //! | `window` | u32 | |
 //! | `max_msg` | u32 | |
+//! | `keepalive_ms` | u32: the client's keepalive interval, 0 for none (since version 5) | |
+//! | `keepalive_misses` | u32: probes missed before it gives up, 0 for none (since version 5) | |
 //! | `server_name` | string | [`MAX_NAME_LEN`] bytes |
 //! | `client_info` | string | [`MAX_INFO_LEN`] bytes |
 //! | `queues` | queue list | [`MAX_QUEUES`] entries |
