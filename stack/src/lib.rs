@@ -176,7 +176,7 @@ pub use client::{
 #[cfg(not(loom))]
 pub use conn::{AllocFns, Recovery, RegionPool, RndvAllocator, RndvBuf};
 #[cfg(not(loom))]
-pub use control::liveness::{CloseReason, Keepalive};
+pub use conn::liveness::{CloseReason, Keepalive};
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use control::reactor::{control_loop_settled_for_tests, panic_control_loop_for_tests};

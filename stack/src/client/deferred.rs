@@ -11,7 +11,7 @@
 //! application code but the future's waker.
 
 use crate::client::delivery::Sink;
-use crate::control::liveness::CloseReason;
+use crate::conn::liveness::CloseReason;
 use crate::wire::FunctionId;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,13 +1,13 @@
 //! A channel's watch in the process's control loop ([`crate::control::reactor`]): the control stream's
 //! closure (or any byte the server sends unasked) closes the channel; keepalive looks run on
-//! the loop's timers (see [`crate::control::liveness`]); failed queues are recovered aside, on a
+//! the loop's timers (see [`crate::conn::liveness`]); failed queues are recovered aside, on a
 //! short-lived thread that owns the stream meanwhile (see [`crate::conn::recovery`]). Closing is done
 //! aside too, and so are the callbacks of calls a look finished ([`super::deferred`]): the loop
 //! runs no application code.
 
 use super::{CallOptions, ChannelInner};
 use crate::client::delivery::{self, Oneshot, Sink};
-use crate::control::liveness::{CloseReason, Keepalive, Silence};
+use crate::conn::liveness::{CloseReason, Keepalive, Silence};
 use crate::control::reactor::{Step, Watch};
 use crate::control::{ControlIo, ControlStream};
 use crate::core::tx_ctx::CallMode;

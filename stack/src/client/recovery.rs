@@ -4,7 +4,7 @@
 
 use super::ChannelInner;
 use crate::conn::recovery::{Budget, Recovery};
-use crate::control::liveness::CloseReason;
+use crate::conn::liveness::CloseReason;
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlError, QueueReset};
 use crate::hal::Device;

@@ -261,7 +261,7 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     /// A started call's request is posted (or staged): counts it and arms its deadline.
     pub(super) fn armed(&self, function: FunctionId, h: TxHandle, deadline: u64) {
-        if !crate::control::liveness::is_probe(function) {
+        if !crate::conn::liveness::is_probe(function) {
             self.counters.calls.fetch_add(1, Ordering::Relaxed);
         }
         if deadline != NO_DEADLINE {

@@ -119,8 +119,6 @@ mod frame;
 mod frame_io;
 mod handshake;
 #[cfg(not(loom))]
-pub(crate) mod liveness;
-#[cfg(not(loom))]
 pub(crate) mod reactor;
 pub mod session;
 mod stream;

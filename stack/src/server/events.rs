@@ -2,7 +2,7 @@
 //! [`Connection`] handle they (and [`Request::connection`](crate::Request::connection)) give.
 
 use super::Conn;
-use crate::control::liveness::CloseReason;
+use crate::conn::liveness::CloseReason;
 use crate::hal::Device;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

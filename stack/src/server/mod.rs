@@ -26,7 +26,7 @@
 use crate::conn::endpoint::Endpoint;
 use crate::conn::shared_pool::{self, SharedPool};
 use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
-use crate::control::liveness::{self, CloseReason, Keepalive, Live};
+use crate::conn::liveness::{self, CloseReason, Keepalive, Live};
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::error::bad_field;

@@ -2,12 +2,12 @@
 //! client's control stream closing (or carrying anything but a queue reset) closes the
 //! connection; a queue reset is read and answered aside, on a short-lived thread that owns the
 //! stream meanwhile (see [`crate::conn::recovery`]); keepalive silence is judged on the loop's timers
-//! (see [`crate::control::liveness`]). A connection the loop finds over is closed aside as well, so its
+//! (see [`crate::conn::liveness`]). A connection the loop finds over is closed aside as well, so its
 //! break callback and its rendezvous memory's release (a custom allocator) never run on the
 //! loop.
 
 use super::Conn;
-use crate::control::liveness::{CloseReason, Keepalive, Silence};
+use crate::conn::liveness::{CloseReason, Keepalive, Silence};
 use crate::control::reactor::{Step, Watch};
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlIo, ControlStream};
