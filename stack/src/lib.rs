@@ -174,9 +174,9 @@ pub use client::{
     OpFuture, OpOptions, MAX_SGES,
 };
 #[cfg(not(loom))]
-pub use conn::{AllocFns, Recovery, RegionPool, RndvAllocator, RndvBuf};
-#[cfg(not(loom))]
 pub use conn::liveness::{CloseReason, Keepalive};
+#[cfg(not(loom))]
+pub use conn::{AllocFns, Recovery, RegionPool, RndvAllocator, RndvBuf};
 #[cfg(not(loom))]
 #[doc(hidden)]
 pub use control::reactor::{control_loop_settled_for_tests, panic_control_loop_for_tests};

@@ -18,8 +18,8 @@
 
 use crate::client::delivery::{Oneshot, Sink};
 use crate::conn::endpoint::Endpoint;
-use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
 use crate::conn::liveness::{CloseReason, Keepalive, Live};
+use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
 use crate::control::{self, ClientHello, ControlIo, CONTROL_VERSION};
 use crate::core::credits::Credits;
 use crate::core::req_table::ReqTable;

@@ -3,8 +3,8 @@
 //! short-lived thread aside from the process's control loop.
 
 use super::ChannelInner;
-use crate::conn::recovery::{Budget, Recovery};
 use crate::conn::liveness::CloseReason;
+use crate::conn::recovery::{Budget, Recovery};
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlError, QueueReset};
 use crate::hal::Device;

@@ -24,9 +24,9 @@
 //! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
 use crate::conn::endpoint::Endpoint;
+use crate::conn::liveness::{self, CloseReason, Keepalive, Live};
 use crate::conn::shared_pool::{self, SharedPool};
 use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
-use crate::conn::liveness::{self, CloseReason, Keepalive, Live};
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::error::bad_field;
