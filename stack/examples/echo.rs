@@ -21,11 +21,11 @@
 //! With `BYPASS_TRACE=<file>` the run is recorded (`bypass_hal::trace`) and written to the file as
 //! a Chrome trace: open it in <https://ui.perfetto.dev> (docs/sim.md, "Tracing").
 
-use bypass::sim::{Engine, Fabric, FabricConfig, WireConfig};
 use bypass::{
     CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, PollMode, Server, ServerConfig,
     WorkerConfig, WorkerGroup,
 };
+use bypass_sim::{Engine, Fabric, FabricConfig, WireConfig};
 use std::future::Future;
 use std::sync::{mpsc, Arc};
 use std::task::{Context, Poll, Wake, Waker};
@@ -127,7 +127,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-type Nic = bypass::sim::SimNic;
+type Nic = bypass_sim::SimNic;
 
 /// The server: `echo` replies inline; `upper` is answered later by another thread.
 fn server(

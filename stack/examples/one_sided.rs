@@ -8,11 +8,11 @@
 //! ```
 
 use bypass::hal::Device;
-use bypass::sim::{Engine, Fabric};
 use bypass::{
     Access, Channel, ChannelConfig, FunctionId, Functions, LocalRange, MemoryRegion, OpOptions, RemoteRegion,
     Server, ServerConfig,
 };
+use bypass_sim::{Engine, Fabric};
 use std::sync::Arc;
 
 const REGION: FunctionId = match FunctionId::new(0x100, 1, true, 7) {

@@ -4,8 +4,8 @@
 //! and the server pulls it with RDMA READ; `max_response` names a registered response buffer
 //! the server RDMA-WRITEs the answer into. `cargo run --release --example rendezvous -p bypass`
 
-use bypass::sim::{Engine, Fabric};
 use bypass::{CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use bypass_sim::{Engine, Fabric};
 use std::time::Instant;
 
 const REVERSE: FunctionId = match FunctionId::new(1, 1, true, 1) {

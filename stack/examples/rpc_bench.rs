@@ -14,10 +14,10 @@
 //! the bare cache-line bounce between two threads is printed first, because two-thread figures
 //! on a shared VM move with it.
 
-use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::{
     CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig, Status,
 };
+use bypass_sim::{Engine, Fabric, SimNic};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

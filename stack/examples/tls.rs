@@ -7,9 +7,9 @@
 //! cargo run -p bypass --example tls
 //! ```
 
-use bypass::sim::{Engine, Fabric};
 use bypass::tls::{Passphrase, PemSource, TlsConfig};
 use bypass::{Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
+use bypass_sim::{Engine, Fabric};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose};
 use std::path::Path;
 

@@ -85,3 +85,8 @@ impl RpcError {
 
 /// `Result` with [`RpcError`].
 pub type Result<T, E = RpcError> = std::result::Result<T, E>;
+
+/// An [`RpcError::InvalidArgument`] naming the configuration field `field`.
+pub(crate) fn bad_field(field: &str, why: impl std::fmt::Display) -> RpcError {
+    RpcError::InvalidArgument(format!("{field} {why}"))
+}

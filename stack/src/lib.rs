@@ -126,65 +126,69 @@
 
 pub use bypass_hal as hal;
 pub use bypass_hal::{Access, MemoryRegion, RemoteKey, RemoteRegion};
-#[cfg(feature = "sim")]
-pub use bypass_sim as sim;
 
+/// The simulated NIC, for tests, examples and laptops: what the README and the examples here
+/// need. The whole simulator (engines, faults, traces) is the crate `bypass_sim`.
+#[cfg(feature = "sim")]
+pub mod sim {
+    pub use bypass_sim::{
+        Engine, Fabric, FabricConfig, FaultPlan, SimCq, SimNic, SimQueue, SimRegion, WireConfig,
+    };
+}
+
+// The layers, bottom up (each imports only from those above it in this list).
 #[cfg(not(loom))]
 pub mod backend;
-#[cfg(not(loom))]
-mod call;
 #[cfg(not(loom))]
 mod client;
 #[cfg(all(feature = "conformance", not(loom)))]
 pub mod conformance;
 #[cfg(not(loom))]
-mod endpoint;
+mod conn;
+pub mod control;
+mod core;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-mod liveness;
+mod limits;
 #[cfg(not(loom))]
-mod reactor;
-#[cfg(not(loom))]
-mod recovery;
-#[cfg(not(loom))]
-mod rndv;
+mod os;
 #[cfg(not(loom))]
 mod server;
-#[cfg(not(loom))]
-mod shared_pool;
+mod sync;
+#[cfg(test)]
+mod test_rng;
+pub mod wire;
 #[cfg(not(loom))]
 mod worker;
+
+// The building blocks at their historical paths (`bypass::tx_ctx`, ..., `bypass::tls`).
+pub use crate::control::tls;
+pub use crate::core::{buf_pool, credits, req_table, tx_ctx};
 
 #[cfg(not(loom))]
 pub use backend::{Backend, WithDevices};
 #[cfg(not(loom))]
-pub use call::{CallFuture, Callback};
-#[cfg(not(loom))]
 pub use client::{
-    CallBatch, CallInfo, CallOptions, Channel, ChannelConfig, ChannelStats, LocalRange, OpFuture, OpOptions,
-    MAX_SGES,
+    CallBatch, CallFuture, CallInfo, CallOptions, Callback, Channel, ChannelConfig, ChannelStats, LocalRange,
+    OpFuture, OpOptions, MAX_SGES,
 };
 #[cfg(not(loom))]
-pub use endpoint::DEFAULT_MEMORY_LIMIT;
+pub use conn::liveness::{CloseReason, Keepalive};
+#[cfg(not(loom))]
+pub use conn::{AllocFns, Recovery, RegionPool, RndvAllocator, RndvBuf};
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use control::reactor::{control_loop_settled_for_tests, panic_control_loop_for_tests};
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use liveness::{CloseReason, Keepalive};
-#[cfg(not(loom))]
-#[doc(hidden)]
-pub use reactor::{control_loop_settled_for_tests, panic_control_loop_for_tests};
-#[cfg(not(loom))]
-pub use recovery::Recovery;
-#[cfg(not(loom))]
-pub use rndv::{AllocFns, RegionPool, RndvAllocator, RndvBuf, DEFAULT_RNDV_MEMORY_LIMIT};
+pub use limits::{DEFAULT_MEMORY_LIMIT, DEFAULT_RNDV_MEMORY_LIMIT, DEFAULT_SHARED_RECV_BUFFERS};
 #[cfg(not(loom))]
 pub use server::{
     Connection, ConnectionEvents, Functions, Handler, RecvBuffers, Request, RndvStats, Server, ServerConfig,
     ServerStats,
 };
-#[cfg(not(loom))]
-pub use shared_pool::DEFAULT_SHARED_RECV_BUFFERS;
 #[cfg(not(loom))]
 pub use tx_ctx::CallMode;
 #[cfg(not(loom))]
@@ -194,20 +198,7 @@ pub use worker::{
     pin_current_thread, PollMode, Pollable, WorkerConfig, WorkerGroup, WorkerStats, DEFAULT_SPIN,
 };
 
-pub mod buf_pool;
-pub mod control;
-pub mod credits;
-pub mod req_table;
-pub mod tls;
-pub mod tx_ctx;
-pub mod wire;
-
-mod free_list;
-mod handle;
-mod sync;
 /// Loom-only mutation switch for the broken twins in `loom-tests`; absent from normal builds.
 #[cfg(loom)]
 #[doc(hidden)]
 pub use sync::mutation;
-#[cfg(test)]
-mod test_rng;

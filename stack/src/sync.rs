@@ -126,3 +126,10 @@ pub mod mutation {
         bypass_hal::mutation::switch_on(mutant as u32)
     }
 }
+
+/// Locks a (std) mutex; a poisoned mutex (a thread panicked while holding it) is still usable
+/// here because every critical section leaves its data consistent before anything can panic.
+#[cfg(not(loom))]
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

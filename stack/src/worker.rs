@@ -13,8 +13,9 @@
 //! worker delivers is noticed at most that late). [`WorkerGroup::stats`] counts
 //! the sleeps and wake-ups.
 
-use crate::endpoint::lock;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use crate::os::{self, WakeFd};
+use crate::sync::lock;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -133,38 +134,6 @@ struct Shared {
     stats: StatCounters,
 }
 
-/// A non-blocking eventfd a worker sleeps on besides its CQs' event fds.
-pub(crate) struct WakeFd(OwnedFd);
-
-impl WakeFd {
-    pub(crate) fn new() -> std::io::Result<Self> {
-        // SAFETY: eventfd takes no pointers; the flags are valid.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by eventfd, is open, and nothing else owns it.
-        Ok(WakeFd(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    pub(crate) fn raw(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
-    pub(crate) fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own. A full counter (EAGAIN)
-        // already means "wake up".
-        let _ = unsafe { libc::write(self.raw(), (&one as *const u64).cast(), 8) };
-    }
-
-    pub(crate) fn clear(&self) {
-        let mut v: u64 = 0;
-        // SAFETY: reads 8 bytes into a live u64 from a non-blocking eventfd we own.
-        let _ = unsafe { libc::read(self.raw(), (&mut v as *mut u64).cast(), 8) };
-    }
-}
-
 /// A set of polling threads. Dropping it stops and joins them.
 pub struct WorkerGroup {
     shared: Arc<Shared>,
@@ -250,19 +219,7 @@ impl Drop for WorkerGroup {
 
 /// Pins the calling thread to `cpu`.
 pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
-    // SAFETY: cpu_set_t is plain data; all-zero is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if cpu >= 8 * std::mem::size_of::<libc::cpu_set_t>() {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("no CPU {cpu}")));
-    }
-    // SAFETY: `cpu` is within the set (checked above).
-    unsafe { libc::CPU_SET(cpu, &mut set) };
-    // SAFETY: pid 0 is the calling thread; `set` is a valid cpu_set_t of the size passed.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    crate::os::pin_current_thread(cpu)
 }
 
 fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<usize>) {
@@ -343,7 +300,7 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
 #[derive(Default)]
 struct Sleeper {
     fds: Vec<RawFd>,
-    pfds: Vec<libc::pollfd>,
+    pfds: Vec<os::pollfd>,
 }
 
 impl Sleeper {
@@ -377,10 +334,9 @@ impl Sleeper {
         }
         self.fill_fds(slot, targets);
         self.pfds.clear();
-        self.pfds.extend(self.fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }));
+        self.pfds.extend(self.fds.iter().map(|&fd| os::pollfd { fd, events: libc::POLLIN, revents: 0 }));
         shared.stats.sleeps.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structs for the whole call.
-        let rc = unsafe { libc::poll(self.pfds.as_mut_ptr(), self.pfds.len() as libc::nfds_t, MAX_SLEEP_MS) };
+        let rc = os::poll(&mut self.pfds, MAX_SLEEP_MS);
         if rc > 0 {
             shared.stats.wakeups.fetch_add(1, Ordering::Relaxed);
         } else if rc == 0 {

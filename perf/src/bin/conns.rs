@@ -17,8 +17,8 @@
 //! A "connection" is one client channel and its server-side connection: both live in this
 //! process, so the figures per connection hold both ends.
 
-use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::{Channel, ChannelConfig, FunctionId, Functions, RecvBuffers, Server, ServerConfig};
+use bypass_sim::{Engine, Fabric, SimNic};
 use std::time::Instant;
 
 const ECHO: FunctionId = match FunctionId::new(0x31, 0x1, true, 1) {

@@ -8,11 +8,11 @@
 //! at the flush, and each queue gets its calls as one post list, in the order they were started.
 
 use super::{Channel, ChannelInner};
-use crate::call::{CallFuture, Callback, Oneshot, Sink};
+use crate::client::delivery::{CallFuture, Callback, Oneshot, Sink};
 use crate::control::MAX_QUEUES;
-use crate::endpoint::MAX_REPOST_BATCH;
+use crate::core::tx_ctx::{CallMode, TxHandle};
 use crate::hal::Device;
-use crate::tx_ctx::{CallMode, TxHandle};
+use crate::limits::MAX_REPOST_BATCH;
 use crate::wire::FunctionId;
 use crate::{CallOptions, RpcError};
 use std::sync::atomic::Ordering;
@@ -30,7 +30,7 @@ pub(super) struct Staged {
     pub q: usize,
     pub req_id: u32,
     pub mode: CallMode,
-    /// The queue's life ([`crate::endpoint::QueueSlot`]'s epoch) when the call was started.
+    /// The queue's life ([`crate::conn::endpoint::QueueSlot`]'s epoch) when the call was started.
     pub life: u32,
 }
 

@@ -1,17 +1,17 @@
 //! Deliveries the control loop hands on instead of making them.
 //!
-//! The loop ([`crate::reactor`]) is one thread for every connection in the process, so it runs
+//! The loop ([`crate::control::reactor`]) is one thread for every connection in the process, so it runs
 //! no application code: a completion callback or a break callback that blocked there would stall
 //! every other connection's keepalive and closing. When the loop itself finishes a call — a
 //! keepalive look that polls an idle channel, a queue failure it finds there — the outcome of a
 //! callback call is copied out (cold path: this is the one place a delivery allocates) and kept
 //! here, with a break callback that became due; the channel's watch then goes aside
-//! ([`crate::reactor::Step::Aside`]) and the short-lived aside thread runs them, in the order
+//! ([`crate::control::reactor::Step::Aside`]) and the short-lived aside thread runs them, in the order
 //! they were finished. Blocking calls and futures are woken on the loop as usual: waking runs no
 //! application code but the future's waker.
 
-use crate::call::Sink;
-use crate::liveness::CloseReason;
+use crate::client::delivery::Sink;
+use crate::conn::liveness::CloseReason;
 use crate::wire::FunctionId;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,7 +35,7 @@ pub(super) struct DeferredList {
 
 impl DeferredList {
     pub(super) fn push(&self, d: Deferred) {
-        crate::endpoint::lock(&self.items).push(d);
+        crate::sync::lock(&self.items).push(d);
         self.any.store(true, Ordering::Release);
     }
 
@@ -49,7 +49,7 @@ impl DeferredList {
         if !self.pending() {
             return Vec::new();
         }
-        let mut items = crate::endpoint::lock(&self.items);
+        let mut items = crate::sync::lock(&self.items);
         self.any.store(false, Ordering::Release);
         std::mem::take(&mut *items)
     }

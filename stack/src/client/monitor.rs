@@ -1,17 +1,17 @@
-//! A channel's watch in the process's control loop ([`crate::reactor`]): the control stream's
+//! A channel's watch in the process's control loop ([`crate::control::reactor`]): the control stream's
 //! closure (or any byte the server sends unasked) closes the channel; keepalive looks run on
-//! the loop's timers (see [`crate::liveness`]); failed queues are recovered aside, on a
-//! short-lived thread that owns the stream meanwhile (see [`crate::recovery`]). Closing is done
+//! the loop's timers (see [`crate::conn::liveness`]); failed queues are recovered aside, on a
+//! short-lived thread that owns the stream meanwhile (see [`crate::conn::recovery`]). Closing is done
 //! aside too, and so are the callbacks of calls a look finished ([`super::deferred`]): the loop
 //! runs no application code.
 
 use super::{CallOptions, ChannelInner};
-use crate::call::{self, Oneshot, Sink};
+use crate::client::delivery::{self, Oneshot, Sink};
+use crate::conn::liveness::{CloseReason, Keepalive, Silence};
+use crate::control::reactor::{Step, Watch};
 use crate::control::{ControlIo, ControlStream};
+use crate::core::tx_ctx::CallMode;
 use crate::hal::Device;
-use crate::liveness::{CloseReason, Keepalive, Silence};
-use crate::reactor::{Step, Watch};
-use crate::tx_ctx::CallMode;
 use crate::wire::FunctionId;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
@@ -176,11 +176,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         if k.probe.as_ref().is_some_and(|p| p.is_done()) {
             if let Some(p) = k.probe.take() {
-                call::recycle_shot(p);
+                delivery::recycle_shot(p);
             }
         }
         if quiet >= k.keepalive.probe_after() && k.probe.is_none() {
-            let shot = call::blocking_shot();
+            let shot = delivery::blocking_shot();
             let opts = CallOptions {
                 mode: CallMode::WaitRsp,
                 timeout: Some(k.keepalive.limit()),
@@ -196,7 +196,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 }
                 // No credit or send context free (the queues are busy: calls are in flight),
                 // or no queue READY (one is being recovered): look again next time.
-                Err(_) => call::recycle_shot(shot),
+                Err(_) => delivery::recycle_shot(shot),
             }
         }
         false

@@ -29,7 +29,7 @@
 //!   remote-access error as such.
 //! - **Completion.** An operation is a context in `EARLY_RSP` mode: it completes on its send
 //!   completion, and every other path (deadline, queue failure, close) claims it through the
-//!   same [`TxSlab::claim_completion`](crate::tx_ctx::TxSlab::claim_completion) as a call, so it
+//!   same [`TxSlab::claim_completion`](crate::core::tx_ctx::TxSlab::claim_completion) as a call, so it
 //!   completes exactly once.
 //! - **Errors.** The operation's own error completion maps to [`RpcError::RemoteAccess`] (bad
 //!   key, out of range, missing right, or another remote error), [`RpcError::LocalAccess`] (a
@@ -43,12 +43,13 @@
 //!   if that matters.
 
 use super::{ChannelInner, Pending, NO_DEADLINE};
-use crate::call::Sink;
-use crate::endpoint::lock;
+use crate::client::delivery::CallFuture;
+use crate::client::delivery::Sink;
+use crate::core::tx_ctx::{CallMode, FailReason, TxHandle};
 use crate::hal::{self, Access, Device, MemoryRegion, RemoteRegion, SendOp, Sge};
-use crate::tx_ctx::{CallMode, FailReason, TxHandle};
+use crate::sync::lock;
 use crate::wire::FunctionId;
-use crate::{CallFuture, CallOptions, RpcError};
+use crate::{CallOptions, RpcError};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -56,8 +57,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-/// Most local ranges of one operation (the SGEs of one work request).
-pub const MAX_SGES: usize = 4;
+pub use crate::limits::MAX_SGES;
 
 /// Set in the `wr_id` of every one-sided operation (bit 31 of the context-index half).
 pub(crate) const ONE_SIDED_TAG: u64 = 1 << 31;

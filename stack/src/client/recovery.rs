@@ -1,14 +1,14 @@
-//! Queue recovery on the client (see [`crate::recovery`] for the sequence): the channel's watch
+//! Queue recovery on the client (see [`crate::conn::recovery`] for the sequence): the channel's watch
 //! ([`super::monitor`]), which owns the control stream, brings failed queues back, on a
 //! short-lived thread aside from the process's control loop.
 
 use super::ChannelInner;
+use crate::conn::liveness::CloseReason;
+use crate::conn::recovery::{Budget, Recovery};
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlError, QueueReset};
-use crate::endpoint::lock;
 use crate::hal::Device;
-use crate::liveness::CloseReason;
-use crate::recovery::{Budget, Recovery};
+use crate::sync::lock;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -35,7 +35,7 @@ impl State {
     /// Queue `q` failed: the control loop is to recover it.
     pub(super) fn request(&self, q: usize) {
         self.needs[q].store(true, Ordering::Release);
-        crate::reactor::wake();
+        crate::control::reactor::wake();
     }
 
     /// Whether a queue waits for recovery.

@@ -16,10 +16,10 @@
 //! transfer fails at the NIC instead of landing in another call's buffer.
 
 use super::{ChannelInner, LocalRange};
-use crate::endpoint::lock;
+use crate::conn::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
+use crate::core::tx_ctx::{CallMode, TxHandle};
 use crate::hal::{Access, Device, MemoryRegion};
-use crate::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
-use crate::tx_ctx::{CallMode, TxHandle};
+use crate::sync::lock;
 use crate::wire::{DmaDescriptor, RequestHeader, ResponseHeader, MAX_DMA_DESCRIPTORS, RNDV_PREFIX_LEN};
 use crate::{CallOptions, RpcError};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -235,7 +235,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 unsafe { mem.bytes_mut(len) }.copy_from_slice(bytes);
                 let base = mem.region().addr() + mem.offset() as u64;
                 let tok = token(mem.region())?;
-                for (o, l) in crate::rndv::chunks(len, MAX_DESC_BYTES) {
+                for (o, l) in crate::conn::rndv::chunks(len, MAX_DESC_BYTES) {
                     push(DmaDescriptor { size: l as u32, address: base + o as u64, token: tok }, &mut n)?;
                 }
                 call.args = Some(mem);

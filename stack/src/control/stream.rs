@@ -19,10 +19,10 @@ use super::{
     check_timeout, finish_stream, open, say_hello, ClientHello, ControlError, Deadline, ServerHello,
 };
 #[cfg(feature = "tls")]
-use crate::tls::Role;
+use crate::control::tls::Role;
 #[cfg(feature = "tls")]
-use crate::tls::TlsError;
-use crate::tls::{TlsConfig, TLS_HANDSHAKE_BYTE};
+use crate::control::tls::TlsError;
+use crate::control::tls::{TlsConfig, TLS_HANDSHAKE_BYTE};
 
 /// What the control plane's reads and writes need of a stream: bytes both ways, and the TCP
 /// socket under it (for timeouts and shutdown). Implemented by [`TcpStream`] and
@@ -112,7 +112,7 @@ impl ControlStream {
     /// The server side of a TLS session on `tcp`, whose handshake runs as the stream is read.
     #[cfg(feature = "tls")]
     pub(crate) fn accept_tls(tcp: TcpStream, tls: &TlsConfig) -> Result<Self, ControlError> {
-        let conn = crate::tls::server_connection(tls)?;
+        let conn = crate::control::tls::server_connection(tls)?;
         Ok(ControlStream::TlsServer(Box::new(rustls::StreamOwned::new(conn, tcp))))
     }
 
@@ -156,9 +156,13 @@ impl Read for ControlStream {
         match self {
             ControlStream::Plain(s) => s.read(buf),
             #[cfg(feature = "tls")]
-            ControlStream::TlsClient(s) => s.read(buf).map_err(|e| crate::tls::wrap_io(e, Role::Server)),
+            ControlStream::TlsClient(s) => {
+                s.read(buf).map_err(|e| crate::control::tls::wrap_io(e, Role::Server))
+            }
             #[cfg(feature = "tls")]
-            ControlStream::TlsServer(s) => s.read(buf).map_err(|e| crate::tls::wrap_io(e, Role::Client)),
+            ControlStream::TlsServer(s) => {
+                s.read(buf).map_err(|e| crate::control::tls::wrap_io(e, Role::Client))
+            }
         }
     }
 }
@@ -168,9 +172,13 @@ impl Write for ControlStream {
         match self {
             ControlStream::Plain(s) => s.write(buf),
             #[cfg(feature = "tls")]
-            ControlStream::TlsClient(s) => s.write(buf).map_err(|e| crate::tls::wrap_io(e, Role::Server)),
+            ControlStream::TlsClient(s) => {
+                s.write(buf).map_err(|e| crate::control::tls::wrap_io(e, Role::Server))
+            }
             #[cfg(feature = "tls")]
-            ControlStream::TlsServer(s) => s.write(buf).map_err(|e| crate::tls::wrap_io(e, Role::Client)),
+            ControlStream::TlsServer(s) => {
+                s.write(buf).map_err(|e| crate::control::tls::wrap_io(e, Role::Client))
+            }
         }
     }
 
@@ -180,9 +188,13 @@ impl Write for ControlStream {
         match self {
             ControlStream::Plain(s) => s.flush(),
             #[cfg(feature = "tls")]
-            ControlStream::TlsClient(s) => s.flush().map_err(|e| crate::tls::wrap_io(e, Role::Server)),
+            ControlStream::TlsClient(s) => {
+                s.flush().map_err(|e| crate::control::tls::wrap_io(e, Role::Server))
+            }
             #[cfg(feature = "tls")]
-            ControlStream::TlsServer(s) => s.flush().map_err(|e| crate::tls::wrap_io(e, Role::Client)),
+            ControlStream::TlsServer(s) => {
+                s.flush().map_err(|e| crate::control::tls::wrap_io(e, Role::Client))
+            }
         }
     }
 }
@@ -225,8 +237,10 @@ fn tls_client(_tcp: TcpStream, _tls: &TlsConfig, _deadline: Deadline) -> Result<
 /// Unreachable in practice: without the feature no `TlsConfig` can be built.
 #[cfg(not(feature = "tls"))]
 fn no_tls() -> ControlError {
-    crate::tls::TlsError::Config("this build of bypass has no TLS support (crate feature `tls`)".into())
-        .into()
+    crate::control::tls::TlsError::Config(
+        "this build of bypass has no TLS support (crate feature `tls`)".into(),
+    )
+    .into()
 }
 
 /// The client's TLS handshake, blocking, within `deadline`. The first bytes the server sends
@@ -234,7 +248,7 @@ fn no_tls() -> ControlError {
 /// "the server does not use TLS" apart from a TLS failure.
 #[cfg(feature = "tls")]
 fn tls_client(tcp: TcpStream, tls: &TlsConfig, deadline: Deadline) -> Result<ControlStream, ControlError> {
-    let mut conn = crate::tls::client_connection(tls, tcp.peer_addr()?)?;
+    let mut conn = crate::control::tls::client_connection(tls, tcp.peer_addr()?)?;
     let mut io = Recorder { sock: &tcp, first: Vec::new() };
     while conn.is_handshaking() {
         let left = deadline.left()?;
@@ -249,7 +263,7 @@ fn tls_client(tcp: TcpStream, tls: &TlsConfig, deadline: Deadline) -> Result<Con
             if tcp.set_nonblocking(true).is_ok() {
                 drain(&tcp);
             }
-            return Err(super::from_io(crate::tls::wrap_io(e, Role::Server)));
+            return Err(super::from_io(crate::control::tls::wrap_io(e, Role::Server)));
         }
     }
     Ok(ControlStream::TlsClient(Box::new(rustls::StreamOwned::new(conn, tcp))))

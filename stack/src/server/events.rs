@@ -2,8 +2,8 @@
 //! [`Connection`] handle they (and [`Request::connection`](crate::Request::connection)) give.
 
 use super::Conn;
+use crate::conn::liveness::CloseReason;
 use crate::hal::Device;
-use crate::liveness::CloseReason;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -1,17 +1,18 @@
-//! A connection's watch in the process's control loop ([`crate::reactor`]) on the server: the
+//! A connection's watch in the process's control loop ([`crate::control::reactor`]) on the server: the
 //! client's control stream closing (or carrying anything but a queue reset) closes the
 //! connection; a queue reset is read and answered aside, on a short-lived thread that owns the
-//! stream meanwhile (see [`crate::recovery`]); keepalive silence is judged on the loop's timers
-//! (see [`crate::liveness`]). A connection the loop finds over is closed aside as well, so its
+//! stream meanwhile (see [`crate::conn::recovery`]); keepalive silence is judged on the loop's timers
+//! (see [`crate::conn::liveness`]). A connection the loop finds over is closed aside as well, so its
 //! break callback and its rendezvous memory's release (a custom allocator) never run on the
 //! loop.
 
 use super::Conn;
+use crate::conn::liveness::{CloseReason, Keepalive, Silence};
+use crate::control::reactor::{Step, Watch};
 use crate::control::session::{self, SessionFrame};
 use crate::control::{ControlIo, ControlStream};
 use crate::hal::Device;
-use crate::liveness::{CloseReason, Keepalive, Silence};
-use crate::reactor::{Step, Watch};
+use crate::os::{peek, Peek};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -46,31 +47,6 @@ impl<D: Device + Clone> ConnWatch<D> {
 
     fn open(&self) -> Option<Arc<Conn<D>>> {
         self.conn.upgrade().filter(|c| !c.ep.is_closed())
-    }
-}
-
-/// What the socket holds, without reading it (`MSG_PEEK | MSG_DONTWAIT`).
-enum Peek {
-    /// Bytes: a frame (or a TLS record) to read, aside.
-    Data,
-    /// End of stream or an error.
-    Closed,
-    /// Nothing after all.
-    Empty,
-}
-
-fn peek(fd: RawFd) -> Peek {
-    let mut b = 0u8;
-    // SAFETY: reads at most 1 byte into a live u8; `fd` is an open socket borrowed from the
-    // stream we own. MSG_PEEK leaves the byte in the socket for the stream's own reads.
-    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    match n {
-        0 => Peek::Closed,
-        n if n > 0 => Peek::Data,
-        _ => match std::io::Error::last_os_error().kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Peek::Empty,
-            _ => Peek::Closed,
-        },
     }
 }
 

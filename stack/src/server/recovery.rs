@@ -1,4 +1,4 @@
-//! Queue recovery on the server (see [`crate::recovery`]): the client asks, the connection's
+//! Queue recovery on the server (see [`crate::conn::recovery`]): the client asks, the connection's
 //! watch resets its end of the queue and answers (aside from the control loop, on a short-lived
 //! thread).
 

@@ -5,7 +5,7 @@
 //! [`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit) (a request that
 //! does not fit even alone is answered REMOTE_LEN_ERR; one that fits but finds the memory in use
 //! waits for it), takes memory from the allocator, and RDMA READs every descriptor into it, one
-//! contiguous buffer, in chunks of at most [`MAX_CHUNK`](crate::rndv) bytes. Only when every READ
+//! contiguous buffer, in chunks of at most [`MAX_CHUNK`](crate::conn::rndv) bytes. Only when every READ
 //! has completed does the handler run, with the gathered bytes as [`Request::args`] and the
 //! descriptors' parts as [`Request::segments`].
 //!
@@ -22,16 +22,16 @@
 //! cannot reach the client on the failed queue) and every byte it held is freed.
 
 use super::{bump, Conn, Request};
+use crate::conn::rndv::{chunk_size, chunks, RegionPool, RndvAllocator, RndvMem};
+use crate::core::tx_ctx::{CallMode, TxHandle};
 use crate::hal::{self, Device, MemoryRegion, RemoteAddr, RemoteKey, SendOp, Sge};
-use crate::rndv::{chunk_size, chunks, RegionPool, RndvAllocator, RndvMem};
-use crate::tx_ctx::{CallMode, TxHandle};
 use crate::wire::{self, Descriptors, DmaDescriptor, ResponseHeader, Status, RNDV_PREFIX_LEN};
 use crate::RpcError;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::endpoint::lock;
+use crate::sync::lock;
 
 /// Set in the `wr_id` of the server's rendezvous READs and WRITEs (bit 31 of the index half).
 pub(crate) const RNDV_TAG: u64 = 1 << 31;

@@ -18,18 +18,12 @@
 //! once than buffers are posted, the server's NIC answers RNR and the client's NIC retries
 //! (`rnr_retry = 7`, the default, retries forever; see docs/protocol.md §3 "Shared receive pool").
 
-use crate::endpoint::{lock, MAX_REPOST_BATCH};
 use crate::hal::{Access, Device, MemoryRegion, RecvWr, Sge, SharedRecv};
+use crate::limits::MAX_REPOST_BATCH;
+use crate::sync::lock;
 use crate::RpcError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-
-/// Default [`RecvBuffers::Shared`](crate::RecvBuffers) pool size: 512 buffers (2 MiB at the
-/// default 4 KiB messages), the full windows of 16 connections at the default window of 32.
-pub const DEFAULT_SHARED_RECV_BUFFERS: u32 = 512;
-
-/// Most buffers a shared pool may have.
-pub(crate) const MAX_SHARED_RECV_BUFFERS: u32 = 1 << 20;
 
 pub(crate) struct SharedPool<D: Device> {
     srq: Mutex<D::SharedRecv>,

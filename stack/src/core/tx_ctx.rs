@@ -131,7 +131,7 @@
 //! Generations are 32 bits: a handle held across 2^32 reuses of the same slot would be taken for
 //! current. Nothing holds a handle that long.
 
-use crate::free_list::FreeList;
+use crate::core::free_list::FreeList;
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
@@ -264,7 +264,7 @@ pub struct TxHandle {
     pub generation: u32,
 }
 
-crate::handle::generational_handle!(TxHandle, "tx_ctx");
+crate::core::handle::generational_handle!(TxHandle, "tx_ctx");
 
 /// What a successful report did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

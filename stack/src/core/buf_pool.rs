@@ -48,7 +48,7 @@ use std::mem::ManuallyDrop;
 
 use bypass_hal::{MemoryRegion, Sge};
 
-use crate::free_list::FreeList;
+use crate::core::free_list::FreeList;
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
 use crate::sync::{AtomicU64, Ordering};
@@ -136,7 +136,7 @@ pub struct BufToken {
     pub generation: u32,
 }
 
-crate::handle::generational_handle!(BufToken, "buffer");
+crate::core::handle::generational_handle!(BufToken, "buffer");
 
 /// A pool of `capacity()` buffers of `buf_size()` bytes carved from one registered region. See
 /// the [module documentation](self).

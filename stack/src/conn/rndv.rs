@@ -10,15 +10,11 @@
 //!
 //! Nothing here is on the eager path: an eager call never touches this module.
 
-use crate::endpoint::lock;
 use crate::hal::{Access, Device, MemoryRegion};
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-/// Default per-connection limit of the server's rendezvous memory
-/// ([`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit)): 256 MiB.
-pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;
 
 /// Most bytes one READ or WRITE work request of a rendezvous moves (the device's `max_msg_size`
 /// may lower it). Larger descriptors are split, so that a 1 MiB argument has 4 READs in flight

@@ -19,7 +19,7 @@
 //! ## Slot state
 //!
 //! Each slot holds an `AtomicU64` word `req_id << 32 | state` and an `AtomicU64` caller value
-//! (typically a [`crate::tx_ctx::TxHandle`] packed with [`crate::tx_ctx::TxHandle::to_u64`]).
+//! (typically a [`crate::core::tx_ctx::TxHandle`] packed with [`crate::core::tx_ctx::TxHandle::to_u64`]).
 //!
 //! | state       | meaning                                          | `complete`/`cancel` with same id |
 //! |-------------|--------------------------------------------------|----------------------------------|

@@ -37,11 +37,11 @@
 //! A panic of the loop's own code closes every connection it held (see [`run`]); the next
 //! connection starts a new loop.
 
-use crate::endpoint::lock;
-use crate::worker::WakeFd;
+use crate::os::{self, WakeFd};
+use crate::sync::lock;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -156,13 +156,7 @@ pub(crate) fn wake() {
 
 impl Shared {
     fn new() -> std::io::Result<Self> {
-        // SAFETY: epoll_create1 takes no pointers; the flag is valid.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by epoll_create1, is open, and nothing else owns it.
-        let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
+        let epoll = os::epoll_create()?;
         let wake = WakeFd::new()?;
         let s = Shared { epoll, wake };
         s.ctl(libc::EPOLL_CTL_ADD, s.wake.raw(), WAKE_KEY)?;
@@ -170,14 +164,7 @@ impl Shared {
     }
 
     fn ctl(&self, op: libc::c_int, fd: RawFd, key: u64) -> std::io::Result<()> {
-        let mut ev = libc::epoll_event { events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, u64: key };
-        // SAFETY: `ev` is a valid epoll_event for the call; both fds are open (the epoll fd is
-        // ours, `fd` is borrowed from a watched connection that is alive).
-        let rc = unsafe { libc::epoll_ctl(self.epoll.as_raw_fd(), op, fd, &mut ev) };
-        if rc < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(())
+        os::epoll_ctl(&self.epoll, op, fd, key)
     }
 }
 
@@ -519,7 +506,7 @@ pub fn control_loop_settled_for_tests() -> bool {
 
 /// The loop itself.
 fn run_loop(shared: &Shared, table: &mut Table) {
-    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+    let mut events = vec![os::epoll_event { events: 0, u64: 0 }; 256];
     loop {
         // Only this thread makes the aside queue stuck (its `run_aside`), so `None` here stays
         // true until the loop ends below.
@@ -570,25 +557,18 @@ fn run_loop(shared: &Shared, table: &mut Table) {
                     as libc::c_int
             }
         };
-        // SAFETY: `events` is a valid, writable array of `events.len()` epoll_event structs.
-        let n = unsafe {
-            libc::epoll_wait(
-                shared.epoll.as_raw_fd(),
-                events.as_mut_ptr(),
-                events.len() as libc::c_int,
-                timeout,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                // Not expected (the arguments are valid); give the CPU back rather than spin.
-                eprintln!("bypass: the control loop's epoll_wait failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(10));
+        let n = match os::epoll_wait(&shared.epoll, &mut events, timeout) {
+            Ok(n) => n,
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    // Not expected (the arguments are valid); give the CPU back rather than spin.
+                    eprintln!("bypass: the control loop's epoll_wait failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                continue;
             }
-            continue;
-        }
-        for ev in &events[..n as usize] {
+        };
+        for ev in &events[..n] {
             let key = ev.u64;
             if key == WAKE_KEY {
                 // New connections or a scan to do: taken at the top of the loop.
@@ -623,6 +603,7 @@ fn run_loop(shared: &Shared, table: &mut Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::mpsc;

@@ -1,5 +1,5 @@
-//! `(index, generation)` handles: the packing shared by [`crate::tx_ctx::TxHandle`] and
-//! [`crate::buf_pool::BufToken`]. They stay distinct types (a send-context handle cannot be passed
+//! `(index, generation)` handles: the packing shared by [`crate::core::tx_ctx::TxHandle`] and
+//! [`crate::core::buf_pool::BufToken`]. They stay distinct types (a send-context handle cannot be passed
 //! where a buffer token is expected); this macro only writes their common conversions once.
 
 /// Implements `to_u64`/`from_u64` (generation in the high 32 bits, index in the low 32), `From`

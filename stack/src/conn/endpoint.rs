@@ -4,7 +4,7 @@
 //! `Endpoint` plus their own logic. Memory is laid out so that ownership follows the protocol and
 //! needs no bookkeeping on the hot path:
 //!
-//! - **send buffers**: `msg_size` bytes per send context (see [`crate::tx_ctx`]), registered in
+//! - **send buffers**: `msg_size` bytes per send context (see [`crate::core::tx_ctx`]), registered in
 //!   chunks of [`SEND_CHUNK`] contexts: send context `i` owns bytes `(i % SEND_CHUNK) × msg_size ..`
 //!   of chunk `i / SEND_CHUNK`. The first chunk is registered with the endpoint, the others the
 //!   first time a context of theirs is handed out ([`Endpoint::get_tx`]; once per chunk for the
@@ -36,155 +36,21 @@
 //! uses `try_lock`: if another thread is polling, it is delivering for everyone, so the caller
 //! moves on. Uncontended, a mutex is one compare-exchange to take and one to give back.
 
+use crate::conn::shared_pool::SharedPool;
+use crate::conn::sizes::{validate_sizes, Sizes};
+use crate::core::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::hal::{
-    Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState,
-    RecvWr, SendOp, SendWr, Sge, WrFlags,
+    Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueInfo, QueueState, RecvWr, SendOp,
+    SendWr, Sge, WrFlags,
 };
-use crate::shared_pool::SharedPool;
-use crate::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
+use crate::limits::{MAX_REPOST_BATCH, MIN_MSG_SIZE};
+use crate::sync::lock;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Send contexts whose buffers are registered together (see the module docs).
 pub(crate) const SEND_CHUNK: usize = 8;
-
-/// Locks a mutex; a poisoned mutex (a thread panicked while holding it) is still usable here
-/// because every critical section leaves its data consistent before anything can panic.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Smallest message size either side accepts (the peer refuses a smaller one in the handshake):
-/// room for the 20-byte request header, or the 16-byte response header, and some data.
-pub(crate) const MIN_MSG_SIZE: usize = 64;
-
-/// Largest credit window (calls outstanding per queue) a client may ask for or a server grant.
-pub(crate) const MAX_WINDOW: u32 = 4096;
-
-/// Default limit of the registered buffer memory of one connection, on either side
-/// (`ChannelConfig::memory_limit`, `ServerConfig::memory_limit`): 256 MiB.
-pub const DEFAULT_MEMORY_LIMIT: u64 = 256 << 20;
-
-/// Bytes of registered buffers of an endpoint of `queues` queues with `send` send contexts and
-/// `recv` receive buffers per queue, of `msg_size` bytes each.
-pub(crate) fn buffer_bytes(queues: usize, (send, recv): (u32, u32), msg_size: usize) -> u64 {
-    (queues as u64).saturating_mul(u64::from(send) + u64::from(recv)).saturating_mul(msg_size as u64)
-}
-
-/// The largest window up to `window` whose buffers (`depths(w)` per queue) fit in `limit` bytes,
-/// or `None` when not even a window of 1 does. The buffers grow with the window, so this is the
-/// window scaled down for large messages.
-pub(crate) fn fit_window(
-    window: u32,
-    queues: usize,
-    msg_size: usize,
-    limit: u64,
-    depths: impl Fn(u32) -> (u32, u32),
-) -> Option<u32> {
-    let fits = |w: u32| buffer_bytes(queues, depths(w), msg_size) <= limit;
-    if !fits(1) {
-        return None;
-    }
-    // Binary search for the largest fitting w in 1..=window (fits(1) holds).
-    let (mut lo, mut hi) = (1u32, window.max(1));
-    while lo < hi {
-        let mid = lo + (hi - lo).div_ceil(2);
-        if fits(mid) {
-            lo = mid;
-        } else {
-            hi = mid - 1;
-        }
-    }
-    Some(lo)
-}
-
-/// An [`RpcError::InvalidArgument`] naming the configuration field `field`.
-pub(crate) fn bad_field(field: &str, why: impl std::fmt::Display) -> RpcError {
-    RpcError::InvalidArgument(format!("{field} {why}"))
-}
-
-/// Checks the transport settings `c` (the field `field` of a config) against the device: what
-/// the hal would refuse is refused here, by name. The depths and SGE limits are replaced by the
-/// stack's own (derived from the window, checked by [`validate_sizes`]); a zero, which no queue
-/// can have, is still refused rather than silently replaced.
-pub(crate) fn validate_queue_config(
-    field: &str,
-    c: &QueueConfig,
-    caps: &crate::hal::DeviceCaps,
-) -> Result<(), RpcError> {
-    for (name, v) in [
-        ("send_depth", c.send_depth),
-        ("recv_depth", c.recv_depth),
-        ("max_send_sge", c.max_send_sge),
-        ("max_recv_sge", c.max_recv_sge),
-    ] {
-        if v == 0 {
-            return Err(bad_field(
-                &format!("{field}.{name}"),
-                "is 0: no queue can have that (the stack sets its own value, derived from the window; leave the default)",
-            ));
-        }
-    }
-    if c.max_inline > caps.max_inline {
-        return Err(bad_field(
-            &format!("{field}.max_inline"),
-            format_args!("is {}: the device allows at most {}", c.max_inline, caps.max_inline),
-        ));
-    }
-    for (name, v) in [("retry_count", c.retry_count), ("rnr_retry", c.rnr_retry)] {
-        if v > 7 {
-            return Err(bad_field(&format!("{field}.{name}"), format_args!("is {v}: use 0..=7")));
-        }
-    }
-    // `timeout` (an AckTimeout, exponent 0 = no retransmission timer), `min_rnr_timer` and the
-    // read limits (clamped to the device's) are valid whatever their value.
-    Ok(())
-}
-
-/// Checks that an endpoint of `queues` queues with `send_depth` send contexts and `recv_depth`
-/// receive buffers per queue, of `msg_size` bytes each, fits the device; `hint` (appended to the
-/// error) says which config fields decide these numbers.
-pub(crate) fn validate_sizes(
-    hint: &str,
-    queues: usize,
-    send_depth: u32,
-    recv_depth: u32,
-    msg_size: usize,
-    caps: &crate::hal::DeviceCaps,
-) -> Result<(), RpcError> {
-    let tx = queues as u64 * u64::from(send_depth);
-    let rx = queues as u64 * u64::from(recv_depth);
-    let max_depth = u64::from(caps.max_queue_depth);
-    let err = |what: String| Err(RpcError::InvalidArgument(format!("{what}: {hint}")));
-    if tx > max_depth {
-        return err(format!(
-            "{tx} send contexts ({queues} queues x {send_depth}) exceed the device's queue depth {max_depth} \
-             (every send ring holds all of them)"
-        ));
-    }
-    if u64::from(recv_depth) > max_depth {
-        return err(format!(
-            "{recv_depth} receive buffers per queue exceed the device's queue depth {max_depth}"
-        ));
-    }
-    for (dir, n) in [("send", tx), ("receive", rx)] {
-        if n + 1 > u64::from(caps.max_cq_depth) {
-            return err(format!(
-                "the {dir} completion queue needs {} entries, more than the device's {}",
-                n + 1,
-                caps.max_cq_depth
-            ));
-        }
-        if n.saturating_mul(msg_size as u64) > caps.max_region_size {
-            return err(format!(
-                "{n} {dir} buffers of {msg_size} bytes exceed the device's largest registration ({} bytes)",
-                caps.max_region_size
-            ));
-        }
-    }
-    Ok(())
-}
 
 /// One queue of an endpoint.
 pub(crate) struct QueueSlot<Q> {
@@ -204,27 +70,10 @@ pub(crate) struct QueueSlot<Q> {
     pub(crate) epoch: AtomicU32,
 }
 
-/// Most receive buffers re-posted with one doorbell.
-pub(crate) const MAX_REPOST_BATCH: usize = 16;
-
 #[derive(Default)]
 struct Deferred {
     bufs: [u32; MAX_REPOST_BATCH],
     len: usize,
-}
-
-/// Sizes of an endpoint.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Sizes {
-    pub(crate) queues: usize,
-    pub(crate) send_depth: u32,
-    pub(crate) recv_depth: u32,
-    pub(crate) msg_size: usize,
-    /// Receive buffers re-posted together (1..=[`MAX_REPOST_BATCH`]). The receive depth must
-    /// exceed what the peer may have outstanding by this much: up to `repost_batch - 1` buffers
-    /// wait to be re-posted at any time.
-    pub(crate) repost_batch: usize,
-    pub(crate) queue_config: QueueConfig,
 }
 
 /// Where an endpoint's receive buffers are (see the module docs).
@@ -330,7 +179,7 @@ impl<D: Device + Clone> Endpoint<D> {
             c.send_depth = tx_capacity as u32;
             c.recv_depth = s.recv_depth;
             // Gather/scatter lists of one-sided operations; messages use one SGE.
-            c.max_send_sge = caps.max_send_sge.clamp(1, crate::client::MAX_SGES as u32);
+            c.max_send_sge = caps.max_send_sge.clamp(1, crate::limits::MAX_SGES as u32);
             c.max_recv_sge = 1;
             c
         };
@@ -627,7 +476,7 @@ impl<D: Device + Clone> Endpoint<D> {
         deadline: std::time::Instant,
         mut turn: impl FnMut(),
     ) -> Result<(), RpcError> {
-        use crate::recovery::drain_wr_id;
+        use crate::conn::recovery::drain_wr_id;
         let slot = &self.queues[q];
         slot.drained.store(0, Ordering::Release);
         if lock(&slot.q).state() == QueueState::Reset {
@@ -904,7 +753,7 @@ mod tests {
             recv_depth: 4,
             msg_size: 256,
             repost_batch: 1,
-            queue_config: QueueConfig::default(),
+            queue_config: crate::hal::QueueConfig::default(),
         }
     }
 
@@ -920,7 +769,7 @@ mod tests {
         let recv = (2 * 4 * 256) as u64;
         let chunk = (SEND_CHUNK * 256) as u64;
         assert_eq!(ep.registered(), recv + chunk, "the first chunk only");
-        let mode = crate::tx_ctx::CallMode::EarlyRsp;
+        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
         for _ in 0..100 {
             let h = ep.get_tx(mode, 0).unwrap().expect("a context");
             let _ = ep.tx.fail(h, FailReason::SendError);
@@ -947,7 +796,7 @@ mod tests {
         let fabric = Fabric::new(Engine::Inline);
         let nic = fabric.add_nic();
         let ep = Endpoint::new(&nic, Sizes { queues: 2, send_depth: 10, ..sizes() }).expect("endpoint");
-        let mode = crate::tx_ctx::CallMode::EarlyRsp;
+        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
         let mut held = Vec::new();
         for n in 0..20 {
             // 8 and 16 in use: the registered chunks are full, the next context is a new chunk's.
@@ -972,7 +821,8 @@ mod tests {
         let b = Endpoint::new(&nb, sizes()).expect("endpoint b");
         a.connect(&b.infos()).expect("connect a");
         b.connect(&a.infos()).expect("connect b");
-        let tx = a.get_tx(crate::tx_ctx::CallMode::EarlyRsp, 0).expect("registered").expect("a context");
+        let tx =
+            a.get_tx(crate::core::tx_ctx::CallMode::EarlyRsp, 0).expect("registered").expect("a context");
         a.check_ready(1).expect("queue 1 is READY");
         a.fail_queue(0);
         match a.post_send(0, tx, 16) {

@@ -58,7 +58,7 @@ impl Default for Recovery {
 
 impl Recovery {
     pub(crate) fn validate(&self, field: &str) -> Result<(), crate::RpcError> {
-        use crate::endpoint::bad_field;
+        use crate::error::bad_field;
         if !(1..=1000).contains(&self.attempts) {
             return Err(bad_field(
                 &format!("{field}.attempts"),

@@ -18,11 +18,11 @@
 //! never probes, and the server then relies on the TCP stream alone).
 //!
 //! Timing uses the real monotonic clock (not a simulated device's clock), and the process's
-//! control loop ([`crate::reactor`], the thread that watches every control stream) runs it: it
+//! control loop ([`crate::control::reactor`], the thread that watches every control stream) runs it: it
 //! looks at each channel every `interval / 4`, and, when nobody else has polled the channel
 //! since its last look, polls it itself so that an idle channel's probe responses are collected
 //! (a callback call that poll finishes has its callback run aside, not on the loop: see
-//! [`crate::reactor`]). A channel or connection keepalive gives up on is closed aside too. The hot path pays one
+//! [`crate::control::reactor`]). A channel or connection keepalive gives up on is closed aside too. The hot path pays one
 //! relaxed load (and, after a quiet spell, one store) per non-empty poll of the receive CQ.
 
 use crate::wire::FunctionId;
@@ -57,13 +57,13 @@ impl Keepalive {
     /// Checks the fields; `field` is the config field's path for the error text.
     pub(crate) fn validate(&self, field: &str) -> Result<(), RpcError> {
         if self.interval < Duration::from_millis(1) || self.interval > Duration::from_secs(3600) {
-            return Err(crate::endpoint::bad_field(
+            return Err(crate::error::bad_field(
                 &format!("{field}.interval"),
                 format_args!("is {:?}: use 1 ms ..= 1 h (or keepalive None to turn it off)", self.interval),
             ));
         }
         if !(1..=1000).contains(&self.misses) {
-            return Err(crate::endpoint::bad_field(
+            return Err(crate::error::bad_field(
                 &format!("{field}.misses"),
                 format_args!("is {}: use 1..=1000", self.misses),
             ));

@@ -1,14 +1,14 @@
 //! Delivering a call's outcome to its caller: blocking, callback or `Future`.
 //!
 //! Exactly one path completes a call (the tx_ctx `claim_completion` decides which, see
-//! [`crate::tx_ctx`]); that path takes the call's [`Sink`] and delivers into it once. A blocking
+//! [`crate::core::tx_ctx`]); that path takes the call's [`Sink`] and delivers into it once. A blocking
 //! caller and a [`CallFuture`] share a [`Oneshot`] with the delivering thread; a callback is run
 //! on the delivering thread.
 //!
 //! A blocking caller reuses a few `Oneshot`s per thread (and the response `Vec` it swaps with the
 //! caller's), so a steady loop of blocking calls allocates nothing.
 
-use crate::endpoint::lock;
+use crate::sync::lock;
 use crate::RpcError;
 use std::cell::RefCell;
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! # free_list: a lock-free LIFO of free slot indices
 //!
-//! The stack's fixed-size pools — the tx_ctx slab ([`crate::tx_ctx`]) and the buffer pool
-//! ([`crate::buf_pool`]) — hand out slots by index. Their free slots form this list: a Treiber
+//! The stack's fixed-size pools — the tx_ctx slab ([`crate::core::tx_ctx`]) and the buffer pool
+//! ([`crate::core::buf_pool`]) — hand out slots by index. Their free slots form this list: a Treiber
 //! stack of `u32` indices whose links live in a side array (`next[i]` is the index below `i`
 //! while `i` is on the list), so a pool allocates once, in [`FreeList::new`], and
 //! [`FreeList::pop`] and [`FreeList::push`] take no lock and allocate nothing.

@@ -1,0 +1,30 @@
+//! The stack's size and window limits, in one place: what either side accepts and what a
+//! connection's buffers may cost by default.
+
+/// Smallest message size either side accepts (the peer refuses a smaller one in the handshake):
+/// room for the 20-byte request header, or the 16-byte response header, and some data.
+pub(crate) const MIN_MSG_SIZE: usize = 64;
+
+/// Largest credit window (calls outstanding per queue) a client may ask for or a server grant.
+pub(crate) const MAX_WINDOW: u32 = 4096;
+
+/// Default limit of the registered buffer memory of one connection, on either side
+/// (`ChannelConfig::memory_limit`, `ServerConfig::memory_limit`): 256 MiB.
+pub const DEFAULT_MEMORY_LIMIT: u64 = 256 << 20;
+
+/// Most receive buffers re-posted with one doorbell.
+pub(crate) const MAX_REPOST_BATCH: usize = 16;
+
+/// Default [`RecvBuffers::Shared`](crate::RecvBuffers) pool size: 512 buffers (2 MiB at the
+/// default 4 KiB messages), the full windows of 16 connections at the default window of 32.
+pub const DEFAULT_SHARED_RECV_BUFFERS: u32 = 512;
+
+/// Most buffers a shared pool may have.
+pub(crate) const MAX_SHARED_RECV_BUFFERS: u32 = 1 << 20;
+
+/// Default per-connection limit of the server's rendezvous memory
+/// ([`ServerConfig::rndv_memory_limit`](crate::ServerConfig::rndv_memory_limit)): 256 MiB.
+pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;
+
+/// Most local ranges of one operation (the SGEs of one work request).
+pub const MAX_SGES: usize = 4;
