@@ -48,7 +48,9 @@ fuzz_target!(|data: &[u8]| {
         (Ok(b), Some(wire)) => {
             let text = b.describe();
             match wire {
-                WireConfig::Udp(at) => assert!(text.contains(&at.to_string()), "{spec:?} described as {text:?}"),
+                WireConfig::Udp(at) => {
+                    assert!(text.contains(&at.to_string()), "{spec:?} described as {text:?}")
+                }
                 _ => assert!(text.contains("in this process"), "{spec:?} described as {text:?}"),
             }
         }

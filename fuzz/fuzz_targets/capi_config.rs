@@ -135,7 +135,8 @@ fn run(mask: u64, callbacks: bool, pairs: &[Pair]) -> Result<Settings, OckRpcSta
 
 /// The canonical configuration of `s`: every key written as the documentation spells it.
 fn render(s: &Settings) -> Vec<Pair> {
-    let text = |k: &str, v: String| Pair { key: c_bytes(k.as_bytes()), value: Value::Text(c_bytes(v.as_bytes())) };
+    let text =
+        |k: &str, v: String| Pair { key: c_bytes(k.as_bytes()), value: Value::Text(c_bytes(v.as_bytes())) };
     let ptr = |k: &str, f: Option<usize>| Pair {
         key: c_bytes(k.as_bytes()),
         value: Value::Pointer(f.map_or(std::ptr::null(), |a| a as *const c_char)),
@@ -203,7 +204,8 @@ fuzz_target!(|data: &[u8]| {
 
     // Settings → canonical configuration → the same settings.
     let canon = render(&s);
-    let mask = OCK_RPC_CONFIG_USE_RPC_CONFIGS | if s.tls.is_some() { OCK_RPC_CONFIG_USE_SSL_CALLBACK } else { 0 };
+    let mask =
+        OCK_RPC_CONFIG_USE_RPC_CONFIGS | if s.tls.is_some() { OCK_RPC_CONFIG_USE_SSL_CALLBACK } else { 0 };
     match run(mask, s.tls.is_some(), &canon) {
         Ok(again) => assert_eq!(format!("{again:?}"), format!("{s:?}"), "settings → config → settings"),
         // A name or info read with invalid UTF-8 was widened by U+FFFD past its limit.

@@ -44,7 +44,8 @@ fn round_trip<T: PartialEq + std::fmt::Debug, E: std::fmt::Display>(
     match decode(frame) {
         Ok(v) => {
             let once = encode(&v).unwrap_or_else(|e| panic!("{what}: a decoded frame does not encode: {e}"));
-            let back = decode(&once).unwrap_or_else(|e| panic!("{what}: its own encoding does not decode: {e}"));
+            let back =
+                decode(&once).unwrap_or_else(|e| panic!("{what}: its own encoding does not decode: {e}"));
             assert_eq!(back, v, "{what}: encode → decode changed the value");
             let twice = encode(&back).unwrap_or_else(|e| panic!("{what}: re-encoding failed: {e}"));
             assert_eq!(twice, once, "{what}: the encoding is not a fixed point");

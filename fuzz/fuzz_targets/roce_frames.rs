@@ -15,7 +15,8 @@
 #![no_main]
 
 use bypass_sim::roce::{
-    decode_ethernet, decode_udp, decode_udp_any_id, udp_icrc, Endpoints, Frame, Link, BTH_LEN, ICRC_LEN, ROCE_PORT,
+    decode_ethernet, decode_udp, decode_udp_any_id, udp_icrc, Endpoints, Frame, Link, BTH_LEN, ICRC_LEN,
+    ROCE_PORT,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -23,7 +24,10 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
     if let Ok(eth) = decode_ethernet(rest) {
         let mut out = vec![0u8; rest.len() + 64];
-        let n = eth.frame.encode_ethernet(&eth.endpoints, &eth.link, &mut out).expect("re-encode a decoded frame");
+        let n = eth
+            .frame
+            .encode_ethernet(&eth.endpoints, &eth.link, &mut out)
+            .expect("re-encode a decoded frame");
         let again = decode_ethernet(&out[..n]).expect("a re-encoded Ethernet frame decodes");
         assert_eq!(again, eth, "Ethernet round trip");
     }
@@ -77,7 +81,13 @@ fn check_udp(f: &Frame<'_>, ep: &Endpoints, bytes: &[u8], mode: u8) {
     assert_eq!(decode_udp(&out[..n], ep), Ok(*f));
 
     // The same frame at the Ethernet level, with link fields from the mode byte.
-    let link = Link { src_mac: [2, 0, 0, 0, 0, mode], dst_mac: [2, 0, 0, 0, 1, mode], ip_id: 0, ttl: mode, tos: mode };
+    let link = Link {
+        src_mac: [2, 0, 0, 0, 0, mode],
+        dst_mac: [2, 0, 0, 0, 1, mode],
+        ip_id: 0,
+        ttl: mode,
+        tos: mode,
+    };
     let mut eth = vec![0u8; n + 64];
     if ep.dst_port == ROCE_PORT {
         let m = f.encode_ethernet(ep, &link, &mut eth).expect("encode the frame as Ethernet");

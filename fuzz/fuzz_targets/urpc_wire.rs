@@ -73,7 +73,8 @@ fn check(msg: &[u8]) {
             }
             assert_eq!(v.descriptors.get(n), None);
             assert_eq!(v.header.total_size as usize, msg.len());
-            let len = encode_request(&mut out, &v.header, &descs, v.args).expect("re-encode a parsed request");
+            let len =
+                encode_request(&mut out, &v.header, &descs, v.args).expect("re-encode a parsed request");
             assert_eq!(out[..len], *msg, "request round trip");
         }
         Ok(Parsed::Ack(h)) => {

@@ -261,7 +261,14 @@ impl Segment {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "the mapping is shorter than the layout"));
         }
         let guard = guard::register(map.as_mut_ptr(), map.len());
-        Ok(Segment { guard, map, path: path.to_path_buf(), owner: info.owner, layout: info.layout, owned: false })
+        Ok(Segment {
+            guard,
+            map,
+            path: path.to_path_buf(),
+            owner: info.owner,
+            layout: info.layout,
+            owned: false,
+        })
     }
 
     /// Whether the file was truncated under the mapping, which now reads as zeros and carries no

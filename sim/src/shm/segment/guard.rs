@@ -43,7 +43,8 @@ struct Entry {
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Entry = Entry { start: AtomicUsize::new(0), len: AtomicUsize::new(0), broken: AtomicBool::new(false) };
+const EMPTY: Entry =
+    Entry { start: AtomicUsize::new(0), len: AtomicUsize::new(0), broken: AtomicBool::new(false) };
 
 static TABLE: [Entry; SLOTS] = [EMPTY; SLOTS];
 
