@@ -74,6 +74,10 @@ fn c_bytes(b: &[u8]) -> Vec<u8> {
     v
 }
 
+fn is_function_key(key: &str) -> bool {
+    key.starts_with("server.client.") || key.starts_with("server.rndv.m")
+}
+
 fn function_value(key: &str, pick: u8) -> *const c_char {
     if pick & 1 == 0 {
         return std::ptr::null();
@@ -90,7 +94,7 @@ fn pairs_of(lines: &[u8]) -> Vec<Pair> {
     for line in lines.split(|&b| b == b'\n') {
         let Some((&pick, value)) = line.split_first() else { continue };
         match KEYS.get(usize::from(pick) % (KEYS.len() + 1)) {
-            Some(&key) if key.starts_with("server.client.") || key.starts_with("server.rndv.m") => {
+            Some(&key) if is_function_key(key) => {
                 let p = function_value(key, value.first().copied().unwrap_or(0));
                 out.push(Pair { key: c_bytes(key.as_bytes()), value: Value::Pointer(p) })
             }
@@ -100,7 +104,15 @@ fn pairs_of(lines: &[u8]) -> Vec<Pair> {
                     Some(at) => (&value[..at], &value[at + 1..]),
                     None => (value, &[][..]),
                 };
-                out.push(Pair { key: c_bytes(k), value: Value::Text(c_bytes(v)) })
+                let key = c_bytes(k);
+                // A made-up key that spells a function key still gets a function (or NULL): the
+                // C contract, which the parser cannot check, says that key's value is one.
+                let value =
+                    match KEYS.iter().find(|f| is_function_key(f) && f.as_bytes() == &key[..key.len() - 1]) {
+                        Some(f) => Value::Pointer(function_value(f, v.first().copied().unwrap_or(0))),
+                        None => Value::Text(c_bytes(v)),
+                    };
+                out.push(Pair { key, value })
             }
         }
     }
