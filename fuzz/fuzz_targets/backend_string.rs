@@ -5,7 +5,8 @@
 //! would dlopen whatever that path is), so the grammar is the simulator's rows of the table in
 //! `stack/src/backend.rs`: `sim`, `sim:inline`, `sim:threaded`, each optionally followed by `+shm`
 //! or `+udp://IPv4:PORT`. Besides "never panics": `open` succeeds exactly for those strings, says
-//! why for every other one, and describes what it opened with the wire it was asked for.
+//! why for every other one (a UDP address it refuses, it names), and describes what it opened
+//! with the wire it was asked for.
 //!
 //! A valid `+shm` string is checked through `WireConfig::parse` and not opened: opening a
 //! shared-memory fabric scans `/dev/shm` for stale segments, too slow for a fuzz loop (opening
@@ -57,6 +58,15 @@ fuzz_target!(|data: &[u8]| {
         (Err(e), None) => {
             let text = e.to_string();
             assert!(!text.is_empty());
+        }
+        // Opening may check the address (one the host does not own cannot carry traffic); a
+        // refusal must then name it.
+        (Err(e), Some(WireConfig::Udp(at))) => {
+            let text = e.to_string();
+            assert!(
+                text.contains(&at.ip().to_string()),
+                "{spec:?} refused without naming its address: {text}"
+            );
         }
         (Ok(b), None) => panic!("{spec:?} is not a backend string, yet it opened {}", b.describe()),
         (Err(e), Some(_)) => panic!("{spec:?} is a backend string, yet it was refused: {e}"),
