@@ -498,3 +498,43 @@ fn the_fault_plan_wraps_shared_memory_links() {
     assert!(f.dropped > 0 && f.duplicated > 0, "the fault plan acted on the links: {f:?}");
     assert!(a.stats().retransmits > 0, "{:?}", a.stats());
 }
+
+/// Issue 30, defect 9: a peer's segment truncated while this process has it mapped killed this
+/// process with SIGBUS at its next send. Now the queue errors by its retry limit, the process
+/// lives on, and a new connect to that NIC is refused saying what is wrong with the file.
+#[test]
+fn a_truncated_peer_segment_fails_the_queue_not_the_process() {
+    let _serial = serial();
+    let fabric = shm_fabric(Engine::Inline);
+    let nic = fabric.add_nic();
+    let (mut child, info, path) = live_child();
+    let mut cfg = QueueConfig::default();
+    cfg.timeout = AckTimeout::at_least(Duration::from_millis(1));
+    cfg.retry_count = 2;
+    let mut cq = nic.create_cq(64).unwrap();
+    let mut q = nic.create_queue(&cfg, &cq, &cq).unwrap();
+    q.connect(&info).expect("the child is alive");
+    std::fs::OpenOptions::new().write(true).open(&path).and_then(|f| f.set_len(0)).expect("truncate");
+
+    let src = nic.register(4096, Access::empty()).unwrap();
+    let sge = [src.sge(0, 4096).unwrap()];
+    q.post_send(&[SendWr::send(1, &sge)]).unwrap();
+    let mut wc = [Completion::default(); 4];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        assert!(Instant::now() < deadline, "the queue hangs: {:?}", nic.stats());
+        if cq.poll(&mut wc).unwrap() > 0 {
+            break wc[0];
+        }
+        fabric.progress();
+    };
+    assert_eq!(first.status, Status::RetryExceeded);
+    assert_eq!(q.state(), QueueState::Error);
+
+    let mut again = nic.create_queue(&cfg, &cq, &cq).unwrap();
+    let e = again.connect(&info).expect_err("a truncated segment").to_string();
+    assert!(e.contains(&path.display().to_string()) && e.contains("short header"), "{e}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&path);
+}

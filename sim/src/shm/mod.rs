@@ -214,7 +214,10 @@ mod port {
             let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
             links.retain(|_, l| l.strong_count() > 0);
             if let Some(l) = links.get(&(pid, fabric, nic)).and_then(Weak::upgrade) {
-                if segment::alive(l.seg.owner.pid, l.seg.owner.start) && l.seg.path.exists() {
+                if segment::alive(l.seg.owner.pid, l.seg.owner.start)
+                    && l.seg.path.exists()
+                    && !l.seg.broken()
+                {
                     let id = self.peer_id(key_of(&l.seg.owner));
                     return Ok((l, id));
                 }

@@ -4,7 +4,10 @@
 //! The owner creates it under a temporary name, writes the header, then renames it into place, so
 //! a peer that opens the name always finds a complete header. Everything read from a segment is
 //! validated: a wrong magic, version or layout, or a file shorter than its layout says, is an error
-//! naming the file, never an out-of-bounds access.
+//! naming the file, never an out-of-bounds access. A file truncated after it was mapped breaks
+//! the mapping's connections instead of the process ([`guard`]).
+
+mod guard;
 
 use super::ring::{Bell, RingCtl, Slots};
 use memmap2::MmapRaw;
@@ -186,6 +189,8 @@ pub(crate) fn read_header(path: &Path) -> io::Result<HeaderInfo> {
 /// A mapped segment (ours or a peer's).
 #[derive(Debug)]
 pub(crate) struct Segment {
+    /// Declared before `map`: the range is unregistered before it is unmapped.
+    guard: Option<guard::Registration>,
     map: MmapRaw,
     pub path: PathBuf,
     pub owner: Identity,
@@ -232,7 +237,8 @@ impl Segment {
                 format!("cannot set up the shared-memory segment {}: {e}", path.display()),
             )
         })?;
-        Ok(Segment { map, path, owner, layout, owned: true })
+        let guard = guard::register(map.as_mut_ptr(), map.len());
+        Ok(Segment { guard, map, path, owner, layout, owned: true })
     }
 
     /// Maps the segment at `path` after validating its header and its size.
@@ -254,7 +260,21 @@ impl Segment {
         if map.len() < info.layout.total() {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "the mapping is shorter than the layout"));
         }
-        Ok(Segment { map, path: path.to_path_buf(), owner: info.owner, layout: info.layout, owned: false })
+        let guard = guard::register(map.as_mut_ptr(), map.len());
+        Ok(Segment {
+            guard,
+            map,
+            path: path.to_path_buf(),
+            owner: info.owner,
+            layout: info.layout,
+            owned: false,
+        })
+    }
+
+    /// Whether the file was truncated under the mapping, which now reads as zeros and carries no
+    /// frames ([`guard`]): its links must not be reused.
+    pub(crate) fn broken(&self) -> bool {
+        self.guard.as_ref().is_some_and(guard::Registration::broken)
     }
 
     /// The doorbell block.
@@ -361,4 +381,38 @@ pub(crate) fn clean_stale() -> usize {
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    /// Issue 30, defect 9: truncating a segment that processes have mapped killed them with
+    /// SIGBUS at their next access (here the whole test binary would die).
+    #[test]
+    fn a_truncated_segment_breaks_its_mappings_not_the_process() {
+        let me = Identity { pid: std::process::id(), start: own_start(), fabric: 0x7E57_0009, nic: 9 };
+        let layout = Layout::new(4, 1024);
+        let owner = Segment::create(me, layout).expect("create a segment");
+        let peer = Segment::open(&owner.path).expect("open it as a peer");
+        peer.bell().doorbell.store(7, Ordering::Release);
+        assert_eq!(owner.bell().doorbell.load(Ordering::Acquire), 7, "one file, two mappings");
+        assert!(!owner.broken() && !peer.broken());
+
+        OpenOptions::new().write(true).open(&owner.path).and_then(|f| f.set_len(0)).expect("truncate");
+
+        // Every access after the truncation lands past the end of the file.
+        let (ctl, _) = peer.ring(layout.rings - 1);
+        assert_eq!(ctl.owner.load(Ordering::Acquire), 0, "a broken mapping reads as zeros");
+        assert!(peer.broken(), "the peer's mapping is marked broken");
+        assert_eq!(owner.bell().doorbell.load(Ordering::Acquire), 0);
+        assert!(owner.broken(), "so is the owner's");
+        owner.bell().pending.store(1, Ordering::Release); // writes land in private pages
+
+        // A new connection re-opens the file and is told what is wrong with it.
+        let err = Segment::open(&owner.path).expect_err("a truncated segment is refused");
+        assert!(err.to_string().contains("short header"), "{err}");
+        let _ = std::fs::remove_file(&owner.path);
+    }
 }
