@@ -49,11 +49,13 @@ mod attach;
 mod clock;
 mod device;
 mod driver;
+mod engine;
 mod eventfd;
 mod events;
 mod fabric;
 mod fault;
 mod inbox;
+mod inproc;
 pub mod layout;
 mod nic;
 pub mod packet;
@@ -67,6 +69,7 @@ mod source;
 mod sync;
 mod udp;
 pub mod wire;
+mod wires;
 
 /// loom only: the ring code of the driver and the device, for the models in `loom-tests/` (built
 /// with `RUSTFLAGS="--cfg loom"`). Thin wrappers over crate-internal types, not an API: each method
@@ -331,7 +334,9 @@ pub mod loom_api {
 
 pub use device::NicStats;
 pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
+pub use engine::Engine;
 pub use events::SimChannel;
-pub use fabric::{Engine, Fabric, FabricConfig, WireConfig};
+pub use fabric::{Fabric, FabricConfig};
 pub use fault::{FaultPlan, FaultStats};
 pub use shared_recv::SimSharedRecv;
+pub use wires::WireConfig;
