@@ -97,8 +97,9 @@ impl Nic {
     }
 
     /// The wire from queue `qpn` of this NIC to the queue `peer` describes, and the peer's
-    /// source id — behind a capture wire when `BYPASS_PCAP` is set and a fault wire when the
-    /// fabric has a fault plan — or why the peer cannot be reached.
+    /// source id — behind a capture wire when `BYPASS_PCAP` is set (unless the port captures its
+    /// own packets) and a fault wire when the fabric has a fault plan — or why the peer cannot be
+    /// reached.
     pub(crate) fn link(&self, qpn: u32, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String> {
         match self.wire_port.get() {
             Some(p) => {
@@ -106,7 +107,12 @@ impl Nic {
                     return Err(crate::wires::refuse(p.name(), p.backend_hint(), peer));
                 }
                 let (link, id) = p.clone().connect(peer)?;
-                Ok((self.fabric.wrap_link(link, self.addr, qpn, id), id))
+                let link = if p.captures_itself() {
+                    self.fabric.with_faults(link, self.addr, qpn, id)
+                } else {
+                    self.fabric.wrap_link(link, self.addr, qpn, id)
+                };
+                Ok((link, id))
             }
             None => crate::inproc::connect(self, qpn, peer),
         }

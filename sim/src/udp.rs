@@ -459,6 +459,11 @@ impl WirePort for UdpPort {
         Ok((Arc::new(UdpLink { port: self, to }), id))
     }
 
+    /// Sent datagrams are captured between the NICs' real addresses (see `capture`).
+    fn captures_itself(&self) -> bool {
+        true
+    }
+
     fn start(self: Arc<Self>, host: Weak<dyn WireHost>) -> io::Result<Option<std::thread::JoinHandle<()>>> {
         let name = format!("bypass-sim-udp{}", self.nic);
         let handle = std::thread::Builder::new().name(name).spawn(move || receive_thread(host, self))?;

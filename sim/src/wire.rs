@@ -97,6 +97,13 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     /// reachability check).
     fn connect(self: Arc<Self>, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String>;
 
+    /// Whether the port writes its own links' packets to the capture (`BYPASS_PCAP`), with
+    /// addresses of its own (the UDP wire: its real IPv4 addresses and ports). Otherwise its
+    /// links go behind the capture wire, which writes them with the sim's NIC numbering.
+    fn captures_itself(&self) -> bool {
+        false
+    }
+
     /// Starts the port's own thread, if it has one, for the NIC `host`; the fabric joins it at
     /// shutdown. Called once, after the port is attached to its NIC.
     fn start(
