@@ -47,8 +47,7 @@
 use crate::clock::Clock;
 use crate::device::Unit;
 use crate::driver::SimNic;
-use crate::engine::device_thread;
-use crate::engine::Engine;
+use crate::engine::{device_thread, Engine};
 use crate::fault::{FaultCounters, FaultPlan, FaultStats, FaultWire};
 use crate::layout;
 use crate::nic::Nic;
