@@ -168,6 +168,7 @@ pub(crate) struct WireStats {
 /// What a wire port's own thread may ask of its NIC (the NIC implements it; the engine decides
 /// what each call does, `engine.rs`). The port holds it weakly: [`Weak::upgrade`] failing means
 /// the NIC is gone and the thread ends.
+#[cfg_attr(loom, allow(dead_code))] // only the shared-memory wire, absent under loom, uses some
 pub(crate) trait WireHost: Send + Sync {
     /// The NIC's address on its fabric.
     fn addr(&self) -> u32;

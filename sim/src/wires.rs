@@ -51,6 +51,7 @@ impl WireConfig {
 }
 
 /// What a NIC's port is made from.
+#[cfg_attr(loom, allow(dead_code))] // `depth`: the shared-memory wire's, absent under loom
 pub(crate) struct PortSpec {
     /// The fabric's number in this process.
     pub fabric: u32,

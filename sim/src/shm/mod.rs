@@ -47,6 +47,7 @@ pub(crate) fn peer_of_gid(gid: &[u8; 16]) -> Option<(u32, u32, u32)> {
 }
 
 /// The GID of NIC `nic` of fabric `fabric` of this process.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn gid_of(fabric: u32, nic: u32) -> [u8; 16] {
     let mut gid = [0u8; 16];
     gid[..4].copy_from_slice(&GID_MAGIC);
