@@ -62,13 +62,6 @@ fn used_blocks(flags: WrFlags, sges: &[Sge]) -> usize {
 /// state (the two-thread ping-pong settled at ~3.1 µs instead of ~1.1 µs with 64 here).
 const HELP_AFTER_IDLE_POLLS: u32 = 1024;
 
-/// Magic prefix of a sim NIC's GID in a [`QueueInfo`]. The GID is this prefix (bytes 0..4), the
-/// fabric's host-and-process tag (4..8), the fabric's number in its process (8..12) and the NIC's
-/// address on it (12..16), little-endian. The tag lets `connect` refuse, with a reason, a peer
-/// that an in-process wire cannot reach (another process or host) instead of "connecting" and
-/// timing out.
-const GID_MAGIC: [u8; 4] = *b"bsm\x02";
-
 /// A simulated NIC, as an application sees it: a [`bypass_hal::Device`].
 #[derive(Debug, Clone)]
 pub struct SimNic {
@@ -89,14 +82,11 @@ impl SimNic {
     /// The NIC's counters.
     pub fn stats(&self) -> NicStats {
         let mut s = sync::lock(&self.nic.dev).stats;
-        if let Some(u) = self.nic.udp.get() {
-            s.rx_malformed += u.stats.malformed.load(std::sync::atomic::Ordering::Relaxed);
-            s.tx_wire_dropped += u.stats.send_dropped.load(std::sync::atomic::Ordering::Relaxed);
-        }
-        #[cfg(not(loom))]
-        if let Some(p) = self.nic.shm.get() {
-            s.rx_malformed += p.malformed.load(std::sync::atomic::Ordering::Relaxed);
-            s.tx_wakeups += p.wakes_sent.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(p) = self.nic.wire_port.get() {
+            let w = p.stats();
+            s.rx_malformed += w.rx_malformed;
+            s.tx_wire_dropped += w.tx_dropped;
+            s.tx_wakeups += w.tx_wakeups;
         }
         s
     }
@@ -104,37 +94,19 @@ impl SimNic {
     /// The NIC's shared-memory segment, on a fabric whose wire is shared memory
     /// ([`crate::WireConfig::Shm`]).
     pub fn shm_path(&self) -> Option<std::path::PathBuf> {
-        #[cfg(not(loom))]
-        {
-            self.nic.shm.get().map(|p| p.path().to_path_buf())
-        }
-        #[cfg(loom)]
-        {
-            None
-        }
+        self.nic.wire_port.get()?.segment_path().map(|p| p.to_path_buf())
     }
 
     /// The NIC's UDP socket address, on a fabric whose wire is UDP ([`crate::WireConfig::Udp`]).
     pub fn udp_addr(&self) -> Option<std::net::SocketAddrV4> {
-        self.nic.udp.get().map(|u| u.local())
+        self.nic.wire_port.get()?.socket_addr()
     }
 
     /// How a peer reaches this NIC: the `gid` and `lid` every [`QueueInfo`] of its queues carries
     /// (the UDP wire's port is the `lid`). A layer that names NICs by address (sim-urma's EIDs)
     /// builds a peer's `QueueInfo` from it and a queue number.
     pub fn endpoint(&self) -> ([u8; 16], u16) {
-        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
-            return (crate::shm::gid_of(self.nic.fabric.id, self.nic.addr), 0);
-        }
-        if let Some(u) = self.nic.udp.get() {
-            return (crate::udp::gid_of(*u.local().ip()), u.local().port());
-        }
-        let mut gid = [0u8; 16];
-        gid[..4].copy_from_slice(&GID_MAGIC);
-        gid[4..8].copy_from_slice(&crate::fabric::process_tag().to_le_bytes());
-        gid[8..12].copy_from_slice(&self.nic.fabric.id.to_le_bytes());
-        gid[12..].copy_from_slice(&self.nic.addr.to_le_bytes());
-        (gid, 0)
+        self.nic.endpoint()
     }
 }
 
@@ -386,15 +358,13 @@ impl Device for SimNic {
     /// [`Fabric::progress`](crate::Fabric::progress)). Threaded: nothing to do. Stepped: nothing
     /// moves until the test calls [`Fabric::step`](crate::Fabric::step).
     fn progress(&self) {
-        if self.nic.fabric.config.engine == crate::Engine::Inline {
-            self.nic.fabric.help();
-        }
+        self.nic.fabric.progress();
     }
 
     /// Stepped engine: yes, only the test's `Fabric::step`, `run_until_idle` and `advance` move
     /// the NIC and its clock.
     fn externally_stepped(&self) -> bool {
-        matches!(self.nic.fabric.config.engine, crate::Engine::Stepped { .. })
+        self.nic.fabric.config.engine.is_stepped()
     }
 
     /// The fabric's clock: real time, or the virtual clock of the Stepped engine.
@@ -563,13 +533,7 @@ impl CompletionQueue for SimCq {
             }
             self.idle = self.idle.wrapping_add(1);
             if self.idle % HELP_AFTER_IDLE_POLLS == 0 {
-                match self.nic.fabric.config.engine {
-                    crate::fabric::Engine::Inline => self.nic.fabric.help(),
-                    // A poller spinning on an empty CQ may be what keeps a device thread off
-                    // the CPU (more spinning threads than cores): let it run.
-                    crate::fabric::Engine::Threaded => std::thread::yield_now(),
-                    crate::fabric::Engine::Stepped { .. } => {}
-                }
+                self.nic.on_idle_polls();
             }
         }
         Ok(n)
@@ -581,18 +545,7 @@ impl CompletionQueue for SimCq {
             ArmMode::Solicited => armed::SOLICITED,
         };
         self.shared.arm(v);
-        // Threaded engine: a device thread backing off because this NIC was being polled must
-        // now do the work itself, since the poller is about to sleep (`nic::device_thread`).
-        if self.nic.fabric.config.engine == crate::fabric::Engine::Threaded {
-            if let Some(t) = self.nic.thread.get() {
-                t.unpark();
-            }
-        }
-        // The shared-memory wire's receive thread must raise its sleeping flag now.
-        #[cfg(not(loom))]
-        if let Some(p) = self.nic.shm.get() {
-            p.attention();
-        }
+        self.nic.on_arm();
         Ok(())
     }
 
@@ -643,71 +596,6 @@ impl SimQueue {
         Ok(())
     }
 
-    /// `connect` to a peer on the UDP wire whose GID is the IPv4 address `ip`.
-    fn connect_udp(&mut self, peer: &QueueInfo, ip: std::net::Ipv4Addr) -> Result<()> {
-        let Some(port) = self.nic.udp.get().cloned() else {
-            return Err(invalid(format!(
-                "the peer's queue is at the IP address {ip} (a simulated NIC on the UDP wire, or a \
-                 RoCEv2 NIC), but this NIC's fabric is on the {} wire: open this side with the UDP \
-                 wire too (e.g. sim+udp://127.0.0.1:0)",
-                self.wire_name()
-            )));
-        };
-        if self.shared.state() != QueueState::Reset {
-            return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
-        }
-        let (to, id) = port.reach(peer, ip).map_err(invalid)?;
-        let link: Arc<dyn crate::wire::Wire> = Arc::new(crate::udp::UdpLink::new(port, to));
-        let wire = self.nic.fabric.with_faults(link, self.shared.nic, self.shared.qpn, id);
-        self.control(|qp, _| match qp.state {
-            QueueState::Reset => {
-                qp.connect(peer, wire, id);
-                Ok(())
-            }
-            state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
-        })
-    }
-
-    /// This NIC's wire, for error messages.
-    fn wire_name(&self) -> &'static str {
-        match self.nic.fabric.config.wire {
-            crate::WireConfig::Udp(_) => "UDP",
-            crate::WireConfig::Shm => "shared-memory",
-            _ => "in-process",
-        }
-    }
-
-    /// `connect` to a peer on the shared-memory wire: NIC `nic` of fabric `fabric` of process
-    /// `pid`.
-    #[cfg(not(loom))]
-    fn connect_shm(&mut self, peer: &QueueInfo, (pid, fabric, nic): (u32, u32, u32)) -> Result<()> {
-        let Some(port) = self.nic.shm.get().cloned() else {
-            return Err(invalid(format!(
-                "the peer's queue is on a simulated NIC on the shared-memory wire (process {pid}), but \
-                 this NIC's fabric is on the {} wire: open this side with the shared-memory wire too \
-                 (sim+shm)",
-                self.wire_name()
-            )));
-        };
-        if self.shared.state() != QueueState::Reset {
-            return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
-        }
-        let (link, id) = port.link_to(pid, fabric, nic).map_err(invalid)?;
-        let wire = self.nic.fabric.wrap_link(link, self.shared.nic, self.shared.qpn, id);
-        self.control(|qp, _| match qp.state {
-            QueueState::Reset => {
-                qp.connect(peer, wire, id);
-                Ok(())
-            }
-            state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
-        })
-    }
-
-    #[cfg(loom)]
-    fn connect_shm(&mut self, _: &QueueInfo, _: (u32, u32, u32)) -> Result<()> {
-        Err(invalid("the shared-memory wire does not exist under loom"))
-    }
-
     /// Posting needs a connected queue: READY, or ERROR (whose posts the device flushes).
     fn need_connected(&self, op: &'static str) -> Result<()> {
         match self.shared.state() {
@@ -753,52 +641,13 @@ impl Queue for SimQueue {
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
-        if let Some(at) = crate::shm::peer_of_gid(&peer.gid) {
-            return self.connect_shm(peer, at);
+        if self.shared.state() != QueueState::Reset {
+            return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
         }
-        if let Some(ip) = crate::udp::ip_of_gid(&peer.gid) {
-            return self.connect_udp(peer, ip);
-        }
-        if self.nic.udp.get().is_some() {
-            return Err(invalid(
-                "the peer's queue is not on the UDP wire (its GID is no IP address): both ends of a \
-                 connection must use the same wire (e.g. both sim+udp://<address>)",
-            ));
-        }
-        if self.nic.fabric.config.wire == crate::WireConfig::Shm {
-            return Err(invalid(
-                "the peer's queue is not on the shared-memory wire: both ends of a connection must use \
-                 the same wire (e.g. both sim+shm)",
-            ));
-        }
-        if peer.gid[..4] != GID_MAGIC {
-            return Err(invalid(
-                "the peer's QueueInfo is not from a simulated NIC (of this version): a sim NIC connects only to sim NICs",
-            ));
-        }
-        let tag = u32::from_le_bytes([peer.gid[4], peer.gid[5], peer.gid[6], peer.gid[7]]);
-        if tag != crate::fabric::process_tag() {
-            return Err(invalid(
-                "the peer's queue is on a simulated NIC in another process or on another host, which the \
-                 in-process wire cannot reach: run both ends on one Fabric in one process",
-            ));
-        }
-        let fabric = u32::from_le_bytes([peer.gid[8], peer.gid[9], peer.gid[10], peer.gid[11]]);
-        if fabric != self.nic.fabric.id {
-            return Err(invalid(format!(
-                "the peer's queue is on fabric {fabric}, this one on fabric {}: NICs of different fabrics cannot reach each other",
-                self.nic.fabric.id
-            )));
-        }
-        let addr = u32::from_le_bytes([peer.gid[12], peer.gid[13], peer.gid[14], peer.gid[15]]);
-        let wire = self
-            .nic
-            .fabric
-            .route(self.shared.nic, self.shared.qpn, addr)
-            .ok_or_else(|| invalid(format!("no NIC with address {addr} on this fabric")))?;
+        let (wire, id) = self.nic.link(self.shared.qpn, peer).map_err(invalid)?;
         self.control(|qp, _| match qp.state {
             QueueState::Reset => {
-                qp.connect(peer, wire, addr);
+                qp.connect(peer, wire, id);
                 Ok(())
             }
             state => Err(Error::BadState { state, op: "connect", needs: "RESET" }),
@@ -959,13 +808,7 @@ impl Queue for SimQueue {
         }
         self.shared.rq.ring_doorbell(self.rq_pi);
         self.nic.bells.ring(self.shared.qpn);
-        // The device reads the receive ring when a message arrives; it only needs a kick if the
-        // queue is in ERROR (the receives are flushed at once), or to let a device thread look.
-        if self.nic.fabric.config.engine != crate::fabric::Engine::Inline
-            || self.shared.state() != QueueState::Ready
-        {
-            self.nic.kick();
-        }
+        self.nic.on_recv_doorbell(self.shared.state() == QueueState::Ready);
         Ok(())
     }
 }

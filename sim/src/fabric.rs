@@ -47,40 +47,19 @@
 use crate::clock::Clock;
 use crate::device::Unit;
 use crate::driver::SimNic;
+use crate::engine::{device_thread, Engine};
 use crate::fault::{FaultCounters, FaultPlan, FaultStats, FaultWire};
 use crate::layout;
-use crate::nic::{device_thread, Nic};
+use crate::nic::Nic;
 use crate::sync;
-use crate::wire::Wire;
+use crate::wire::{Wire, WireHost};
+use crate::wires::WireConfig;
 use bypass_hal::trace::{self, Track};
 use bypass_hal::DeviceCaps;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// How device work gets run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// No device threads: device work runs on the application's threads. A doorbell runs the
-    /// ringing NIC's device; a NIC that receives packets runs on its own user's thread at that
-    /// user's next poll or doorbell — or on the sender's thread when the receiver's or the
-    /// sender's user is about to sleep (an armed CQ). A thread driving several NICs calls
-    /// [`Fabric::progress`]; pollers that keep finding nothing (1,024 empty polls) do the same,
-    /// and polls run due timers. Fastest; the default for benchmarks.
-    Inline,
-    /// One device thread per NIC: it spins briefly after work, then parks until the next doorbell
-    /// or packet, so an idle NIC uses no CPU. Real asynchrony between driver and device; a poll
-    /// that finds work flagged runs it itself rather than wait for the device thread.
-    Threaded,
-    /// Nothing moves until [`Fabric::step`] is called. Time is virtual ([`Fabric::advance`]), and
-    /// each step runs one ready unit of device work chosen by a generator seeded with `seed`, so
-    /// a failing interleaving replays exactly from its seed.
-    Stepped {
-        /// Seed of the scheduler (and of initial sequence numbers).
-        seed: u64,
-    },
-}
 
 /// Fabric-wide settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,45 +76,6 @@ pub struct FabricConfig {
     pub faults: FaultPlan,
     /// What carries packets between the NICs.
     pub wire: WireConfig,
-}
-
-/// What carries packets between a fabric's NICs (see `docs/sim.md`, "Wires").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum WireConfig {
-    /// Straight into the receiving NIC's inbox: NICs of this fabric, in this process. Every
-    /// engine.
-    #[default]
-    InProcess,
-    /// RoCEv2 packets in UDP datagrams, one socket per NIC: NICs in any process on any host that
-    /// can reach this address. NIC `i` of the fabric binds `ip:port+i` (port 0: a free port
-    /// each). Inline and Threaded engines (the Stepped engine's virtual time cannot span
-    /// processes).
-    Udp(std::net::SocketAddrV4),
-    /// RoCEv2 packets through single-producer/single-consumer rings in shared memory
-    /// (`/dev/shm`): NICs in any process on this host. Each NIC creates a segment named from its
-    /// process, fabric and address. Inline and Threaded engines.
-    Shm,
-}
-
-impl WireConfig {
-    /// Parses the wire part of a backend string: `shm` (shared memory, one host) or
-    /// `udp://IP:PORT` (IPv4).
-    pub fn parse(s: &str) -> Result<WireConfig, String> {
-        if s == "shm" {
-            return Ok(WireConfig::Shm);
-        }
-        let Some(addr) = s.strip_prefix("udp://") else {
-            return Err(format!(
-                "unknown simulator wire {s:?}: expected shm (processes on one host) or udp://IP:PORT \
-                 (e.g. udp://127.0.0.1:0), or no wire for the in-process one"
-            ));
-        };
-        let addr: std::net::SocketAddrV4 = addr.parse().map_err(|e| {
-            format!("bad UDP wire address {addr:?} ({e}): expected IPv4:port, e.g. 127.0.0.1:0")
-        })?;
-        Ok(WireConfig::Udp(addr))
-    }
 }
 
 impl FabricConfig {
@@ -224,9 +164,8 @@ impl FabricShared {
         Some(self.with_faults(nic, src, src_qpn, dst))
     }
 
-    /// A byte wire's link from queue `src_qpn` of NIC `src` to peer `dst` (a source id), behind a
+    /// A wire port's link from queue `src_qpn` of NIC `src` to peer `dst` (a source id), behind a
     /// capture wire when `BYPASS_PCAP` is set and a fault wire when the fabric has a fault plan.
-    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn wrap_link(&self, link: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
         let link: Arc<dyn Wire> = match &self.pcap {
             Some(w) => Arc::new(crate::pcap::PcapWire::new(link, w.clone(), self.id)),
@@ -262,7 +201,7 @@ impl FabricShared {
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
         let pending = nics.iter().filter(|x| {
-            x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now || x.shm_pending()
+            x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now || x.port_pending()
         });
         for (slot, nic) in flagged.iter_mut().zip(pending) {
             *slot = Some(nic.clone());
@@ -286,8 +225,8 @@ impl FabricShared {
             if let Some(t) = n.thread.get() {
                 t.unpark();
             }
-            if let Some(u) = n.udp.get() {
-                u.wake();
+            if let Some(p) = n.wire_port.get() {
+                p.shut_down();
             }
         }
         for t in self.threads.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
@@ -298,12 +237,6 @@ impl FabricShared {
             dev.outbox.clear();
             for qp in dev.qps.iter_mut().flatten() {
                 qp.remote = None;
-            }
-            drop(dev);
-            // Peers can no longer connect to it (the mapping lives on until the NIC is dropped).
-            #[cfg(not(loom))]
-            if let Some(p) = n.shm.get() {
-                p.seg.unlink();
             }
         }
         self.step.lock().unwrap_or_else(|e| e.into_inner()).nics.clear();
@@ -362,7 +295,7 @@ impl Fabric {
     /// A fabric with explicit settings, or why they cannot work: the Stepped engine runs only on
     /// the in-process wire.
     pub fn try_with_config(config: FabricConfig) -> Result<Self, String> {
-        if matches!(config.engine, Engine::Stepped { .. }) && config.wire != WireConfig::InProcess {
+        if config.engine.is_stepped() && config.wire != WireConfig::InProcess {
             return Err("the Stepped engine runs only on the in-process wire: its virtual clock and \
                         scheduler cannot reach NICs in other processes (use Inline or Threaded)"
                 .into());
@@ -371,15 +304,8 @@ impl Fabric {
     }
 
     fn build(config: FabricConfig) -> Self {
-        let (clock, seed) = match config.engine {
-            Engine::Stepped { seed } => (Clock::Virtual(Default::default()), seed),
-            _ => (Clock::real(), 0x5EED),
-        };
-        #[cfg(not(loom))]
-        if config.wire == WireConfig::Shm {
-            // Segments left by processes that died without cleaning up (kill -9).
-            crate::shm::clean_stale();
-        }
+        let (clock, seed): (Clock, u64) = config.engine.clock();
+        crate::wires::prepare(config.wire);
         static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         let shared = Arc::new(FabricShared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -422,39 +348,23 @@ impl Fabric {
         let mut nics = shared.nics.write().unwrap_or_else(|e| e.into_inner());
         let addr = nics.len() as u32;
         let nic = Arc::new(Nic::new(addr, shared.clone(), shared.config.caps));
-        if let WireConfig::Udp(at) = shared.config.wire {
-            let port = if at.port() == 0 { 0 } else { at.port().checked_add(addr as u16).unwrap_or(0) };
-            let udp = Arc::new(crate::udp::UdpPort::bind(
-                std::net::SocketAddrV4::new(*at.ip(), port),
-                shared.config.mtu,
-                shared.pcap.clone(),
-                shared.id,
-            )?);
-            let _ = nic.udp.set(udp.clone());
-            let (weak, mtu) = (Arc::downgrade(&nic), shared.config.mtu);
-            let handle = std::thread::Builder::new()
-                .name(format!("bypass-sim-udp{addr}"))
-                .spawn(move || crate::udp::receive_thread(weak, udp, mtu))?;
-            shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
-        }
-        #[cfg(not(loom))]
-        if shared.config.wire == WireConfig::Shm {
-            let port = Arc::new(crate::shm::ShmPort::create(
-                shared.id,
-                addr,
-                shared.config.mtu,
-                shared.config.inbox_depth,
-            )?);
-            let _ = nic.shm.set(port.clone());
-            let weak = Arc::downgrade(&nic);
-            let handle = std::thread::Builder::new()
-                .name(format!("bypass-sim-shm{addr}"))
-                .spawn(move || crate::shm::receive_thread(weak, port))?;
-            shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+        let spec = crate::wires::PortSpec {
+            fabric: shared.id,
+            nic: addr,
+            mtu: shared.config.mtu,
+            depth: shared.config.inbox_depth,
+            pcap: shared.pcap.clone(),
+        };
+        if let Some(port) = crate::wires::open(shared.config.wire, spec)? {
+            nic.attach(port.clone());
+            let host: std::sync::Weak<dyn WireHost> = Arc::downgrade(&nic) as _;
+            if let Some(handle) = port.start(host)? {
+                shared.threads.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+            }
         }
         nics.push(nic.clone());
         drop(nics);
-        if shared.config.engine == Engine::Threaded {
+        if shared.config.engine.has_device_threads() {
             let weak = Arc::downgrade(&nic);
             let handle = std::thread::Builder::new()
                 .name(format!("bypass-sim-nic{addr}"))
@@ -473,7 +383,7 @@ impl Fabric {
     /// If units keep being offered as ready without making progress (a simulator bug).
     pub fn step(&self) -> bool {
         let shared = self.shared();
-        if !matches!(shared.config.engine, Engine::Stepped { .. }) {
+        if !shared.config.engine.is_stepped() {
             return false;
         }
         let mut st = shared.step.lock().unwrap_or_else(|e| e.into_inner());
@@ -525,9 +435,7 @@ impl Fabric {
     /// relying on the idle-poll safety net (which steps in only after many empty polls).
     /// Other engines: nothing to do (Threaded runs by itself; Stepped moves only on `step`).
     pub fn progress(&self) {
-        if self.shared().config.engine == Engine::Inline {
-            self.shared().help();
-        }
+        self.shared().progress();
     }
 
     /// What the fault wires did so far (all zero without a fault plan).

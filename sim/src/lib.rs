@@ -10,8 +10,11 @@
 //!   retry with 7 = forever, retry exhaustion → error completion and queue ERROR) and writes CQEs;
 //! - a **wire** ([`wire::Wire`]) carries packets between NICs: the in-process wire, optionally
 //!   behind a seeded fault wire that drops, duplicates and reorders ([`FaultPlan`]), and behind a
-//!   capture wire when `BYPASS_PCAP=<file>` is set ([`pcap`]). [`roce`] is the RoCEv2 byte
-//!   encoding of packets (BTH, RETH, AETH, ImmDt, ICRC) that captures and byte wires use.
+//!   capture wire when `BYPASS_PCAP=<file>` is set ([`pcap`]); or a byte wire to other processes
+//!   and hosts (UDP, shared memory, [`WireConfig`]), which a NIC reaches through its wire port,
+//!   the one seam for a wire's addressing, connecting and receiving (`wire.rs`, `wires.rs`).
+//!   [`roce`] is the RoCEv2 byte encoding of packets (BTH, RETH, AETH, ImmDt, ICRC) that
+//!   captures and byte wires use.
 //!
 //! The [`Engine`] decides who runs the device: the application's own threads on doorbells and
 //! polls (`Inline`), a device thread per NIC (`Threaded`), or a test, one seeded-random unit at a
@@ -49,11 +52,13 @@ mod attach;
 mod clock;
 mod device;
 mod driver;
+mod engine;
 mod eventfd;
 mod events;
 mod fabric;
 mod fault;
 mod inbox;
+mod inproc;
 pub mod layout;
 mod nic;
 pub mod packet;
@@ -67,6 +72,7 @@ mod source;
 mod sync;
 mod udp;
 pub mod wire;
+mod wires;
 
 /// loom only: the ring code of the driver and the device, for the models in `loom-tests/` (built
 /// with `RUSTFLAGS="--cfg loom"`). Thin wrappers over crate-internal types, not an API: each method
@@ -331,7 +337,9 @@ pub mod loom_api {
 
 pub use device::NicStats;
 pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
+pub use engine::Engine;
 pub use events::SimChannel;
-pub use fabric::{Engine, Fabric, FabricConfig, WireConfig};
+pub use fabric::{Fabric, FabricConfig};
 pub use fault::{FaultPlan, FaultStats};
 pub use shared_recv::SimSharedRecv;
+pub use wires::WireConfig;

@@ -1,17 +1,16 @@
-//! One simulated NIC: its device state behind the device lock, its inbox (receive port), and the
-//! glue that lets the engine run it.
+//! One simulated NIC: its device state behind the device lock, its inbox (receive port), its
+//! wire port if its fabric reaches beyond the process, and the mechanism the engine (`engine.rs`)
+//! uses to run it: the work flag, the combining `run_inline`, `run_all`.
 
 use crate::clock::{Nanos, NEVER};
 use crate::device::{Bells, DeviceState, Unit};
 use crate::events::AsyncEvents;
-use crate::fabric::{Engine, FabricShared};
-use crate::packet::PacketHeader;
+use crate::fabric::FabricShared;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
-use crate::wire::{PayloadRef, Port, Transmit, Wire};
+use crate::wire::{Port, Wire, WirePort};
 use bypass_hal::trace::{self, Track};
-use bypass_hal::DeviceCaps;
+use bypass_hal::{DeviceCaps, QueueInfo};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 #[derive(Debug)]
 pub(crate) struct Nic {
@@ -38,10 +37,12 @@ pub(crate) struct Nic {
     pub caps: DeviceCaps,
     /// Asynchronous events (also reachable from the device state, which pushes them).
     pub events: Arc<AsyncEvents>,
-    /// The NIC's UDP endpoint, on a fabric whose wire is UDP.
-    pub udp: OnceLock<Arc<crate::udp::UdpPort>>,
-    /// The NIC's shared-memory endpoint (its segment), on a fabric whose wire is shared memory.
-    pub shm: OnceLock<Arc<crate::shm::ShmPort>>,
+    /// The NIC's attachment to a wire beyond the fabric (UDP, shared memory), if its fabric
+    /// has one; `None` on the in-process wire.
+    pub wire_port: OnceLock<Arc<dyn WirePort>>,
+    /// The same port, if the device takes packets from it in place (it asks
+    /// [`WirePort::pending`] on polls and in its run loop).
+    pub polled_port: OnceLock<Arc<dyn WirePort>>,
 }
 
 impl Nic {
@@ -63,8 +64,8 @@ impl Nic {
             armed_cqs: Arc::new(AtomicU32::new(0)),
             caps,
             fabric,
-            udp: OnceLock::new(),
-            shm: OnceLock::new(),
+            wire_port: OnceLock::new(),
+            polled_port: OnceLock::new(),
         }
     }
 
@@ -72,78 +73,55 @@ impl Nic {
         self.fabric.clock.now()
     }
 
-    /// A doorbell rang or a packet arrived: make sure the device will look.
+    /// Packets may wait at this NIC's wire port for the device to take them in place (one
+    /// load, for the shared-memory wire: no lock, no system call).
     #[inline]
-    pub(crate) fn kick(&self) {
-        self.work.store(true, Ordering::SeqCst);
-        match self.fabric.config.engine {
-            Engine::Inline => {
-                self.run_inline();
-            }
-            Engine::Threaded => {
-                if self.sleeping.load(Ordering::SeqCst) {
-                    if let Some(t) = self.thread.get() {
-                        t.unpark();
-                    }
-                }
-            }
-            Engine::Stepped { .. } => {}
+    pub(crate) fn port_pending(&self) -> bool {
+        self.polled_port.get().is_some_and(|p| p.pending())
+    }
+
+    /// Attaches the NIC's wire port (once, when the NIC is added).
+    pub(crate) fn attach(&self, port: Arc<dyn WirePort>) {
+        if port.polled() {
+            let _ = self.polled_port.set(port.clone());
+        }
+        let _ = self.wire_port.set(port);
+    }
+
+    /// The `gid` and `lid` this NIC's queues advertise.
+    pub(crate) fn endpoint(&self) -> ([u8; 16], u16) {
+        match self.wire_port.get() {
+            Some(p) => p.endpoint(),
+            None => crate::inproc::endpoint(self),
         }
     }
 
-    /// A byte wire's receiver put packets in the inbox: the same notification as the
-    /// in-process wire's [`flush`](Wire::flush) (the NIC's user takes them at its next poll, or
-    /// the caller runs the device now when that user is about to sleep).
-    pub(crate) fn deliver(&self) {
-        Wire::flush(self, false);
-    }
-
-    /// Called on every CQ poll of this NIC. The Inline engine has no thread of its own: polls run
-    /// work flagged for this NIC and, every few polls, its due timers (other NICs' timers are run
-    /// by idle pollers through [`FabricShared::help`](crate::fabric::FabricShared::help)). The
-    /// Threaded engine's polls run flagged work too (timers stay with the device thread).
-    #[inline]
-    pub(crate) fn on_poll(&self, check_timers: bool) {
-        match self.fabric.config.engine {
-            Engine::Inline => {}
-            Engine::Threaded => {
-                // A poller that finds work flagged runs it (unless the device thread is at it):
-                // its spin would otherwise wait for the device thread to be scheduled, which on
-                // a machine with more spinning threads than cores costs a time slice per hop.
-                // It also tells the device thread that someone polls (written only when clear,
-                // so the line stays shared while the poller spins).
-                if !self.polled.load(Ordering::Relaxed) {
-                    self.polled.store(true, Ordering::Relaxed);
+    /// The wire from queue `qpn` of this NIC to the queue `peer` describes, and the peer's
+    /// source id — behind a capture wire when `BYPASS_PCAP` is set (unless the port captures its
+    /// own packets) and a fault wire when the fabric has a fault plan — or why the peer cannot be
+    /// reached.
+    pub(crate) fn link(&self, qpn: u32, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String> {
+        match self.wire_port.get() {
+            Some(p) => {
+                if !p.accepts(peer) {
+                    return Err(crate::wires::refuse(p.name(), p.backend_hint(), peer));
                 }
-                if self.work.load(Ordering::Relaxed) || self.shm_pending() {
-                    self.work.store(true, Ordering::SeqCst);
-                    self.run_inline();
-                }
-                return;
+                let (link, id) = p.clone().connect(peer)?;
+                let link = if p.captures_itself() {
+                    self.fabric.with_faults(link, self.addr, qpn, id)
+                } else {
+                    self.fabric.wrap_link(link, self.addr, qpn, id)
+                };
+                Ok((link, id))
             }
-            Engine::Stepped { .. } => return,
+            None => crate::inproc::connect(self, qpn, peer),
         }
-        let due = check_timers && {
-            let d = self.deadline.load(Ordering::Relaxed);
-            d != NEVER && d <= self.now()
-        };
-        if due || self.work.load(Ordering::Relaxed) || self.shm_pending() {
-            self.work.store(true, Ordering::SeqCst);
-            self.run_inline();
-        }
-    }
-
-    /// Shared-memory wire: frames may wait in this NIC's inbound rings (one load of the
-    /// segment's pending mask: no lock, no system call).
-    #[inline]
-    pub(crate) fn shm_pending(&self) -> bool {
-        self.shm.get().is_some_and(|s| s.pending())
     }
 
     /// Runs the device if work is flagged or a timer is due (Inline engine: an idle poller helps).
     pub(crate) fn run_if_flagged(&self) {
         let d = self.deadline.load(Ordering::Relaxed);
-        if self.work.load(Ordering::SeqCst) || (d != NEVER && d <= self.now()) || self.shm_pending() {
+        if self.work.load(Ordering::SeqCst) || (d != NEVER && d <= self.now()) || self.port_pending() {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
@@ -181,8 +159,8 @@ impl Nic {
             dev.unblock();
         }
         let now = self.now();
-        let shm = self.shm.get().map(|s| &**s);
-        dev.run_all(now, &self.port, shm, &self.bells, &mut |w| self.fabric.kick_waiter(w));
+        let rx = self.polled_port.get().map(|p| &**p);
+        dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         if let Some(t) = traced {
@@ -233,145 +211,9 @@ impl Nic {
     }
 }
 
-impl Wire for Nic {
-    /// The in-process wire: delivery straight into this NIC's inbox.
-    fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
-        if hdr.payload_len > self.fabric.config.mtu {
-            return Transmit::Dropped;
-        }
-        let taken = self.port.push(hdr, fill);
-        if !taken {
-            if trace::is_enabled() {
-                let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
-                trace::instant(Track::Wire { from: hdr.src_nic, to: self.addr }, "inbox full", &args);
-            }
-            return Transmit::Busy;
-        }
-        Transmit::Sent
-    }
-
-    /// By reference: the slot keeps a pointer into the sender's registration, and the receiving
-    /// device copies the bytes from there when it places the packet (one copy per transfer).
-    fn transmit_ref(&self, hdr: &PacketHeader, src: PayloadRef<'_>) -> Transmit {
-        if hdr.payload_len > self.fabric.config.mtu {
-            return Transmit::Dropped;
-        }
-        if src.is_empty() {
-            return self.transmit(hdr, &mut |buf: &mut [u8]| src.copy_to(buf));
-        }
-        if !self.port.push_ref(hdr, &src) {
-            if trace::is_enabled() {
-                let args = [("packet", hdr.name().into()), ("psn", hdr.psn.into())];
-                trace::instant(Track::Wire { from: hdr.src_nic, to: self.addr }, "inbox full", &args);
-            }
-            return Transmit::Busy;
-        }
-        Transmit::Sent
-    }
-
-    /// The sender finished a burst to this NIC. With the Inline engine the receiving device
-    /// normally runs on its own user's thread, at that user's next poll or doorbell, so each
-    /// thread mostly touches only its own NIC. The sender runs it right here instead when the
-    /// receiver's user is going to sleep on an event fd (one of its CQs is armed) or the sender's
-    /// own user is (`eager`). A receiver whose user simply is not polling is picked up by
-    /// `Fabric::progress` or by idle pollers.
-    ///
-    /// (Running the receiver also when its previous burst was still unclaimed looked like a
-    /// cheap progress guarantee, but in a ping-pong an ACK and a reply arrive back to back, so
-    /// it fired constantly: both threads ended up running both NICs, 3.1 µs round trips instead
-    /// of 1.1 µs.)
-    fn flush(&self, eager: bool) {
-        match self.fabric.config.engine {
-            Engine::Inline => {
-                self.work.store(true, Ordering::SeqCst);
-                if eager || self.armed_cqs.load(Ordering::SeqCst) > 0 {
-                    self.run_inline();
-                }
-            }
-            _ => self.kick(),
-        }
-    }
-}
-
 /// Where a traced device run begins: the trace clock and the events offered so far.
 #[cold]
 #[inline(never)]
 fn trace_run_begin() -> Option<(u64, u64)> {
     Some((trace::now(), trace::offered()))
-}
-
-/// How long a device thread whose NIC is being polled stays away before it looks again.
-const POLLED_BACKOFF: Duration = Duration::from_millis(1);
-
-/// Body of a Threaded-engine device thread: run while there is work, spin briefly when idle, then
-/// park until a doorbell or packet (or the next timer) so an idle NIC burns no CPU.
-///
-/// While the NIC's CQs are being polled (and none is armed), the pollers run its flagged work
-/// (`Nic::on_poll`) and the device thread stays off the CPU: it parks for [`POLLED_BACKOFF`] (or
-/// until its next timer), runs due timers, and resumes only when a backoff passed with no poll
-/// or a CQ was armed (`SimCq::arm` unparks it). A device thread that competed with its pollers
-/// for the work kept four threads spinning on two cores and was preempted holding the device
-/// lock, so whole runs went slow (docs/BENCHMARKS.md, issue 14). It never blocks on the device
-/// lock and never clears the work flag without holding it: whoever holds the lock sees the flag.
-pub(crate) fn device_thread(nic: std::sync::Weak<Nic>) {
-    const SPINS: u32 = 20_000;
-    let mut idle = 0u32;
-    loop {
-        let Some(n) = nic.upgrade() else { return };
-        if n.fabric.is_shut_down() {
-            return;
-        }
-        let now = n.now();
-        let due = n.deadline.load(Ordering::Acquire) <= now;
-        let polled = n.polled.load(Ordering::Relaxed) && n.armed_cqs.load(Ordering::SeqCst) == 0;
-        if polled {
-            n.polled.store(false, Ordering::Relaxed);
-            if due || n.unblocked.load(Ordering::Relaxed) {
-                n.work.store(true, Ordering::SeqCst);
-                n.run_inline();
-            }
-            let d = n.deadline.load(Ordering::Acquire);
-            let wait = Duration::from_nanos(d.saturating_sub(n.now())).min(POLLED_BACKOFF);
-            drop(n);
-            std::thread::park_timeout(wait);
-            idle = 0;
-            continue;
-        }
-        if n.work.load(Ordering::SeqCst) || due || n.unblocked.load(Ordering::Relaxed) || n.shm_pending() {
-            n.work.store(true, Ordering::SeqCst);
-            if n.run_inline() {
-                idle = 0;
-            } else {
-                // A poller holds the device (and will see the flag): do not spin against it
-                // while it may be the one waiting for a CPU.
-                std::thread::yield_now();
-            }
-            continue;
-        }
-        if idle < SPINS {
-            idle += 1;
-            if idle % 64 == 0 {
-                // On a machine with more spinning threads than cores (two cores, an application
-                // thread and two device threads), let whoever has work run.
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-            continue;
-        }
-        n.sleeping.store(true, Ordering::SeqCst);
-        if n.work.load(Ordering::SeqCst) || n.shm_pending() {
-            n.sleeping.store(false, Ordering::SeqCst);
-            continue;
-        }
-        let d = n.deadline.load(Ordering::Acquire);
-        let wait =
-            if d == NEVER { Duration::from_millis(100) } else { Duration::from_nanos(d.saturating_sub(now)) };
-        drop(n);
-        std::thread::park_timeout(wait);
-        if let Some(n) = nic.upgrade() {
-            n.sleeping.store(false, Ordering::SeqCst);
-        }
-        idle = 0;
-    }
 }

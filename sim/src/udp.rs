@@ -32,11 +32,10 @@
 //!   for path-MTU discovery, and Linux sends ID 0 on unconnected DF datagrams), which is what
 //!   their ICRC is computed over. docs/sim.md, "Interoperating with a real RoCEv2 NIC".
 
-use crate::nic::Nic;
 use crate::packet::{PacketHeader, ANY_QPN};
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints, Link};
-use crate::wire::{Transmit, Wire};
+use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
 use bypass_hal::QueueInfo;
 use std::collections::HashMap;
 use std::io;
@@ -97,6 +96,9 @@ pub(crate) struct UdpPort {
     pong_cv: Condvar,
     pcap: Option<Arc<PcapWriter>>,
     fabric_id: u32,
+    /// The NIC's address on its fabric (names the receive thread).
+    nic: u32,
+    mtu: u32,
 }
 
 impl std::fmt::Debug for UdpPort {
@@ -108,12 +110,13 @@ impl std::fmt::Debug for UdpPort {
 impl UdpPort {
     /// Binds a NIC's socket at `addr` (port 0: any free port). The address must be one that peers
     /// can send to: the unspecified address 0.0.0.0 is refused, since it would travel in the
-    /// NIC's queue infos.
+    /// NIC's queue infos. `nic` is the NIC's address on fabric `fabric_id`.
     pub(crate) fn bind(
         addr: SocketAddrV4,
         mtu: u32,
         pcap: Option<Arc<PcapWriter>>,
         fabric_id: u32,
+        nic: u32,
     ) -> io::Result<UdpPort> {
         if addr.ip().is_unspecified() {
             return Err(io::Error::new(
@@ -165,6 +168,8 @@ impl UdpPort {
             pong_cv: Condvar::new(),
             pcap,
             fabric_id,
+            nic,
+            mtu,
         })
     }
 
@@ -172,11 +177,6 @@ impl UdpPort {
     /// rather than at its next idle check.
     pub(crate) fn wake(&self) {
         let _ = self.sock.send_to(&[], self.local);
-    }
-
-    /// The socket address peers send to.
-    pub(crate) fn local(&self) -> SocketAddrV4 {
-        self.local
     }
 
     /// The source id of peer `addr`, assigned on first use.
@@ -422,12 +422,6 @@ pub(crate) struct UdpLink {
     to: SocketAddrV4,
 }
 
-impl UdpLink {
-    pub(crate) fn new(port: Arc<UdpPort>, to: SocketAddrV4) -> UdpLink {
-        UdpLink { port, to }
-    }
-}
-
 impl Wire for UdpLink {
     fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
         self.port.transmit(self.to, hdr, fill)
@@ -438,11 +432,66 @@ impl Wire for UdpLink {
     }
 }
 
+impl WirePort for UdpPort {
+    fn name(&self) -> &'static str {
+        "UDP"
+    }
+
+    fn backend_hint(&self) -> &'static str {
+        "sim+udp://<address>"
+    }
+
+    /// The IPv4 address as an IPv4-mapped GID, the UDP port in `lid`.
+    fn endpoint(&self) -> ([u8; 16], u16) {
+        (gid_of(*self.local.ip()), self.local.port())
+    }
+
+    /// An IPv4-mapped GID: a sim NIC on this wire (`lid` its port) or a standard RoCEv2 NIC.
+    fn accepts(&self, peer: &QueueInfo) -> bool {
+        ip_of_gid(&peer.gid).is_some()
+    }
+
+    fn connect(self: Arc<Self>, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String> {
+        let Some(ip) = ip_of_gid(&peer.gid) else {
+            return Err(format!("the peer's GID {:?} is no IPv4 address", peer.gid));
+        };
+        let (to, id) = self.reach(peer, ip)?;
+        Ok((Arc::new(UdpLink { port: self, to }), id))
+    }
+
+    /// Sent datagrams are captured between the NICs' real addresses (see `capture`).
+    fn captures_itself(&self) -> bool {
+        true
+    }
+
+    fn start(self: Arc<Self>, host: Weak<dyn WireHost>) -> io::Result<Option<std::thread::JoinHandle<()>>> {
+        let name = format!("bypass-sim-udp{}", self.nic);
+        let handle = std::thread::Builder::new().name(name).spawn(move || receive_thread(host, self))?;
+        Ok(Some(handle))
+    }
+
+    fn stats(&self) -> WireStats {
+        WireStats {
+            rx_malformed: self.stats.malformed.load(AtOrd::Relaxed),
+            tx_dropped: self.stats.send_dropped.load(AtOrd::Relaxed),
+            tx_wakeups: 0,
+        }
+    }
+
+    fn shut_down(&self) {
+        self.wake();
+    }
+
+    fn socket_addr(&self) -> Option<SocketAddrV4> {
+        Some(self.local)
+    }
+}
+
 /// Body of a NIC's UDP receive thread: takes bursts of datagrams off the socket, answers pings,
 /// decodes packets into the NIC's inbox and notifies the NIC. Ends when the NIC is gone or its
 /// fabric shuts down.
-pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
-    let size = mtu as usize + OVERHEAD;
+fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
+    let size = port.mtu as usize + OVERHEAD;
     let mut bufs: Vec<Box<[u8]>> = (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect();
     // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
     let mut addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
@@ -453,7 +502,7 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
     let mut last_peer: Option<(SocketAddrV4, u32, bool)> = None;
     loop {
         match nic.upgrade() {
-            Some(n) if !n.fabric.is_shut_down() => {}
+            Some(n) if !n.is_shut_down() => {}
             _ => return,
         }
         for i in 0..BATCH {
@@ -477,15 +526,13 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
             )
         };
         let Some(n) = nic.upgrade() else { return };
-        if n.fabric.is_shut_down() {
+        if n.is_shut_down() {
             return;
         }
         if r <= 0 {
             // The timeout (or EINTR): run timers that fell due while the NIC's user was not
             // polling, then look again whether the NIC is still there.
-            if n.fabric.config.engine == crate::Engine::Inline {
-                n.run_if_flagged();
-            }
+            n.idle();
             continue;
         }
         let mut delivered = false;
@@ -540,45 +587,27 @@ pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<UdpPort>, mtu: u32) {
                 Err(e) => {
                     port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
                     if bypass_hal::trace::is_enabled() {
-                        trace_malformed(n.addr, from, len, e);
+                        trace_malformed(n.addr(), from, len, e);
                     }
                     continue;
                 }
             };
             let rx = roce::RxContext {
                 src_nic: src,
-                dst_nic: n.addr,
+                dst_nic: n.addr(),
                 src_qpn: ANY_QPN,
                 near_psn: frame.psn,
                 offset: 0,
                 write: None,
             };
             let hdr = frame.to_header(&rx);
-            let payload = frame.payload;
-            // The inbox is full: let the device drain it, then try again (the socket buffer
-            // holds what arrives meanwhile, and overflows as a congested port would).
-            let mut spins = 0u32;
-            while !n.port.push_external(&hdr, &mut |b: &mut [u8]| b.copy_from_slice(payload)) {
-                n.deliver();
-                spins += 1;
-                if spins % 64 == 0 {
-                    std::thread::yield_now();
-                }
-                if n.fabric.is_shut_down() {
-                    return;
-                }
+            if !n.deliver(&hdr, frame.payload) {
+                return; // the fabric shut down
             }
             delivered = true;
         }
         if delivered {
-            n.deliver();
-            // A NIC acknowledges what it receives whether or not its application is polling,
-            // as hardware does: if the NIC's user has not taken the burst by the time this
-            // thread had its turn, run the device here (a user that polls takes it first).
-            if n.fabric.config.engine == crate::Engine::Inline {
-                std::thread::yield_now();
-                n.run_if_flagged();
-            }
+            n.end_burst();
         }
     }
 }

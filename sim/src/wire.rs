@@ -1,9 +1,19 @@
-//! Wires: how packets get from one NIC to another.
+//! Wires: how packets get from one NIC to another — the seam between the device and whatever
+//! carries its packets.
 //!
-//! A NIC sends through a [`Wire`], a one-call trait, so other wires (shared memory between
-//! processes, TCP between hosts) and middleware (fault injection, tracing) can wrap or replace the
-//! in-process one without touching the device model. The in-process wire delivers straight into
-//! the destination NIC's inbox: a fixed ring of MTU-sized packet slots, and nothing allocates.
+//! Two traits make the seam:
+//!
+//! - a [`Wire`] is one direction of one link: the device offers it packets and flushes bursts.
+//!   Middleware (fault injection, capture) wraps any wire;
+//! - a [`WirePort`] is a NIC's attachment to a wire that reaches outside the fabric (UDP, shared
+//!   memory; next, an L2 port): what goes in the GID its queues advertise, how a queue connects
+//!   (it returns the [`Wire`] to send on), its receive side (packets it takes itself, from the
+//!   NIC's run loop and poll path, or from its own thread through the NIC's [`WireHost`]
+//!   handle), and its counters. The device and the driver know only these traits; the wires'
+//!   catalogue (`wires.rs`) says which ports exist.
+//!
+//! The in-process wire (`inproc.rs`) is the NIC itself: it delivers straight into the
+//! destination NIC's inbox, a fixed ring of MTU-sized packet slots, and nothing allocates.
 //!
 //! A payload that lies in one registration of the sender (a SEND or WRITE segment from one SGE,
 //! a READ response) is offered by reference ([`Wire::transmit_ref`]): the in-process wire puts
@@ -18,6 +28,9 @@
 use crate::inbox::Inbox;
 use crate::packet::PacketHeader;
 pub use crate::source::PayloadRef;
+use bypass_hal::QueueInfo;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// Payloads shorter than this are copied into the inbox slot even when they could go by
 /// reference: for a few cache lines two copies cost less than the reader count's two atomics
@@ -54,6 +67,146 @@ pub trait Wire: Send + Sync {
     /// `eager` asks for the burst to be taken now rather than when convenient (the sender's user
     /// is about to sleep and cannot help the receiver along later).
     fn flush(&self, eager: bool);
+}
+
+/// A NIC's attachment to a wire that reaches beyond its fabric (see the module docs). One per
+/// NIC, made when the NIC is added (`wires::open`); it lives as long as the NIC.
+///
+/// Receiving: a port either hands its packets to the NIC's inbox from a thread of its own
+/// ([`WireHost::deliver`], as the UDP wire's receive thread does), or lets the device take them
+/// in place: [`pending`](Self::pending) is looked at on every poll of the NIC's CQs and in the
+/// device's run loop (so it must be one load or so: no lock, no system call), and
+/// [`drain`](Self::drain) runs under the device lock when it said yes. A port can do both.
+pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
+    /// The wire's name in messages ("UDP", "shared-memory").
+    fn name(&self) -> &'static str;
+
+    /// How to open the other end on this wire too, for messages ("sim+shm").
+    fn backend_hint(&self) -> &'static str;
+
+    /// The `gid` and `lid` every queue of this NIC advertises in its [`QueueInfo`].
+    fn endpoint(&self) -> ([u8; 16], u16);
+
+    /// Whether `peer`'s GID is an address on this wire. A peer it does not accept is refused
+    /// before [`connect`](Self::connect), with a reason naming the peer's wire (`wires::refuse`).
+    fn accepts(&self, peer: &QueueInfo) -> bool;
+
+    /// A queue connects to `peer` (one this port [`accepts`](Self::accepts)): the link that
+    /// reaches it and the peer's source id (what [`PacketHeader::src_nic`] of its packets will
+    /// be), or why it cannot be reached. Not on a data path (it may block, e.g. for a
+    /// reachability check).
+    fn connect(self: Arc<Self>, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String>;
+
+    /// Whether the port writes its own links' packets to the capture (`BYPASS_PCAP`), with
+    /// addresses of its own (the UDP wire: its real IPv4 addresses and ports). Otherwise its
+    /// links go behind the capture wire, which writes them with the sim's NIC numbering.
+    fn captures_itself(&self) -> bool {
+        false
+    }
+
+    /// Starts the port's own thread, if it has one, for the NIC `host`; the fabric joins it at
+    /// shutdown. Called once, after the port is attached to its NIC.
+    fn start(
+        self: Arc<Self>,
+        host: Weak<dyn WireHost>,
+    ) -> std::io::Result<Option<std::thread::JoinHandle<()>>>;
+
+    /// Whether the device must ask [`pending`](Self::pending) and call [`drain`](Self::drain).
+    /// Decided once, when the port is attached.
+    fn polled(&self) -> bool {
+        false
+    }
+
+    /// Packets may wait for [`drain`](Self::drain). Called on every poll: cheap, lock-free.
+    #[inline]
+    fn pending(&self) -> bool {
+        false
+    }
+
+    /// Under the NIC's device lock (NIC `nic`): hands every packet waiting (up to a budget the
+    /// port chooses; it must then answer [`pending`](Self::pending) true again) to `recv`, with
+    /// its payload, which `recv` copies out before it returns.
+    fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+        let _ = (nic, recv);
+    }
+
+    /// A CQ of the NIC was armed: its user is about to sleep on an event fd, so packets must
+    /// not wait for its polls (a port with a thread that sleeps may need to change how it does).
+    fn attention(&self) {}
+
+    /// What the port counted, merged into the NIC's counters.
+    fn stats(&self) -> WireStats {
+        WireStats::default()
+    }
+
+    /// The fabric shuts down: wake the port's thread so it sees that, and stop peers from
+    /// connecting to this NIC.
+    fn shut_down(&self) {}
+
+    /// The UDP socket address, on a port that has one.
+    fn socket_addr(&self) -> Option<std::net::SocketAddrV4> {
+        None
+    }
+
+    /// The shared-memory segment, on a port that has one.
+    fn segment_path(&self) -> Option<&std::path::Path> {
+        None
+    }
+}
+
+/// Counters a [`WirePort`] keeps, merged into `NicStats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WireStats {
+    /// Frames that were not valid RoCEv2 packets of ours, dropped (`NicStats::rx_malformed`).
+    pub rx_malformed: u64,
+    /// Packets the wire would not take and lost (`NicStats::tx_wire_dropped`).
+    pub tx_dropped: u64,
+    /// Wake-ups issued to sleeping receivers (`NicStats::tx_wakeups`).
+    pub tx_wakeups: u64,
+}
+
+/// What a wire port's own thread may ask of its NIC (the NIC implements it; the engine decides
+/// what each call does, `engine.rs`). The port holds it weakly: [`Weak::upgrade`] failing means
+/// the NIC is gone and the thread ends.
+#[cfg_attr(loom, allow(dead_code))] // only the shared-memory wire, absent under loom, uses some
+pub(crate) trait WireHost: Send + Sync {
+    /// The NIC's address on its fabric.
+    fn addr(&self) -> u32;
+
+    /// The fabric is shutting down: the thread ends.
+    fn is_shut_down(&self) -> bool;
+
+    /// Puts a packet that came from outside the process in the NIC's inbox. A full inbox is
+    /// drained first (the device runs; the caller waits, as a full port would). False only if
+    /// the fabric shut down meanwhile.
+    fn deliver(&self, hdr: &PacketHeader, payload: &[u8]) -> bool;
+
+    /// The packets delivered since the last call form a burst: the NIC takes them as it takes
+    /// an in-process burst (its user at its next poll, or now when that user is about to sleep),
+    /// and if it did not take them by the time the caller yielded once, the caller runs the
+    /// device: a NIC acknowledges what it receives whether or not its application polls.
+    fn end_burst(&self);
+
+    /// The port's thread found nothing for a while: run the NIC's due timers if its engine has
+    /// no thread of its own (so a queue whose peer died still times out).
+    fn idle(&self);
+
+    /// Packets wait in the port and the NIC must take them now (its user sleeps, or left them
+    /// untaken): flag the device work and have it run.
+    fn take_now(&self);
+
+    /// A receiver this NIC waited on has room again: blocked queues retry.
+    fn unblocked(&self);
+
+    /// A CQ of the NIC is armed: its user is about to sleep on an event fd.
+    fn armed(&self) -> bool;
+
+    /// Nobody will take packets soon without being woken: a CQ is armed, or the NIC's device
+    /// thread is parked.
+    fn sleepy(&self) -> bool;
+
+    /// Time until the NIC's next timer, if it has one.
+    fn next_timer(&self) -> Option<Duration>;
 }
 
 /// A NIC's receive port: its inbox, a lock-free ring of packet slots ([`Inbox`]) filled by

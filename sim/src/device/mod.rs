@@ -22,9 +22,8 @@ use crate::events::AsyncEvents;
 use crate::layout::Wqe;
 use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::ring::WorkRing;
-use crate::shm::ShmPort;
 use crate::source::{Life, Payload, PayloadRef};
-use crate::wire::{Port, Transmit, BY_REF_MIN};
+use crate::wire::{Port, Transmit, WirePort, BY_REF_MIN};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{Access, DeviceCaps};
 use keys::{KeyFault, KeyTable};
@@ -545,22 +544,24 @@ impl DeviceState {
         }
     }
 
-    /// Runs every ready unit until none is left (the Inline and Threaded engines).
+    /// Runs every ready unit until none is left (the Inline and Threaded engines). `port` is
+    /// this NIC's inbox; `rx`, its wire port if the device takes packets from it in place.
     pub(crate) fn run_all(
         &mut self,
         now: Nanos,
         port: &Port,
-        shm: Option<&ShmPort>,
+        rx: Option<&dyn WirePort>,
         bells: &Bells,
         kick_waiter: &mut dyn FnMut(u32),
     ) {
         loop {
             self.take_bells(bells);
             while self.rx_one(now, port, kick_waiter) {}
-            if let Some(shm) = shm {
-                // Frames are decoded in place in the shared rings: no copy through the inbox.
+            if let Some(rx) = rx.filter(|p| p.pending()) {
+                // Packets are read in place where the wire left them (the shared-memory rings):
+                // no copy through the inbox.
                 let nic = self.addr;
-                shm.drain(nic, &mut |hdr, payload| {
+                rx.drain(nic, &mut |hdr, payload| {
                     self.receive(now, hdr, payload.into());
                 });
             }
@@ -593,7 +594,7 @@ impl DeviceState {
             self.prune(now);
             // Go round again only if packets arrived meanwhile (from a NIC run nested in our
             // flushes, or another thread) or a queue was cut short.
-            if !bounded && !port.maybe_nonempty() && !shm.is_some_and(|s| s.pending()) {
+            if !bounded && !port.maybe_nonempty() && !rx.is_some_and(|p| p.pending()) {
                 return;
             }
         }

@@ -47,6 +47,7 @@ pub(crate) fn peer_of_gid(gid: &[u8; 16]) -> Option<(u32, u32, u32)> {
 }
 
 /// The GID of NIC `nic` of fabric `fabric` of this process.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) fn gid_of(fabric: u32, nic: u32) -> [u8; 16] {
     let mut gid = [0u8; 16];
     gid[..4].copy_from_slice(&GID_MAGIC);
@@ -56,27 +57,14 @@ pub(crate) fn gid_of(fabric: u32, nic: u32) -> [u8; 16] {
     gid
 }
 
-/// loom builds: no segments; the device's receive path sees a port that never has frames.
-#[cfg(loom)]
-#[derive(Debug)]
-pub(crate) struct ShmPort;
-
-#[cfg(loom)]
-impl ShmPort {
-    pub(crate) fn pending(&self) -> bool {
-        false
-    }
-    pub(crate) fn drain(&self, _nic: u32, _recv: &mut dyn FnMut(&crate::packet::PacketHeader, &[u8])) {}
-}
-
 #[cfg(not(loom))]
 mod port {
     use super::ring::{self, Pop, Push};
     use super::segment::{self, Identity, Layout, Segment};
-    use crate::nic::Nic;
     use crate::packet::{PacketHeader, ANY_QPN};
     use crate::roce::{self, Endpoints};
-    use crate::wire::{Transmit, Wire};
+    use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
+    use bypass_hal::QueueInfo;
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -173,11 +161,6 @@ mod port {
             })
         }
 
-        /// Where this NIC's segment is.
-        pub(crate) fn path(&self) -> &std::path::Path {
-            &self.seg.path
-        }
-
         /// The source id of peer `key`, assigned on first use.
         fn peer_id(&self, key: PeerKey) -> u32 {
             if let Some(&id) = self.peers.read().unwrap_or_else(|e| e.into_inner()).1.get(&key) {
@@ -205,12 +188,7 @@ mod port {
 
         /// The link to NIC `nic` of fabric `fabric` of process `pid` (one per peer NIC, shared by
         /// all queues), and the peer's source id. Errors say why the peer cannot be reached.
-        pub(crate) fn link_to(
-            self: &Arc<Self>,
-            pid: u32,
-            fabric: u32,
-            nic: u32,
-        ) -> Result<(Arc<ShmLink>, u32), String> {
+        pub(crate) fn link_to(&self, pid: u32, fabric: u32, nic: u32) -> Result<(Arc<ShmLink>, u32), String> {
             let mut links = self.links.lock().unwrap_or_else(|e| e.into_inner());
             links.retain(|_, l| l.strong_count() > 0);
             if let Some(l) = links.get(&(pid, fabric, nic)).and_then(Weak::upgrade) {
@@ -449,6 +427,78 @@ mod port {
         }
     }
 
+    impl WirePort for ShmPort {
+        fn name(&self) -> &'static str {
+            "shared-memory"
+        }
+
+        fn backend_hint(&self) -> &'static str {
+            "sim+shm"
+        }
+
+        /// [`GID_MAGIC`](super::GID_MAGIC), pid, fabric, NIC; no lid.
+        fn endpoint(&self) -> ([u8; 16], u16) {
+            (super::gid_of(self.me.fabric, self.me.nic), 0)
+        }
+
+        fn accepts(&self, peer: &QueueInfo) -> bool {
+            super::peer_of_gid(&peer.gid).is_some()
+        }
+
+        fn connect(self: Arc<Self>, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String> {
+            let Some((pid, fabric, nic)) = super::peer_of_gid(&peer.gid) else {
+                return Err(format!("the peer's GID {:?} is no shared-memory address", peer.gid));
+            };
+            let (link, id) = self.link_to(pid, fabric, nic)?;
+            Ok((link, id))
+        }
+
+        fn start(
+            self: Arc<Self>,
+            host: Weak<dyn WireHost>,
+        ) -> std::io::Result<Option<std::thread::JoinHandle<()>>> {
+            let name = format!("bypass-sim-shm{}", self.me.nic);
+            let handle = std::thread::Builder::new().name(name).spawn(move || receive_thread(host, self))?;
+            Ok(Some(handle))
+        }
+
+        /// The device takes frames in place from the rings ([`drain`](Self::drain)).
+        fn polled(&self) -> bool {
+            true
+        }
+
+        #[inline]
+        fn pending(&self) -> bool {
+            ShmPort::pending(self)
+        }
+
+        fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+            ShmPort::drain(self, nic, recv)
+        }
+
+        fn attention(&self) {
+            ShmPort::attention(self)
+        }
+
+        fn stats(&self) -> WireStats {
+            WireStats {
+                rx_malformed: self.malformed.load(Ordering::Relaxed),
+                tx_dropped: 0,
+                tx_wakeups: self.wakes_sent.load(Ordering::Relaxed),
+            }
+        }
+
+        /// Peers can no longer connect to this NIC (the mapping lives on until the port is
+        /// dropped). The receive thread notices the shutdown within its longest sleep.
+        fn shut_down(&self) {
+            self.seg.unlink();
+        }
+
+        fn segment_path(&self) -> Option<&std::path::Path> {
+            Some(&self.seg.path)
+        }
+    }
+
     /// Claims a free ring of `seg` for producer `me`; its index.
     fn claim(seg: &Segment, me: &Identity) -> Option<u32> {
         static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -559,35 +609,30 @@ mod port {
 
     /// Body of a NIC's shared-memory receive thread. Ends when the NIC is gone or its fabric shuts
     /// down.
-    pub(crate) fn receive_thread(nic: Weak<Nic>, port: Arc<ShmPort>) {
+    fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<ShmPort>) {
         let bell = port.seg.bell();
         let mut last_drains = u64::MAX;
         let mut last_sweep = Instant::now();
         loop {
             let Some(n) = nic.upgrade() else { return };
-            if n.fabric.is_shut_down() {
+            if n.is_shut_down() {
                 return;
             }
-            let inline = n.fabric.config.engine == crate::Engine::Inline;
             if bell.unblock.load(Ordering::Relaxed) != 0 && bell.unblock.swap(0, Ordering::Acquire) != 0 {
-                n.unblocked.store(true, Ordering::Release);
-                n.kick();
+                n.unblocked();
             }
-            let sleepy =
-                n.armed_cqs.load(Ordering::SeqCst) > 0 || (!inline && n.sleeping.load(Ordering::SeqCst));
+            let sleepy = n.sleepy();
             if port.pending() {
                 let drains = port.drains.load(Ordering::Relaxed);
                 // Frames are there and either nobody will take them (the user sleeps) or nobody
                 // took any since the last tick: a NIC acknowledges whether or not its
                 // application polls.
                 if sleepy || drains == last_drains {
-                    n.kick();
+                    n.take_now();
                 }
                 last_drains = port.drains.load(Ordering::Relaxed);
             }
-            if inline {
-                n.run_if_flagged(); // timers that fell due while the user was not polling
-            }
+            n.idle(); // timers that fell due while the user was not polling
             if last_sweep.elapsed() >= SWEEP {
                 last_sweep = Instant::now();
                 port.sweep();
@@ -602,18 +647,15 @@ mod port {
                     last_drains = u64::MAX; // take them at once
                     continue;
                 }
-                let d = n.deadline.load(Ordering::Acquire);
-                let now = n.now();
-                wait = if d == crate::clock::NEVER {
-                    LONG_SLEEP
-                } else {
-                    Duration::from_nanos(d.saturating_sub(now)).clamp(Duration::from_micros(50), LONG_SLEEP)
+                wait = match n.next_timer() {
+                    None => LONG_SLEEP,
+                    Some(d) => d.clamp(Duration::from_micros(50), LONG_SLEEP),
                 };
             } else {
                 seen = bell.doorbell.load(Ordering::Acquire);
                 port.ticking.store(true, Ordering::SeqCst);
                 // A CQ armed after `sleepy` was read would find `ticking` false and not wake us.
-                if n.armed_cqs.load(Ordering::SeqCst) > 0 {
+                if n.armed() {
                     continue;
                 }
                 wait = TICK;
