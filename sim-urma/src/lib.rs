@@ -99,4 +99,9 @@ mod signatures {
     const _: fns::UrmaLogSetLevel = urma_log_set_level;
     const _: fns::UrmaStrToEid = urma_str_to_eid;
     const _: fns::UrmaU32ToEid = urma_u32_to_eid;
+    const _: fns::UrmaModifyJfc = urma_modify_jfc;
+    const _: fns::UrmaModifyJfr = urma_modify_jfr;
+    const _: fns::UrmaQueryJfr = urma_query_jfr;
+    const _: fns::UrmaUserCtl = urma_user_ctl;
+    const _: fns::UrmaUnregisterLogFunc = urma_unregister_log_func;
 }

@@ -251,6 +251,11 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let jfr = j.jfr.clone();
+        if let Err(f) = jfr.check_ready() {
+            // SAFETY: non-NULL, writable per the API.
+            unsafe { *bad_wr = wr };
+            return Err(f);
+        }
         let limit = 2 * jfr.depth as usize + CHUNK;
         let max_sge = jfr.max_sge;
         if let JfrMode::Shared(ring, scratch) = &mut *jfr.mode() {
@@ -355,6 +360,11 @@ pub unsafe extern "C" fn urma_post_jfr_wr(
         let r = jfr_of(jfr)?;
         if bad_wr.is_null() {
             return Err(inval("bad_wr is NULL"));
+        }
+        if let Err(f) = r.check_ready() {
+            // SAFETY: non-NULL, writable per the API.
+            unsafe { *bad_wr = wr };
+            return Err(f);
         }
         let limit = 2 * r.depth as usize + CHUNK;
         let mut m = r.mode();

@@ -344,6 +344,47 @@ pub unsafe extern "C" fn urma_register_log_func(func: abi::fns::UrmaLogCb) -> Ur
     })
 }
 
+/// `urma_unregister_log_func`: log lines go to stderr again (liburma's default is syslog).
+#[no_mangle]
+pub unsafe extern "C" fn urma_unregister_log_func() -> UrmaStatus {
+    ffi::status("urma_unregister_log_func", || {
+        crate::log::set_callback(None);
+        Ok(())
+    })
+}
+
+/// `urma_user_ctl`: driver-specific requests. The simulated device has none, so every opcode is
+/// refused with `URMA_ENOPERM`, which is what UDMA's driver answers for an opcode it lacks (and
+/// what liburma passes through without calling it a failure); NULL arguments are `URMA_EINVAL`.
+#[no_mangle]
+pub unsafe extern "C" fn urma_user_ctl(
+    ctx: *mut abi::UrmaContext,
+    in_: *mut abi::UrmaUserCtlIn,
+    out: *mut abi::UrmaUserCtlOut,
+) -> UrmaStatus {
+    let st = ffi::status("urma_user_ctl", || {
+        crate::context::ctx_of(ctx)?;
+        // SAFETY: a non-NULL `in` points to a user_ctl_in (the API's contract).
+        let i = unsafe { ffi::read_in(in_, "in")? };
+        if out.is_null() {
+            return Err(inval("out is NULL"));
+        }
+        crate::log::log(
+            crate::log::INFO,
+            &format!(
+                "urma_user_ctl opcode {:#x}: the simulated device has no driver-specific operations \
+                 (URMA_ENOPERM, as UDMA answers an opcode it lacks)",
+                i.opcode
+            ),
+        );
+        Ok(())
+    });
+    if st != URMA_SUCCESS {
+        return st;
+    }
+    URMA_ENOPERM
+}
+
 /// `urma_log_set_level`.
 #[no_mangle]
 pub unsafe extern "C" fn urma_log_set_level(level: u32) {

@@ -484,6 +484,15 @@ impl SimCq {
     }
 }
 
+impl SimCq {
+    /// Raises this CQ's event now if it is armed: a driver that completes work itself (a
+    /// library's software completions, such as receives flushed from a shared receive ring)
+    /// wakes a waiter the way a device CQE would.
+    pub fn fire_if_armed(&self) {
+        self.shared.fire_if_armed();
+    }
+}
+
 impl Drop for SimCq {
     fn drop(&mut self) {
         // An armed CQ counts towards its NIC's "user asleep" state; a dropped one no longer can.

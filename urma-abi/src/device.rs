@@ -319,3 +319,27 @@ pub struct UrmaAsyncEvent {
     /// Library private.
     pub priv_: *mut c_void,
 }
+
+/// `urma_user_ctl_in_t` (16 bytes): a driver-specific control request.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UrmaUserCtlIn {
+    /// Input buffer.
+    pub addr: u64,
+    /// Its length.
+    pub len: u32,
+    /// Driver-defined opcode.
+    pub opcode: u32,
+}
+
+/// `urma_user_ctl_out_t` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UrmaUserCtlOut {
+    /// Output buffer.
+    pub addr: u64,
+    /// Its length.
+    pub len: u32,
+    /// Reserved.
+    pub reserved: u32,
+}
