@@ -4,6 +4,7 @@
  *
  *   urpc_patterns objects          one process: modify_jfc, user_ctl, the log hooks, and the JFR
  *                                  state machine (READY -> ERROR flushes -> RESET -> READY)
+ *   urpc_patterns priority         one process: the priority table read as URPC reads it
  *   urpc_patterns server <scen>    prints "PORT <n>", then serves one client
  *   urpc_patterns client <port> <scen>
  *
@@ -311,6 +312,32 @@ static int objects(void)
     return 0;
 }
 
+static int priority(void)
+{
+    role = "priority";
+    CHECK(urma_init(NULL) == URMA_SUCCESS, "urma_init");
+    urma_device_t *dev = urma_get_device_by_name("bypass_sim0");
+    CHECK(dev != NULL, "device");
+    urma_device_attr_t attr;
+    CHECK(urma_query_device(dev, &attr) == URMA_SUCCESS, "query_device");
+    /* URPC's urpc_default_priority_get: the first priority whose tp set is RTP alone. */
+    int prio = -1;
+    for (int i = 0; i < URMA_MAX_PRIORITY_CNT && prio < 0; i++) {
+        union urma_tp_type_en t = attr.dev_cap.priority_info[i].tp_type;
+        if (t.bs.rtp == 1 && t.bs.ctp == 0 && t.bs.utp == 0)
+            prio = i;
+    }
+    CHECK(prio >= 0, "there is no priority for tp_type rtp");
+    CHECK(attr.dev_cap.rc_tp_cap.bs.rtp == 1, "rc_tp_cap has RTP (value %#x)", attr.dev_cap.rc_tp_cap.value);
+    CHECK(attr.dev_cap.rc_order_cap.bs.ol == 1, "rc_order_cap has OL (value %#x)", attr.dev_cap.rc_order_cap.value);
+    struct side s = {0};
+    setup(&s, "bypass_sim0", 0);
+    urma_jetty_t *j = make_jetty(&s, (uint8_t)prio);
+    CHECK(j->jetty_cfg.jfs_cfg.priority == prio, "the jetty keeps its priority");
+    printf("priority: %d is RTP; all checks passed\n", prio);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ two processes */
 
 enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED };
@@ -451,10 +478,12 @@ int main(int argc, char **argv)
     alarm(60); /* a bound on the whole run, whatever happens */
     if (argc >= 2 && strcmp(argv[1], "objects") == 0)
         return objects();
+    if (argc >= 2 && strcmp(argv[1], "priority") == 0)
+        return priority();
     if (argc >= 3 && strcmp(argv[1], "server") == 0)
         return server(parse(argv[2]));
     if (argc >= 4 && strcmp(argv[1], "client") == 0)
         return client(atoi(argv[2]), parse(argv[3]));
-    fprintf(stderr, "usage: %s objects | server <scenario> | client <port> <scenario>\n", argv[0]);
+    fprintf(stderr, "usage: %s objects | priority | server <scenario> | client <port> <scenario>\n", argv[0]);
     return 2;
 }

@@ -125,6 +125,16 @@ typedef struct urma_port_attr {
     uint32_t max_mtu, state, active_width, active_speed, active_mtu;
 } urma_port_attr_t;
 
+/* A set of transport types (rm/rc/um_tp_cap, priority_info[].tp_type): bits, not a urma_tp_type_t. */
+union urma_tp_type_en {
+    struct { uint32_t rtp : 1, ctp : 1, utp : 1, reserved : 29; } bs;
+    uint32_t value;
+};
+typedef union urma_tp_type_en urma_tp_type_cap_t;
+typedef union urma_order_type_cap {
+    struct { uint32_t ot : 1, oi : 1, ol : 1, no : 1, reserved : 28; } bs;
+    uint32_t value;
+} urma_order_type_cap_t;
 typedef struct urma_device_cap {
     uint32_t feature;
     uint32_t max_jfc, max_jfs, max_jfr, max_jetty, max_jetty_grp, max_jetty_in_jetty_grp;
@@ -139,8 +149,10 @@ typedef struct urma_device_cap {
     uint32_t ceq_cnt, max_tp_in_tpg, max_eid_cnt;
     uint64_t page_size_cap;
     uint32_t max_oor_cnt, mn, max_netaddr_cnt;
-    uint32_t rm_order_cap, rc_order_cap, rm_tp_cap, rc_tp_cap, um_tp_cap, tp_feature;
-    struct { uint32_t SL; uint32_t tp_type; } priority_info[URMA_MAX_PRIORITY_CNT];
+    urma_order_type_cap_t rm_order_cap, rc_order_cap;
+    urma_tp_type_cap_t rm_tp_cap, rc_tp_cap, um_tp_cap;
+    uint32_t tp_feature;
+    struct urma_sl_info { uint32_t SL; union urma_tp_type_en tp_type; } priority_info[URMA_MAX_PRIORITY_CNT];
 } urma_device_cap_t;
 
 typedef struct urma_device_attr {

@@ -283,6 +283,14 @@ pub unsafe extern "C" fn urma_query_device(
         c.trans_mode = abi::consts::URMA_TM_RC as u16;
         c.max_eid_cnt = 1;
         c.page_size_cap = 4096;
+        // RC runs over a reliable transport (RTP) in order (OL, what `create_jetty` picks by
+        // default), at every priority: one service level per priority, all RTP, which is
+        // what URPC looks for when it picks a priority.
+        c.rc_tp_cap = abi::consts::TP_TYPE_RTP;
+        c.rc_order_cap = abi::consts::ORDER_CAP_OL;
+        for (i, p) in c.priority_info.iter_mut().enumerate() {
+            *p = abi::UrmaPriorityInfo { sl: i as u32, tp_type: abi::consts::TP_TYPE_RTP };
+        }
         a.port_cnt = 1;
         a.port_attr[0] = abi::UrmaPortAttr {
             max_mtu: abi::consts::URMA_MTU_4096,

@@ -509,6 +509,17 @@ fn urpc_exports() {
     unsafe {
         let name = CString::new("bypass_sim0").unwrap();
         let d = nn((l.get_device_by_name)(name.as_ptr() as *mut _), "get_device_by_name");
+        let mut attr: abi::UrmaDeviceAttr = std::mem::zeroed();
+        assert_eq!((l.query_device)(d, &mut attr), URMA_SUCCESS);
+        let cap = &attr.dev_cap;
+        assert_eq!(cap.rc_tp_cap & TP_TYPE_RTP, TP_TYPE_RTP, "RC runs over RTP");
+        assert_eq!(cap.rc_order_cap & ORDER_CAP_OL, ORDER_CAP_OL, "RC offers OL");
+        assert!(
+            cap.priority_info.iter().any(|p| p.tp_type == TP_TYPE_RTP),
+            "a priority whose transport set is RTP alone: {:?}",
+            cap.priority_info
+        );
+
         let ctx = nn((l.create_context)(d, 0), "create_context");
         let mut jc = abi::UrmaJfcCfg { depth: 64, flag: 0, ceqn: 0, jfce: null_mut(), user_ctx: 0 };
         let jfc = nn((l.create_jfc)(ctx, &mut jc), "create_jfc");

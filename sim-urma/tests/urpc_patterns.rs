@@ -49,3 +49,8 @@ fn one_process(what: &str) {
 fn jfr_state_machine_modify_jfc_user_ctl_and_log_hooks() {
     one_process("objects");
 }
+
+#[test]
+fn the_priority_table_offers_rtp_the_way_urpc_reads_it() {
+    one_process("priority");
+}

@@ -164,7 +164,8 @@ pub struct UrmaPortAttr {
 pub struct UrmaPriorityInfo {
     /// Service level.
     pub sl: u32,
-    /// `urma_tp_type_t`.
+    /// `union urma_tp_type_en`: a bit set (`consts::TP_TYPE_RTP` 1, `TP_TYPE_CTP` 2,
+    /// `TP_TYPE_UTP` 4), not a `urma_tp_type_t`; URPC takes a priority whose set is RTP alone.
     pub tp_type: u32,
 }
 
