@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -53,4 +54,53 @@ fn jfr_state_machine_modify_jfc_user_ctl_and_log_hooks() {
 #[test]
 fn the_priority_table_offers_rtp_the_way_urpc_reads_it() {
     one_process("priority");
+}
+
+/// Server and client of `scenario` on `wire` (the threaded engine: each process's device runs
+/// while its user waits on TCP, as on hardware).
+fn two_processes(scenario: &str, wire: &str, tag: &str) {
+    let dir = lib_dir(&format!("{scenario}-{tag}"));
+    let exe = build(&dir);
+    let wire = format!("{wire},engine=threaded");
+    let mut server = with_lib(Command::new(&exe), &dir)
+        .args(["server", scenario])
+        .env("BYPASS_SIM_URMA", &wire)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut so = BufReader::new(server.stdout.take().unwrap());
+    so.read_line(&mut line).unwrap();
+    let port =
+        line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
+    let client = with_lib(Command::new(&exe), &dir)
+        .args(["client", &port, scenario])
+        .env("BYPASS_SIM_URMA", &wire)
+        .spawn()
+        .unwrap();
+    let c = wait_bounded(client, Duration::from_secs(60), "the client");
+    let mut rest = String::new();
+    server.stdout = None;
+    let s = wait_bounded(server, Duration::from_secs(30), "the server");
+    so.read_to_string(&mut rest).unwrap();
+    let cs = String::from_utf8_lossy(&c.stdout);
+    assert!(
+        c.status.success() && cs.contains("client: all checks passed"),
+        "{scenario} client on {wire}:\n{cs}\n{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(
+        s.status.success() && rest.contains("server: all checks passed"),
+        "{scenario} server on {wire}:\n{rest}\n{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+}
+
+#[test]
+fn rc_send_naming_another_target_goes_to_the_bound_one_shm() {
+    two_processes("rc_tjetty", "shm", "shm");
+}
+
+#[test]
+fn rc_send_naming_another_target_goes_to_the_bound_one_udp() {
+    two_processes("rc_tjetty", "udp://127.0.0.1:0", "udp");
 }
