@@ -226,7 +226,10 @@ pub unsafe extern "C" fn urma_create_jetty(
         let mut q = {
             let mut mode = jfr.mode();
             if matches!(*mode, JfrMode::Undecided) {
-                if Arc::ptr_eq(&recv_jfc, &jfr.jfc) {
+                // Per jetty only when asked for by naming the JFR's own JFC explicitly (the
+                // simulator's one-jetty-per-JFR form, whose receives flush with the jetty);
+                // `shared.jfc` NULL gets the hardware's JFR, shared by all its jettys.
+                if !shared.jfc.is_null() && Arc::ptr_eq(&recv_jfc, &jfr.jfc) {
                     *mode = JfrMode::PerJetty;
                 } else {
                     jfr.make_shared(&mut mode)?;

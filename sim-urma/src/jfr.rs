@@ -1,15 +1,16 @@
 //! Receive queues (JFR). A jetty shares one (UB devices require it). A JFR is in one of two modes,
 //! fixed by its first use ([`JfrMode`]):
 //!
-//! - **per jetty** (its first jetty takes its receive completions on the JFR's JFC, `shared.jfc`
-//!   NULL or the JFR's own): receives posted through a jetty go to that jetty's sim receive ring,
-//!   and receives posted before any jetty on the JFR is bound wait here and go to the first jetty
-//!   that binds — exact for one jetty per JFR, which is what UMDK's sample and bypass's plain
-//!   queues do;
-//! - **shared** (first use `urma_post_jfr_wr`, or a first jetty naming a receive JFC of its own in
-//!   `shared.jfc`): the JFR is a sim shared receive ring ([`SimSharedRecv`]) every jetty on it is
-//!   created on, and receives posted to the JFR or through any of its jettys serve all of them in
-//!   posting order, as on UB hardware.
+//! - **shared** (the hardware's JFR; first use `urma_post_jfr_wr`, or a first jetty whose
+//!   `shared.jfc` is NULL or another JFC than the JFR's): the JFR is a sim shared receive ring
+//!   ([`SimSharedRecv`]) every jetty on it is created on, and receives posted to the JFR or
+//!   through any of its jettys serve all of them in posting order, as on UDMA
+//!   (`udma_u_post_jetty_recv_wr` posts to the JFR). A failing jetty flushes none of them; the
+//!   JFR's own state machine does (`urma_modify_jfr` to ERROR).
+//! - **per jetty** (a first jetty naming the JFR's own JFC explicitly in `shared.jfc`): receives
+//!   posted through a jetty go to that jetty's sim receive ring, and receives posted before any
+//!   jetty on the JFR is bound wait here and go to the first jetty that binds. Exact for one jetty
+//!   per JFR, whose receives then flush with the jetty: what bypass's plain queues rely on.
 
 use crate::context::{ctx_of, Ctx};
 use crate::ffi::{self, inval, Res};

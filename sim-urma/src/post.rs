@@ -345,7 +345,7 @@ unsafe fn post_to_ring(
 
 /// `urma_post_jfr_wr`: receives for a JFR, taken by whichever of its jettys a message arrives on
 /// next. A JFR posted this way before any jetty uses it becomes a shared ring; one whose jettys
-/// each have their own ring (created with the JFR's JFC as their receive JFC) refuses, saying so.
+/// each have their own ring (created naming the JFR's JFC in `shared.jfc`) refuses, saying so.
 #[no_mangle]
 pub unsafe extern "C" fn urma_post_jfr_wr(
     jfr: *mut abi::UrmaJfr,
@@ -375,8 +375,8 @@ pub unsafe extern "C" fn urma_post_jfr_wr(
                 unsafe { *bad_wr = wr };
                 Err(inval(
                     "this JFR's jettys each keep their own receives in the simulator (they were created with \
-                     the JFR's JFC as their receive JFC): post through urma_post_jetty_recv_wr, or create the \
-                     jettys with a receive JFC of their own (shared.jfc) to share the JFR's receives",
+                     the JFR's JFC in shared.jfc): post through urma_post_jetty_recv_wr, or create the jettys \
+                     with shared.jfc NULL (or a JFC of their own) to share the JFR's receives",
                 ))
             }
         }

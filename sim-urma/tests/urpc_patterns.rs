@@ -104,3 +104,13 @@ fn rc_send_naming_another_target_goes_to_the_bound_one_shm() {
 fn rc_send_naming_another_target_goes_to_the_bound_one_udp() {
     two_processes("rc_tjetty", "udp://127.0.0.1:0", "udp");
 }
+
+#[test]
+fn two_jettys_on_one_jfr_posted_through_one_shm() {
+    two_processes("shared_jfr", "shm", "shm");
+}
+
+#[test]
+fn two_jettys_on_one_jfr_posted_through_one_udp() {
+    two_processes("shared_jfr", "udp://127.0.0.1:0", "udp");
+}
