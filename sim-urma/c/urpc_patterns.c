@@ -5,6 +5,7 @@
  *   urpc_patterns objects          one process: modify_jfc, user_ctl, the log hooks, and the JFR
  *                                  state machine (READY -> ERROR flushes -> RESET -> READY)
  *   urpc_patterns priority         one process: the priority table read as URPC reads it
+ *   urpc_patterns eid              one process on the UDP wire: the EID is IPv4-mapped
  *   urpc_patterns server <scen>    prints "PORT <n>", then serves one client
  *   urpc_patterns client <port> <scen>
  *
@@ -338,6 +339,31 @@ static int priority(void)
     return 0;
 }
 
+/* URPC's device lookup by name takes an EID as IPv4 only when it is IPv4-mapped with the reserved
+ * bits zero (is_eid_ipv6 in its jetty provider); run on the UDP wire. */
+static int eid_v4(void)
+{
+    role = "eid";
+    CHECK(urma_init(NULL) == URMA_SUCCESS, "urma_init");
+    urma_device_t *dev = urma_get_device_by_name("bypass_sim0");
+    CHECK(dev != NULL, "device");
+    uint32_t cnt = 0;
+    urma_eid_info_t *eids = urma_get_eid_list(dev, &cnt);
+    CHECK(eids != NULL && cnt == 1, "one EID");
+    urma_eid_t e = eids[0].eid;
+    urma_free_eid_list(eids);
+    CHECK(e.in4.reserved == 0 && e.in4.prefix == htonl(0x0000ffff),
+          "the EID is not IPv4-mapped with zero reserved bits: reserved %#llx prefix %#x",
+          (unsigned long long)e.in4.reserved, ntohl(e.in4.prefix));
+    CHECK(ntohl(e.in4.addr) == 0x7f000001, "the EID is ::ffff:127.0.0.1 (addr %#x)", ntohl(e.in4.addr));
+    CHECK(urma_get_device_by_eid(e, URMA_TRANSPORT_UB) == dev, "urma_get_device_by_eid finds the device");
+    urma_context_t *ctx = urma_create_context(dev, 0);
+    CHECK(ctx != NULL && memcmp(ctx->eid.raw, e.raw, 16) == 0, "the context has the device's EID");
+    CHECK(ctx->uasid >= 1 && ctx->uasid <= 65535, "the uasid is the device's UDP port (%u)", ctx->uasid);
+    printf("eid: all checks passed\n");
+    return 0;
+}
+
 /* ------------------------------------------------------------------ two processes */
 
 enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED };
@@ -480,10 +506,12 @@ int main(int argc, char **argv)
         return objects();
     if (argc >= 2 && strcmp(argv[1], "priority") == 0)
         return priority();
+    if (argc >= 2 && strcmp(argv[1], "eid") == 0)
+        return eid_v4();
     if (argc >= 3 && strcmp(argv[1], "server") == 0)
         return server(parse(argv[2]));
     if (argc >= 4 && strcmp(argv[1], "client") == 0)
         return client(atoi(argv[2]), parse(argv[3]));
-    fprintf(stderr, "usage: %s objects | priority | server <scenario> | client <port> <scenario>\n", argv[0]);
+    fprintf(stderr, "usage: %s objects | priority | eid | server <scenario> | client <port> <scenario>\n", argv[0]);
     return 2;
 }

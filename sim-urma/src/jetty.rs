@@ -320,7 +320,7 @@ pub unsafe extern "C" fn urma_import_jetty(
             unsafe { std::ptr::addr_of_mut!((*rjetty).flag).write_unaligned(rj.flag) };
         }
         let jid = rj.jetty_id;
-        let (gid, lid) = ident::endpoint_of(&jid.eid.raw);
+        let (gid, lid) = ident::endpoint_of(&jid.eid.raw, jid.uasid).map_err(inval)?;
         let mut peer =
             QueueInfo::new(gid, ident::qpn_of(jid.id), ident::psn_of(&jid.eid.raw, jid.uasid, jid.id));
         peer.lid = lid;

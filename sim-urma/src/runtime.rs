@@ -95,7 +95,8 @@ fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
         *d = s as c_char;
     }
     c.type_ = abi::consts::URMA_TRANSPORT_UB;
-    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid: ident::eid_of(gid, lid), uasid })
+    let (eid, uasid) = ident::eid_of(gid, lid, uasid);
+    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid, uasid })
 }
 
 /// `urma_init`.

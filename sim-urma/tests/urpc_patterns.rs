@@ -30,11 +30,15 @@ fn build(dir: &Path) -> PathBuf {
 }
 
 fn one_process(what: &str) {
+    one_process_on(what, "inproc,devices=2");
+}
+
+fn one_process_on(what: &str, wire: &str) {
     let dir = lib_dir(what);
     let exe = build(&dir);
     let child = with_lib(Command::new(&exe), &dir)
         .arg(what)
-        .env("BYPASS_SIM_URMA", "inproc,devices=2")
+        .env("BYPASS_SIM_URMA", wire)
         .spawn()
         .unwrap();
     let out = wait_bounded(child, Duration::from_secs(60), what);
@@ -54,6 +58,11 @@ fn jfr_state_machine_modify_jfc_user_ctl_and_log_hooks() {
 #[test]
 fn the_priority_table_offers_rtp_the_way_urpc_reads_it() {
     one_process("priority");
+}
+
+#[test]
+fn udp_eids_are_ipv4_mapped_so_urpc_finds_the_device() {
+    one_process_on("eid", "udp://127.0.0.1:0");
 }
 
 /// Server and client of `scenario` on `wire` (the threaded engine: each process's device runs
