@@ -328,7 +328,13 @@ pub unsafe extern "C" fn urma_rearm_jfc(jfc: *mut abi::UrmaJfc, solicited_only: 
     ffi::status("urma_rearm_jfc", || {
         let j = jfc_of(jfc)?;
         let mode = if solicited_only { ArmMode::Solicited } else { ArmMode::Any };
-        j.lock().cq.arm(mode)?;
+        let mut g = j.lock();
+        g.cq.arm(mode)?;
+        // Records the library made itself (flushed JFR receives) wait in the stash: like
+        // completions already in the CQ, they raise the event at once (hal's `arm` contract).
+        if !g.stash.is_empty() {
+            g.cq.fire_if_armed();
+        }
         Ok(())
     })
 }

@@ -36,11 +36,7 @@ fn one_process(what: &str) {
 fn one_process_on(what: &str, wire: &str) {
     let dir = lib_dir(what);
     let exe = build(&dir);
-    let child = with_lib(Command::new(&exe), &dir)
-        .arg(what)
-        .env("BYPASS_SIM_URMA", wire)
-        .spawn()
-        .unwrap();
+    let child = with_lib(Command::new(&exe), &dir).arg(what).env("BYPASS_SIM_URMA", wire).spawn().unwrap();
     let out = wait_bounded(child, Duration::from_secs(60), what);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -122,4 +118,14 @@ fn two_jettys_on_one_jfr_posted_through_one_shm() {
 #[test]
 fn two_jettys_on_one_jfr_posted_through_one_udp() {
     two_processes("shared_jfr", "udp://127.0.0.1:0", "udp");
+}
+
+#[test]
+fn rearm_with_a_record_already_queued_raises_the_event_shm() {
+    two_processes("event_queued", "shm", "shm");
+}
+
+#[test]
+fn rearm_with_a_record_already_queued_raises_the_event_udp() {
+    two_processes("event_queued", "udp://127.0.0.1:0", "udp");
 }
