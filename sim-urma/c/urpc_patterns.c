@@ -19,6 +19,9 @@
  *                 ignores tjetty on RC, so the message goes to CB
  *   event_queued  the server's reply is in the client's JFC before the client rearms it: the
  *                 rearm raises the event at once (urma_sample -e waits exactly like this)
+ *   ack_floor     jettys with URPC's err_timeout 2 (16.4 us); the client process is stopped for
+ *                 40 ms while the server's SEND is in flight, and the SEND still succeeds (the
+ *                 byte wires raise the ACK timeout to a floor, as hardware timers have one)
  *
  * Every wait is bounded. Exit status 0 means every check passed.
  */
@@ -31,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -86,12 +90,14 @@ static void sync_byte(int fd, int out)
     xfer(fd, &c, 1, out);
 }
 
+static uint8_t g_err_timeout = URMA_TYPICAL_ERR_TIMEOUT;
+
 static urma_jetty_t *make_jetty(struct side *s, uint8_t priority)
 {
     urma_jetty_cfg_t jc = {
         .flag.bs.share_jfr = 1,
         .jfs_cfg = {.depth = 64, .trans_mode = URMA_TM_RC, .priority = priority, .max_sge = 1,
-                    .rnr_retry = URMA_TYPICAL_RNR_RETRY, .err_timeout = URMA_TYPICAL_ERR_TIMEOUT,
+                    .rnr_retry = URMA_TYPICAL_RNR_RETRY, .err_timeout = g_err_timeout,
                     .jfc = s->send_jfc},
         .shared.jfr = s->jfr, /* shared.jfc NULL: the JFR's JFC, as URPC does */
     };
@@ -366,7 +372,7 @@ static int eid_v4(void)
 
 /* ------------------------------------------------------------------ two processes */
 
-enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED };
+enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED, ACK_FLOOR };
 
 static enum scen parse(const char *s)
 {
@@ -374,6 +380,10 @@ static enum scen parse(const char *s)
         return SHARED_JFR;
     if (strcmp(s, "rc_tjetty") == 0)
         return RC_TJETTY;
+    if (strcmp(s, "ack_floor") == 0) {
+        g_err_timeout = 2; /* URPC's: 4.096 us x 2^2 = 16.4 us */
+        return ACK_FLOOR;
+    }
     CHECK(strcmp(s, "event_queued") == 0, "unknown scenario %s", s);
     return EVENT_QUEUED;
 }
@@ -430,6 +440,18 @@ static int server(enum scen sc)
             seen[on]++;
         }
         CHECK(seen[0] == 1 && seen[1] == 1, "one message on each jetty");
+    } else if (sc == ACK_FLOOR) {
+        /* The client process (its simulated device included) sleeps 40 ms while our SEND is in
+         * flight: a 16.4 us ACK timeout would run out its retries long before it wakes. */
+        int32_t pid = 0;
+        xfer(fd, &pid, sizeof pid, 0);
+        CHECK(kill(pid, SIGSTOP) == 0, "SIGSTOP the client: %s", strerror(errno));
+        CHECK(post_send(&s, 1, NULL, "while you slept", 9) == URMA_SUCCESS, "post SEND");
+        usleep(40000);
+        CHECK(kill(pid, SIGCONT) == 0, "SIGCONT the client: %s", strerror(errno));
+        urma_cr_t cr = poll_one(s.send_jfc, "the SEND");
+        CHECK(cr.status == URMA_CR_SUCCESS,
+              "SEND status %d (9: ACK timeout; err_timeout 2 was not raised to the byte wire's floor)", cr.status);
     } else {
         /* rc_tjetty: name the other connection's target; event_queued: the bound one. */
         urma_target_jetty_t *tj = sc == RC_TJETTY ? s.peer[0] : s.peer[1];
@@ -473,6 +495,14 @@ static int client(int port, enum scen sc)
                   (unsigned long long)cr.user_ctx, cr.status);
         }
         sync_byte(fd, 0);
+    } else if (sc == ACK_FLOOR) {
+        int32_t pid = (int32_t)getpid();
+        xfer(fd, &pid, sizeof pid, 1);
+        sync_byte(fd, 0);
+        urma_cr_t cr = poll_one(s.jfr_jfc, "the SEND sent while we were stopped");
+        CHECK(cr.status == URMA_CR_SUCCESS && cr.local_id == s.jetty[1]->jetty_id.id, "receive status %d",
+              cr.status);
+        CHECK(strcmp((char *)payload(&s, cr), "while you slept") == 0, "payload");
     } else {
         sync_byte(fd, 0); /* the reply is sent and acknowledged: it is in our JFC */
         urma_cr_t cr;

@@ -218,7 +218,9 @@ pub unsafe extern "C" fn urma_create_jetty(
         qc.max_inline = jfs.max_inline_data;
         qc.rnr_retry = jfs.rnr_retry;
         if jfs.err_timeout != 0 {
-            qc.timeout = AckTimeout::from_exponent(jfs.err_timeout).unwrap_or(qc.timeout);
+            // Raised to the wire's floor (config: hardware timers have a granularity too).
+            let t = jfs.err_timeout.max(c.dev.ack_timeout_floor);
+            qc.timeout = AckTimeout::from_exponent(t).unwrap_or(qc.timeout);
         }
         if let Some(t) = RnrTimer::from_code(jfr.min_rnr_timer) {
             qc.min_rnr_timer = t;

@@ -23,6 +23,8 @@ pub(crate) struct Dev {
     pub nic: SimNic,
     pub eid: [u8; 16],
     pub uasid: u32,
+    /// The least `err_timeout` exponent a jetty gets (`config::Config::ack_timeout_floor`).
+    pub ack_timeout_floor: u8,
 }
 
 // SAFETY: the C struct is written once, before the handle is published, and only read after;
@@ -87,7 +89,7 @@ pub(crate) fn free_list<T>(p: *mut T, what: &str) -> Res<()> {
     Ok(())
 }
 
-fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
+fn new_dev(index: usize, nic: SimNic, uasid: u32, ack_timeout_floor: u8) -> Arc<Dev> {
     let (gid, lid) = nic.endpoint();
     // SAFETY: UrmaDevice is plain C data; all-zero is valid.
     let mut c: abi::UrmaDevice = unsafe { ffi::zeroed() };
@@ -96,7 +98,7 @@ fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
     }
     c.type_ = abi::consts::URMA_TRANSPORT_UB;
     let (eid, uasid) = ident::eid_of(gid, lid, uasid);
-    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid, uasid })
+    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid, uasid, ack_timeout_floor })
 }
 
 /// `urma_init`.
@@ -122,7 +124,7 @@ pub unsafe extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
                     format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()),
                 )
             })?;
-            let dev = new_dev(i, nic, uasid);
+            let dev = new_dev(i, nic, uasid, cfg.ack_timeout_floor());
             registry::insert(Kind::Device, dev.clone());
             devs.push(dev);
         }

@@ -129,3 +129,13 @@ fn rearm_with_a_record_already_queued_raises_the_event_shm() {
 fn rearm_with_a_record_already_queued_raises_the_event_udp() {
     two_processes("event_queued", "udp://127.0.0.1:0", "udp");
 }
+
+#[test]
+fn urpc_err_timeout_is_raised_to_the_byte_wire_floor_shm() {
+    two_processes("ack_floor", "shm", "shm");
+}
+
+#[test]
+fn urpc_err_timeout_is_raised_to_the_byte_wire_floor_udp() {
+    two_processes("ack_floor", "udp://127.0.0.1:0", "udp");
+}
