@@ -21,7 +21,7 @@
 
 // The exported functions are `unsafe extern "C"`: their contract is the URMA API's (pointers to
 // structs the caller owns must be valid for the call), stated once here and in the prototypes of
-// `include/urma_api.h` rather than in 49 identical `# Safety` sections.
+// `include/urma_api.h` rather than in 54 identical `# Safety` sections.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod config;
