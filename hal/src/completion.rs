@@ -103,7 +103,14 @@ pub trait CompletionQueue: Send {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
 
     /// Asks for one event on [`event_fd`](Self::event_fd) when a matching completion arrives.
-    /// Completions already in the queue do not raise an event, so poll after arming.
+    ///
+    /// A matching completion already in the queue (not yet polled) when it is armed: hardware
+    /// that arms against the consumer index raises the event at once (mlx5's and UDMA's arm
+    /// doorbells carry the consumer index, and the device signals if completions lie past it;
+    /// the simulator does the same), while rxe raises none (its `req_notify_cq` only reports
+    /// missed events to kernel callers that ask, which the user-space verbs path never does).
+    /// So an event may or may not follow for a completion queued before arming, and portable
+    /// code polls once after arming before it sleeps: a completion is never lost either way.
     fn arm(&mut self, mode: ArmMode) -> Result<()>;
 
     /// A file descriptor that becomes readable when an armed queue gets a completion; wait on it

@@ -83,7 +83,7 @@ int badinput(void)
     urma_jfr_t *jfr = urma_create_jfr(ctx, &(urma_jfr_cfg_t){.depth = 8, .trans_mode = URMA_TM_RC, .jfc = jfc, .max_sge = 1});
     urma_jetty_cfg_t jc = {.flag.bs.share_jfr = 1,
                            .jfs_cfg = {.depth = 8, .trans_mode = URMA_TM_RC, .max_sge = 1, .rnr_retry = 7, .jfc = jfc},
-                           .shared.jfr = jfr};
+                           .shared = {.jfr = jfr, .jfc = jfc}}; /* the JFR's JFC named: per-jetty receives */
     urma_jetty_cfg_t bad = jc;
     bad.flag.bs.share_jfr = 0;
     PTR("create_jetty share_jfr = 0", urma_create_jetty(ctx, &bad), EINVAL);

@@ -62,6 +62,7 @@ typedef enum {
 typedef enum {
     URMA_JETTY_STATE_RESET = 0, URMA_JETTY_STATE_READY, URMA_JETTY_STATE_SUSPENDED, URMA_JETTY_STATE_ERROR
 } urma_jetty_state_t;
+typedef enum { URMA_JFR_STATE_RESET = 0, URMA_JFR_STATE_READY, URMA_JFR_STATE_ERROR } urma_jfr_state_t;
 typedef enum {
     URMA_TOKEN_NONE = 0, URMA_TOKEN_PLAIN_TEXT, URMA_TOKEN_SIGNED, URMA_TOKEN_ALL_ENCRYPTED, URMA_TOKEN_RESERVED
 } urma_token_policy_t;
@@ -83,6 +84,10 @@ typedef enum { URMA_PORT_NOP = 0, URMA_PORT_DOWN, URMA_PORT_INIT, URMA_PORT_ARME
 #define URMA_MAX_PRIORITY 15
 #define JETTY_RX_THRESHOLD 0x1
 #define JETTY_STATE 0x2
+#define JFR_RX_THRESHOLD 0x1
+#define JFR_STATE 0x2
+#define JFC_MODERATE_COUNT 0x1
+#define JFC_MODERATE_PERIOD 0x2
 
 typedef union urma_eid {
     uint8_t raw[URMA_EID_SIZE];
@@ -120,6 +125,16 @@ typedef struct urma_port_attr {
     uint32_t max_mtu, state, active_width, active_speed, active_mtu;
 } urma_port_attr_t;
 
+/* A set of transport types (rm/rc/um_tp_cap, priority_info[].tp_type): bits, not a urma_tp_type_t. */
+union urma_tp_type_en {
+    struct { uint32_t rtp : 1, ctp : 1, utp : 1, reserved : 29; } bs;
+    uint32_t value;
+};
+typedef union urma_tp_type_en urma_tp_type_cap_t;
+typedef union urma_order_type_cap {
+    struct { uint32_t ot : 1, oi : 1, ol : 1, no : 1, reserved : 28; } bs;
+    uint32_t value;
+} urma_order_type_cap_t;
 typedef struct urma_device_cap {
     uint32_t feature;
     uint32_t max_jfc, max_jfs, max_jfr, max_jetty, max_jetty_grp, max_jetty_in_jetty_grp;
@@ -134,8 +149,10 @@ typedef struct urma_device_cap {
     uint32_t ceq_cnt, max_tp_in_tpg, max_eid_cnt;
     uint64_t page_size_cap;
     uint32_t max_oor_cnt, mn, max_netaddr_cnt;
-    uint32_t rm_order_cap, rc_order_cap, rm_tp_cap, rc_tp_cap, um_tp_cap, tp_feature;
-    struct { uint32_t SL; uint32_t tp_type; } priority_info[URMA_MAX_PRIORITY_CNT];
+    urma_order_type_cap_t rm_order_cap, rc_order_cap;
+    urma_tp_type_cap_t rm_tp_cap, rc_tp_cap, um_tp_cap;
+    uint32_t tp_feature;
+    struct urma_sl_info { uint32_t SL; union urma_tp_type_en tp_type; } priority_info[URMA_MAX_PRIORITY_CNT];
 } urma_device_cap_t;
 
 typedef struct urma_device_attr {
@@ -245,6 +262,10 @@ typedef struct urma_jetty {
     uint64_t opt_[15];
 } urma_jetty_t;
 typedef struct urma_jetty_attr { uint32_t mask; uint32_t rx_threshold; urma_jetty_state_t state; } urma_jetty_attr_t;
+typedef struct urma_jfr_attr { uint32_t mask; uint32_t rx_threshold; urma_jfr_state_t state; } urma_jfr_attr_t;
+typedef struct urma_jfc_attr { uint32_t mask; uint16_t moderate_count; uint16_t moderate_period; } urma_jfc_attr_t;
+typedef struct urma_user_ctl_in { uint64_t addr; uint32_t len; uint32_t opcode; } urma_user_ctl_in_t;
+typedef struct urma_user_ctl_out { uint64_t addr; uint32_t len; uint32_t reserved; } urma_user_ctl_out_t;
 
 typedef union urma_import_jetty_flag {
     struct { uint32_t token_policy : 3, order_type : 8, share_tp : 1, has_drv_ext : 1, has_user_info : 1, reserved : 18; } bs;
@@ -426,6 +447,11 @@ urma_status_t urma_post_jfr_wr(urma_jfr_t *jfr, urma_jfr_wr_t *wr, urma_jfr_wr_t
 urma_status_t urma_get_async_event(urma_context_t *ctx, urma_async_event_t *event);
 void urma_ack_async_event(urma_async_event_t *event);
 urma_status_t urma_register_log_func(urma_log_cb_t func);
+urma_status_t urma_unregister_log_func(void);
+urma_status_t urma_modify_jfc(urma_jfc_t *jfc, urma_jfc_attr_t *attr);
+urma_status_t urma_modify_jfr(urma_jfr_t *jfr, urma_jfr_attr_t *attr);
+urma_status_t urma_query_jfr(urma_jfr_t *jfr, urma_jfr_cfg_t *cfg, urma_jfr_attr_t *attr);
+urma_status_t urma_user_ctl(urma_context_t *ctx, urma_user_ctl_in_t *in, urma_user_ctl_out_t *out);
 void urma_log_set_level(int level);
 int urma_str_to_eid(const char *buf, urma_eid_t *eid);
 void urma_u32_to_eid(uint32_t ipv4, urma_eid_t *eid);
@@ -445,6 +471,8 @@ _Static_assert(sizeof(urma_jfr_t) == 264 && offsetof(urma_jfr_t, handle) == 80 &
 _Static_assert(sizeof(urma_jetty_cfg_t) == 80 && offsetof(urma_jetty_cfg_t, shared) == 48 && offsetof(urma_jetty_cfg_t, jetty_grp) == 64, "urma_jetty_cfg_t");
 _Static_assert(sizeof(urma_jetty_t) == 344 && offsetof(urma_jetty_t, remote_jetty) == 32 && offsetof(urma_jetty_t, jetty_cfg) == 40 && offsetof(urma_jetty_t, handle) == 120 && offsetof(urma_jetty_t, async_events_acked) == 216 && offsetof(urma_jetty_t, opt_) == 224, "urma_jetty_t");
 _Static_assert(sizeof(urma_jetty_attr_t) == 12 && sizeof(urma_rjetty_t) == 48 && offsetof(urma_rjetty_t, tp_type) == 40, "jetty attr / rjetty");
+_Static_assert(sizeof(urma_jfr_attr_t) == 12 && sizeof(urma_jfc_attr_t) == 8 && offsetof(urma_jfc_attr_t, moderate_period) == 6, "jfr / jfc attr");
+_Static_assert(sizeof(urma_user_ctl_in_t) == 16 && offsetof(urma_user_ctl_in_t, opcode) == 12 && sizeof(urma_user_ctl_out_t) == 16, "user_ctl in / out");
 _Static_assert(sizeof(urma_target_jetty_t) == 64 && offsetof(urma_target_jetty_t, tpn) == 44 && offsetof(urma_target_jetty_t, tp_type) == 60, "urma_target_jetty_t");
 _Static_assert(sizeof(urma_token_id_t) == 40 && sizeof(urma_seg_cfg_t) == 48 && offsetof(urma_seg_cfg_t, flag) == 28 && offsetof(urma_seg_cfg_t, iova) == 40, "token id / seg cfg");
 _Static_assert(sizeof(urma_ubva_t) == 28 && _Alignof(urma_ubva_t) == 1 && sizeof(urma_seg_t) == 48 && offsetof(urma_seg_t, len) == 32 && offsetof(urma_seg_t, token_id) == 44, "ubva / seg");

@@ -9,11 +9,24 @@
 //! | `udp://IP:PORT` | the UDP wire: processes and hosts; device `i` binds `PORT+i` (0: any free port) | |
 //! | `engine=inline` / `engine=threaded` | who runs the simulated device (see `docs/sim.md`) | `inline` |
 //! | `devices=N` | how many devices, `bypass_sim0` .. `bypass_sim{N-1}` (1..=16) | 2 |
+//! | `ack_timeout_floor=N` | the least ACK timeout a jetty gets, as an `err_timeout` exponent (4.096 µs × 2^N, 0..=31) | 12 (16.8 ms) on `shm` and `udp`, 0 on `inproc` |
+//!
+//! **ACK timeout floor.** A jetty's `err_timeout` asks for an ACK timeout of 4.096 µs × 2^N (URPC
+//! asks N = 2, 16.4 µs). Hardware honours such a value only down to its timer granularity (rxe
+//! counts in jiffies, 1–10 ms), and on the byte wires a hop is a socket or a ring that another
+//! process's thread drains when the OS schedules it: on a loaded host that takes milliseconds,
+//! and a 16 µs timeout then retransmits until the retry count runs out (URPC's first request
+//! failed with an ACK timeout in one run of eleven over UDP). So on those wires a smaller
+//! `err_timeout` is raised to the floor; `ack_timeout_floor=0` gives the exact value back.
 
 use bypass_sim::{Engine, WireConfig};
 
 /// The variable `urma_init` reads.
 pub const ENV: &str = "BYPASS_SIM_URMA";
+
+/// The default ACK timeout floor on the byte wires: 4.096 µs × 2^12 = 16.8 ms (see the module
+/// docs).
+pub const BYTE_WIRE_ACK_TIMEOUT_FLOOR: u8 = 12;
 
 /// Most devices one process may configure.
 pub const MAX_DEVICES: usize = 16;
@@ -27,11 +40,13 @@ pub struct Config {
     pub engine: Engine,
     /// Number of devices.
     pub devices: usize,
+    /// `ack_timeout_floor=`, if given: the least `err_timeout` exponent a jetty gets.
+    pub ack_timeout_floor: Option<u8>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { wire: WireConfig::InProcess, engine: Engine::Inline, devices: 2 }
+        Config { wire: WireConfig::InProcess, engine: Engine::Inline, devices: 2, ack_timeout_floor: None }
     }
 }
 
@@ -64,15 +79,32 @@ impl Config {
                     n.parse::<usize>().ok().filter(|n| (1..=MAX_DEVICES).contains(n)).ok_or_else(|| {
                         format!("{ENV}: devices={n:?} must be a number in 1..={MAX_DEVICES}")
                     })?;
+            } else if let Some(n) = part.strip_prefix("ack_timeout_floor=") {
+                c.ack_timeout_floor = Some(n.parse::<u8>().ok().filter(|n| *n <= 31).ok_or_else(|| {
+                    format!(
+                        "{ENV}: ack_timeout_floor={n:?} must be an err_timeout exponent in 0..=31 (4.096 us x 2^N)"
+                    )
+                })?);
             } else if part == "inproc" {
                 c.wire = WireConfig::InProcess;
             } else {
                 c.wire = WireConfig::parse(part).map_err(|e| {
-                    format!("{ENV}: {e}; or inproc, engine=inline|threaded, devices=N (comma-separated)")
+                    format!(
+                        "{ENV}: {e}; or inproc, engine=inline|threaded, devices=N, ack_timeout_floor=N (comma-separated)"
+                    )
                 })?;
             }
         }
         Ok(c)
+    }
+
+    /// The least `err_timeout` exponent a jetty gets: the one asked for, else
+    /// [`BYTE_WIRE_ACK_TIMEOUT_FLOOR`] on the shared-memory and UDP wires and none in process.
+    pub fn ack_timeout_floor(&self) -> u8 {
+        self.ack_timeout_floor.unwrap_or(match self.wire {
+            WireConfig::Udp(_) | WireConfig::Shm => BYTE_WIRE_ACK_TIMEOUT_FLOOR,
+            _ => 0,
+        })
     }
 
     /// One line for logs.
@@ -82,7 +114,12 @@ impl Config {
             WireConfig::Shm => "shm".into(),
             _ => "inproc".into(),
         };
-        format!("{} device(s) on the {wire} wire, engine {:?}", self.devices, self.engine)
+        format!(
+            "{} device(s) on the {wire} wire, engine {:?}, ACK timeout floor 2^{} x 4.096 us",
+            self.devices,
+            self.engine,
+            self.ack_timeout_floor()
+        )
     }
 }
 
@@ -100,5 +137,10 @@ mod tests {
         assert!(Config::parse("devices=0").unwrap_err().contains("1..=16"));
         assert!(Config::parse("engine=stepped").unwrap_err().contains("engine=inline"));
         assert!(Config::parse("tcp://x").unwrap_err().contains("unknown simulator wire"));
+        assert_eq!(Config::parse("inproc").unwrap().ack_timeout_floor(), 0);
+        assert_eq!(Config::parse("shm").unwrap().ack_timeout_floor(), BYTE_WIRE_ACK_TIMEOUT_FLOOR);
+        assert_eq!(Config::parse("udp://127.0.0.1:0,ack_timeout_floor=0").unwrap().ack_timeout_floor(), 0);
+        assert_eq!(Config::parse("ack_timeout_floor=14").unwrap().ack_timeout_floor(), 14);
+        assert!(Config::parse("ack_timeout_floor=32").unwrap_err().contains("0..=31"));
     }
 }

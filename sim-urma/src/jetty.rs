@@ -218,7 +218,9 @@ pub unsafe extern "C" fn urma_create_jetty(
         qc.max_inline = jfs.max_inline_data;
         qc.rnr_retry = jfs.rnr_retry;
         if jfs.err_timeout != 0 {
-            qc.timeout = AckTimeout::from_exponent(jfs.err_timeout).unwrap_or(qc.timeout);
+            // Raised to the wire's floor (config: hardware timers have a granularity too).
+            let t = jfs.err_timeout.max(c.dev.ack_timeout_floor);
+            qc.timeout = AckTimeout::from_exponent(t).unwrap_or(qc.timeout);
         }
         if let Some(t) = RnrTimer::from_code(jfr.min_rnr_timer) {
             qc.min_rnr_timer = t;
@@ -226,7 +228,10 @@ pub unsafe extern "C" fn urma_create_jetty(
         let mut q = {
             let mut mode = jfr.mode();
             if matches!(*mode, JfrMode::Undecided) {
-                if Arc::ptr_eq(&recv_jfc, &jfr.jfc) {
+                // Per jetty only when asked for by naming the JFR's own JFC explicitly (the
+                // simulator's one-jetty-per-JFR form, whose receives flush with the jetty);
+                // `shared.jfc` NULL gets the hardware's JFR, shared by all its jettys.
+                if !shared.jfc.is_null() && Arc::ptr_eq(&recv_jfc, &jfr.jfc) {
                     *mode = JfrMode::PerJetty;
                 } else {
                     jfr.make_shared(&mut mode)?;
@@ -317,7 +322,7 @@ pub unsafe extern "C" fn urma_import_jetty(
             unsafe { std::ptr::addr_of_mut!((*rjetty).flag).write_unaligned(rj.flag) };
         }
         let jid = rj.jetty_id;
-        let (gid, lid) = ident::endpoint_of(&jid.eid.raw);
+        let (gid, lid) = ident::endpoint_of(&jid.eid.raw, jid.uasid).map_err(inval)?;
         let mut peer =
             QueueInfo::new(gid, ident::qpn_of(jid.id), ident::psn_of(&jid.eid.raw, jid.uasid, jid.id));
         peer.lid = lid;

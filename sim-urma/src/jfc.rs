@@ -282,13 +282,59 @@ pub unsafe extern "C" fn urma_delete_jfc(jfc: *mut abi::UrmaJfc) -> UrmaStatus {
     })
 }
 
-/// `urma_rearm_jfc`: one event on the JFCE at the next (solicited) completion.
+/// The completion-event moderation periods UDMA accepts (`moderate_period`, microseconds).
+const MODERATE_PERIODS: [u16; 8] = [0, 4, 16, 64, 256, 1024, 4096, 16384];
+/// UDMA's bound on `moderate_count` (exclusive).
+const MODERATE_COUNT_MAX: u16 = 1 << 10;
+
+/// `urma_modify_jfc`: completion moderation, validated as UDMA validates it (a mask of
+/// `JFC_MODERATE_COUNT` and/or `JFC_MODERATE_PERIOD`, a count below 1024, a period of 0, 4, 16,
+/// 64, 256, 1024, 4096 or 16384 µs). The simulated device raises an event per armed completion
+/// whatever the moderation (a moderation of 1 completion, 0 µs), which every setting permits: an
+/// application must not count on moderation to batch events.
+#[no_mangle]
+pub unsafe extern "C" fn urma_modify_jfc(jfc: *mut abi::UrmaJfc, attr: *mut abi::UrmaJfcAttr) -> UrmaStatus {
+    ffi::status("urma_modify_jfc", || {
+        jfc_of(jfc)?;
+        // SAFETY: a non-NULL attr points to a jfc attr (the API's contract).
+        let a = unsafe { ffi::read_in(attr, "attr")? };
+        let known = JFC_MODERATE_COUNT | JFC_MODERATE_PERIOD;
+        if a.mask & known == 0 || a.mask & !known != 0 {
+            return Err(inval(format!(
+                "attr.mask {:#x}: set JFC_MODERATE_COUNT (1) and/or JFC_MODERATE_PERIOD (2), nothing else",
+                a.mask
+            )));
+        }
+        if a.mask & JFC_MODERATE_COUNT != 0 && a.moderate_count >= MODERATE_COUNT_MAX {
+            return Err(inval(format!(
+                "moderate_count {} is outside 0..{MODERATE_COUNT_MAX}",
+                a.moderate_count
+            )));
+        }
+        if a.mask & JFC_MODERATE_PERIOD != 0 && !MODERATE_PERIODS.contains(&a.moderate_period) {
+            return Err(inval(format!(
+                "moderate_period {} µs is not one of {MODERATE_PERIODS:?}",
+                a.moderate_period
+            )));
+        }
+        Ok(())
+    })
+}
+
+/// `urma_rearm_jfc`: one event on the JFCE at the next (solicited) completion, or at once if
+/// one is already waiting to be polled (UDMA's arm doorbell carries the consumer index).
 #[no_mangle]
 pub unsafe extern "C" fn urma_rearm_jfc(jfc: *mut abi::UrmaJfc, solicited_only: bool) -> UrmaStatus {
     ffi::status("urma_rearm_jfc", || {
         let j = jfc_of(jfc)?;
         let mode = if solicited_only { ArmMode::Solicited } else { ArmMode::Any };
-        j.lock().cq.arm(mode)?;
+        let mut g = j.lock();
+        g.cq.arm(mode)?;
+        // Records the library made itself (flushed JFR receives) wait in the stash: like
+        // completions already in the CQ, they raise the event at once (hal's `arm` contract).
+        if !g.stash.is_empty() {
+            g.cq.fire_if_armed();
+        }
         Ok(())
     })
 }

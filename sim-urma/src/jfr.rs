@@ -1,15 +1,16 @@
 //! Receive queues (JFR). A jetty shares one (UB devices require it). A JFR is in one of two modes,
 //! fixed by its first use ([`JfrMode`]):
 //!
-//! - **per jetty** (its first jetty takes its receive completions on the JFR's JFC, `shared.jfc`
-//!   NULL or the JFR's own): receives posted through a jetty go to that jetty's sim receive ring,
-//!   and receives posted before any jetty on the JFR is bound wait here and go to the first jetty
-//!   that binds — exact for one jetty per JFR, which is what UMDK's sample and bypass's plain
-//!   queues do;
-//! - **shared** (first use `urma_post_jfr_wr`, or a first jetty naming a receive JFC of its own in
-//!   `shared.jfc`): the JFR is a sim shared receive ring ([`SimSharedRecv`]) every jetty on it is
-//!   created on, and receives posted to the JFR or through any of its jettys serve all of them in
-//!   posting order, as on UB hardware.
+//! - **shared** (the hardware's JFR; first use `urma_post_jfr_wr`, or a first jetty whose
+//!   `shared.jfc` is NULL or another JFC than the JFR's): the JFR is a sim shared receive ring
+//!   ([`SimSharedRecv`]) every jetty on it is created on, and receives posted to the JFR or
+//!   through any of its jettys serve all of them in posting order, as on UDMA
+//!   (`udma_u_post_jetty_recv_wr` posts to the JFR). A failing jetty flushes none of them; the
+//!   JFR's own state machine does (`urma_modify_jfr` to ERROR).
+//! - **per jetty** (a first jetty naming the JFR's own JFC explicitly in `shared.jfc`): receives
+//!   posted through a jetty go to that jetty's sim receive ring, and receives posted before any
+//!   jetty on the JFR is bound wait here and go to the first jetty that binds. Exact for one jetty
+//!   per JFR, whose receives then flush with the jetty: what bypass's plain queues rely on.
 
 use crate::context::{ctx_of, Ctx};
 use crate::ffi::{self, inval, Res};
@@ -45,6 +46,8 @@ pub(crate) struct Jfr {
     pub min_rnr_timer: u8,
     pub pending: Mutex<Vec<PendingRecv>>,
     pub mode: Mutex<JfrMode>,
+    /// `urma_jfr_state_t` and rx_threshold, as `urma_modify_jfr` left them.
+    pub state: Mutex<(u32, u32)>,
 }
 
 /// How a JFR's receives reach its jettys (see the module docs).
@@ -58,6 +61,53 @@ pub(crate) enum JfrMode {
 }
 
 impl Jfr {
+    pub(crate) fn state(&self) -> MutexGuard<'_, (u32, u32)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `Ok` while the JFR takes receives (READY); what to do otherwise.
+    pub(crate) fn check_ready(&self) -> Res<()> {
+        match self.state().0 {
+            URMA_JFR_STATE_READY => Ok(()),
+            s => Err(inval(format!(
+                "the JFR is in state {s} (RESET 0, ERROR 2), not READY: urma_modify_jfr it ERROR -> RESET -> READY first"
+            ))),
+        }
+    }
+
+    /// ERROR: every receive the JFR still holds (not yet taken by a jetty) completes with
+    /// `URMA_CR_WR_FLUSH_ERR` on the JFR's JFC, oldest first; a waiter on that JFC is woken.
+    fn flush(&self) -> Res<()> {
+        let mut ids: Vec<u64> = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()))
+            .into_iter()
+            .map(|r| r.user_ctx)
+            .collect();
+        match &mut *self.mode() {
+            JfrMode::Shared(ring, _) => ids.extend(ring.take_posted()),
+            JfrMode::PerJetty => return Err(inval(
+                "this JFR keeps its receives per jetty in the simulator (its first jetty named the JFR's \
+                     own JFC in shared.jfc): they flush with their jetty (urma_modify_jetty ERROR); leave \
+                     shared.jfc NULL to get a JFR whose state machine flushes its receives",
+            )),
+            JfrMode::Undecided => {}
+        }
+        // SAFETY: read-only after publication.
+        let local = unsafe { (*self.c.get()).jfr_id.id };
+        let mut g = self.jfc.lock();
+        for id in ids {
+            // SAFETY: plain C data.
+            let mut cr: abi::UrmaCr = unsafe { ffi::zeroed() };
+            cr.status = URMA_CR_WR_FLUSH_ERR;
+            cr.user_ctx = id;
+            cr.opcode = URMA_CR_OPC_SEND;
+            cr.flag = CR_FLAG_S_R;
+            cr.local_id = local;
+            g.stash.push_back(cr);
+        }
+        g.cq.fire_if_armed();
+        Ok(())
+    }
+
     pub(crate) fn mode(&self) -> MutexGuard<'_, JfrMode> {
         self.mode.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -144,6 +194,7 @@ pub unsafe extern "C" fn urma_create_jfr(
             min_rnr_timer: cfg.min_rnr_timer,
             pending: Mutex::new(Vec::new()),
             mode: Mutex::new(JfrMode::Undecided),
+            state: Mutex::new((URMA_JFR_STATE_READY, 0)),
         });
         Ok(registry::insert(Kind::Jfr, obj).cast())
     })
@@ -156,5 +207,81 @@ pub unsafe extern "C" fn urma_delete_jfr(jfr: *mut abi::UrmaJfr) -> UrmaStatus {
         registry::remove::<Jfr, _>(Kind::Jfr, jfr)
             .map(drop)
             .ok_or_else(|| inval(format!("{jfr:p} is not a live JFR")))
+    })
+}
+
+/// `urma_modify_jfr`: `JFR_RX_THRESHOLD` (at most the depth; the simulated device raises no
+/// limit event) and `JFR_STATE`, along READY -> ERROR -> RESET -> READY (a state to itself is a
+/// no-op). ERROR flushes the receives the JFR holds as `URMA_CR_WR_FLUSH_ERR` records on its JFC;
+/// posting is refused until it is READY again.
+#[no_mangle]
+pub unsafe extern "C" fn urma_modify_jfr(jfr: *mut abi::UrmaJfr, attr: *mut abi::UrmaJfrAttr) -> UrmaStatus {
+    ffi::status("urma_modify_jfr", || {
+        let r = jfr_of(jfr)?;
+        // SAFETY: a non-NULL attr points to a jfr attr (the API's contract).
+        let a = unsafe { ffi::read_in(attr, "attr")? };
+        let known = JFR_RX_THRESHOLD | JFR_STATE;
+        if a.mask & known == 0 || a.mask & !known != 0 {
+            return Err(inval(format!(
+                "attr.mask {:#x}: set JFR_RX_THRESHOLD (1) and/or JFR_STATE (2), nothing else",
+                a.mask
+            )));
+        }
+        if a.mask & JFR_RX_THRESHOLD != 0 && a.rx_threshold > r.depth {
+            return Err(inval(format!(
+                "rx_threshold {} exceeds the JFR's depth {}",
+                a.rx_threshold, r.depth
+            )));
+        }
+        let mut st = r.state();
+        if a.mask & JFR_STATE != 0 && a.state != st.0 {
+            let ok = matches!(
+                (st.0, a.state),
+                (URMA_JFR_STATE_READY, URMA_JFR_STATE_ERROR)
+                    | (URMA_JFR_STATE_ERROR, URMA_JFR_STATE_RESET)
+                    | (URMA_JFR_STATE_RESET, URMA_JFR_STATE_READY)
+            );
+            if !ok {
+                return Err(inval(format!(
+                    "JFR state {} -> {}: a JFR goes READY (1) -> ERROR (2) -> RESET (0) -> READY",
+                    st.0, a.state
+                )));
+            }
+            if a.state == URMA_JFR_STATE_ERROR {
+                r.flush()?;
+            }
+            st.0 = a.state;
+        }
+        if a.mask & JFR_RX_THRESHOLD != 0 {
+            st.1 = a.rx_threshold;
+        }
+        Ok(())
+    })
+}
+
+/// `urma_query_jfr`: the configuration it was created with, its state and rx threshold.
+#[no_mangle]
+pub unsafe extern "C" fn urma_query_jfr(
+    jfr: *mut abi::UrmaJfr,
+    cfg: *mut abi::UrmaJfrCfg,
+    attr: *mut abi::UrmaJfrAttr,
+) -> UrmaStatus {
+    ffi::status("urma_query_jfr", || {
+        let r = jfr_of(jfr)?;
+        if cfg.is_null() || attr.is_null() {
+            return Err(inval("cfg or attr is NULL"));
+        }
+        let (state, rx_threshold) = *r.state();
+        // SAFETY: both non-NULL and writable per the API; the JFR's cfg is read-only after
+        // publication.
+        unsafe {
+            cfg.write_unaligned((*r.c.get()).jfr_cfg);
+            attr.write_unaligned(abi::UrmaJfrAttr {
+                mask: JFR_STATE | JFR_RX_THRESHOLD,
+                rx_threshold,
+                state,
+            });
+        }
+        Ok(())
     })
 }

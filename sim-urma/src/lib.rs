@@ -21,7 +21,7 @@
 
 // The exported functions are `unsafe extern "C"`: their contract is the URMA API's (pointers to
 // structs the caller owns must be valid for the call), stated once here and in the prototypes of
-// `include/urma_api.h` rather than in 49 identical `# Safety` sections.
+// `include/urma_api.h` rather than in 54 identical `# Safety` sections.
 #![allow(clippy::missing_safety_doc)]
 
 pub mod config;
@@ -99,4 +99,9 @@ mod signatures {
     const _: fns::UrmaLogSetLevel = urma_log_set_level;
     const _: fns::UrmaStrToEid = urma_str_to_eid;
     const _: fns::UrmaU32ToEid = urma_u32_to_eid;
+    const _: fns::UrmaModifyJfc = urma_modify_jfc;
+    const _: fns::UrmaModifyJfr = urma_modify_jfr;
+    const _: fns::UrmaQueryJfr = urma_query_jfr;
+    const _: fns::UrmaUserCtl = urma_user_ctl;
+    const _: fns::UrmaUnregisterLogFunc = urma_unregister_log_func;
 }

@@ -74,15 +74,11 @@ fn imm32(v: u64) -> Res<u32> {
 ///
 /// # Safety
 /// `wr` is a readable `urma_jfs_wr_t` whose SGE lists are valid (the API's contract).
-unsafe fn translate(
-    wr: &abi::UrmaJfsWr,
-    bound: *mut abi::UrmaTargetJetty,
-    max_sge: u32,
-    out: &mut Tr,
-) -> Res<()> {
-    if !wr.tjetty.is_null() && wr.tjetty != bound {
-        return Err(inval("wr.tjetty is not the target jetty this RC jetty is bound to"));
-    }
+///
+/// `wr.tjetty` is not read: an RC jetty sends to the target it is bound to, whatever a WR names
+/// (UDMA's provider takes the bound target on RC and `wr->tjetty` only on RM and UM, and URPC
+/// posts replies naming a target it built itself).
+unsafe fn translate(wr: &abi::UrmaJfsWr, max_sge: u32, out: &mut Tr) -> Res<()> {
     let mut flags = WrFlags::empty();
     for (bit, f) in [
         (WR_FLAG_COMPLETE_ENABLE, WrFlags::SIGNALED),
@@ -213,11 +209,11 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let mut g = j.lock();
-        let Some(bound) = g.bound.as_ref().map(|t| t.ptr()) else {
+        if g.bound.is_none() {
             // SAFETY: non-NULL, writable per the API.
             unsafe { *bad_wr = wr };
             return Err(inval("the jetty is not bound: urma_import_jetty and urma_bind_jetty first"));
-        };
+        }
         let limit = 2 * j.c_depth() as usize + CHUNK;
         let max_sge = j.max_sge;
         let JettyInner { q, scratch, .. } = &mut *g;
@@ -229,7 +225,7 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
                 bad_wr,
                 limit,
                 |w| w.next,
-                |w, out| translate(w, bound, max_sge, out),
+                |w, out| translate(w, max_sge, out),
                 |trs| if trs.is_empty() { Ok(()) } else { post_chunk(q, trs) },
             )
         }
@@ -251,6 +247,11 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let jfr = j.jfr.clone();
+        if let Err(f) = jfr.check_ready() {
+            // SAFETY: non-NULL, writable per the API.
+            unsafe { *bad_wr = wr };
+            return Err(f);
+        }
         let limit = 2 * jfr.depth as usize + CHUNK;
         let max_sge = jfr.max_sge;
         if let JfrMode::Shared(ring, scratch) = &mut *jfr.mode() {
@@ -344,7 +345,7 @@ unsafe fn post_to_ring(
 
 /// `urma_post_jfr_wr`: receives for a JFR, taken by whichever of its jettys a message arrives on
 /// next. A JFR posted this way before any jetty uses it becomes a shared ring; one whose jettys
-/// each have their own ring (created with the JFR's JFC as their receive JFC) refuses, saying so.
+/// each have their own ring (created naming the JFR's JFC in `shared.jfc`) refuses, saying so.
 #[no_mangle]
 pub unsafe extern "C" fn urma_post_jfr_wr(
     jfr: *mut abi::UrmaJfr,
@@ -355,6 +356,11 @@ pub unsafe extern "C" fn urma_post_jfr_wr(
         let r = jfr_of(jfr)?;
         if bad_wr.is_null() {
             return Err(inval("bad_wr is NULL"));
+        }
+        if let Err(f) = r.check_ready() {
+            // SAFETY: non-NULL, writable per the API.
+            unsafe { *bad_wr = wr };
+            return Err(f);
         }
         let limit = 2 * r.depth as usize + CHUNK;
         let mut m = r.mode();
@@ -369,8 +375,8 @@ pub unsafe extern "C" fn urma_post_jfr_wr(
                 unsafe { *bad_wr = wr };
                 Err(inval(
                     "this JFR's jettys each keep their own receives in the simulator (they were created with \
-                     the JFR's JFC as their receive JFC): post through urma_post_jetty_recv_wr, or create the \
-                     jettys with a receive JFC of their own (shared.jfc) to share the JFR's receives",
+                     the JFR's JFC in shared.jfc): post through urma_post_jetty_recv_wr, or create the jettys \
+                     with shared.jfc NULL (or a JFC of their own) to share the JFR's receives",
                 ))
             }
         }

@@ -23,6 +23,8 @@ pub(crate) struct Dev {
     pub nic: SimNic,
     pub eid: [u8; 16],
     pub uasid: u32,
+    /// The least `err_timeout` exponent a jetty gets (`config::Config::ack_timeout_floor`).
+    pub ack_timeout_floor: u8,
 }
 
 // SAFETY: the C struct is written once, before the handle is published, and only read after;
@@ -87,7 +89,7 @@ pub(crate) fn free_list<T>(p: *mut T, what: &str) -> Res<()> {
     Ok(())
 }
 
-fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
+fn new_dev(index: usize, nic: SimNic, uasid: u32, ack_timeout_floor: u8) -> Arc<Dev> {
     let (gid, lid) = nic.endpoint();
     // SAFETY: UrmaDevice is plain C data; all-zero is valid.
     let mut c: abi::UrmaDevice = unsafe { ffi::zeroed() };
@@ -95,7 +97,8 @@ fn new_dev(index: usize, nic: SimNic, uasid: u32) -> Arc<Dev> {
         *d = s as c_char;
     }
     c.type_ = abi::consts::URMA_TRANSPORT_UB;
-    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid: ident::eid_of(gid, lid), uasid })
+    let (eid, uasid) = ident::eid_of(gid, lid, uasid);
+    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid, uasid, ack_timeout_floor })
 }
 
 /// `urma_init`.
@@ -121,7 +124,7 @@ pub unsafe extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
                     format!("cannot open simulated device bypass_sim{i} ({}): {e}", cfg.describe()),
                 )
             })?;
-            let dev = new_dev(i, nic, uasid);
+            let dev = new_dev(i, nic, uasid, cfg.ack_timeout_floor());
             registry::insert(Kind::Device, dev.clone());
             devs.push(dev);
         }
@@ -283,6 +286,14 @@ pub unsafe extern "C" fn urma_query_device(
         c.trans_mode = abi::consts::URMA_TM_RC as u16;
         c.max_eid_cnt = 1;
         c.page_size_cap = 4096;
+        // RC runs over a reliable transport (RTP) in order (OL, what `create_jetty` picks by
+        // default), at every priority: one service level per priority, all RTP, which is
+        // what URPC looks for when it picks a priority.
+        c.rc_tp_cap = abi::consts::TP_TYPE_RTP;
+        c.rc_order_cap = abi::consts::ORDER_CAP_OL;
+        for (i, p) in c.priority_info.iter_mut().enumerate() {
+            *p = abi::UrmaPriorityInfo { sl: i as u32, tp_type: abi::consts::TP_TYPE_RTP };
+        }
         a.port_cnt = 1;
         a.port_attr[0] = abi::UrmaPortAttr {
             max_mtu: abi::consts::URMA_MTU_4096,
@@ -342,6 +353,47 @@ pub unsafe extern "C" fn urma_register_log_func(func: abi::fns::UrmaLogCb) -> Ur
         crate::log::set_callback(func);
         Ok(())
     })
+}
+
+/// `urma_unregister_log_func`: log lines go to stderr again (liburma's default is syslog).
+#[no_mangle]
+pub unsafe extern "C" fn urma_unregister_log_func() -> UrmaStatus {
+    ffi::status("urma_unregister_log_func", || {
+        crate::log::set_callback(None);
+        Ok(())
+    })
+}
+
+/// `urma_user_ctl`: driver-specific requests. The simulated device has none, so every opcode is
+/// refused with `URMA_ENOPERM`, which is what UDMA's driver answers for an opcode it lacks (and
+/// what liburma passes through without calling it a failure); NULL arguments are `URMA_EINVAL`.
+#[no_mangle]
+pub unsafe extern "C" fn urma_user_ctl(
+    ctx: *mut abi::UrmaContext,
+    in_: *mut abi::UrmaUserCtlIn,
+    out: *mut abi::UrmaUserCtlOut,
+) -> UrmaStatus {
+    let st = ffi::status("urma_user_ctl", || {
+        crate::context::ctx_of(ctx)?;
+        // SAFETY: a non-NULL `in` points to a user_ctl_in (the API's contract).
+        let i = unsafe { ffi::read_in(in_, "in")? };
+        if out.is_null() {
+            return Err(inval("out is NULL"));
+        }
+        crate::log::log(
+            crate::log::INFO,
+            &format!(
+                "urma_user_ctl opcode {:#x}: the simulated device has no driver-specific operations \
+                 (URMA_ENOPERM, as UDMA answers an opcode it lacks)",
+                i.opcode
+            ),
+        );
+        Ok(())
+    });
+    if st != URMA_SUCCESS {
+        return st;
+    }
+    URMA_ENOPERM
 }
 
 /// `urma_log_set_level`.

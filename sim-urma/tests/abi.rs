@@ -489,3 +489,83 @@ fn handles_not_handed_out_are_refused_not_followed() {
         (l.put_seg_ctx)(s); // a second put of the same blob is refused, not a double free
     }
 }
+
+/// The exports URPC needs beyond the plain RC sequence, through their declared C types:
+/// `urma_modify_jfc` (validated as UDMA validates), `urma_modify_jfr` / `urma_query_jfr` (the JFR
+/// state machine), `urma_user_ctl` (refused with `URMA_ENOPERM`) and `urma_unregister_log_func`.
+#[test]
+fn urpc_exports() {
+    let l = lib();
+    let path = CString::new(common::library().to_str().unwrap()).unwrap();
+    // SAFETY: the library is loaded already (lib()); dlopen returns the same handle.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null());
+    let modify_jfc = sym!(h, "urma_modify_jfc", fns::UrmaModifyJfc);
+    let modify_jfr = sym!(h, "urma_modify_jfr", fns::UrmaModifyJfr);
+    let query_jfr = sym!(h, "urma_query_jfr", fns::UrmaQueryJfr);
+    let user_ctl = sym!(h, "urma_user_ctl", fns::UrmaUserCtl);
+    let unregister = sym!(h, "urma_unregister_log_func", fns::UrmaUnregisterLogFunc);
+    // SAFETY: handles the library returned and structs built here, as the API prescribes.
+    unsafe {
+        let name = CString::new("bypass_sim0").unwrap();
+        let d = nn((l.get_device_by_name)(name.as_ptr() as *mut _), "get_device_by_name");
+        let mut attr: abi::UrmaDeviceAttr = std::mem::zeroed();
+        assert_eq!((l.query_device)(d, &mut attr), URMA_SUCCESS);
+        let cap = &attr.dev_cap;
+        assert_eq!(cap.rc_tp_cap & TP_TYPE_RTP, TP_TYPE_RTP, "RC runs over RTP");
+        assert_eq!(cap.rc_order_cap & ORDER_CAP_OL, ORDER_CAP_OL, "RC offers OL");
+        assert!(
+            cap.priority_info.iter().any(|p| p.tp_type == TP_TYPE_RTP),
+            "a priority whose transport set is RTP alone: {:?}",
+            cap.priority_info
+        );
+
+        let ctx = nn((l.create_context)(d, 0), "create_context");
+        let mut jc = abi::UrmaJfcCfg { depth: 64, flag: 0, ceqn: 0, jfce: null_mut(), user_ctx: 0 };
+        let jfc = nn((l.create_jfc)(ctx, &mut jc), "create_jfc");
+        for (mask, count, period, want) in [
+            (JFC_MODERATE_COUNT, 1, 0, URMA_SUCCESS),
+            (JFC_MODERATE_PERIOD, 0, 16384, URMA_SUCCESS),
+            (0, 1, 0, URMA_EINVAL),
+            (JFC_MODERATE_COUNT, 1024, 0, URMA_EINVAL),
+            (JFC_MODERATE_PERIOD, 0, 5, URMA_EINVAL),
+            (0x4, 0, 0, URMA_EINVAL),
+        ] {
+            let mut a = abi::UrmaJfcAttr { mask, moderate_count: count, moderate_period: period };
+            assert_eq!(modify_jfc(jfc, &mut a), want, "modify_jfc mask {mask} count {count} period {period}");
+        }
+        assert_eq!(modify_jfc(jfc, null_mut()), URMA_EINVAL);
+
+        let mut rc: abi::UrmaJfrCfg = std::mem::zeroed();
+        rc.depth = 32;
+        rc.trans_mode = URMA_TM_RC;
+        rc.max_sge = 1;
+        rc.jfc = jfc;
+        let jfr = nn((l.create_jfr)(ctx, &mut rc), "create_jfr");
+        let (mut qc, mut qa): (abi::UrmaJfrCfg, abi::UrmaJfrAttr) = (std::mem::zeroed(), std::mem::zeroed());
+        assert_eq!(query_jfr(jfr, &mut qc, &mut qa), URMA_SUCCESS);
+        assert_eq!((qc.depth, qc.jfc, qa.state), (32, jfc, URMA_JFR_STATE_READY));
+        for (state, want) in [
+            (URMA_JFR_STATE_RESET, URMA_EINVAL),
+            (URMA_JFR_STATE_ERROR, URMA_SUCCESS),
+            (URMA_JFR_STATE_READY, URMA_EINVAL),
+            (URMA_JFR_STATE_RESET, URMA_SUCCESS),
+            (URMA_JFR_STATE_READY, URMA_SUCCESS),
+            (URMA_JFR_STATE_READY, URMA_SUCCESS),
+        ] {
+            let mut a = abi::UrmaJfrAttr { mask: JFR_STATE, rx_threshold: 0, state };
+            assert_eq!(modify_jfr(jfr, &mut a), want, "modify_jfr to {state}");
+        }
+        let mut a = abi::UrmaJfrAttr { mask: JFR_RX_THRESHOLD, rx_threshold: 8, state: 0 };
+        assert_eq!(modify_jfr(jfr, &mut a), URMA_SUCCESS);
+        assert_eq!(query_jfr(jfr, &mut qc, &mut qa), URMA_SUCCESS);
+        assert_eq!((qa.state, qa.rx_threshold), (URMA_JFR_STATE_READY, 8));
+        assert_eq!(query_jfr(jfr, null_mut(), &mut qa), URMA_EINVAL);
+
+        let mut i = abi::UrmaUserCtlIn { addr: 0, len: 0, opcode: 1 };
+        let mut o = abi::UrmaUserCtlOut::default();
+        assert_eq!(user_ctl(ctx, &mut i, &mut o), URMA_ENOPERM);
+        assert_eq!(user_ctl(ctx, null_mut(), &mut o), URMA_EINVAL);
+        assert_eq!(unregister(), URMA_SUCCESS);
+    }
+}

@@ -454,6 +454,34 @@ impl SimCq {
     }
 }
 
+impl SimCq {
+    /// True when a completion not yet polled would wake a CQ armed with `mode`: any for
+    /// [`ArmMode::Any`]; for [`ArmMode::Solicited`] a solicited or an error one.
+    fn pending_wakes(&self, mode: ArmMode) -> bool {
+        let mut i = self.ci;
+        for _ in 0..self.shared.ring.depth() {
+            // SAFETY: `&mut self` (the caller's) makes this handle the ring's only consumer; a
+            // read does not consume.
+            let Some(cqe) = (unsafe { self.shared.ring.read(i) }) else { return false };
+            if mode == ArmMode::Any
+                || cqe.flags & cqe_flags::SOLICITED != 0
+                || cqe.status != bypass_hal::Status::Success
+            {
+                return true;
+            }
+            i = i.wrapping_add(1);
+        }
+        false
+    }
+
+    /// Raises this CQ's event now if it is armed: a driver that completes work itself (a
+    /// library's software completions, such as receives flushed from a shared receive ring)
+    /// wakes a waiter the way a device CQE would.
+    pub fn fire_if_armed(&self) {
+        self.shared.fire_if_armed();
+    }
+}
+
 impl Drop for SimCq {
     fn drop(&mut self) {
         // An armed CQ counts towards its NIC's "user asleep" state; a dropped one no longer can.
@@ -545,6 +573,11 @@ impl CompletionQueue for SimCq {
             ArmMode::Solicited => armed::SOLICITED,
         };
         self.shared.arm(v);
+        // Arming is against the consumer index, as on mlx5 and UDMA (their arm doorbells carry
+        // it): completions already past it raise the event at once (hal's `CompletionQueue::arm`).
+        if self.pending_wakes(mode) {
+            self.shared.fire_if_armed();
+        }
         self.nic.on_arm();
         Ok(())
     }

@@ -160,6 +160,18 @@ impl CqShared {
         }
     }
 
+    /// Raises the CQ's one event if it is armed, and disarms it (whoever disarms first fires, so
+    /// a device push and an arm that finds completions waiting never both fire).
+    pub(crate) fn fire_if_armed(&self) {
+        if self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
+            self.nic_armed.fetch_sub(1, Ordering::AcqRel);
+            match &self.channel {
+                Some(c) => c.fire(self.id),
+                None => self.event.signal(),
+            }
+        }
+    }
+
     /// Device side: appends a CQE and raises the event if armed for it. Returns false when the
     /// ring was full (a CQ overflow): the CQE is lost, the overflow is recorded for the poller,
     /// and the caller must fail the queue, as hardware does.
@@ -171,13 +183,7 @@ impl CqShared {
         } else {
             self.overflow.store(true, Ordering::Release);
             // A waiter on the CQ's event must learn of it too (its next poll reports it).
-            if self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
-                self.nic_armed.fetch_sub(1, Ordering::AcqRel);
-                match &self.channel {
-                    Some(c) => c.fire(self.id),
-                    None => self.event.signal(),
-                }
-            }
+            self.fire_if_armed();
             return false;
         }
         let mode = self.armed.load(Ordering::Acquire);
@@ -185,12 +191,8 @@ impl CqShared {
             let wake = mode == armed::ANY
                 || cqe.flags & crate::layout::cqe_flags::SOLICITED != 0
                 || cqe.status != Status::Success;
-            if wake && self.armed.swap(armed::NO, Ordering::AcqRel) != armed::NO {
-                self.nic_armed.fetch_sub(1, Ordering::AcqRel);
-                match &self.channel {
-                    Some(c) => c.fire(self.id),
-                    None => self.event.signal(),
-                }
+            if wake {
+                self.fire_if_armed();
             }
         }
         true

@@ -66,6 +66,25 @@ impl SimSharedRecv {
     }
 }
 
+impl SimSharedRecv {
+    /// Takes every receive still in the ring (posted, not yet taken by a queue) out of it and
+    /// returns their `wr_id`s, oldest first: what a receive queue moved to ERROR flushes (URMA's
+    /// `urma_modify_jfr`). Runs under the device lock, so no queue takes one meanwhile; a receive
+    /// a queue took already is that queue's and completes there.
+    pub fn take_posted(&mut self) -> Vec<u64> {
+        let sh = &self.shared;
+        let _dev = sync::lock(&self.nic.dev);
+        let ci = sh.ci.load(Ordering::Acquire);
+        let pi = sh.ring.producer();
+        let n = pi.wrapping_sub(ci);
+        // SAFETY: slots ci..pi were written by this poster (the only one: `&mut self`) and not
+        // taken by the device, which is held off by the lock.
+        let ids = (0..n).map(|i| unsafe { sh.ids.get(ci.wrapping_add(i)) }).collect();
+        sh.ci.store(pi, Ordering::Release);
+        ids
+    }
+}
+
 impl SharedRecv for SimSharedRecv {
     fn depth(&self) -> u32 {
         self.shared.ring.depth()

@@ -62,6 +62,10 @@ impl Env for SimEnv {
             _ => std::thread::sleep(d),
         }
     }
+    /// The simulated CQ arms against its consumer index, as mlx5 and UDMA do.
+    fn arm_signals_queued_completions(&self) -> bool {
+        true
+    }
 }
 
 bypass_hal::conformance_suite!(inline, || super::SimEnv::new(bypass_sim::Engine::Inline));

@@ -223,6 +223,27 @@ pub const JFR_RX_THRESHOLD: u32 = 0x1;
 /// `urma_jfr_attr_t::mask` bit: state applies.
 pub const JFR_STATE: u32 = 0x2;
 
+/// `urma_tp_type_cap_t` / `union urma_tp_type_en` bit (`rm_tp_cap`, `rc_tp_cap`, `um_tp_cap`,
+/// `priority_info[].tp_type`): reliable transport.
+pub const TP_TYPE_RTP: u32 = 0x1;
+/// The same: compact transport.
+pub const TP_TYPE_CTP: u32 = 0x2;
+/// The same: unreliable transport.
+pub const TP_TYPE_UTP: u32 = 0x4;
+/// `urma_order_type_cap_t` bit (`rm_order_cap`, `rc_order_cap`): OT.
+pub const ORDER_CAP_OT: u32 = 0x1;
+/// The same: OI.
+pub const ORDER_CAP_OI: u32 = 0x2;
+/// The same: OL.
+pub const ORDER_CAP_OL: u32 = 0x4;
+/// The same: NO.
+pub const ORDER_CAP_NO: u32 = 0x8;
+
+/// `urma_jfc_attr_t::mask` bit: moderate_count applies.
+pub const JFC_MODERATE_COUNT: u32 = 0x1;
+/// `urma_jfc_attr_t::mask` bit: moderate_period applies.
+pub const JFC_MODERATE_PERIOD: u32 = 0x2;
+
 /// Token policy none.
 pub const URMA_TOKEN_NONE: u32 = 0;
 /// Token policy plain text.

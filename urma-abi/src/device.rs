@@ -164,7 +164,8 @@ pub struct UrmaPortAttr {
 pub struct UrmaPriorityInfo {
     /// Service level.
     pub sl: u32,
-    /// `urma_tp_type_t`.
+    /// `union urma_tp_type_en`: a bit set (`consts::TP_TYPE_RTP` 1, `TP_TYPE_CTP` 2,
+    /// `TP_TYPE_UTP` 4), not a `urma_tp_type_t`; URPC takes a priority whose set is RTP alone.
     pub tp_type: u32,
 }
 
@@ -318,4 +319,28 @@ pub struct UrmaAsyncEvent {
     pub event_type: u32,
     /// Library private.
     pub priv_: *mut c_void,
+}
+
+/// `urma_user_ctl_in_t` (16 bytes): a driver-specific control request.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UrmaUserCtlIn {
+    /// Input buffer.
+    pub addr: u64,
+    /// Its length.
+    pub len: u32,
+    /// Driver-defined opcode.
+    pub opcode: u32,
+}
+
+/// `urma_user_ctl_out_t` (16 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UrmaUserCtlOut {
+    /// Output buffer.
+    pub addr: u64,
+    /// Its length.
+    pub len: u32,
+    /// Reserved.
+    pub reserved: u32,
 }

@@ -151,6 +151,22 @@ pub type UrmaStrToEid = unsafe extern "C" fn(buf: *const c_char, eid: *mut UrmaE
 /// `urma_u32_to_eid`.
 pub type UrmaU32ToEid = unsafe extern "C" fn(ipv4: u32, eid: *mut UrmaEid);
 
+/// `urma_modify_jfc`: completion moderation.
+pub type UrmaModifyJfc = unsafe extern "C" fn(jfc: *mut UrmaJfc, attr: *mut UrmaJfcAttr) -> UrmaStatus;
+/// `urma_modify_jfr`: state (RESET 0, READY 1, ERROR 2) and rx threshold.
+pub type UrmaModifyJfr = unsafe extern "C" fn(jfr: *mut UrmaJfr, attr: *mut UrmaJfrAttr) -> UrmaStatus;
+/// `urma_query_jfr`: the configuration and the current state.
+pub type UrmaQueryJfr =
+    unsafe extern "C" fn(jfr: *mut UrmaJfr, cfg: *mut UrmaJfrCfg, attr: *mut UrmaJfrAttr) -> UrmaStatus;
+/// `urma_user_ctl`: a driver-specific request (`URMA_ENOPERM` for an opcode the driver lacks).
+pub type UrmaUserCtl = unsafe extern "C" fn(
+    ctx: *mut UrmaContext,
+    in_: *mut UrmaUserCtlIn,
+    out: *mut UrmaUserCtlOut,
+) -> UrmaStatus;
+/// `urma_unregister_log_func`: back to the default log output.
+pub type UrmaUnregisterLogFunc = unsafe extern "C" fn() -> UrmaStatus;
+
 /// The names of all functions declared here, in urma-abi.md §2 order.
 pub const SYMBOLS: &[&str] = &[
     "urma_init",
@@ -202,4 +218,9 @@ pub const SYMBOLS: &[&str] = &[
     "urma_log_set_level",
     "urma_str_to_eid",
     "urma_u32_to_eid",
+    "urma_modify_jfc",
+    "urma_modify_jfr",
+    "urma_query_jfr",
+    "urma_user_ctl",
+    "urma_unregister_log_func",
 ];

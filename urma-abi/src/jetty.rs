@@ -233,6 +233,18 @@ pub struct UrmaJettyAttr {
 /// `urma_jfr_attr_t` (same layout as [`UrmaJettyAttr`]; state is `urma_jfr_state_t`).
 pub type UrmaJfrAttr = UrmaJettyAttr;
 
+/// `urma_jfc_attr_t` (8 bytes), the argument of `urma_modify_jfc`: completion moderation.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UrmaJfcAttr {
+    /// `consts::JFC_MODERATE_*` bits saying which fields apply.
+    pub mask: u32,
+    /// Records coalesced into one event.
+    pub moderate_count: u16,
+    /// Longest wait before an event, in microseconds.
+    pub moderate_period: u16,
+}
+
 /// `urma_jfs_attr_t` (8 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]

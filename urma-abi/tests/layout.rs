@@ -95,6 +95,9 @@ fn queues() {
     assert_eq!(offset_of!(UrmaJetty, jetty_id), legacy::JETTY_ID_OFFSET);
     layout!(UrmaJettyAttr, 12, mask @ 0, rx_threshold @ 4, state @ 8);
     layout!(UrmaJfsAttr, 8, mask @ 0, state @ 4);
+    layout!(UrmaJfcAttr, 8, mask @ 0, moderate_count @ 4, moderate_period @ 6);
+    layout!(UrmaUserCtlIn, 16, addr @ 0, len @ 8, opcode @ 12);
+    layout!(UrmaUserCtlOut, 16, addr @ 0, len @ 8, reserved @ 12);
 }
 
 #[test]

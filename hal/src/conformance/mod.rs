@@ -32,6 +32,12 @@ pub trait Env {
     fn progress(&self);
     /// Lets `d` pass: virtual time for a stepped simulator (then progress), a sleep otherwise.
     fn advance(&self, d: Duration);
+    /// True when arming a CQ that holds an unpolled completion raises the event at once (devices
+    /// that arm against the consumer index: mlx5, UDMA, the simulator); false when it may not
+    /// (rxe). See [`crate::CompletionQueue::arm`].
+    fn arm_signals_queued_completions(&self) -> bool {
+        false
+    }
 }
 
 /// The time budget a scenario waits for completions that must arrive before it gives up.
@@ -213,6 +219,7 @@ macro_rules! __conformance_module {
                 inline_send,
                 cq_event_fd_after_arm,
                 cq_event_solicited_only,
+                arm_with_a_completion_already_queued,
                 shared_cq_for_send_and_recv,
                 shared_event_channel,
                 caller_memory_registration,

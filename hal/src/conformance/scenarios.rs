@@ -848,6 +848,39 @@ pub fn cq_event_fd_after_arm<E: Env>(env: &E) {
     recv_ok(env, &mut p.b, 12, CqOpcode::Recv, "the third SEND");
 }
 
+/// Arming a CQ that already holds an unpolled completion loses nothing: on devices that arm
+/// against the consumer index the event comes at once ([`Env::arm_signals_queued_completions`]),
+/// on others it may not, and on all a poll after arming finds the completion. Drained and armed
+/// again, the CQ stays quiet until the next completion, which raises the event.
+pub fn arm_with_a_completion_already_queued<E: Env>(env: &E) {
+    let mut p = default_pair(env);
+    let src = source(env.a(), &pattern(47, 32));
+    let dst = sink(env.b(), 32);
+    post_recv_buf(&mut p.b, 10, &dst, 0, 16);
+    post_recv_buf(&mut p.b, 11, &dst, 16, 16);
+    p.b.recv_cq.arm(ArmMode::Any).expect("arm recv CQ");
+    send_bytes(&mut p.a, 1, &src, 0, 16);
+    wait_event(env, &mut p.b.recv_cq, "the first receive");
+    send_ok(env, &mut p.a, 1, CqOpcode::Send, "the first SEND");
+
+    // The receive is in the CQ, unpolled: arm again.
+    p.b.recv_cq.arm(ArmMode::Any).expect("re-arm with a completion queued");
+    env.progress();
+    if env.arm_signals_queued_completions() {
+        wait_event(env, &mut p.b.recv_cq, "arming with a completion already queued");
+    }
+    recv_ok(env, &mut p.b, 10, CqOpcode::Recv, "the completion queued before re-arming");
+
+    p.b.recv_cq.arm(ArmMode::Any).expect("arm the drained CQ");
+    // An event raised at arm time above may still be unread on devices that do not promise one.
+    let _ = p.b.recv_cq.ack_events().expect("ack_events");
+    expect_no_event(env, &mut p.b.recv_cq, "a drained, armed CQ before the next completion");
+    send_bytes(&mut p.a, 2, &src, 16, 16);
+    wait_event(env, &mut p.b.recv_cq, "the next completion");
+    recv_ok(env, &mut p.b, 11, CqOpcode::Recv, "the completion behind the event");
+    send_ok(env, &mut p.a, 2, CqOpcode::Send, "the second SEND");
+}
+
 /// A CQ armed with `ArmMode::Solicited` stays quiet for an ordinary receive and raises an event
 /// for the receive of a SOLICITED message.
 pub fn cq_event_solicited_only<E: Env>(env: &E) {
