@@ -5,10 +5,10 @@
 //!
 //! - a [`Wire`] is one direction of one link: the device offers it packets and flushes bursts.
 //!   Middleware (fault injection, capture) wraps any wire;
-//! - a [`WirePort`] is a NIC's attachment to a wire that reaches outside the fabric (UDP, shared
+//! - a `WirePort` is a NIC's attachment to a wire that reaches outside the fabric (UDP, shared
 //!   memory; next, an L2 port): what goes in the GID its queues advertise, how a queue connects
 //!   (it returns the [`Wire`] to send on), its receive side (packets it takes itself, from the
-//!   NIC's run loop and poll path, or from its own thread through the NIC's [`WireHost`]
+//!   NIC's run loop and poll path, or from its own thread through the NIC's `WireHost`
 //!   handle), and its counters. The device and the driver know only these traits; the wires'
 //!   catalogue (`wires.rs`) says which ports exist.
 //!
@@ -154,7 +154,7 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// Counters a [`WirePort`] keeps, merged into `NicStats`.
+/// Counters a `WirePort` keeps, merged into `NicStats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct WireStats {
     /// Frames that were not valid RoCEv2 packets of ours, dropped (`NicStats::rx_malformed`).
