@@ -278,6 +278,27 @@ pub struct Fabric {
     owner: Arc<FabricOwner>,
 }
 
+/// Refuses a UDP wire address its NICs could not use: the unspecified address (it would travel
+/// in queue infos, and peers cannot send to it) or one this host does not own (a probe socket on
+/// it, at a free port, fails to bind).
+fn check_udp_address(at: std::net::SocketAddrV4) -> Result<(), String> {
+    if at.ip().is_unspecified() {
+        return Err(format!(
+            "the UDP wire cannot use {at}: give the address peers reach this host at (e.g. \
+             127.0.0.1:0 on one host, or this host's interface address), since it travels in the \
+             NICs' queue infos"
+        ));
+    }
+    let probe = std::net::SocketAddrV4::new(*at.ip(), 0);
+    std::net::UdpSocket::bind(probe).map(drop).map_err(|e| {
+        format!(
+            "the UDP wire cannot use {at}: no socket binds at {} on this host ({e}); give an \
+             address of one of this host's interfaces (e.g. 127.0.0.1:0)",
+            at.ip()
+        )
+    })
+}
+
 impl Fabric {
     /// A fabric with default settings for `engine`.
     pub fn new(engine: Engine) -> Self {
@@ -293,12 +314,17 @@ impl Fabric {
     }
 
     /// A fabric with explicit settings, or why they cannot work: the Stepped engine runs only on
-    /// the in-process wire.
+    /// the in-process wire; the UDP wire's address must be one of this host's (its NICs bind
+    /// sockets there, and it travels in their queue infos), so 0.0.0.0 or an address no
+    /// interface has is refused here, not later when a NIC is added.
     pub fn try_with_config(config: FabricConfig) -> Result<Self, String> {
         if config.engine.is_stepped() && config.wire != WireConfig::InProcess {
             return Err("the Stepped engine runs only on the in-process wire: its virtual clock and \
                         scheduler cannot reach NICs in other processes (use Inline or Threaded)"
                 .into());
+        }
+        if let WireConfig::Udp(at) = config.wire {
+            check_udp_address(at)?;
         }
         Ok(Self::build(config))
     }

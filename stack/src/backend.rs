@@ -237,6 +237,12 @@ mod tests {
         assert!(text("sim+tcp://x").contains("udp://IP:PORT"), "{}", text("sim+tcp://x"));
         assert!(text("sim+udp://nowhere").contains("IPv4:port"), "{}", text("sim+udp://nowhere"));
         assert!(text("verbs+udp://1.2.3.4:0").contains("only for the simulator"));
+        // Issue 30, defect 8: these opened, then panicked when a NIC was added.
+        let e = text("sim+udp://0.0.0.0:0");
+        assert!(e.contains("0.0.0.0:0") && e.contains("127.0.0.1:0"), "{e}");
+        // 192.0.2.1 (TEST-NET-1, RFC 5737) is never an address of this host: nothing is sent there.
+        let e = text("sim+udp://192.0.2.1:0");
+        assert!(e.contains("no socket binds at 192.0.2.1"), "{e}");
     }
 
     #[test]
