@@ -149,6 +149,13 @@ impl std::fmt::Debug for WorkerGroup {
 impl WorkerGroup {
     /// Starts `config.threads` workers.
     pub fn new(config: WorkerConfig) -> std::io::Result<Self> {
+        if config.name.contains('\0') {
+            // `std::thread::Builder::name` would panic on it.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "WorkerConfig.name contains a NUL byte: a thread name prefix is text without NUL",
+            ));
+        }
         let n = config.threads.max(1);
         let slots = (0..n)
             .map(|_| {
@@ -326,8 +333,8 @@ impl Sleeper {
         if !targets.iter().all(|t| t.arm()) {
             return;
         }
-        // Completions that arrived before arming raise no event (the hal's contract): look once
-        // more, after the arm, so none is left behind while we sleep.
+        // Completions that arrived before arming may raise no event (the hal's contract, as on
+        // rxe): look once more, after the arm, so none is left behind while we sleep.
         if targets.iter().map(|t| t.poll()).sum::<usize>() > 0 {
             shared.stats.sleeps_avoided.fetch_add(1, Ordering::Relaxed);
             return;

@@ -138,6 +138,14 @@ impl ServerConfig {
     pub fn validate(&self, caps: &hal::DeviceCaps) -> Result<(), RpcError> {
         const C: &str = "ServerConfig";
         let field = |name: &str| format!("{C}.{name}");
+        if self.name.contains('\0') {
+            return Err(bad_field(
+                &field("name"),
+                format_args!(
+                    "contains a NUL byte: a server name is text without NUL (it names the worker threads)"
+                ),
+            ));
+        }
         if self.name.len() > control::MAX_NAME_LEN {
             return Err(bad_field(
                 &field("name"),
