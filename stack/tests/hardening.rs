@@ -14,7 +14,7 @@ fn a_nul_byte_in_a_server_name_is_refused_by_name() {
     let fabric = Fabric::new(Engine::Inline);
     let nic = fabric.add_nic();
     let config = ServerConfig { workers: 1, ..ServerConfig::new("bad\0name") };
-    let e = Server::bind(&nic, "127.0.0.1:0", config, echo_functions(ECHO)).err().expect("refused");
+    let e = Server::bind(&nic, "127.0.0.1:0", config, echo_functions(ECHO)).expect_err("refused");
     assert!(matches!(e, RpcError::InvalidArgument(_)), "{e:?}");
     let text = e.to_string();
     assert!(text.contains("ServerConfig.name") && text.contains("NUL"), "{text}");
@@ -25,7 +25,7 @@ fn a_nul_byte_in_a_server_name_is_refused_by_name() {
 #[test]
 fn a_nul_byte_in_a_worker_name_is_refused() {
     let config = WorkerConfig { name: "w\0".into(), ..WorkerConfig::default() };
-    let e = WorkerGroup::new(config).err().expect("refused");
+    let e = WorkerGroup::new(config).expect_err("refused");
     assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
     assert!(e.to_string().contains("NUL"), "{e}");
 }
