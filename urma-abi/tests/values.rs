@@ -58,8 +58,10 @@ fn flag_fields() {
 #[test]
 fn symbol_list_is_complete_and_unique() {
     let s = bypass_urma_abi::fns::SYMBOLS;
-    // urma-abi.md's 48, plus urma_post_jfr_wr (shared JFRs).
-    assert_eq!(s.len(), 49);
+    // urma-abi.md's 48, plus urma_post_jfr_wr (shared JFRs) and the five UMDK's URPC calls
+    // (urma_modify_jfc, urma_modify_jfr, urma_query_jfr, urma_user_ctl,
+    // urma_unregister_log_func).
+    assert_eq!(s.len(), 54);
     let mut v = s.to_vec();
     v.sort_unstable();
     v.dedup();
