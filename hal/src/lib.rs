@@ -39,6 +39,7 @@ mod device;
 pub mod doorbell;
 mod error;
 mod event;
+pub mod l2;
 mod mr;
 mod queue;
 mod shared_recv;
