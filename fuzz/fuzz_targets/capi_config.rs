@@ -9,13 +9,14 @@
 //!   each key), they parse to the same settings.
 //!
 //! Input: byte 0 chooses the mask (key/value pairs on unless bits 0-1 are both 0; the TLS
-//! callback bit from bit 2, and the three callbacks present from bit 3). The rest is lines; a
+//! callback bit from bit 2, and the three callbacks present from bit 3) and the role (bit 4: a
+//! client's connect, else a server's create; each reads its own keys). The rest is lines; a
 //! line's first byte picks one of the library's keys (or, past the list, the line is `key=value`
 //! with a made-up key), the rest of the line is the value. Strings are NUL-terminated as the C
 //! contract requires; a NUL inside a value ends it, as it would in C.
 #![no_main]
 
-use hcom4db::config::{parse, Settings};
+use hcom4db::config::{parse, Role, Settings};
 use hcom4db::types::*;
 use libfuzzer_sys::fuzz_target;
 use std::ffi::{c_char, c_int};
@@ -119,8 +120,8 @@ fn pairs_of(lines: &[u8]) -> Vec<Pair> {
     out
 }
 
-/// Parses `pairs` under `mask` (with the TLS callbacks when `callbacks`).
-fn run(mask: u64, callbacks: bool, pairs: &[Pair]) -> Result<Settings, OckRpcStatus> {
+/// Parses `pairs` under `mask` (with the TLS callbacks when `callbacks`) as `role` reads them.
+fn run(mask: u64, callbacks: bool, role: Role, pairs: &[Pair]) -> Result<Settings, OckRpcStatus> {
     let mut raw: Vec<RpcConfigPair> = pairs
         .iter()
         .map(|p| RpcConfigPair {
@@ -142,7 +143,7 @@ fn run(mask: u64, callbacks: bool, pairs: &[Pair]) -> Result<Settings, OckRpcSta
     };
     // SAFETY: `cfg` and every key and value it points to (terminated strings, or the addresses
     // of functions of the documented types) live until parse returns.
-    unsafe { parse(&cfg) }
+    unsafe { parse(&cfg, role) }
 }
 
 /// The canonical configuration of `s`: every key written as the documentation spells it.
@@ -179,6 +180,8 @@ fn render(s: &Settings) -> Vec<Pair> {
     .into_iter()
     // An empty cpuset list is the default (no pinning), which no value spells.
     .filter(|p| !(s.cpusets.is_empty() && p.key.starts_with(b"worker.thread.cpuset")))
+    // An absent function is spelled by leaving its key out: a NULL value is refused.
+    .filter(|p| !matches!(p.value, Value::Pointer(f) if f.is_null()))
     .collect()
 }
 
@@ -194,8 +197,9 @@ fuzz_target!(|data: &[u8]| {
         mask |= OCK_RPC_CONFIG_USE_SSL_CALLBACK;
     }
     let callbacks = m & 8 != 0;
+    let role = if m & 16 != 0 { Role::Client } else { Role::Server };
     let pairs = pairs_of(lines);
-    let Ok(s) = run(mask, callbacks, &pairs) else { return };
+    let Ok(s) = run(mask, callbacks, role, &pairs) else { return };
 
     // Invariants of accepted settings.
     assert!(s.cpusets.is_empty() || s.cpusets.len() == s.groups.len());
@@ -211,14 +215,14 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     last.reverse();
-    let dedup = run(mask, callbacks, &last).expect("the pairs that are in effect are refused alone");
+    let dedup = run(mask, callbacks, role, &last).expect("the pairs that are in effect are refused alone");
     assert_eq!(format!("{dedup:?}"), format!("{s:?}"), "dropping overridden pairs changed the settings");
 
     // Settings → canonical configuration → the same settings.
     let canon = render(&s);
     let mask =
         OCK_RPC_CONFIG_USE_RPC_CONFIGS | if s.tls.is_some() { OCK_RPC_CONFIG_USE_SSL_CALLBACK } else { 0 };
-    match run(mask, s.tls.is_some(), &canon) {
+    match run(mask, s.tls.is_some(), role, &canon) {
         Ok(again) => assert_eq!(format!("{again:?}"), format!("{s:?}"), "settings → config → settings"),
         // A name or info read with invalid UTF-8 was widened by U+FFFD past its limit.
         Err(_) if s.name.contains('\u{FFFD}') || s.client_info.contains('\u{FFFD}') => {}
