@@ -10,6 +10,8 @@
 use memmap2::{MmapMut, MmapOptions};
 use std::fmt;
 use std::ptr::NonNull;
+use std::sync::Arc;
+use vfio_ioctls::VfioContainer;
 
 /// One anonymous mapping shared with a device, at a driver-chosen IO virtual address.
 pub struct DmaRegion {
@@ -59,10 +61,18 @@ impl DmaRegion {
         self.iova
     }
 
-    /// The host address of byte 0, for `VFIO_IOMMU_MAP_DMA`.
-    #[allow(dead_code)] // used by the VFIO device module (next step)
-    pub(crate) fn host_ptr(&self) -> *mut u8 {
-        self.base.as_ptr()
+    /// Maps the whole region into `container`'s IOMMU at its IOVA (`VFIO_IOMMU_MAP_DMA`); the
+    /// mapping lasts until the returned guard is dropped.
+    pub(crate) fn map_dma(
+        self: &Arc<DmaRegion>,
+        container: &Arc<VfioContainer>,
+    ) -> Result<IommuMapping, vfio_ioctls::VfioError> {
+        // SAFETY: vfio-ioctls' contract: until unmapped, the range may only be reached through
+        // raw pointers with volatile/atomic accesses or copies, never a Rust reference — which is
+        // how `DmaRegion` reaches it, and the only way it does. The guard keeps the region alive
+        // until the IOMMU mapping is gone.
+        unsafe { container.vfio_dma_map(self.iova, self.len, self.base.as_ptr())? };
+        Ok(IommuMapping { region: self.clone(), container: container.clone() })
     }
 
     /// The offset of the `len` bytes at device address `iova`, if they lie inside the region.
@@ -143,5 +153,25 @@ impl DmaRegion {
         assert!(off + dst.len() <= self.len, "DMA copy past the region's end");
         // SAFETY: as in `write_bytes`, the other way round.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+    }
+}
+
+/// A [`DmaRegion`] mapped into an IOMMU; unmapped (before the memory can be freed) when dropped.
+pub(crate) struct IommuMapping {
+    region: Arc<DmaRegion>,
+    container: Arc<VfioContainer>,
+}
+
+impl fmt::Debug for IommuMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IommuMapping").field("region", &self.region).finish()
+    }
+}
+
+impl Drop for IommuMapping {
+    fn drop(&mut self) {
+        // Nothing to do on failure: the pages stay pinned by the kernel until the container
+        // closes, and our memory stays mapped while `region` lives.
+        let _ = self.container.vfio_dma_unmap(self.region.iova, self.region.len);
     }
 }

@@ -18,16 +18,28 @@
 //!   message that says what to do.
 
 #[cfg(feature = "vfio")]
+mod device;
+#[cfg(feature = "vfio")]
 mod dma;
 #[cfg(feature = "vfio")]
 pub mod dma_queue;
 #[cfg(feature = "vfio")]
+mod mmio;
+#[cfg(feature = "vfio")]
 pub mod net;
+#[cfg(feature = "vfio")]
+pub mod pci;
 pub mod soft_device;
+#[cfg(feature = "vfio")]
+pub mod virtio_pci;
 pub mod virtqueue;
 
 #[cfg(feature = "vfio")]
+pub use device::{VirtioNet, VirtioNetOptions};
+#[cfg(feature = "vfio")]
 pub use dma::DmaRegion;
+#[cfg(feature = "vfio")]
+pub use mmio::Bar;
 
 #[cfg(all(test, feature = "vfio"))]
 mod tests;
