@@ -23,6 +23,10 @@ use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
 
 /// `VFIO_PCI_CONFIG_REGION_INDEX`.
 const CONFIG_REGION: u32 = 7;
+/// PCI command register: memory space enable.
+const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+/// PCI command register: bus master enable.
+const PCI_COMMAND_MASTER: u16 = 1 << 2;
 /// `VFIO_REGION_INFO_FLAG_MMAP`.
 const REGION_FLAG_MMAP: u32 = 1 << 2;
 
@@ -112,6 +116,10 @@ impl VirtioNet {
         let mut config = [0u8; 256];
         device.region_read(CONFIG_REGION, &mut config, 0);
         let caps = parse_virtio_caps(&config)?;
+        // Memory space and bus mastering on (PCI command register): vfio-pci leaves bus
+        // mastering off, and a device without it does no DMA at all.
+        let command = u16::from_le_bytes([config[4], config[5]]) | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER;
+        device.region_write(CONFIG_REGION, &command.to_le_bytes(), 4);
         let mut bars: Vec<(u8, Arc<Bar>)> = Vec::new();
         for r in [caps.common, caps.notify, caps.device] {
             if bars.iter().any(|(b, _)| *b == r.bar) {
@@ -214,6 +222,12 @@ impl VirtioNet {
     /// The device's PCI address.
     pub fn address(&self) -> PciAddress {
         self.address
+    }
+
+    /// The device status and both queues' indices, for a test's failure message.
+    pub fn diagnostics(&self) -> String {
+        let st = CommonCfg::new(&self.common, self.common_off).status();
+        format!("device status {st:#x}; {}", self.engine.diagnostics())
     }
 
     /// Received frames dropped as malformed (shorter than a header, longer than a buffer).

@@ -148,6 +148,20 @@ impl<N: Notify> NetEngine<N> {
         self.rx_dropped
     }
 
+    /// Both queues' indices and free descriptors, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        let (r, t) = (self.rx.memory(), self.tx.memory());
+        format!(
+            "rx avail {} used {} free {}; tx avail {} used {} free {}",
+            r.load_avail_idx(),
+            r.load_used_idx(),
+            self.rx.num_free(),
+            t.load_avail_idx(),
+            t.load_used_idx(),
+            self.tx.num_free()
+        )
+    }
+
     /// The notifier (tests count its calls).
     pub fn notifier(&self) -> &N {
         &self.notify
