@@ -36,6 +36,7 @@ const BUFS: usize = 4;
 struct LoomQueue {
     desc: Vec<UnsafeCell<Descriptor>>,
     avail: Vec<UnsafeCell<u16>>,
+    avail_flags: AtomicU16,
     avail_idx: AtomicU16,
     used_event: AtomicU16,
     used: Vec<UnsafeCell<UsedElem>>,
@@ -54,6 +55,7 @@ impl LoomQueue {
         LoomQueue {
             desc: (0..SIZE).map(|_| UnsafeCell::new(Descriptor::default())).collect(),
             avail: (0..SIZE).map(|_| UnsafeCell::new(0)).collect(),
+            avail_flags: AtomicU16::new(0),
             avail_idx: AtomicU16::new(0),
             used_event: AtomicU16::new(0),
             used: (0..SIZE).map(|_| UnsafeCell::new(UsedElem::default())).collect(),
@@ -92,6 +94,12 @@ impl QueueMemory for Mem {
     fn read_avail(&self, slot: u16) -> u16 {
         // SAFETY: as in `read_desc`.
         self.0.avail[usize::from(slot)].with(|p| unsafe { *p })
+    }
+    fn store_avail_flags(&self, flags: u16) {
+        self.0.avail_flags.store(flags, Relaxed)
+    }
+    fn load_avail_flags(&self) -> u16 {
+        self.0.avail_flags.load(Relaxed)
     }
     fn store_avail_idx(&self, idx: u16) {
         self.0.avail_idx.store(idx, Relaxed)

@@ -89,6 +89,12 @@ impl QueueMemory for DmaQueue {
     fn read_avail(&self, slot: u16) -> u16 {
         self.region.read_u16(self.layout.avail + 4 + 2 * usize::from(slot))
     }
+    fn store_avail_flags(&self, flags: u16) {
+        self.region.write_u16(self.layout.avail, flags)
+    }
+    fn load_avail_flags(&self) -> u16 {
+        self.region.read_u16(self.layout.avail)
+    }
     fn store_avail_idx(&self, idx: u16) {
         self.region.write_u16(self.layout.avail + 2, idx)
     }

@@ -148,6 +148,11 @@ impl<N: Notify> NetEngine<N> {
         self.rx_dropped
     }
 
+    /// Asks the device for an interrupt at the next received frame; true if frames already wait.
+    pub fn arm_rx(&mut self) -> bool {
+        self.rx.enable_interrupts()
+    }
+
     /// Both queues' indices and free descriptors, for failure messages.
     pub fn diagnostics(&self) -> String {
         let (r, t) = (self.rx.memory(), self.tx.memory());
@@ -235,6 +240,9 @@ impl<N: Notify> L2Port for NetEngine<N> {
     }
 
     fn recv(&mut self, max: usize, each: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        // A wake-up asked for by `arm` has served (or the caller polls anyway): no more until
+        // the next `arm`.
+        self.rx.disable_interrupts();
         let mut handed = 0;
         while handed < max {
             let Some(used) = self.rx.pop_used()? else { break };

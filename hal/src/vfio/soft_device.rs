@@ -6,7 +6,10 @@
 //! It checks what a careful device checks (descriptor loops, chains longer than the queue) and
 //! reports them as errors. It allocates freely: it is test equipment, not a data path.
 
-use super::virtqueue::{Descriptor, QueueMemory, UsedElem, DESC_F_NEXT, DESC_F_WRITE, USED_F_NO_NOTIFY};
+use super::virtqueue::{
+    need_event, Descriptor, QueueMemory, UsedElem, AVAIL_F_NO_INTERRUPT, DESC_F_NEXT, DESC_F_WRITE,
+    USED_F_NO_NOTIFY,
+};
 use crate::sync::{fence, Ordering};
 
 /// A chain the device took from the available ring.
@@ -106,10 +109,21 @@ impl<M: QueueMemory> SoftDevice<M> {
         self.used_idx = self.used_idx.wrapping_add(1);
     }
 
-    /// Publishes every completion so far: release fence, then the used index.
-    pub fn publish(&mut self) {
+    /// Publishes every completion so far: release fence, then the used index. Returns whether
+    /// the device would now interrupt the driver (`AVAIL_F_NO_INTERRUPT`, or `used_event` with
+    /// event index).
+    pub fn publish(&mut self) -> bool {
+        let old = self.mem.load_used_idx();
         fence(Ordering::Release);
         self.mem.store_used_idx(self.used_idx);
+        fence(Ordering::SeqCst);
+        if old == self.used_idx {
+            false
+        } else if self.event_idx {
+            need_event(self.mem.load_used_event(), self.used_idx, old)
+        } else {
+            self.mem.load_avail_flags() & AVAIL_F_NO_INTERRUPT == 0
+        }
     }
 
     /// Asks the driver not to notify (`VIRTQ_USED_F_NO_NOTIFY`), or to notify again.

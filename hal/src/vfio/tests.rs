@@ -197,11 +197,12 @@ fn notifications_follow_the_device_suppression() {
     assert!(!q.publish(), "indices 0 and 1 do not cross avail_event 2");
     q.add(&[out(bufs, b"c", &mem)]).unwrap();
     assert!(q.publish(), "index 2 crosses it");
-    // The device consumes, and the driver tells it where to interrupt next.
+    // Interrupts stay off while the driver polls; asked for, at the next used index.
     let c = dev.pop().unwrap().unwrap();
     dev.complete(c.head, 0);
-    dev.publish();
+    assert!(!dev.publish(), "a polling driver gets no interrupt");
     q.pop_used().unwrap().unwrap();
+    assert!(!q.enable_interrupts());
     assert_eq!(dev.memory().load_used_event(), 1);
 }
 
@@ -332,4 +333,30 @@ fn a_runt_from_the_device_is_dropped_and_its_buffer_reposted() {
     assert_eq!(e.recv(4, &mut |_| panic!("no frame")).unwrap(), 0);
     assert_eq!(e.rx_dropped(), 2);
     assert_eq!(rx.pending(), 2);
+}
+
+#[test]
+fn an_armed_receive_queue_interrupts_once_and_a_disarmed_one_never() {
+    for event_idx in [false, true] {
+        let layout = NetLayout::new(4, 4);
+        let region = Arc::new(DmaRegion::new(layout.len, IOVA).unwrap());
+        let mac = [0x02, 0, 0, 0, 0, 1];
+        let mut e = NetEngine::new(region, layout, event_idx, mac, 1500, Doorbells::default()).unwrap();
+        let mut rx = SoftDevice::new(e.queues().0.clone(), 4, event_idx);
+        let deliver = |rx: &mut SoftDevice<DmaQueue>| {
+            let chain = rx.pop().unwrap().unwrap();
+            let mut wire = vec![0u8; NET_HDR_LEN];
+            wire.extend_from_slice(&frame(1, 60));
+            let n = rx.write(&chain, &wire);
+            rx.complete(chain.head, n);
+            rx.publish()
+        };
+        assert!(!deliver(&mut rx), "not armed: no interrupt (event_idx {event_idx})");
+        assert!(e.arm_rx(), "a frame already waits: poll, do not sleep");
+        assert_eq!(e.recv(8, &mut |_| {}).unwrap(), 1);
+        assert!(!e.arm_rx(), "nothing waits");
+        assert!(deliver(&mut rx), "armed: the next frame interrupts (event_idx {event_idx})");
+        assert_eq!(e.recv(8, &mut |_| {}).unwrap(), 1);
+        assert!(!deliver(&mut rx), "recv disarmed it (event_idx {event_idx})");
+    }
 }

@@ -29,6 +29,8 @@ pub const DESC_F_NEXT: u16 = 1;
 pub const DESC_F_WRITE: u16 = 2;
 /// `VIRTQ_USED_F_NO_NOTIFY`: the device asks not to be notified (without event index).
 pub const USED_F_NO_NOTIFY: u16 = 1;
+/// `VIRTQ_AVAIL_F_NO_INTERRUPT`: the driver asks not to be interrupted (without event index).
+pub const AVAIL_F_NO_INTERRUPT: u16 = 1;
 
 /// One entry of the descriptor table (16 bytes on the wire, little-endian).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -79,6 +81,10 @@ pub trait QueueMemory {
     fn write_avail(&self, slot: u16, head: u16);
     /// Reads available-ring slot `slot`.
     fn read_avail(&self, slot: u16) -> u16;
+    /// Stores the available ring's flags (`AVAIL_F_NO_INTERRUPT`).
+    fn store_avail_flags(&self, flags: u16);
+    /// Loads the available ring's flags.
+    fn load_avail_flags(&self) -> u16;
     /// Stores the available index (the driver's publication).
     fn store_avail_idx(&self, idx: u16);
     /// Loads the available index.
@@ -121,6 +127,12 @@ impl<T: QueueMemory + ?Sized> QueueMemory for std::sync::Arc<T> {
     }
     fn read_avail(&self, slot: u16) -> u16 {
         (**self).read_avail(slot)
+    }
+    fn store_avail_flags(&self, flags: u16) {
+        (**self).store_avail_flags(flags)
+    }
+    fn load_avail_flags(&self) -> u16 {
+        (**self).load_avail_flags()
     }
     fn store_avail_idx(&self, idx: u16) {
         (**self).store_avail_idx(idx)
@@ -212,6 +224,12 @@ impl<M: QueueMemory> SplitQueue<M> {
             )));
         }
         let next = (0..size).map(|i| i.wrapping_add(1)).collect();
+        // Interrupts off until asked for: a polling driver wants none.
+        if event_idx {
+            mem.store_used_event(u16::MAX);
+        } else {
+            mem.store_avail_flags(AVAIL_F_NO_INTERRUPT);
+        }
         Ok(SplitQueue {
             mem,
             size,
@@ -224,6 +242,30 @@ impl<M: QueueMemory> SplitQueue<M> {
             published: 0,
             last_used: 0,
         })
+    }
+
+    /// Asks the device for an interrupt at its next used element (`AVAIL_F_NO_INTERRUPT` cleared,
+    /// or `used_event` set to the next used index), then looks again: returns true if used
+    /// elements are already waiting (the interrupt for them may never come: poll instead).
+    pub fn enable_interrupts(&mut self) -> bool {
+        if self.event_idx {
+            self.mem.store_used_event(self.last_used);
+        } else {
+            self.mem.store_avail_flags(0);
+        }
+        // The request must be visible before we look at the used index, or an element published
+        // in between would go unannounced.
+        fence(Ordering::SeqCst);
+        self.has_used()
+    }
+
+    /// Asks the device not to interrupt (best effort, as virtio allows: an interrupt already on
+    /// its way still comes). With event index, the request set by
+    /// [`enable_interrupts`](Self::enable_interrupts) fires once, so there is nothing to undo.
+    pub fn disable_interrupts(&mut self) {
+        if !self.event_idx {
+            self.mem.store_avail_flags(AVAIL_F_NO_INTERRUPT);
+        }
     }
 
     /// The queue's size (descriptors).
@@ -364,9 +406,6 @@ impl<M: QueueMemory> SplitQueue<M> {
             }
         };
         self.last_used = self.last_used.wrapping_add(1);
-        if self.event_idx {
-            self.mem.store_used_event(self.last_used);
-        }
         // Free the chain: walk the shadow links to its tail, splice the chain onto the free list.
         let n = self.chain_len[usize::from(head)];
         self.chain_len[usize::from(head)] = 0;
