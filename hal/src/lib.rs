@@ -19,8 +19,9 @@
 //! | [`SharedRecv`] | `ibv_srq` | a JFR shared by several jettys | receive ring shared by QPs |
 //! | [`QueueInfo`] | qpn, gid, lid, psn | jetty id, eid, uasid, token | NIC address, qpn |
 //!
-//! Backends behind features: `verbs` ([`verbs`], libibverbs) and `urma` (`urma`, liburma
-//! loaded at run time). What the two do alike over their different libraries lives once, in a
+//! Backends behind features: `verbs` ([`verbs`], libibverbs), `urma` (`urma`, liburma
+//! loaded at run time) and `vfio` (`vfio`, a userspace virtio-net driver implementing
+//! [`l2::L2Port`]). What the two do alike over their different libraries lives once, in a
 //! crate-private module per concept: `queue_book` (a queue's rings, epoch, heads, tracked state
 //! and checks), `side_ring`, `cq_feeders` (the queues feeding a CQ), `cq_events` (a CQ's event
 //! channel), `shared_slots` (a shared receive queue's slots), `wr_chain` (chained work
@@ -70,6 +71,9 @@ mod wr_chain;
 
 #[cfg(feature = "urma")]
 pub mod urma;
+
+#[cfg(any(feature = "vfio", loom))]
+pub mod vfio;
 
 /// loom only: the doorbell mutation switch for the broken-twin models in `loom-tests/`.
 #[cfg(loom)]

@@ -30,6 +30,15 @@ pub mod mutation {
         /// [`MemoryDoorbell::load_acquire`](crate::doorbell::MemoryDoorbell::load_acquire) loads
         /// the producer index `Relaxed`.
         DoorbellLoadRelaxed = 2,
+        /// [`SplitQueue::publish`](crate::vfio::virtqueue::SplitQueue::publish) stores the
+        /// available index without the release fence.
+        VirtqNoFence = 10,
+        /// [`SplitQueue::add`](crate::vfio::virtqueue::SplitQueue::add) publishes the available
+        /// index before it writes the chain's descriptors.
+        VirtqAvailBeforeDesc = 11,
+        /// [`SplitQueue::pop_used`](crate::vfio::virtqueue::SplitQueue::pop_used) reads the used
+        /// element without the acquire fence after the used index.
+        VirtqUsedNoAcquire = 12,
     }
 
     static ACTIVE: AtomicU32 = AtomicU32::new(0);

@@ -12,6 +12,7 @@
 //! | `tests/slab.rs` | the free list, through `TxSlab` and `bypass::buf_pool::BufPool` | get / put from several threads never hands one slot or buffer to two holders nor loses one (ABA included); a token is recovered once |
 //! | `tests/credits.rs` | `bypass::credits::Credits` | credits never go negative or above the limit, every take is returned; a blocked `take_wait` is woken by `give` |
 //! | `tests/rings.rs` | the sim's rings and doorbells | see that file |
+//! | `tests/virtqueue.rs` | `bypass_hal::vfio::virtqueue::SplitQueue` and the software device | chains published on a split virtqueue reach the device whole (descriptors and buffer bytes), used elements reach the driver whole, through a full ring |
 //! | `tests/shm_ring.rs` | the sim's shared-memory ring (`sim/src/shm/ring.rs`) | frames cross a full ring once, in order, intact; a sleeping consumer and a waiting producer are never left without their wake-up |
 //!
 //! Every model has a **broken twin**: the same model with one deliberate bug switched on in the
@@ -96,6 +97,16 @@ mod harness {
     {
         let _serial = serial();
         let _mutant = bypass::mutation::set(mutant);
+        run(bound, model);
+    }
+
+    /// [`check_mutant`] for a mutant of the hal (`bypass_hal::mutation`).
+    pub fn check_hal_mutant<F>(mutant: bypass_hal::mutation::Mutant, bound: Bound, model: F)
+    where
+        F: Fn() + Sync + Send + 'static,
+    {
+        let _serial = serial();
+        let _mutant = bypass_hal::mutation::set(mutant);
         run(bound, model);
     }
 }
