@@ -45,8 +45,9 @@ impl WireConfig {
         }
         let Some(addr) = s.strip_prefix("udp://") else {
             return Err(format!(
-                "unknown simulator wire {s:?}: expected shm (processes on one host) or udp://IP:PORT \
-                 (e.g. udp://127.0.0.1:0), or no wire for the in-process one"
+                "unknown simulator wire {s:?}: expected shm (processes on one host), udp://IP:PORT \
+                 (e.g. udp://127.0.0.1:0), an L2 wire (l2:pair, packet://<ifname>,ip=<v4>: see \
+                 bypass_sim::l2::parse_wire), or no wire for the in-process one"
             ));
         };
         let addr: std::net::SocketAddrV4 = addr.parse().map_err(|e| {

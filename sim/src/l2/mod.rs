@@ -49,6 +49,54 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+/// The ports an L2 wire string names, or `None` if `wire` is not one: `l2:pair[,loss_ppm=N]`
+/// (an in-memory cable between two NICs, 10.99.0.1 and 10.99.0.2: for tests) or
+/// `packet://<ifname>,ip=<v4>[/prefix][,gw=<v4>]` (an `AF_PACKET` socket on that interface,
+/// one NIC; needs CAP_NET_RAW). Errors say what is wrong and what is expected.
+pub fn parse_wire(wire: &str) -> Option<Result<Vec<L2Attachment>, String>> {
+    if let Some(rest) = wire.strip_prefix("l2:") {
+        return Some(parse_pair(rest));
+    }
+    let rest = wire.strip_prefix("packet://")?;
+    Some(parse_packet(rest))
+}
+
+fn parse_pair(rest: &str) -> Result<Vec<L2Attachment>, String> {
+    let mut opts = rest.split(',');
+    if opts.next() != Some("pair") {
+        return Err(format!("unknown L2 wire l2:{rest}: expected l2:pair (an in-memory cable, for tests)"));
+    }
+    let mut cfg = pair::PairConfig::default();
+    for opt in opts {
+        match opt.split_once('=') {
+            Some(("loss_ppm", v)) => {
+                cfg.loss_ppm = v
+                    .parse()
+                    .ok()
+                    .filter(|&p| p < 1_000_000)
+                    .ok_or_else(|| format!("bad loss_ppm {v:?}: frames lost per million, 0 to 999999"))?
+            }
+            _ => return Err(format!("unknown option {opt:?} of l2:pair: expected loss_ppm=<0..999999>")),
+        }
+    }
+    let (ports, _) =
+        pair::pair_attachments(cfg).map_err(|e| format!("cannot make an in-memory L2 pair: {e}"))?;
+    Ok(ports)
+}
+
+#[cfg(target_os = "linux")]
+fn parse_packet(rest: &str) -> Result<Vec<L2Attachment>, String> {
+    let (ifname, opts) = rest.split_once(',').unwrap_or((rest, ""));
+    let addr = L2Addr::parse_options(opts)?;
+    let port = packet::PacketPort::open(ifname).map_err(|e| e.to_string())?;
+    Ok(vec![L2Attachment { port: Box::new(port), addr }])
+}
+
+#[cfg(not(target_os = "linux"))]
+fn parse_packet(_: &str) -> Result<Vec<L2Attachment>, String> {
+    Err("AF_PACKET sockets exist only on Linux".into())
+}
+
 /// The path MTU (RoCE payload bytes per packet) an L2 port with this MTU carries: the largest
 /// InfiniBand MTU (256 … 4096) whose packets, with their IPv4, UDP and RoCEv2 headers, fit in one
 /// frame; `None` if not even 256 fits.
@@ -85,6 +133,46 @@ impl L2Addr {
     /// `ip` on a /24 with no gateway.
     pub fn new(ip: Ipv4Addr) -> L2Addr {
         L2Addr { ip, prefix: 24, gateway: None }
+    }
+
+    /// Parses `ip=A.B.C.D[/PREFIX][,gw=A.B.C.D]` (the address part of an L2 backend string, as in
+    /// `sim+packet://veth0,ip=10.99.0.2/24`), checked ([`check`](Self::check)). Other options
+    /// are refused, naming the ones there are.
+    pub fn parse_options(opts: &str) -> Result<L2Addr, String> {
+        let mut ip = None;
+        let mut prefix = 24;
+        let mut gateway = None;
+        for opt in opts.split(',').filter(|o| !o.is_empty()) {
+            let (k, v) = opt.split_once('=').unwrap_or((opt, ""));
+            let v4 = |v: &str| {
+                v.parse::<Ipv4Addr>()
+                    .map_err(|e| format!("bad IPv4 address {v:?} in {opt:?} ({e}): expected e.g. 10.99.0.2"))
+            };
+            match k {
+                "ip" => {
+                    let (a, p) = match v.split_once('/') {
+                        Some((a, p)) => {
+                            let p: u8 = p.parse().map_err(|_| format!("bad prefix length {p:?} in {opt:?}: expected 0 to 32"))?;
+                            (a, p)
+                        }
+                        None => (v, 24),
+                    };
+                    ip = Some(v4(a)?);
+                    prefix = p;
+                }
+                "gw" => gateway = Some(v4(v)?),
+                other => {
+                    return Err(format!(
+                        "unknown L2 option {other:?} in {opts:?}: expected ip=<v4>[/prefix] and optionally gw=<v4>"
+                    ))
+                }
+            }
+        }
+        let ip = ip
+            .ok_or_else(|| format!("no address in {opts:?}: the L2 wire needs ip=<v4>, e.g. ip=10.99.0.2"))?;
+        let addr = L2Addr { ip, prefix, gateway };
+        addr.check()?;
+        Ok(addr)
     }
 
     fn on_link(&self, peer: Ipv4Addr) -> bool {
@@ -565,10 +653,13 @@ impl L2Wire {
             let (mac, ip) = (self.mac, self.addr.ip);
             let budget = BATCH - n;
             let stats = &self.stats;
-            let taken = inner.port.recv(budget, &mut |f: &[u8]| {
+            let _ = inner.port.recv(budget, &mut |f: &[u8]| {
                 got += 1;
                 let class = encap::classify(f, &mac, ip);
-                if !matches!(class, encap::Class::Roce | encap::Class::Arp) || f.len() > rx.bufs[n].len() {
+                // Longer than the port's MTU, or beyond the budget (a port that hands more than
+                // asked): not a frame this wire can hold.
+                let fits = rx.bufs.get(n).is_some_and(|b| f.len() <= b.len());
+                if !matches!(class, encap::Class::Roce | encap::Class::Arp) || !fits {
                     let c = if class == encap::Class::Runt { &stats.malformed } else { &stats.not_ours };
                     c.fetch_add(1, Ordering::Relaxed);
                     return;
@@ -580,7 +671,6 @@ impl L2Wire {
                 }
                 n += 1;
             });
-            let _ = taken;
             // ARP is handled here, under the port lock (it sends); RoCEv2 frames after it.
             for (k, _) in arps.iter().enumerate().take(n).filter(|(_, &is_arp)| is_arp) {
                 let len = rx.lens[k];

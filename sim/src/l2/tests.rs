@@ -223,3 +223,28 @@ fn addresses_are_checked() {
     let e = L2Wire::new(L2Attachment { port: Box::new(p), addr: L2Addr::new(A) }, 0, None).err().unwrap();
     assert!(e.to_string().contains("MTU of 200 bytes"), "{e}");
 }
+
+#[test]
+fn wire_strings_parse_or_say_why_not() {
+    assert!(parse_wire("udp://127.0.0.1:0").is_none());
+    assert_eq!(parse_wire("l2:pair").unwrap().unwrap().len(), 2);
+    assert!(parse_wire("l2:pair,loss_ppm=1000").unwrap().is_ok());
+    let e = parse_wire("l2:pair,loss_ppm=2000000").unwrap().err().unwrap();
+    assert!(e.contains("0 to 999999"), "{e}");
+    let e = parse_wire("l2:cable").unwrap().err().unwrap();
+    assert!(e.contains("expected l2:pair"), "{e}");
+    let a = L2Addr::parse_options("ip=10.99.0.2/16,gw=10.99.255.254").unwrap();
+    assert_eq!((a.ip, a.prefix, a.gateway), (B, 16, Some(Ipv4Addr::new(10, 99, 255, 254))));
+    for (bad, why) in [
+        ("", "needs ip="),
+        ("ip=10.99.0", "bad IPv4 address"),
+        ("ip=10.99.0.2/40", "more than 32"),
+        ("ip=10.99.0.2,mtu=9000", "unknown L2 option \"mtu\""),
+        ("ip=0.0.0.0", "unicast"),
+    ] {
+        let e = L2Addr::parse_options(bad).err().unwrap();
+        assert!(e.contains(why), "{bad}: {e}");
+    }
+    let e = parse_wire("packet://no-such-if0,ip=10.99.0.2").unwrap().err().unwrap();
+    assert!(e.contains("no network interface \"no-such-if0\""), "{e}");
+}
