@@ -145,6 +145,8 @@ pub(crate) struct FabricShared {
     step: Mutex<StepState>,
     shutdown: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// The L2 wire: ports not yet given to a NIC, in the order NICs get them.
+    l2_ports: Mutex<std::collections::VecDeque<crate::l2::L2Attachment>>,
 }
 
 impl FabricShared {
@@ -326,7 +328,50 @@ impl Fabric {
         if let WireConfig::Udp(at) = config.wire {
             check_udp_address(at)?;
         }
+        if config.wire == WireConfig::L2 {
+            return Err(
+                "the L2 wire needs its ports (one per NIC): make the fabric with Fabric::try_with_l2".into(),
+            );
+        }
         Ok(Self::build(config))
+    }
+
+    /// A fabric on the L2 wire ([`WireConfig::L2`]): its NICs, as they are added, get `ports` in
+    /// order, one each, and speak RoCEv2 in Ethernet frames on them (`l2.rs`). The fabric's `mtu`
+    /// is lowered to the path MTU the smallest port carries (1024 bytes on a 1500-byte
+    /// Ethernet). Refused: no port, an unusable address, a port whose MTU cannot carry a
+    /// 256-byte packet, the Stepped engine.
+    pub fn try_with_l2(config: FabricConfig, ports: Vec<crate::l2::L2Attachment>) -> Result<Self, String> {
+        if ports.is_empty() {
+            return Err("the L2 wire needs at least one port".into());
+        }
+        let mut config = FabricConfig { wire: WireConfig::L2, ..config };
+        if config.engine.is_stepped() {
+            return Err(
+                "the Stepped engine runs only on the in-process wire: its virtual clock cannot drive a \
+                        real port or the ARP timers (use Inline or Threaded)"
+                    .into(),
+            );
+        }
+        for p in &ports {
+            p.addr.check()?;
+            let mtu = p.port.mtu();
+            let path = crate::l2::path_mtu_of(mtu).ok_or_else(|| {
+                format!(
+                    "the L2 port of {} has an MTU of {mtu} bytes, too small for a 256-byte RoCE packet",
+                    p.addr.ip
+                )
+            })?;
+            config.mtu = config.mtu.min(path);
+        }
+        let fabric = Self::build(config);
+        fabric.shared().l2_ports.lock().unwrap_or_else(|e| e.into_inner()).extend(ports);
+        Ok(fabric)
+    }
+
+    /// The L2 wire: ports not yet given to a NIC (0 on other wires).
+    pub fn l2_ports_left(&self) -> usize {
+        self.shared().l2_ports.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     fn build(config: FabricConfig) -> Self {
@@ -344,6 +389,7 @@ impl Fabric {
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            l2_ports: Mutex::new(std::collections::VecDeque::new()),
         });
         Fabric { owner: Arc::new(FabricOwner { shared }) }
     }
@@ -380,6 +426,11 @@ impl Fabric {
             mtu: shared.config.mtu,
             depth: shared.config.inbox_depth,
             pcap: shared.pcap.clone(),
+            l2: if shared.config.wire == WireConfig::L2 {
+                shared.l2_ports.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+            } else {
+                None
+            },
         };
         if let Some(port) = crate::wires::open(shared.config.wire, spec)? {
             nic.attach(port.clone());

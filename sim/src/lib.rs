@@ -11,7 +11,8 @@
 //! - a **wire** ([`wire::Wire`]) carries packets between NICs: the in-process wire, optionally
 //!   behind a seeded fault wire that drops, duplicates and reorders ([`FaultPlan`]), and behind a
 //!   capture wire when `BYPASS_PCAP=<file>` is set ([`pcap`]); or a byte wire to other processes
-//!   and hosts (UDP, shared memory, [`WireConfig`]), which a NIC reaches through its wire port,
+//!   and hosts (UDP, shared memory, an Ethernet port: [`WireConfig`], [`l2`]), which a NIC reaches
+//!   through its wire port,
 //!   the one seam for a wire's addressing, connecting and receiving (`wire.rs`, `wires.rs`).
 //!   [`roce`] is the RoCEv2 byte encoding of packets (BTH, RETH, AETH, ImmDt, ICRC) that
 //!   captures and byte wires use.
@@ -59,6 +60,7 @@ mod fabric;
 mod fault;
 mod inbox;
 mod inproc;
+pub mod l2;
 pub mod layout;
 mod nic;
 pub mod packet;
@@ -341,5 +343,6 @@ pub use engine::Engine;
 pub use events::SimChannel;
 pub use fabric::{Fabric, FabricConfig};
 pub use fault::{FaultPlan, FaultStats};
+pub use l2::{L2Addr, L2Attachment};
 pub use shared_recv::SimSharedRecv;
 pub use wires::WireConfig;

@@ -28,6 +28,12 @@ pub enum WireConfig {
     /// (`/dev/shm`): NICs in any process on this host. Each NIC creates a segment named from its
     /// process, fabric and address. Inline and Threaded engines.
     Shm,
+    /// RoCEv2 in Ethernet/IPv4/UDP frames on an Ethernet NIC that moves raw frames (an
+    /// [`L2Port`](bypass_hal::l2::L2Port): a NIC owned through VFIO, an `AF_PACKET` socket, an
+    /// in-memory pair), with ARP: NICs on the same link, including RoCEv2 NICs such as Linux's
+    /// rxe. Each NIC gets one port, given to [`Fabric::try_with_l2`](crate::Fabric::try_with_l2)
+    /// (a fabric made with this wire and no ports is refused). Inline and Threaded engines.
+    L2,
 }
 
 impl WireConfig {
@@ -39,8 +45,9 @@ impl WireConfig {
         }
         let Some(addr) = s.strip_prefix("udp://") else {
             return Err(format!(
-                "unknown simulator wire {s:?}: expected shm (processes on one host) or udp://IP:PORT \
-                 (e.g. udp://127.0.0.1:0), or no wire for the in-process one"
+                "unknown simulator wire {s:?}: expected shm (processes on one host), udp://IP:PORT \
+                 (e.g. udp://127.0.0.1:0), an L2 wire (l2:pair, packet://<ifname>,ip=<v4>: see \
+                 bypass_sim::l2::parse_wire), or no wire for the in-process one"
             ));
         };
         let addr: std::net::SocketAddrV4 = addr.parse().map_err(|e| {
@@ -63,6 +70,8 @@ pub(crate) struct PortSpec {
     pub depth: u32,
     /// Where sent packets are captured (`BYPASS_PCAP`), for wires that capture their own bytes.
     pub pcap: Option<Arc<PcapWriter>>,
+    /// The L2 wire: the NIC's port and address (`None` when the fabric's ports are all taken).
+    pub l2: Option<crate::l2::L2Attachment>,
 }
 
 /// Once per fabric, before its first NIC: clears what dead processes left behind on the wire.
@@ -90,6 +99,17 @@ pub(crate) fn open(wire: WireConfig, spec: PortSpec) -> std::io::Result<Option<A
         WireConfig::Shm => {
             let shm = crate::shm::ShmPort::create(spec.fabric, spec.nic, spec.mtu, spec.depth)?;
             Ok(Some(Arc::new(shm)))
+        }
+        WireConfig::L2 => {
+            let Some(at) = spec.l2 else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "every L2 port of this fabric already has its NIC: give Fabric::try_with_l2 one port per NIC \
+                     (queues of one NIC can connect to each other: the wire loops their frames back)",
+                ));
+            };
+            let l2 = crate::l2::L2Wire::new(at, spec.nic, spec.pcap)?;
+            Ok(Some(Arc::new(l2)))
         }
         #[cfg(loom)]
         WireConfig::Shm => Err(std::io::Error::new(
@@ -122,8 +142,8 @@ pub(crate) fn mismatch(name: &str, peer: &QueueInfo) -> Option<String> {
     }
     if let Some(ip) = crate::udp::ip_of_gid(&peer.gid) {
         return Some(format!(
-            "the peer's queue is at the IP address {ip} (a simulated NIC on the UDP wire, or a RoCEv2 \
-             NIC), but this NIC's fabric is on the {name} wire: open this side with the UDP wire too \
+            "the peer's queue is at the IP address {ip} (a simulated NIC on the UDP or L2 wire, or a \
+             RoCEv2 NIC), but this NIC's fabric is on the {name} wire: open this side with the peer's wire \
              (e.g. sim+udp://127.0.0.1:0)"
         ));
     }

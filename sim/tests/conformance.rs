@@ -1,5 +1,6 @@
 //! The hal conformance suite on the simulator, in all three engine modes, and on the UDP wire
-//! (loopback) and the shared-memory wire with the Inline and Threaded engines.
+//! (loopback), the shared-memory wire and the L2 wire (an in-memory Ethernet pair) with the Inline
+//! and Threaded engines.
 
 use bypass_hal::conformance::Env;
 use bypass_sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
@@ -26,6 +27,14 @@ impl SimEnv {
     /// Two NICs on the UDP wire, on loopback ports the system picks.
     fn udp(engine: Engine) -> Self {
         Self::with_wire(engine, WireConfig::parse("udp://127.0.0.1:0").unwrap())
+    }
+
+    /// Two NICs on the L2 wire, the two ends of an in-memory cable (Ethernet, IPv4, UDP, ARP).
+    fn l2(engine: Engine) -> Self {
+        let (ports, _) = bypass_sim::l2::pair::pair_attachments(Default::default()).unwrap();
+        let fabric = Fabric::try_with_l2(FabricConfig::new(engine), ports).unwrap();
+        let (a, b) = (fabric.add_nic(), fabric.add_nic());
+        SimEnv { fabric, a, b }
     }
 
     /// Two NICs on the shared-memory wire (two segments of this process).
@@ -76,5 +85,7 @@ bypass_hal::conformance_suite!(stepped_seed_2, || super::SimEnv::new(bypass_sim:
 }));
 bypass_hal::conformance_suite!(udp_inline, || super::SimEnv::udp(bypass_sim::Engine::Inline));
 bypass_hal::conformance_suite!(udp_threaded, || super::SimEnv::udp(bypass_sim::Engine::Threaded));
+bypass_hal::conformance_suite!(l2_inline, || super::SimEnv::l2(bypass_sim::Engine::Inline));
+bypass_hal::conformance_suite!(l2_threaded, || super::SimEnv::l2(bypass_sim::Engine::Threaded));
 bypass_hal::conformance_suite!(shm_inline, || super::SimEnv::shm(bypass_sim::Engine::Inline));
 bypass_hal::conformance_suite!(shm_threaded, || super::SimEnv::shm(bypass_sim::Engine::Threaded));

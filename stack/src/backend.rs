@@ -10,6 +10,8 @@
 //! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
 //! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
 //! | `sim+shm`, `sim:threaded+shm` | simulated NICs on the shared-memory wire (segments in `/dev/shm`), reachable from other processes on this host | feature `sim` |
+//! | `sim+l2:pair`, `sim+l2:pair,loss_ppm=20000` | two simulated NICs on the L2 wire (RoCEv2 in Ethernet frames, ARP) joined by an in-memory cable, 10.99.0.1 and 10.99.0.2: for tests | feature `sim` |
+//! | `sim+packet://veth0,ip=10.99.0.2[/24][,gw=10.99.0.1]` | one simulated NIC on the L2 wire through an `AF_PACKET` socket on that interface, speaking RoCEv2 to any RoCE NIC on the link (rxe); server and client share it | feature `sim`; CAP_NET_RAW |
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
@@ -116,6 +118,12 @@ impl Backend {
                 )))
             }
         };
+        if let Some(ports) = wire.and_then(bypass_sim::l2::parse_wire) {
+            let ports = ports.map_err(RpcError::InvalidArgument)?;
+            let fabric =
+                Fabric::try_with_l2(FabricConfig::new(engine), ports).map_err(RpcError::InvalidArgument)?;
+            return Ok(Backend::Sim { fabric, engine });
+        }
         let wire = match wire {
             None => WireConfig::InProcess,
             Some(w) => WireConfig::parse(w).map_err(RpcError::InvalidArgument)?,
@@ -163,6 +171,10 @@ impl Backend {
                 bypass_sim::WireConfig::Shm => {
                     format!("sim (the software NIC) on the shared-memory wire (this host), engine {engine:?}")
                 }
+                bypass_sim::WireConfig::L2 => format!(
+                    "sim (the software NIC) on the L2 wire (RoCEv2 in Ethernet frames), path MTU {}, engine {engine:?}",
+                    fabric.config().mtu
+                ),
                 _ => format!("sim (the software NIC, in this process), engine {engine:?}"),
             },
             #[cfg(feature = "verbs")]
@@ -192,7 +204,13 @@ impl Backend {
         match self {
             #[cfg(feature = "sim")]
             Backend::Sim { fabric, .. } => {
-                let (server, client) = (fabric.add_nic(), fabric.add_nic());
+                let server = fabric.add_nic();
+                // An L2 fabric with one port (AF_PACKET, VFIO) has one NIC: the client shares it
+                // and its queues reach the server's through the wire's loopback, as on a verbs
+                // device.
+                let single =
+                    fabric.config().wire == bypass_sim::WireConfig::L2 && fabric.l2_ports_left() == 0;
+                let client = if single { server.clone() } else { fabric.add_nic() };
                 w.run(&server, &client)
             }
             #[cfg(feature = "verbs")]

@@ -1,6 +1,7 @@
 //! The RPC conformance suite (`bypass::conformance`) on the simulator, Inline and Threaded
 //! engines: a server NIC and a client NIC on one fabric. (The Stepped engine needs a test that
-//! drives every step; `e2e.rs` covers it.) And the same on the UDP wire over loopback.
+//! drives every step; `e2e.rs` covers it.) And the same on the UDP wire over loopback, and on the
+//! L2 wire over an in-memory Ethernet cable, without and with loss (1 % of frames).
 
 use bypass::conformance::Env;
 use bypass::sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
@@ -20,6 +21,16 @@ impl SimEnv {
 
     fn udp(engine: Engine) -> Self {
         Self::with_wire(engine, WireConfig::parse("udp://127.0.0.1:0").unwrap())
+    }
+
+    /// Two NICs on the L2 wire (Ethernet frames, ARP) joined by an in-memory cable that loses
+    /// `loss_ppm` frames per million.
+    fn l2(engine: Engine, loss_ppm: u32) -> Self {
+        let cfg = bypass_sim::l2::pair::PairConfig { loss_ppm, seed: 29, ..Default::default() };
+        let (ports, _) = bypass_sim::l2::pair::pair_attachments(cfg).unwrap();
+        let fabric = Fabric::try_with_l2(FabricConfig::new(engine), ports).unwrap();
+        let (server, client) = (fabric.add_nic(), fabric.add_nic());
+        SimEnv { fabric, server, client }
     }
 
     fn with_wire(engine: Engine, wire: WireConfig) -> Self {
@@ -53,3 +64,6 @@ bypass::rpc_suite!(inline, || super::SimEnv::new(bypass::sim::Engine::Inline));
 bypass::rpc_suite!(threaded, || super::SimEnv::new(bypass::sim::Engine::Threaded));
 bypass::rpc_suite!(udp_inline, || super::SimEnv::udp(bypass::sim::Engine::Inline));
 bypass::rpc_suite!(udp_threaded, || super::SimEnv::udp(bypass::sim::Engine::Threaded));
+bypass::rpc_suite!(l2_inline, || super::SimEnv::l2(bypass::sim::Engine::Inline, 0));
+bypass::rpc_suite!(l2_threaded, || super::SimEnv::l2(bypass::sim::Engine::Threaded, 0));
+bypass::rpc_suite!(l2_lossy_inline, || super::SimEnv::l2(bypass::sim::Engine::Inline, 10_000));
