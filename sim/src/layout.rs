@@ -34,7 +34,10 @@
 //! | 8..12 | WQE index the completion is for |
 //! | 12..16 | byte count |
 //! | 16..20 | immediate data |
-//! | 20..64 | reserved |
+//! | 20..24 | queue epoch |
+//! | 24..28 | datagram receive: the sending queue's number |
+//! | 28..32 | datagram receive: the sending NIC's source id (as the receiving NIC's wire names it) |
+//! | 32..64 | reserved |
 
 use bypass_hal::{CqOpcode, Sge, Status, WrFlags};
 
@@ -297,6 +300,10 @@ pub struct Cqe {
     /// The queue's epoch when the CQE was written (a reset bumps it; the driver drops CQEs of an
     /// earlier epoch, as hardware purges them).
     pub epoch: u32,
+    /// A datagram receive: the sending queue (0 otherwise).
+    pub src_qpn: u32,
+    /// A datagram receive: the sending NIC's source id (0 otherwise).
+    pub src_nic: u32,
 }
 
 /// Wire code of a completion status.
@@ -375,6 +382,8 @@ pub fn encode_cqe_body(c: &Cqe, body: &mut [u8; 60]) {
     body[8..12].copy_from_slice(&c.byte_len.to_le_bytes());
     body[12..16].copy_from_slice(&c.imm.to_le_bytes());
     body[16..20].copy_from_slice(&c.epoch.to_le_bytes());
+    body[20..24].copy_from_slice(&c.src_qpn.to_le_bytes());
+    body[24..28].copy_from_slice(&c.src_nic.to_le_bytes());
 }
 
 /// Decodes a CQE from its head word and body.
@@ -389,6 +398,8 @@ pub fn decode_cqe(head: u32, body: &[u8; 60]) -> Cqe {
         byte_len: u32_at(8),
         imm: u32_at(12),
         epoch: u32_at(16),
+        src_qpn: u32_at(20),
+        src_nic: u32_at(24),
     }
 }
 
@@ -453,6 +464,8 @@ mod tests {
             byte_len: 4096,
             imm: 0x1234,
             epoch: 3,
+            src_qpn: 0x42,
+            src_nic: 7,
         };
         let mut body = [0u8; 60];
         encode_cqe_body(&c, &mut body);

@@ -9,6 +9,8 @@
 //!
 //! Everything here runs under the NIC's device lock.
 
+#[cfg(all(test, not(loom)))]
+mod datagram_tests;
 pub(crate) mod keys;
 pub(crate) mod qp;
 mod read_res;
@@ -78,6 +80,9 @@ pub struct NicStats {
     /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
     /// it sleeps (the only system call on that wire's send path).
     pub tx_wakeups: u64,
+    /// Datagrams (UM) a datagram queue dropped: no receive posted, a receive too short, the
+    /// queue not READY, or not a single-packet SEND. Never retried: the sender does not know.
+    pub datagrams_dropped: u64,
     /// In-process wire: packets lost because the sender's memory their payload was left in (they
     /// travel by reference) was deregistered while they waited in this NIC's inbox.
     pub rx_source_gone: u64,
@@ -421,6 +426,9 @@ impl DeviceState {
                 if let Some(r) = &qp.remote {
                     r.wire.flush(eager);
                 }
+                for d in &qp.dests {
+                    d.wire.flush(eager);
+                }
             }
         }
     }
@@ -636,6 +644,15 @@ impl DeviceState {
     pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: Payload<'_>) {
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
+            if qp.datagram || hdr.datagram {
+                // A datagram queue takes datagrams from anyone (and nothing else); a connected
+                // queue takes no datagram.
+                if qp.datagram && hdr.datagram {
+                    qp.on_datagram(ctx, hdr, payload);
+                    return true;
+                }
+                return false;
+            }
             let from_peer = qp.remote.as_ref().is_some_and(|r| {
                 r.nic == hdr.src_nic && (hdr.src_qpn == crate::packet::ANY_QPN || r.qpn == hdr.src_qpn)
             });
