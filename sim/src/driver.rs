@@ -168,6 +168,14 @@ impl SimNic {
         self.new_queue_of(config, send_cq, recv_cq, srq, false)
     }
 
+    /// Makes the NIC of the queue `peer` describes known to this NIC's wire, without a queue:
+    /// returns its source id (what [`SimCq::poll_from`] reports for datagrams from it). On a
+    /// byte wire a datagram queue takes datagrams only from NICs its wire knows, so a receiver
+    /// reaches its senders first (what importing a UM jetty does in sim-urma).
+    pub fn reach(&self, peer: &QueueInfo) -> Result<u32> {
+        self.nic.link(0, peer).map(|(_, id)| id).map_err(invalid)
+    }
+
     /// A queue of the unreliable datagram service (UB's UM, verbs' UD): connected to no one,
     /// each send names its destination (see [`SimQueue::post_datagrams`]), no acknowledgement
     /// and no retry, and a receive completion says who sent ([`SimCq::poll_from`]). It starts
