@@ -12,8 +12,9 @@
  * checks each receive record: its payload, the receiving jetty (local_id) and the sender
  * (remote_id: C's EID, uasid and id). It then replies from A to the sender the record named;
  * the client checks that record's remote_id is A. Also: urma_query_device reports UM with a UTP
- * transport; a UM jetty refuses urma_bind_jetty (URMA_ENOPERM) and a WRITE (URMA_EINVAL, bad_wr
- * set); an RM jetty is refused (not modelled). Every wait is bounded. Exit 0: all checks passed.
+ * transport; a UM jetty refuses urma_bind_jetty (URMA_ENOPERM) and a send without wr->tjetty
+ * (URMA_EINVAL, bad_wr set); an RM jetty is refused (not modelled). Every wait is bounded.
+ * Exit 0: all checks passed.
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
@@ -177,11 +178,10 @@ static void refusals(struct res *r, urma_target_jetty_t *to)
     CHECK(urma_bind_jetty(r->jetty[0], to) == URMA_ENOPERM, "a UM jetty binds to no one");
     urma_sge_t sge = {.addr = (uint64_t)(uintptr_t)r->buf, .len = 8, .tseg = r->seg};
     urma_jfs_wr_t wr, *bad = NULL;
-    send_wr(&wr, &sge, to, URMA_OPC_WRITE, 9);
-    wr.rw.src = (urma_sg_t){&sge, 1};
-    wr.rw.dst = (urma_sg_t){&sge, 1};
+    send_wr(&wr, &sge, to, URMA_OPC_SEND, 9);
+    wr.tjetty = NULL;
     CHECK(urma_post_jetty_send_wr(r->jetty[0], &wr, &bad) == URMA_EINVAL && bad == &wr,
-          "a WRITE on a UM jetty is refused and named in bad_wr");
+          "a UM send without wr->tjetty is refused and named in bad_wr");
     urma_jetty_cfg_t rm = {
         .flag.bs.share_jfr = 1,
         .jfs_cfg = {.depth = 8, .trans_mode = URMA_TM_RM, .max_sge = 1, .jfc = r->jfc},

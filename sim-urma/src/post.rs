@@ -165,8 +165,8 @@ fn um_target(w: &abi::UrmaJfsWr) -> Res<std::sync::Arc<TargetJetty>> {
     Ok(tj)
 }
 
-/// `urma_post_jetty_send_wr` on a UM jetty: each WR names its target in `wr->tjetty`; SEND and
-/// SEND_IMM only. The targets are resolved first (a new one gets an address handle, which may
+/// `urma_post_jetty_send_wr` on a UM jetty: each WR names its target in `wr->tjetty`; SEND,
+/// SEND_IMM, WRITE, WRITE_IMM and READ, one MTU each (the device's datagram service). The targets are resolved first (a new one gets an address handle, which may
 /// reach its device over the wire), so an unknown target fails the post before anything is sent.
 ///
 /// # Safety
@@ -212,12 +212,6 @@ unsafe fn post_um(
             limit,
             |w| w.next,
             |w, out| {
-                if w.opcode != URMA_OPC_SEND && w.opcode != URMA_OPC_SEND_IMM {
-                    return Err(inval(format!(
-                        "opcode {:#x} on a UM jetty: UM carries SEND (0x40) and SEND_IMM (0x41) only",
-                        w.opcode
-                    )));
-                }
                 translate(w, max_sge, out)?;
                 let tj = um_target(w)?;
                 let key = dest_key(&tj);

@@ -173,7 +173,9 @@ impl SimNic {
     /// byte wire a datagram queue takes datagrams only from NICs its wire knows, so a receiver
     /// reaches its senders first (what importing a UM jetty does in sim-urma).
     pub fn reach(&self, peer: &QueueInfo) -> Result<u32> {
-        self.nic.link(0, peer).map(|(_, id)| id).map_err(invalid)
+        let (wire, id) = self.nic.link(0, peer).map_err(invalid)?;
+        sync::lock(&self.nic.dev).routes.insert(id, crate::device::qp::dest(wire, id, 0));
+        Ok(id)
     }
 
     /// A queue of the unreliable datagram service (UB's UM, verbs' UD): connected to no one,
@@ -714,11 +716,16 @@ impl SimQueue {
             return Err(invalid("add_dest is for datagram queues: a connected queue has one peer"));
         }
         let (wire, id) = self.nic.link(self.shared.qpn, peer).map_err(invalid)?;
+        sync::lock(&self.nic.dev)
+            .routes
+            .entry(id)
+            .or_insert_with(|| crate::device::qp::dest(wire.clone(), id, 0));
         let ah = self.control(|qp, _| qp.add_dest(crate::device::qp::dest(wire, id, peer.qpn)));
         Ok(Dest { ah, qpn: peer.qpn, source: id })
     }
 
-    /// Posts datagrams (SEND or SEND_IMM only), `dests[i]` the destination of `wrs[i]`.
+    /// Posts datagrams (SEND, SEND_IMM, WRITE, WRITE_IMM or READ, each at most one MTU; no
+    /// atomics), `dests[i]` the destination of `wrs[i]`.
     /// A datagram queue is READY, or in ERROR (whose posts the device flushes).
     pub fn post_datagrams(&mut self, wrs: &[SendWr<'_>], dests: &[Dest]) -> Result<()> {
         if !self.datagram {
@@ -727,10 +734,11 @@ impl SimQueue {
         if dests.len() != wrs.len() {
             return Err(invalid("post_datagrams needs one destination per work request"));
         }
-        if let Some(wr) = wrs.iter().find(|w| !matches!(w.op, SendOp::Send | SendOp::SendImm(_))) {
+        if let Some(wr) =
+            wrs.iter().find(|w| matches!(w.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }))
+        {
             return Err(invalid(format!(
-                "a datagram queue sends SEND and SEND_IMM only, not {:?} (there is no connection to \
-                 carry WRITE, READ or atomics)",
+                "a datagram queue carries SEND, SEND_IMM, WRITE, WRITE_IMM and READ, not {:?}",
                 wr.op
             )));
         }
@@ -882,7 +890,7 @@ impl SimQueue {
         }
         let stride = sq.stride();
         for (i, wr) in wrs.iter().enumerate() {
-            let (op, imm, mut raddr, operands) = match wr.op {
+            let (op, imm, raddr, operands) = match wr.op {
                 SendOp::Send => (WqeOp::Send, 0, Default::default(), None),
                 SendOp::SendImm(i) => (WqeOp::SendImm, i, Default::default(), None),
                 SendOp::Write(r) => (WqeOp::Write, 0, r, None),
@@ -893,11 +901,7 @@ impl SimQueue {
                 }
                 SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, remote, Some([add, 0])),
             };
-            if let Some(d) = dests.and_then(|d| d.get(i)) {
-                // A datagram WQE carries its address handle where a WRITE has its remote key, and
-                // the target queue where a WRITE has its remote address.
-                raddr = bypass_hal::RemoteAddr { addr: u64::from(d.qpn), key: RemoteKey::from_rkey(d.ah) };
-            }
+            let ah = dests.and_then(|d| d.get(i)).map(|d| d.ah);
             let idx = self.sq_pi;
             let buf = &mut self.wqe[..stride];
             if wr.flags.contains(WrFlags::INLINE) {
@@ -948,6 +952,10 @@ impl SimQueue {
                 if let Some(operands) = operands {
                     layout::encode_atomic(buf, operands);
                 }
+            }
+            if let Some(ah) = ah {
+                // A datagram WQE names its destination (bytes 28..32, `layout`).
+                self.wqe[28..32].copy_from_slice(&ah.to_le_bytes());
             }
             // SAFETY: we are the only poster (`&mut self`) and slot `idx` is free (checked above
             // against the consumer index the poller publishes).

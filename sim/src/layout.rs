@@ -15,7 +15,7 @@
 //! | 16..20 | remote key |
 //! | 20..24 | inline byte count |
 //! | 24..28 | WQE index (low 32 bits of the producer index) |
-//! | 28..32 | reserved |
+//! | 28..32 | datagram queues: the address handle (the destination); reserved otherwise |
 //! | 32.. | SGEs, 16 bytes each (addr u64, len u32, lkey u32), or inline data |
 //!
 //! An atomic WQE has exactly one SGE (the 8-byte result buffer); the place of a second SGE,
@@ -122,6 +122,8 @@ pub struct Wqe {
     pub rkey: u32,
     /// Ring index the WQE was fetched from.
     pub index: u32,
+    /// Datagram queues: the address handle naming the destination.
+    pub ah: u32,
     /// Number of SGEs (0 for INLINE).
     pub nsge: u8,
     /// Inline payload bytes.
@@ -250,6 +252,7 @@ pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Re
         remote_addr: u64_at(8),
         rkey: u32_at(16),
         index,
+        ah: u32_at(28),
         nsge,
         inline_len,
         len: u64::from(inline_len),

@@ -124,14 +124,17 @@ fn a_datagram_that_finds_no_receive_is_dropped_without_rnr() {
 }
 
 #[test]
-fn a_datagram_queue_refuses_what_needs_a_connection_and_fails_a_message_over_the_mtu() {
+fn a_datagram_queue_refuses_atomics_and_a_connection_and_fails_a_message_over_the_mtu() {
     let fabric = Fabric::new(Engine::Stepped { seed: 2 });
     let (mut a, b) = (end(&fabric), end(&fabric));
     let to_b = a.q.add_dest(&b.q.info()).unwrap();
     let sge = [a.mem.sge(0, 8).unwrap()];
-    let write =
-        SendWr::send(1, &sge).with_op(SendOp::Write(RemoteAddr { addr: 0, key: RemoteKey::from_rkey(1) }));
-    assert!(matches!(a.q.post_datagrams(&[write], &[to_b]), Err(Error::InvalidArgument(_))));
+    let cas = SendWr::send(1, &sge).with_op(SendOp::CompareSwap {
+        remote: RemoteAddr { addr: 0, key: RemoteKey::from_rkey(1) },
+        compare: 0,
+        swap: 1,
+    });
+    assert!(matches!(a.q.post_datagrams(&[cas], &[to_b]), Err(Error::InvalidArgument(_))));
     assert!(matches!(a.q.post_send(&[SendWr::send(1, &sge)]), Err(Error::InvalidArgument(_))));
     assert!(matches!(a.q.connect(&b.q.info()), Err(Error::InvalidArgument(_))));
     let mtu = fabric.config().mtu;
@@ -180,4 +183,110 @@ fn a_datagram_is_a_ud_send_only_frame_whose_deth_names_the_sender() {
         ..Default::default()
     };
     assert_eq!(back.to_header(&rx), hdr);
+}
+
+/// A target whose memory the datagram WRITEs and READs (REMOTE_WRITE | REMOTE_READ).
+fn target(e: &End) -> <SimNic as Device>::Region {
+    e.nic.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap()
+}
+
+#[test]
+fn datagram_writes_and_reads_reach_the_target_memory_without_acknowledgement() {
+    let fabric = Fabric::new(Engine::Stepped { seed: 4 });
+    let (mut a, mut b) = (end(&fabric), end(&fabric));
+    let mut mem_b = target(&b);
+    let to_b = a.q.add_dest(&b.q.info()).unwrap();
+    // B answers READs only from NICs it has a route to.
+    let a_from_b = b.nic.reach(&a.q.info()).unwrap();
+    post_recvs(&mut b, 1, 64);
+    a.mem.write(0, b"written!").unwrap();
+    mem_b.write(100, b"for READ").unwrap();
+    let src = [a.mem.sge(0, 8).unwrap()];
+    let dst = [a.mem.sge(512, 8).unwrap()];
+    let wrs = [
+        SendWr::send(1, &src).with_op(SendOp::Write(mem_b.remote().at(0))),
+        SendWr::send(2, &src).with_op(SendOp::WriteImm(mem_b.remote().at(16), 5)),
+        SendWr::send(3, &dst).with_op(SendOp::Read(mem_b.remote().at(100))),
+    ];
+    a.q.post_datagrams(&wrs, &[to_b; 3]).unwrap();
+    fabric.run_until_idle();
+    let sent: Vec<_> = poll(&mut a).iter().map(|(c, _)| (c.wr_id, c.status, c.opcode)).collect();
+    assert_eq!(
+        sent,
+        [
+            (1, Status::Success, CqOpcode::Write),
+            (2, Status::Success, CqOpcode::Write),
+            (3, Status::Success, CqOpcode::Read)
+        ]
+    );
+    let mut buf = [0u8; 8];
+    mem_b.read(0, &mut buf).unwrap();
+    assert_eq!(&buf, b"written!");
+    mem_b.read(16, &mut buf).unwrap();
+    assert_eq!(&buf, b"written!");
+    a.mem.read(512, &mut buf).unwrap();
+    assert_eq!(&buf, b"for READ");
+    let got = poll(&mut b);
+    assert_eq!(got.len(), 1, "WRITE_IMM consumed one receive");
+    assert_eq!((got[0].0.opcode, got[0].0.imm), (CqOpcode::RecvWriteImm, Some(5)));
+    assert_eq!(got[0].1, Source { nic: a_from_b, qpn: a.q.qpn() });
+    // The READ's response is the only packet B sent: no ACKs.
+    assert_eq!(b.nic.stats().tx_responses, 1);
+}
+
+#[test]
+fn a_datagram_read_nobody_answers_times_out_once_and_the_queue_goes_on() {
+    let fabric = Fabric::new(Engine::Stepped { seed: 6 });
+    let (mut a, mut b) = (end(&fabric), end(&fabric));
+    let mem_b = target(&b);
+    let to_b = a.q.add_dest(&b.q.info()).unwrap(); // B never reaches A: no route back
+    post_recvs(&mut b, 1, 64);
+    let dst = [a.mem.sge(512, 8).unwrap()];
+    let src = [a.mem.sge(0, 8).unwrap()];
+    let wrs = [SendWr::send(1, &dst).with_op(SendOp::Read(mem_b.remote().at(0))), SendWr::send(2, &src)];
+    a.q.post_datagrams(&wrs, &[to_b; 2]).unwrap();
+    fabric.run_until_idle();
+    assert!(poll(&mut a).is_empty(), "the READ waits, and the SEND behind it");
+    assert_eq!(b.nic.stats().datagrams_dropped, 1);
+    fabric.advance(std::time::Duration::from_secs(2));
+    fabric.run_until_idle();
+    let got: Vec<_> = poll(&mut a).iter().map(|(c, _)| (c.wr_id, c.status)).collect();
+    assert_eq!(got, [(1, Status::RetryExceeded), (2, Status::Success)]);
+    assert_eq!(a.q.state(), QueueState::Ready);
+    assert_eq!((a.nic.stats().tx_packets, a.nic.stats().retransmits), (2, 0), "asked once, never again");
+    assert_eq!(poll(&mut b).len(), 1, "the SEND behind the READ arrived");
+}
+
+#[test]
+fn datagram_memory_operations_are_rd_frames_naming_the_sender() {
+    let hdr = PacketHeader {
+        src_nic: 1,
+        dst_nic: 2,
+        src_qpn: 0x77,
+        dst_qpn: 0x56,
+        kind: crate::packet::PacketKind::ReadRequest,
+        first: true,
+        last: true,
+        psn: 5,
+        remote_addr: 0x1000,
+        rkey: 9,
+        dma_len: 64,
+        datagram: true,
+        ..Default::default()
+    };
+    let frame = Frame::of_packet(&hdr, &[]);
+    assert_eq!(frame.opcode, Opcode::RdRdmaReadRequest);
+    let ep = Endpoints::of_packet(&hdr).unwrap();
+    let mut buf = [0u8; 128];
+    let n = frame.encode_udp(&ep, &mut buf).unwrap();
+    assert_eq!(n, roce::BTH_LEN + roce::RDETH_LEN + roce::DETH_LEN + roce::RETH_LEN + roce::ICRC_LEN);
+    assert_eq!(buf[0], 0x4C);
+    let rx = RxContext {
+        src_nic: 1,
+        dst_nic: 2,
+        src_qpn: crate::packet::ANY_QPN,
+        near_psn: 5,
+        ..Default::default()
+    };
+    assert_eq!(roce::decode_udp(&buf[..n], &ep).unwrap().to_header(&rx), hdr);
 }

@@ -123,6 +123,8 @@ pub(crate) struct Ctx<'a> {
     pub now: Nanos,
     /// The NIC's asynchronous events.
     pub events: &'a AsyncEvents,
+    /// Datagram service: the wire back to each source id the NIC reached (for READ responses).
+    pub routes: &'a std::collections::HashMap<u32, qp::Remote>,
 }
 
 impl<'a> Ctx<'a> {
@@ -331,6 +333,9 @@ pub(crate) struct DeviceState {
     pub events: Arc<AsyncEvents>,
     /// Shared receive queues created and not yet dropped (at most `caps.max_shared_recv`).
     pub shared_recvs: u32,
+    /// Datagram service: a wire to each NIC (by source id) this NIC reached with `reach` or
+    /// `add_dest`, so a datagram queue can answer a READ from it.
+    pub routes: std::collections::HashMap<u32, qp::Remote>,
 }
 
 // SAFETY: the raw pointers in the key table point into registrations whose memory is freed only
@@ -354,6 +359,7 @@ impl DeviceState {
             stats: NicStats::default(),
             to_flush: Vec::with_capacity(64),
             shared_recvs: 0,
+            routes: std::collections::HashMap::new(),
             caps,
             addr,
             mtu,
@@ -399,8 +405,8 @@ impl DeviceState {
     }
 
     fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
-        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, events, .. } = self;
-        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events })
+        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, events, routes, .. } = self;
+        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events, routes })
     }
 
     /// Runs `f` on queue `qpn` with a context, if the queue exists.

@@ -1100,6 +1100,9 @@ impl QpCtx {
 
     /// The retransmission timer fired.
     pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        if self.datagram {
+            return self.datagram_timeout(ctx);
+        }
         if self.ops.is_empty() {
             self.retx_deadline = NEVER;
             return;

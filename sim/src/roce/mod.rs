@@ -47,6 +47,8 @@ pub const RETH_LEN: usize = 16;
 pub const AETH_LEN: usize = 4;
 /// Length of the immediate data header.
 pub const IMMDT_LEN: usize = 4;
+/// Length of the Reliable Datagram Extended Transport Header (EE context): RD packets.
+pub const RDETH_LEN: usize = 4;
 /// Length of the Datagram Extended Transport Header (Q_Key, source QP): UD packets.
 pub const DETH_LEN: usize = 8;
 /// The Q_Key the simulator's datagrams carry (receivers do not check it: the simulated device
@@ -118,6 +120,15 @@ pub enum Opcode {
     CompareSwap = 0x13,
     /// Atomic fetch-and-add request (AtomicETH).
     FetchAdd = 0x14,
+    /// RD class, used for the datagram service's WRITE (RDETH, DETH, RETH): RoCEv2 has no
+    /// unreliable memory operation, and RD's is the nearest layout that names the source queue.
+    RdRdmaWriteOnly = 0x4A,
+    /// RD WRITE with immediate (RDETH, DETH, RETH, ImmDt).
+    RdRdmaWriteOnlyWithImmediate = 0x4B,
+    /// RD READ request (RDETH, DETH, RETH).
+    RdRdmaReadRequest = 0x4C,
+    /// RD READ response, single packet (RDETH, AETH).
+    RdRdmaReadResponseOnly = 0x50,
     /// UD: a datagram (DETH), the only UD opcode besides the next.
     UdSendOnly = 0x64,
     /// UD: a datagram with immediate (DETH, ImmDt).
@@ -158,6 +169,10 @@ impl Opcode {
     /// (SEND with invalidate, FLUSH, ATOMIC WRITE), or a reserved value.
     pub fn from_byte(b: u8) -> Result<Opcode, FrameError> {
         match b {
+            0x4A => return Ok(Opcode::RdRdmaWriteOnly),
+            0x4B => return Ok(Opcode::RdRdmaWriteOnlyWithImmediate),
+            0x4C => return Ok(Opcode::RdRdmaReadRequest),
+            0x50 => return Ok(Opcode::RdRdmaReadResponseOnly),
             0x64 => return Ok(Opcode::UdSendOnly),
             0x65 => return Ok(Opcode::UdSendOnlyWithImmediate),
             _ => {}
@@ -201,6 +216,10 @@ impl Opcode {
             Opcode::AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
             Opcode::CompareSwap => "COMPARE_SWAP",
             Opcode::FetchAdd => "FETCH_ADD",
+            Opcode::RdRdmaWriteOnly => "RD_RDMA_WRITE_ONLY",
+            Opcode::RdRdmaWriteOnlyWithImmediate => "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+            Opcode::RdRdmaReadRequest => "RD_RDMA_READ_REQUEST",
+            Opcode::RdRdmaReadResponseOnly => "RD_RDMA_READ_RESPONSE_ONLY",
             Opcode::UdSendOnly => "UD_SEND_ONLY",
             Opcode::UdSendOnlyWithImmediate => "UD_SEND_ONLY_WITH_IMMEDIATE",
         }
@@ -210,9 +229,9 @@ impl Opcode {
     pub const fn kind(self) -> PacketKind {
         match self as u8 {
             0x00..=0x05 | 0x64 | 0x65 => PacketKind::Send,
-            0x06..=0x0B => PacketKind::Write,
-            0x0C => PacketKind::ReadRequest,
-            0x0D..=0x10 => PacketKind::ReadResponse,
+            0x06..=0x0B | 0x4A | 0x4B => PacketKind::Write,
+            0x0C | 0x4C => PacketKind::ReadRequest,
+            0x0D..=0x10 | 0x50 => PacketKind::ReadResponse,
             0x12 => PacketKind::AtomicAck,
             0x13 | 0x14 => PacketKind::AtomicRequest,
             _ => PacketKind::Ack,
@@ -239,6 +258,10 @@ impl Opcode {
                 | Opcode::FetchAdd
                 | Opcode::UdSendOnly
                 | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
@@ -263,12 +286,34 @@ impl Opcode {
                 | Opcode::FetchAdd
                 | Opcode::UdSendOnly
                 | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
     /// Carries a DETH (Q_Key, source QP): the UD opcodes.
     pub const fn has_deth(self) -> bool {
-        matches!(self, Opcode::UdSendOnly | Opcode::UdSendOnlyWithImmediate)
+        matches!(
+            self,
+            Opcode::UdSendOnly
+                | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+        )
+    }
+
+    /// Carries an RDETH (EE context): the RD opcodes.
+    pub const fn has_rdeth(self) -> bool {
+        matches!(
+            self,
+            Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
+        )
     }
 
     /// Carries a RETH: WRITE first/only, READ request.
@@ -279,6 +324,9 @@ impl Opcode {
                 | Opcode::RdmaWriteOnly
                 | Opcode::RdmaWriteOnlyWithImmediate
                 | Opcode::RdmaReadRequest
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
         )
     }
 
@@ -291,6 +339,7 @@ impl Opcode {
                 | Opcode::RdmaReadResponseFirst
                 | Opcode::RdmaReadResponseLast
                 | Opcode::RdmaReadResponseOnly
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
@@ -313,6 +362,7 @@ impl Opcode {
                 | Opcode::RdmaWriteLastWithImmediate
                 | Opcode::RdmaWriteOnlyWithImmediate
                 | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnlyWithImmediate
         )
     }
 
@@ -322,6 +372,7 @@ impl Opcode {
         !matches!(
             self,
             Opcode::RdmaReadRequest
+                | Opcode::RdRdmaReadRequest
                 | Opcode::Acknowledge
                 | Opcode::AtomicAcknowledge
                 | Opcode::CompareSwap
@@ -332,6 +383,7 @@ impl Opcode {
     /// Bytes of BTH plus extension headers.
     pub const fn header_len(self) -> usize {
         BTH_LEN
+            + if self.has_rdeth() { RDETH_LEN } else { 0 }
             + if self.has_deth() { DETH_LEN } else { 0 }
             + if self.has_reth() { RETH_LEN } else { 0 }
             + if self.has_aeth() { AETH_LEN } else { 0 }
@@ -345,7 +397,14 @@ impl Opcode {
     pub const fn of(hdr: &PacketHeader) -> Opcode {
         let (first, last, imm) = (hdr.first, hdr.last, hdr.has_imm && hdr.last);
         if hdr.datagram {
-            return if hdr.has_imm { Opcode::UdSendOnlyWithImmediate } else { Opcode::UdSendOnly };
+            return match hdr.kind {
+                PacketKind::Write if hdr.has_imm => Opcode::RdRdmaWriteOnlyWithImmediate,
+                PacketKind::Write => Opcode::RdRdmaWriteOnly,
+                PacketKind::ReadRequest => Opcode::RdRdmaReadRequest,
+                PacketKind::ReadResponse => Opcode::RdRdmaReadResponseOnly,
+                _ if hdr.has_imm => Opcode::UdSendOnlyWithImmediate,
+                _ => Opcode::UdSendOnly,
+            };
         }
         match hdr.kind {
             PacketKind::Send => match (first, last, imm) {
@@ -577,7 +636,9 @@ pub struct Frame<'a> {
     pub dest_qp: u32,
     /// BTH PSN (24 bits).
     pub psn: u32,
-    /// DETH, on the UD opcodes.
+    /// RDETH (the EE context, 24 bits; the simulator sends 0), on the RD opcodes.
+    pub rdeth: Option<u32>,
+    /// DETH, on the UD opcodes and the RD requests.
     pub deth: Option<Deth>,
     /// RETH, on the opcodes that carry one.
     pub reth: Option<Reth>,
@@ -605,6 +666,7 @@ impl<'a> Frame<'a> {
     /// `payload` must be `hdr.payload_len` bytes (checked when encoding).
     pub fn of_packet(hdr: &PacketHeader, payload: &'a [u8]) -> Frame<'a> {
         let opcode = Opcode::of(hdr);
+        let rdeth = opcode.has_rdeth().then_some(0);
         let deth = opcode.has_deth().then_some(Deth { qkey: SIM_QKEY, src_qp: hdr.src_qpn & 0x00FF_FFFF });
         let reth =
             opcode.has_reth().then_some(Reth { va: hdr.remote_addr, rkey: hdr.rkey, len: hdr.dma_len });
@@ -624,7 +686,7 @@ impl<'a> Frame<'a> {
             && (hdr.kind == PacketKind::Send || (hdr.kind == PacketKind::Write && hdr.has_imm));
         let ack_req = match hdr.kind {
             PacketKind::Send | PacketKind::Write => hdr.last && !hdr.datagram,
-            PacketKind::ReadRequest | PacketKind::AtomicRequest => true,
+            PacketKind::ReadRequest | PacketKind::AtomicRequest => !hdr.datagram,
             PacketKind::ReadResponse | PacketKind::Ack | PacketKind::AtomicAck => false,
         };
         Frame {
@@ -634,6 +696,7 @@ impl<'a> Frame<'a> {
             pkey: DEFAULT_PKEY,
             dest_qp: hdr.dst_qpn & 0x00FF_FFFF,
             psn: hdr.psn & 0x00FF_FFFF,
+            rdeth,
             deth,
             reth,
             aeth,
@@ -680,8 +743,8 @@ impl<'a> Frame<'a> {
         };
         if let Some(d) = self.deth {
             h.src_qpn = d.src_qp;
-            h.datagram = true;
         }
+        h.datagram = self.deth.is_some() || self.rdeth.is_some();
         match kind {
             PacketKind::Write | PacketKind::ReadRequest => {
                 let r = self.reth.or(rx.write).unwrap_or_default();
@@ -864,7 +927,7 @@ mod tests {
         for b in 0u8..=255 {
             let r = Opcode::from_byte(b);
             match b {
-                0x00..=0x14 | 0x64 | 0x65 => assert!(r.is_ok()),
+                0x00..=0x14 | 0x4A..=0x4C | 0x50 | 0x64 | 0x65 => assert!(r.is_ok()),
                 0x16 | 0x17 | 0x1C | 0x1D => {
                     assert_eq!(r, Err(FrameError::UnsupportedOpcode(b)))
                 }

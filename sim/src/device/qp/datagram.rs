@@ -1,14 +1,24 @@
 //! The unreliable datagram service (UB's UM, "unreliable message"; verbs' UD) of a queue.
 //!
 //! A datagram queue is connected to no one. Each send WQE names its destination: an address
-//! handle (an index into the queue's [`QpCtx::dests`], which the driver fills when the user
-//! imports a target) and the target queue's number. What hardware does, and what this models:
+//! handle (bytes 28..32 of the WQE: an index into the queue's [`QpCtx::dests`], which the driver
+//! fills when the user adds a target), which names the target NIC and queue. What hardware does, and what this models:
 //!
+//! - **Operations.** SEND, SEND_IMM, WRITE, WRITE_IMM and READ (UB's UM carries memory
+//!   operations too: UMDK's `urma_sample -m 2` WRITEs and READs on a UM jetty); no atomics.
 //! - **One packet per message.** A message longer than the MTU fails with `LocalLength` before
-//!   anything is sent (verbs UD; UDMA's UM likewise limits a message to one packet).
-//! - **No acknowledgement, no retry.** The send completes (`Success`) once the packet is on the
-//!   wire: a packet the wire loses is lost, and the sender never knows. No PSN is checked by
-//!   the receiver; the packet carries the queue's next PSN for captures only.
+//!   anything is sent (verbs UD; a READ's response is one packet too).
+//! - **No acknowledgement, no retry.** A SEND or WRITE completes (`Success`) once the packet is
+//!   on the wire: a packet the wire loses is lost, and the sender never knows. No PSN is checked
+//!   by the receiver; the packet carries the queue's next PSN for captures only.
+//! - **READ** waits for its one response (later work waits behind it, so completions stay in
+//!   posting order) and completes with it. A request or response the wire loses is not asked
+//!   again: after the queue's ACK timeout the READ completes with `RetryExceeded` and the queue
+//!   stays READY. A responder answers a READ only from a NIC it has a route to (one it reached:
+//!   `SimNic::reach`, or a destination of one of its datagram queues) and drops it otherwise.
+//! - **Memory errors are silent.** A WRITE or READ whose key, range or rights the responder
+//!   refuses is dropped (`NicStats::datagrams_dropped`): nothing goes back to say so (for a
+//!   READ, the requester's timeout does).
 //! - **Any sender.** The receiving datagram queue takes a datagram from any queue of any NIC its
 //!   wire can name. The receive completion carries the source: the sending queue's number (the
 //!   DETH's source QP on a byte wire) and the sending NIC's source id.
@@ -56,8 +66,11 @@ impl QpCtx {
         if self.shared.sq.producer() == idx {
             return false;
         }
+        if self.read_blocked {
+            return false; // a READ waits for its response
+        }
         let wqe = match self.fetch_sq(idx) {
-            Ok(w) if matches!(w.op, WqeOp::Send | WqeOp::SendImm) => w,
+            Ok(w) if !w.op.is_atomic() && w.op != WqeOp::Recv => w,
             Ok(w) => {
                 self.fail_unfetched(ctx, idx, w.op, Status::LocalQueueOperation);
                 return true;
@@ -75,18 +88,22 @@ impl QpCtx {
             self.fail_unfetched(ctx, idx, wqe.op, Status::LocalLength);
             return true;
         }
-        // The WQE's remote-key field holds the address handle, its remote address the target
-        // queue (a SEND uses neither).
-        let Some(remote) = self.dests.get(wqe.rkey as usize) else {
+        let Some(remote) = self.dests.get(wqe.ah as usize) else {
             self.fail_unfetched(ctx, idx, wqe.op, Status::LocalQueueOperation);
             return true;
         };
-        let hdr = PacketHeader {
+        // The address handle names the target queue too.
+        let (dst_qpn, kind) = match wqe.op {
+            WqeOp::Send | WqeOp::SendImm => (remote.qpn, PacketKind::Send),
+            WqeOp::Write | WqeOp::WriteImm => (remote.qpn, PacketKind::Write),
+            _ => (remote.qpn, PacketKind::ReadRequest),
+        };
+        let mut hdr = PacketHeader {
             src_nic: ctx.nic,
             dst_nic: remote.nic,
             src_qpn: self.shared.qpn,
-            dst_qpn: wqe.remote_addr as u32,
-            kind: PacketKind::Send,
+            dst_qpn,
+            kind,
             first: true,
             last: true,
             has_imm: wqe.op.has_imm(),
@@ -97,7 +114,15 @@ impl QpCtx {
             datagram: true,
             ..Default::default()
         };
-        let result = if wqe.len == 0 {
+        if kind != PacketKind::Send {
+            hdr.remote_addr = wqe.remote_addr;
+            hdr.rkey = wqe.rkey;
+            hdr.dma_len = wqe.len as u32;
+        }
+        if kind == PacketKind::ReadRequest {
+            hdr.payload_len = 0;
+        }
+        let result = if hdr.payload_len == 0 {
             remote.wire.transmit(&hdr, &mut |_| {})
         } else if wqe.flags.contains(WrFlags::INLINE) {
             let ring = &self.shared.sq;
@@ -128,19 +153,139 @@ impl QpCtx {
             self.pending_flush = true;
             ctx.to_flush.push(self.shared.qpn);
         }
+        let psn = self.next_psn;
         self.next_psn = psn_add(self.next_psn, 1);
         self.send_psn = self.next_psn;
         self.sent_high = self.next_psn;
         self.sq_fetch = idx.wrapping_add(1);
-        self.send_cqe(&wqe, wqe.len, Status::Success);
+        if kind == PacketKind::ReadRequest {
+            self.ops.push_back(super::Op { wqe, len: wqe.len, first_psn: psn, npkts: 1, resp_got: 0 });
+            self.read_blocked = true;
+            self.retx_deadline = ctx.now.saturating_add(self.timeout);
+        } else {
+            self.send_cqe(&wqe, wqe.len, Status::Success);
+        }
         true
+    }
+
+    /// A datagram READ's time is up: it completes with `RetryExceeded` (nothing is asked again)
+    /// and the queue goes on.
+    pub(super) fn datagram_timeout(&mut self, ctx: &mut Ctx<'_>) {
+        self.retx_deadline = super::NEVER;
+        if let Some(op) = self.ops.pop_front() {
+            ctx.stats.timeouts += 1;
+            self.send_cqe(&op.wqe, op.len, Status::RetryExceeded);
+        }
+        self.read_blocked = false;
+    }
+
+    /// The response to this queue's outstanding datagram READ (anything else is dropped).
+    fn on_datagram_read_response(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
+        let Some(op) = self.ops.front().copied() else {
+            ctx.stats.stale_responses += 1;
+            return;
+        };
+        if op.first_psn != hdr.psn || payload.len() as u64 != op.len {
+            ctx.stats.stale_responses += 1;
+            return;
+        }
+        self.ops.pop_front();
+        self.read_blocked = false;
+        self.retx_deadline = super::NEVER;
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        match ctx.resolve_span(&self.shared.sq, &op.wqe, 0, op.len, Access::LOCAL_WRITE, &mut segs) {
+            Ok(n) => {
+                scatter(&segs[..n], payload);
+                self.send_cqe(&op.wqe, op.len, Status::Success);
+            }
+            Err(_) => {
+                self.send_cqe(&op.wqe, op.len, Status::LocalProtection);
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    /// A datagram WRITE or READ request for this queue's NIC memory.
+    fn on_datagram_memory(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
+        if hdr.kind == PacketKind::ReadRequest {
+            let len = u64::from(hdr.dma_len);
+            let route = ctx.routes.get(&hdr.src_nic);
+            let ok = len <= u64::from(ctx.mtu)
+                && ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_READ).is_ok();
+            let (Some(route), true) = (route, ok) else {
+                ctx.stats.datagrams_dropped += 1;
+                return;
+            };
+            let resp = PacketHeader {
+                src_nic: ctx.nic,
+                dst_nic: hdr.src_nic,
+                src_qpn: self.shared.qpn,
+                dst_qpn: hdr.src_qpn,
+                kind: PacketKind::ReadResponse,
+                first: true,
+                last: true,
+                psn: hdr.psn,
+                payload_len: len as u32,
+                datagram: true,
+                ..Default::default()
+            };
+            let keys = ctx.keys;
+            let (addr, rkey) = (hdr.remote_addr, hdr.rkey);
+            let sent = route.wire.transmit(&resp, &mut |buf: &mut [u8]| {
+                if let Ok(src) = keys.resolve(rkey, addr, buf.len() as u64, Access::REMOTE_READ) {
+                    // SAFETY: the key table vouched for `buf.len()` readable bytes at `src` in a
+                    // live registration (we hold the device lock); `buf` is wire memory.
+                    unsafe { std::ptr::copy_nonoverlapping(src, buf.as_mut_ptr(), buf.len()) }
+                }
+            });
+            match sent {
+                Transmit::Sent => ctx.stats.tx_responses += 1,
+                Transmit::Dropped | Transmit::Busy => ctx.stats.tx_dropped += 1,
+            }
+            route.wire.flush(false);
+            return;
+        }
+        let len = payload.len() as u64;
+        let Ok(dst) = ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_WRITE) else {
+            ctx.stats.datagrams_dropped += 1;
+            return;
+        };
+        if hdr.has_imm && !self.have_recv() {
+            ctx.stats.datagrams_dropped += 1;
+            return;
+        }
+        // SAFETY: the key table checked that `len` bytes at `dst` lie inside a live registration
+        // with REMOTE_WRITE (we hold the device lock).
+        unsafe { payload.copy_out(0, dst, payload.len()) };
+        if hdr.has_imm {
+            let from = (hdr.src_nic, hdr.src_qpn);
+            self.recv_cqe_from(
+                self.rq_fetch,
+                Status::Success,
+                CqOpcode::RecvWriteImm,
+                len as u32,
+                Some(hdr.imm),
+                hdr.solicited,
+                from,
+            );
+            self.rq_fetch = self.rq_fetch.wrapping_add(1);
+        }
     }
 
     /// A datagram arrived for this (datagram) queue.
     pub(crate) fn on_datagram(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
-        if self.state != QueueState::Ready || hdr.kind != PacketKind::Send || !(hdr.first && hdr.last) {
+        if self.state != QueueState::Ready || !(hdr.first && hdr.last) {
             ctx.stats.datagrams_dropped += 1;
             return;
+        }
+        match hdr.kind {
+            PacketKind::Send => {}
+            PacketKind::Write | PacketKind::ReadRequest => return self.on_datagram_memory(ctx, hdr, payload),
+            PacketKind::ReadResponse => return self.on_datagram_read_response(ctx, hdr, payload),
+            _ => {
+                ctx.stats.datagrams_dropped += 1;
+                return;
+            }
         }
         let recv = match self.fetch_rq() {
             None => {
