@@ -10,7 +10,8 @@
  * Each side imports the other's jettys with trans_mode UM. The client posts one WR list from C
  * whose two SENDs name different targets in wr->tjetty (A, then B with an immediate). The server
  * checks each receive record: its payload, the receiving jetty (local_id) and the sender
- * (remote_id: C's EID, uasid and id). It then replies from A to the sender the record named;
+ * (remote_id: C's EID, uasid and id). Before that the client WRITEs into and READs from the
+ * server's segment through A (UM memory operations, as UMDK's sample does). The server then replies from A to the sender the record named;
  * the client checks that record's remote_id is A. Also: urma_query_device reports UM with a UTP
  * transport; a UM jetty refuses urma_bind_jetty (URMA_ENOPERM) and a send without wr->tjetty
  * (URMA_EINVAL, bad_wr set); an RM jetty is refused (not modelled). Every wait is bounded.
@@ -44,6 +45,13 @@ static const char *role = "?";
             exit(1);                                                          \
         }                                                                     \
     } while (0)
+
+/* What the server sends: its two jettys and its segment. */
+struct __attribute__((packed)) offer {
+    urma_jetty_id_t jetty[2];
+    uint64_t seg_va, seg_len;
+    uint32_t seg_flag, seg_token_id;
+};
 
 struct res {
     urma_device_attr_t attr;
@@ -220,12 +228,17 @@ static int server(void)
     int fd = accept(ls, NULL, NULL);
     CHECK(fd >= 0, "accept");
     urma_jetty_id_t mine[2] = {r.jetty[0]->jetty_id, r.jetty[1]->jetty_id};
-    xfer(fd, mine, sizeof mine, 1);
+    struct offer o = {.jetty = {mine[0], mine[1]}, .seg_va = r.seg->seg.ubva.va, .seg_len = r.seg->seg.len,
+                      .seg_flag = r.seg->seg.attr.value, .seg_token_id = r.seg->seg.token_id};
+    memcpy(r.buf + 3584, "for the READ", 13);
+    xfer(fd, &o, sizeof o, 1);
     xfer(fd, &r.peer[0], sizeof r.peer[0], 0);
     r.tj[0] = import_um(&r, r.peer[0]);
     post_recv(&r, 0, 0, 100);
     post_recv(&r, 1, 256, 200);
     sync_byte(fd, 1); /* imported, receives posted: the client may send */
+    sync_byte(fd, 0); /* the client WRITE and READ our segment through A */
+    CHECK(memcmp(r.buf + 3072, "UM WRITE", 9) == 0, "the client's UM WRITE landed");
     int seen_a = 0, seen_b = 0;
     urma_jetty_id_t from = {0};
     for (int k = 0; k < 2; k++) {
@@ -273,13 +286,48 @@ static int client(int port)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
-    xfer(fd, r.peer, sizeof r.peer, 0);
+    struct offer o;
+    xfer(fd, &o, sizeof o, 0);
+    r.peer[0] = o.jetty[0];
+    r.peer[1] = o.jetty[1];
     urma_jetty_id_t mine = r.jetty[0]->jetty_id;
     xfer(fd, &mine, sizeof mine, 1);
     r.tj[0] = import_um(&r, r.peer[0]);
     r.tj[1] = import_um(&r, r.peer[1]);
     post_recv(&r, 0, 2048, 500);
     sync_byte(fd, 0);
+    /* WRITE then READ the server's segment through A, as UMDK's sample does in UM mode. */
+    urma_seg_t seg = {0};
+    seg.ubva.eid = o.jetty[0].eid;
+    seg.ubva.uasid = o.jetty[0].uasid;
+    seg.ubva.va = o.seg_va;
+    seg.len = o.seg_len;
+    seg.attr.value = o.seg_flag;
+    seg.token_id = o.seg_token_id;
+    urma_import_seg_flag_t sf = {.bs = {.access = URMA_ACCESS_READ | URMA_ACCESS_WRITE, .mapping = URMA_SEG_NOMAP}};
+    urma_target_seg_t *rseg = urma_import_seg(r.ctx, &seg, &(urma_token_t){TOKEN}, 0, sf);
+    CHECK(rseg != NULL, "urma_import_seg");
+    memcpy(r.buf + 1024, "UM WRITE", 9);
+    urma_sge_t loc = {.addr = (uint64_t)(uintptr_t)(r.buf + 1024), .len = 9, .tseg = r.seg};
+    urma_sge_t rem = {.addr = o.seg_va + 3072, .len = 9, .tseg = rseg};
+    urma_jfs_wr_t rw = {.opcode = URMA_OPC_WRITE, .tjetty = r.tj[0], .user_ctx = 10}, *rbad = NULL;
+    rw.flag.bs.complete_enable = 1;
+    rw.rw.src = (urma_sg_t){&loc, 1};
+    rw.rw.dst = (urma_sg_t){&rem, 1};
+    CHECK(urma_post_jetty_send_wr(r.jetty[0], &rw, &rbad) == URMA_SUCCESS, "UM WRITE");
+    urma_cr_t wcr = next_cr(&r);
+    CHECK(wcr.user_ctx == 10 && wcr.status == URMA_CR_SUCCESS, "UM WRITE record: status %d", wcr.status);
+    urma_sge_t into = {.addr = (uint64_t)(uintptr_t)(r.buf + 1536), .len = 13, .tseg = r.seg};
+    urma_sge_t from = {.addr = o.seg_va + 3584, .len = 13, .tseg = rseg};
+    rw.opcode = URMA_OPC_READ;
+    rw.user_ctx = 11;
+    rw.rw.src = (urma_sg_t){&from, 1};
+    rw.rw.dst = (urma_sg_t){&into, 1};
+    CHECK(urma_post_jetty_send_wr(r.jetty[0], &rw, &rbad) == URMA_SUCCESS, "UM READ");
+    wcr = next_cr(&r);
+    CHECK(wcr.user_ctx == 11 && wcr.status == URMA_CR_SUCCESS, "UM READ record: status %d", wcr.status);
+    CHECK(memcmp(r.buf + 1536, "for the READ", 13) == 0, "the UM READ brought the server's bytes");
+    sync_byte(fd, 1);
     /* One WR list, two targets. */
     memcpy(r.buf, "to A!!", 7);
     memcpy(r.buf + 8, "to B!!", 7);
@@ -307,6 +355,7 @@ static int client(int port)
         }
     }
     sync_byte(fd, 1);
+    CHECK(urma_unimport_seg(rseg) == URMA_SUCCESS, "urma_unimport_seg");
     teardown(&r, 1, 2);
     close(fd);
     printf("client: all checks passed\n");
