@@ -120,6 +120,8 @@ fn send_cqe(seq: u32, len: u64) -> Cqe {
         byte_len: len as u32,
         imm: 0,
         epoch: 0,
+        src_qpn: 0,
+        src_nic: 0,
     }
 }
 
@@ -134,6 +136,8 @@ fn plain_cqe(seq: u32) -> Cqe {
         byte_len: 1000 + seq,
         imm: 0xbeef_0000 + seq,
         epoch: 0,
+        src_qpn: 0,
+        src_nic: 0,
     }
 }
 

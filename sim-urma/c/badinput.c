@@ -97,7 +97,7 @@ int badinput(void)
     PTR("create_jetty inline above max_jfs_inline_len", urma_create_jetty(ctx, &bad), EINVAL);
     bad = jc;
     bad.jfs_cfg.trans_mode = URMA_TM_UM;
-    PTR("create_jetty UM (not simulated)", urma_create_jetty(ctx, &bad), EINVAL);
+    PTR("create_jetty UM on an RC JFR", urma_create_jetty(ctx, &bad), EINVAL);
     urma_jfr_t fake_jfr;
     memset(&fake_jfr, 0, sizeof fake_jfr);
     bad = jc;
@@ -175,8 +175,11 @@ int badinput(void)
     PTR("import_jetty rjetty NULL", urma_import_jetty(ctx, NULL, &(urma_token_t){7}), EINVAL);
     urma_rjetty_t rm = rj;
     rm.trans_mode = URMA_TM_RM;
-    urma_target_jetty_t *tj_rm = urma_import_jetty(ctx, &rm, &(urma_token_t){7});
-    STATUS("bind to a non-RC target", urma_bind_jetty(jetty, tj_rm), URMA_ENOPERM);
+    PTR("import_jetty RM (not simulated)", urma_import_jetty(ctx, &rm, &(urma_token_t){7}), EINVAL);
+    urma_rjetty_t um = rj;
+    um.trans_mode = URMA_TM_UM;
+    urma_target_jetty_t *tj_rm = urma_import_jetty(ctx, &um, &(urma_token_t){7});
+    STATUS("bind to a non-RC (UM) target", urma_bind_jetty(jetty, tj_rm), URMA_ENOPERM);
     urma_rjetty_t ot = rj;
     ot.flag.bs.order_type = URMA_OT;
     urma_target_jetty_t *tj_ot = urma_import_jetty(ctx, &ot, &(urma_token_t){7});

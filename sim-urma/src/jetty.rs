@@ -1,5 +1,6 @@
-//! Jetties (RC, on a shared JFR): creation, import of a peer's jetty, bind/unbind (the sim
-//! queue's connect), state changes, query and flush. The data path is in `post`.
+//! Jetties (RC or UM, on a shared JFR): creation, import of a peer's jetty, bind/unbind (the sim
+//! queue's connect; UM jetties bind to no one), state changes, query and flush. The data path is
+//! in `post`; who sent a UM datagram, in `um`.
 
 use crate::context::{ctx_of, Ctx, JettyIds};
 use crate::ffi::{self, fail, inval, Res};
@@ -31,6 +32,8 @@ pub(crate) struct Jetty {
     pub psn: u32,
     pub order: u32,
     pub max_sge: u32,
+    /// `URMA_TM_RC` or `URMA_TM_UM` (a sim datagram queue).
+    pub trans_mode: u32,
     /// See [`JettyIds::errored`].
     pub errored: Arc<std::sync::atomic::AtomicBool>,
     pub inner: Mutex<JettyInner>,
@@ -50,12 +53,15 @@ pub(crate) struct JettyInner {
     pub state: u32,
     /// Where a post translates its work requests (allocated once, not per post).
     pub scratch: Box<[crate::post::Tr; crate::post::CHUNK]>,
+    /// UM: the targets sent to so far (queue number, GID, port) and their address handles.
+    pub dests: Vec<(crate::um::DestKey, bypass_sim::Dest)>,
 }
 
 /// An imported jetty (`urma_target_jetty_t` first).
 #[repr(C)]
 pub(crate) struct TargetJetty {
     pub c: UnsafeCell<abi::UrmaTargetJetty>,
+    /// Its queue's description (UM: where its datagrams go).
     pub _ctx: Arc<Ctx>,
     pub peer: QueueInfo,
     pub order: u32,
@@ -113,6 +119,16 @@ impl Jetty {
     /// Connects the sim queue to the bound peer, then hands it the receives waiting on the JFR.
     fn connect(&self, g: &mut JettyInner, tj: &TargetJetty) -> Res<()> {
         g.q.connect(&tj.peer).map_err(|e| fail(URMA_FAIL, format!("cannot reach the target jetty: {e}")))?;
+        self.take_pending(g)
+    }
+
+    /// UM: RESET → READY (no peer), then hands it the receives waiting on the JFR.
+    fn activate(&self, g: &mut JettyInner) -> Res<()> {
+        g.q.activate()?;
+        self.take_pending(g)
+    }
+
+    fn take_pending(&self, g: &mut JettyInner) -> Res<()> {
         let pending = std::mem::take(&mut *self.jfr.pending.lock().unwrap_or_else(|e| e.into_inner()));
         for r in &pending {
             g.q.post_recv(&[RecvWr { wr_id: r.user_ctx, sges: &r.sges }])?;
@@ -131,7 +147,7 @@ pub(crate) fn jetty_of(p: *const abi::UrmaJetty) -> Res<Arc<Jetty>> {
         .ok_or_else(|| inval(format!("{p:p} is not a live jetty of this library (NULL, unknown or deleted)")))
 }
 
-fn tjetty_of(p: *const abi::UrmaTargetJetty) -> Res<Arc<TargetJetty>> {
+pub(crate) fn tjetty_of(p: *const abi::UrmaTargetJetty) -> Res<Arc<TargetJetty>> {
     registry::get::<TargetJetty, _>(Kind::TargetJetty, p)
         .ok_or_else(|| inval(format!("{p:p} is not a live target jetty (import it with urma_import_jetty)")))
 }
@@ -163,12 +179,14 @@ pub unsafe extern "C" fn urma_create_jetty(
         }
         let jfs = cfg.jfs_cfg;
         let caps = c.nic().caps();
-        if jfs.trans_mode != URMA_TM_RC {
+        if jfs.trans_mode != URMA_TM_RC && jfs.trans_mode != URMA_TM_UM {
             return Err(inval(format!(
-                "jfs_cfg.trans_mode {}: the simulator models RC (2) only",
+                "jfs_cfg.trans_mode {}: the simulator models RC (2) and UM (4); RM (1) is not \
+                 modelled (docs/urma.md, \"What differs from UMDK's liburma\")",
                 jfs.trans_mode
             )));
         }
+        let um = jfs.trans_mode == URMA_TM_UM;
         if jfs.depth == 0 || jfs.depth > caps.max_queue_depth {
             return Err(inval(format!(
                 "jfs_cfg.depth {} is outside 1..={} (dev_cap.max_jfs_depth)",
@@ -199,6 +217,14 @@ pub unsafe extern "C" fn urma_create_jetty(
         // two pointers is reading plain bytes.
         let shared = unsafe { cfg.recv.shared };
         let jfr = jfr_of(shared.jfr)?;
+        // SAFETY: the JFR's C struct is read-only after publication.
+        let jfr_mode = unsafe { (*jfr.c.get()).jfr_cfg.trans_mode };
+        if jfr_mode != jfs.trans_mode {
+            return Err(inval(format!(
+                "the JFR's trans_mode {jfr_mode} differs from jfs_cfg.trans_mode {}: a jetty receives on a JFR of its own mode",
+                jfs.trans_mode
+            )));
+        }
         // The receive JFC: `shared.jfc` if set, else the JFR's.
         let recv_jfc = if shared.jfc.is_null() { jfr.jfc.clone() } else { jfc_of(shared.jfc)? };
         if !Arc::ptr_eq(&jfc.ctx, &c) || !Arc::ptr_eq(&jfr.ctx, &c) || !Arc::ptr_eq(&recv_jfc.ctx, &c) {
@@ -241,6 +267,10 @@ pub unsafe extern "C" fn urma_create_jetty(
                 (jfc.lock(), if Arc::ptr_eq(&jfc, &recv_jfc) { None } else { Some(recv_jfc.lock()) });
             let recv_cq = b.as_ref().map_or(&a.cq, |g| &g.cq);
             match &*mode {
+                JfrMode::Shared(ring, _) if um => {
+                    c.nic().create_datagram_queue(&qc, &a.cq, recv_cq, Some(ring))?
+                }
+                _ if um => c.nic().create_datagram_queue(&qc, &a.cq, recv_cq, None)?,
                 JfrMode::Shared(ring, _) => c.nic().create_queue_on_shared(&qc, &a.cq, recv_cq, ring)?,
                 _ => c.nic().create_queue(&qc, &a.cq, recv_cq)?,
             }
@@ -266,14 +296,20 @@ pub unsafe extern "C" fn urma_create_jetty(
             psn,
             order,
             max_sge,
+            trans_mode: jfs.trans_mode,
             errored: errored.clone(),
             inner: Mutex::new(JettyInner {
                 q,
                 bound: None,
                 state: URMA_JETTY_STATE_READY,
                 scratch: Box::new([crate::post::EMPTY; crate::post::CHUNK]),
+                dests: Vec::new(),
             }),
         });
+        if um {
+            // A UM jetty is READY from creation: it binds to no one.
+            obj.activate(&mut obj.lock())?;
+        }
         let p = registry::insert(Kind::Jetty, obj);
         c.set_jetty(
             qpn,
@@ -327,6 +363,23 @@ pub unsafe extern "C" fn urma_import_jetty(
             QueueInfo::new(gid, ident::qpn_of(jid.id), ident::psn_of(&jid.eid.raw, jid.uasid, jid.id));
         peer.lid = lid;
         peer.uasid = jid.uasid;
+        match rj.trans_mode {
+            URMA_TM_RC => {}
+            URMA_TM_UM => {
+                // Its NIC must be known to this device's wire before its datagrams can arrive
+                // (docs/sim.md, "Datagram queues"), and its datagrams must say who sent them.
+                let source = c
+                    .nic()
+                    .reach(&peer)
+                    .map_err(|e| fail(URMA_FAIL, format!("cannot reach the target jetty's device: {e}")))?;
+                c.dev.senders.learn(source, &jid);
+            }
+            m => {
+                return Err(inval(format!(
+                    "rjetty trans_mode {m}: the simulator models RC (2) and UM (4); RM (1) is not modelled"
+                )))
+            }
+        }
         // SAFETY: plain C data.
         let mut t: abi::UrmaTargetJetty = unsafe { ffi::zeroed() };
         t.urma_ctx = c.ptr();
@@ -366,6 +419,12 @@ pub unsafe extern "C" fn urma_bind_jetty(
         let mut g = j.lock();
         if g.bound.is_some() {
             return Err(fail(URMA_EEXIST, "the jetty is bound already (unbind it first to bind elsewhere)"));
+        }
+        if j.trans_mode == URMA_TM_UM {
+            return Err(fail(
+                URMA_ENOPERM,
+                "a UM jetty binds to no one: name the target in each wr->tjetty (imported with trans_mode UM)",
+            ));
         }
         if tj.trans_mode != URMA_TM_RC {
             return Err(fail(
@@ -459,7 +518,9 @@ pub unsafe extern "C" fn urma_modify_jetty(
                     if g.q.state() != QueueState::Reset {
                         j.reset(&mut g)?;
                     }
-                    if let Some(tj) = g.bound.clone() {
+                    if j.trans_mode == URMA_TM_UM {
+                        j.activate(&mut g)?;
+                    } else if let Some(tj) = g.bound.clone() {
                         j.connect(&mut g, &tj)?;
                     }
                 }
@@ -546,7 +607,7 @@ pub unsafe extern "C" fn urma_get_rjetty(
         unsafe {
             out.write(abi::UrmaRjetty {
                 jetty_id: (*j.c.get()).jetty_id,
-                trans_mode: URMA_TM_RC,
+                trans_mode: j.trans_mode,
                 policy: 0,
                 type_: URMA_JETTY,
                 flag: j.order << IMPORT_JETTY_ORDER_TYPE_SHIFT,

@@ -6,7 +6,7 @@ use crate::ffi::{self, fail, inval, Res};
 use crate::handle_cache;
 use crate::registry::{self, Kind};
 use bypass_hal::{ArmMode, Completion, CompletionQueue, CqOpcode, Device as _, EventChannel, Status};
-use bypass_sim::{SimChannel, SimCq};
+use bypass_sim::{SimChannel, SimCq, Source};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::*;
@@ -56,6 +56,8 @@ pub(crate) struct JfcInner {
     /// Records taken out of the CQ by `urma_flush_jetty` for other jetties, delivered first.
     pub stash: VecDeque<abi::UrmaCr>,
     buf: [Completion; 16],
+    /// The sender of each datagram receive in `buf` (UM jetties).
+    from: [Source; 16],
 }
 
 impl Jfc {
@@ -96,7 +98,7 @@ impl Jfc {
         }
         while n < cap {
             let want = (cap - n).min(inner.buf.len());
-            let got = inner.cq.poll(&mut inner.buf[..want]).map_err(|e| {
+            let got = inner.cq.poll_from(&mut inner.buf[..want], &mut inner.from[..want]).map_err(|e| {
                 fail(URMA_FAIL, format!("{e}; the JFC is unusable: delete it and create a deeper one"))
             })?;
             for i in 0..got {
@@ -114,7 +116,12 @@ impl Jfc {
                         ids.errored.store(true, Ordering::Release);
                     }
                 }
-                let cr = to_cr(&wc, ids);
+                let mut cr = to_cr(&wc, ids);
+                let from = inner.from[i];
+                if from.qpn != 0 {
+                    // A UM datagram: the sender is in the record, not the jetty's (absent) peer.
+                    cr.remote_id = self.ctx.dev.senders.remote_id(from);
+                }
                 if keep(&cr) {
                     // SAFETY: n < cap (at most `want` records are taken per round).
                     unsafe { out.add(n).write(cr) };
@@ -257,6 +264,7 @@ pub unsafe extern "C" fn urma_create_jfc(
             ids: Vec::with_capacity(8),
             stash: VecDeque::new(),
             buf: [Completion::default(); 16],
+            from: [Source::default(); 16],
         };
         let obj =
             Arc::new(Jfc { c: UnsafeCell::new(pc), ctx: c, jfce: jfce.clone(), inner: Mutex::new(inner) });

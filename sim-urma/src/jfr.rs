@@ -160,9 +160,9 @@ pub unsafe extern "C" fn urma_create_jfr(
                 cfg.depth, caps.max_queue_depth
             )));
         }
-        if cfg.trans_mode != URMA_TM_RC {
+        if cfg.trans_mode != URMA_TM_RC && cfg.trans_mode != URMA_TM_UM {
             return Err(inval(format!(
-                "JFR trans_mode {}: the simulator models RC (2) only",
+                "JFR trans_mode {}: the simulator models RC (2) and UM (4); RM (1) is not modelled",
                 cfg.trans_mode
             )));
         }

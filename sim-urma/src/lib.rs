@@ -37,6 +37,7 @@ mod post;
 mod registry;
 mod runtime;
 mod seg;
+mod um;
 
 pub use context::*;
 pub use jetty::*;

@@ -3,13 +3,13 @@
 //! post them in chunks of [`CHUNK`], one doorbell per chunk, without allocating.
 
 use crate::ffi::{self, inval, Fail, Res};
-use crate::jetty::{jetty_of, JettyInner};
+use crate::jetty::{jetty_of, tjetty_of, Jetty, JettyInner, TargetJetty};
 use crate::jfr::{jfr_of, JfrMode, PendingRecv};
 use crate::seg::{lkey_in, rkey_in};
 use bypass_hal::SharedRecv as _;
 use bypass_hal::{Queue, QueueState, RecvWr, RemoteAddr, RemoteKey, SendOp, SendWr, Sge, WrFlags};
 use bypass_sim::layout::MAX_SGE;
-use bypass_sim::SimSharedRecv;
+use bypass_sim::{Dest, SimSharedRecv};
 use bypass_urma_abi as abi;
 use bypass_urma_abi::consts::*;
 use bypass_urma_abi::status::*;
@@ -26,10 +26,18 @@ pub(crate) struct Tr {
     flags: WrFlags,
     n: usize,
     sges: [Sge; MAX_SGE],
+    /// UM: where the datagram goes.
+    dest: Dest,
 }
 
-pub(crate) const EMPTY: Tr =
-    Tr { wr_id: 0, op: SendOp::Send, flags: WrFlags::empty(), n: 0, sges: [Sge::new(0, 0, 0); MAX_SGE] };
+pub(crate) const EMPTY: Tr = Tr {
+    wr_id: 0,
+    op: SendOp::Send,
+    flags: WrFlags::empty(),
+    n: 0,
+    sges: [Sge::new(0, 0, 0); MAX_SGE],
+    dest: Dest { ah: 0, qpn: 0, source: 0 },
+};
 
 /// Resolves a local scatter/gather list into `out`.
 ///
@@ -140,6 +148,94 @@ fn post_chunk(q: &mut bypass_sim::SimQueue, trs: &[Tr]) -> Res<()> {
     Ok(())
 }
 
+/// The destination key of a UM target: its queue, GID and port.
+fn dest_key(tj: &TargetJetty) -> crate::um::DestKey {
+    (tj.peer.qpn, tj.peer.gid, tj.peer.lid)
+}
+
+/// The WR's UM target jetty, checked.
+fn um_target(w: &abi::UrmaJfsWr) -> Res<std::sync::Arc<TargetJetty>> {
+    let tj = tjetty_of(w.tjetty)?;
+    if tj.trans_mode != URMA_TM_UM {
+        return Err(inval(format!(
+            "wr->tjetty was imported with trans_mode {}: a UM jetty sends to UM (4) targets only",
+            tj.trans_mode
+        )));
+    }
+    Ok(tj)
+}
+
+/// `urma_post_jetty_send_wr` on a UM jetty: each WR names its target in `wr->tjetty`; SEND,
+/// SEND_IMM, WRITE, WRITE_IMM and READ, one MTU each (the device's datagram service). The targets are resolved first (a new one gets an address handle, which may
+/// reach its device over the wire), so an unknown target fails the post before anything is sent.
+///
+/// # Safety
+/// `wr` is a NULL-terminated list of readable WRs and `bad_wr` is writable (the API's contract).
+unsafe fn post_um(
+    j: &Jetty,
+    g: &mut JettyInner,
+    wr: *mut abi::UrmaJfsWr,
+    bad_wr: *mut *mut abi::UrmaJfsWr,
+) -> Res<()> {
+    let limit = 2 * j.c_depth() as usize + CHUNK;
+    let (mut p, mut seen) = (wr, 0usize);
+    while !p.is_null() && seen <= limit {
+        seen += 1;
+        // SAFETY: a non-NULL element of the caller's list.
+        let w = unsafe { p.read_unaligned() };
+        let found = um_target(&w).and_then(|tj| {
+            let key = dest_key(&tj);
+            if !g.dests.iter().any(|(k, _)| *k == key) {
+                let d = g.q.add_dest(&tj.peer).map_err(|e| {
+                    ffi::fail(URMA_FAIL, format!("cannot reach the target jetty's device: {e}"))
+                })?;
+                g.dests.push((key, d));
+            }
+            Ok(())
+        });
+        if let Err(f) = found {
+            // SAFETY: bad_wr is writable (checked non-NULL by the caller).
+            unsafe { *bad_wr = p };
+            return Err(f);
+        }
+        p = w.next;
+    }
+    let max_sge = j.max_sge;
+    let JettyInner { q, scratch, dests, .. } = g;
+    let dests = &*dests;
+    // SAFETY: as for RC: the caller's list, bounded by `limit`.
+    unsafe {
+        walk(
+            scratch,
+            wr,
+            bad_wr,
+            limit,
+            |w| w.next,
+            |w, out| {
+                translate(w, max_sge, out)?;
+                let tj = um_target(w)?;
+                let key = dest_key(&tj);
+                out.dest = dests.iter().find(|(k, _)| *k == key).map(|(_, d)| *d).expect("resolved above");
+                Ok(())
+            },
+            |trs| if trs.is_empty() { Ok(()) } else { post_um_chunk(q, trs) },
+        )
+    }
+}
+
+fn post_um_chunk(q: &mut bypass_sim::SimQueue, trs: &[Tr]) -> Res<()> {
+    let mut wrs = [const { MaybeUninit::<SendWr<'_>>::uninit() }; CHUNK];
+    let mut dests = [Dest { ah: 0, qpn: 0, source: 0 }; CHUNK];
+    for ((w, d), t) in wrs.iter_mut().zip(dests.iter_mut()).zip(trs) {
+        w.write(SendWr { wr_id: t.wr_id, op: t.op, sges: &t.sges[..t.n], flags: t.flags });
+        *d = t.dest;
+    }
+    // SAFETY: the first `trs.len()` (at most CHUNK) elements were initialized just above.
+    let wrs = unsafe { std::slice::from_raw_parts(wrs.as_ptr().cast::<SendWr<'_>>(), trs.len()) };
+    q.post_datagrams(wrs, &dests[..trs.len()])?;
+    Ok(())
+}
+
 fn post_recv_chunk(q: &mut bypass_sim::SimQueue, trs: &[Tr]) -> Res<()> {
     let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
     for (w, t) in wrs.iter_mut().zip(trs) {
@@ -209,6 +305,10 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let mut g = j.lock();
+        if j.trans_mode == URMA_TM_UM {
+            // SAFETY: the caller's WR list and bad_wr, as for RC below.
+            return unsafe { post_um(&j, &mut g, wr, bad_wr) };
+        }
         if g.bound.is_none() {
             // SAFETY: non-NULL, writable per the API.
             unsafe { *bad_wr = wr };

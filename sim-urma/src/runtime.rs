@@ -25,6 +25,8 @@ pub(crate) struct Dev {
     pub uasid: u32,
     /// The least `err_timeout` exponent a jetty gets (`config::Config::ack_timeout_floor`).
     pub ack_timeout_floor: u8,
+    /// The senders of UM datagrams this device knows (`um.rs`).
+    pub senders: crate::um::Senders,
 }
 
 // SAFETY: the C struct is written once, before the handle is published, and only read after;
@@ -98,7 +100,15 @@ fn new_dev(index: usize, nic: SimNic, uasid: u32, ack_timeout_floor: u8) -> Arc<
     }
     c.type_ = abi::consts::URMA_TRANSPORT_UB;
     let (eid, uasid) = ident::eid_of(gid, lid, uasid);
-    Arc::new(Dev { c: UnsafeCell::new(c), index, nic, eid, uasid, ack_timeout_floor })
+    Arc::new(Dev {
+        c: UnsafeCell::new(c),
+        index,
+        nic,
+        eid,
+        uasid,
+        ack_timeout_floor,
+        senders: Default::default(),
+    })
 }
 
 /// `urma_init`.
@@ -283,7 +293,7 @@ pub unsafe extern "C" fn urma_query_device(
         c.max_msg_size = u64::from(caps.max_msg_size);
         c.max_read_size = caps.max_msg_size;
         c.max_write_size = caps.max_msg_size;
-        c.trans_mode = abi::consts::URMA_TM_RC as u16;
+        c.trans_mode = (abi::consts::URMA_TM_RC | abi::consts::URMA_TM_UM) as u16;
         c.max_eid_cnt = 1;
         c.page_size_cap = 4096;
         // RC runs over a reliable transport (RTP) in order (OL, what `create_jetty` picks by
@@ -291,6 +301,8 @@ pub unsafe extern "C" fn urma_query_device(
         // what URPC looks for when it picks a priority.
         c.rc_tp_cap = abi::consts::TP_TYPE_RTP;
         c.rc_order_cap = abi::consts::ORDER_CAP_OL;
+        // UM runs over an unreliable transport (UTP), unordered (the sim's datagram queues).
+        c.um_tp_cap = abi::consts::TP_TYPE_UTP;
         for (i, p) in c.priority_info.iter_mut().enumerate() {
             *p = abi::UrmaPriorityInfo { sl: i as u32, tp_type: abi::consts::TP_TYPE_RTP };
         }

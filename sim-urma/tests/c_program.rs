@@ -42,7 +42,7 @@ fn bad_input_table_from_c_gets_the_documented_errors() {
         "bad-input rows failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("96 of 96 rows as documented"), "{stdout}");
+    assert!(stdout.contains("97 of 97 rows as documented"), "{stdout}");
 }
 
 fn two_processes(wire: &str, tag: &str) {

@@ -165,6 +165,43 @@ impl SimNic {
         recv_cq: &SimCq,
         srq: Option<&SimSharedRecv>,
     ) -> Result<SimQueue> {
+        self.new_queue_of(config, send_cq, recv_cq, srq, false)
+    }
+
+    /// Makes the NIC of the queue `peer` describes known to this NIC's wire, without a queue:
+    /// returns its source id (what [`SimCq::poll_from`] reports for datagrams from it). On a
+    /// byte wire a datagram queue takes datagrams only from NICs its wire knows, so a receiver
+    /// reaches its senders first (what importing a UM jetty does in sim-urma).
+    pub fn reach(&self, peer: &QueueInfo) -> Result<u32> {
+        let (wire, id) = self.nic.link(0, peer).map_err(invalid)?;
+        sync::lock(&self.nic.dev).routes.insert(id, crate::device::qp::dest(wire, id, 0));
+        Ok(id)
+    }
+
+    /// A queue of the unreliable datagram service (UB's UM, verbs' UD): connected to no one,
+    /// each send names its destination (see [`SimQueue::post_datagrams`]), no acknowledgement
+    /// and no retry, and a receive completion says who sent ([`SimCq::poll_from`]). It starts
+    /// in RESET; [`SimQueue::activate`] makes it READY. `shared`: take receives from a shared
+    /// receive queue. The hal has no datagram queue type; this is the simulator's own API (used by
+    /// sim-urma's UM jetties). docs/sim.md, "Datagram queues (UM)".
+    pub fn create_datagram_queue(
+        &self,
+        config: &QueueConfig,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        shared: Option<&SimSharedRecv>,
+    ) -> Result<SimQueue> {
+        self.new_queue_of(config, send_cq, recv_cq, shared, true)
+    }
+
+    fn new_queue_of(
+        &self,
+        config: &QueueConfig,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        srq: Option<&SimSharedRecv>,
+        datagram: bool,
+    ) -> Result<SimQueue> {
         let caps = &self.nic.caps;
         let c = config;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
@@ -232,12 +269,10 @@ impl SimNic {
             srq.users.fetch_add(1, Ordering::AcqRel);
         }
         let responder = c.max_dest_rd_atomic.min(caps.max_dest_rd_atomic);
-        dev.install(Box::new(QpCtx::new(
-            shared.clone(),
-            send_cq.shared.clone(),
-            recv_cq.shared.clone(),
-            responder,
-        )));
+        let mut qp =
+            Box::new(QpCtx::new(shared.clone(), send_cq.shared.clone(), recv_cq.shared.clone(), responder));
+        qp.datagram = datagram;
+        dev.install(qp);
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {
             let mut list = sync::lock(&cq.attach);
@@ -251,6 +286,7 @@ impl SimNic {
             shared,
             sq_pi: 0,
             rq_pi: 0,
+            datagram,
         })
     }
 
@@ -497,6 +533,52 @@ impl CompletionQueue for SimCq {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+        self.poll_inner(out, &mut [])
+    }
+
+    fn arm(&mut self, mode: ArmMode) -> Result<()> {
+        let v = match mode {
+            ArmMode::Any => armed::ANY,
+            ArmMode::Solicited => armed::SOLICITED,
+        };
+        self.shared.arm(v);
+        // Arming is against the consumer index, as on mlx5 and UDMA (their arm doorbells carry
+        // it): completions already past it raise the event at once (hal's `CompletionQueue::arm`).
+        if self.pending_wakes(mode) {
+            self.shared.fire_if_armed();
+        }
+        self.nic.on_arm();
+        Ok(())
+    }
+
+    fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    fn event_fd(&self) -> RawFd {
+        match &self.shared.channel {
+            Some(c) => c.fd(),
+            None => self.shared.event.raw(),
+        }
+    }
+
+    fn ack_events(&mut self) -> Result<u64> {
+        if self.shared.channel.is_some() {
+            return Ok(0);
+        }
+        Ok(self.shared.event.drain()?)
+    }
+}
+
+impl SimCq {
+    /// [`CompletionQueue::poll`], also filling `from[i]` with the sender of `out[i]` when it is
+    /// a datagram receive (zero otherwise). Up to `min(out.len(), from.len())` completions.
+    pub fn poll_from(&mut self, out: &mut [Completion], from: &mut [Source]) -> Result<usize> {
+        let n = out.len().min(from.len());
+        self.poll_inner(&mut out[..n], &mut from[..n])
+    }
+
+    fn poll_inner(&mut self, out: &mut [Completion], from: &mut [Source]) -> Result<usize> {
         self.nic.on_poll(self.idle % 16 == 0);
         if self.shared.attach_pending.load(Ordering::Acquire) {
             self.shared.attach_pending.store(false, Ordering::Relaxed);
@@ -544,6 +626,9 @@ impl CompletionQueue for SimCq {
                 imm: (cqe.flags & cqe_flags::HAS_IMM != 0).then_some(cqe.imm),
                 qpn: cqe.qpn,
             };
+            if let Some(f) = from.get_mut(n) {
+                *f = Source { nic: cqe.src_nic, qpn: cqe.src_qpn };
+            }
             n += 1;
         }
         if consumed > 0 {
@@ -566,39 +651,6 @@ impl CompletionQueue for SimCq {
         }
         Ok(n)
     }
-
-    fn arm(&mut self, mode: ArmMode) -> Result<()> {
-        let v = match mode {
-            ArmMode::Any => armed::ANY,
-            ArmMode::Solicited => armed::SOLICITED,
-        };
-        self.shared.arm(v);
-        // Arming is against the consumer index, as on mlx5 and UDMA (their arm doorbells carry
-        // it): completions already past it raise the event at once (hal's `CompletionQueue::arm`).
-        if self.pending_wakes(mode) {
-            self.shared.fire_if_armed();
-        }
-        self.nic.on_arm();
-        Ok(())
-    }
-
-    fn id(&self) -> u64 {
-        self.shared.id
-    }
-
-    fn event_fd(&self) -> RawFd {
-        match &self.shared.channel {
-            Some(c) => c.fd(),
-            None => self.shared.event.raw(),
-        }
-    }
-
-    fn ack_events(&mut self) -> Result<u64> {
-        if self.shared.channel.is_some() {
-            return Ok(0);
-        }
-        Ok(self.shared.event.drain()?)
-    }
 }
 
 /// A reliable-connected queue on a simulated NIC.
@@ -611,9 +663,88 @@ pub struct SimQueue {
     rq_pi: u32,
     /// Where WQEs are assembled before they are copied into the ring.
     wqe: Box<[u8]>,
+    /// A datagram queue ([`SimNic::create_datagram_queue`]).
+    datagram: bool,
+}
+
+/// A datagram queue's destination: what [`SimQueue::add_dest`] returns and
+/// [`SimQueue::post_datagrams`] takes, one per work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// The address handle: an index into the queue's destinations.
+    pub ah: u32,
+    /// The target queue.
+    pub qpn: u32,
+    /// The target NIC's source id on this NIC's wire: what [`SimCq::poll_from`] reports for
+    /// datagrams from it.
+    pub source: u32,
+}
+
+/// Who sent a datagram: what [`SimCq::poll_from`] reports beside each completion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Source {
+    /// The sending NIC's source id (as in [`Dest::source`]); 0 for other completions.
+    pub nic: u32,
+    /// The sending queue; 0 for other completions.
+    pub qpn: u32,
 }
 
 impl SimQueue {
+    /// True for a datagram queue ([`SimNic::create_datagram_queue`]).
+    pub fn is_datagram(&self) -> bool {
+        self.datagram
+    }
+
+    /// RESET → READY for a datagram queue (a connected queue uses `connect`).
+    pub fn activate(&mut self) -> Result<()> {
+        if !self.datagram {
+            return Err(invalid("activate is for datagram queues: connect a connected queue to its peer"));
+        }
+        self.control(|qp, _| match qp.state {
+            QueueState::Reset => {
+                qp.activate_datagram();
+                Ok(())
+            }
+            state => Err(Error::BadState { state, op: "activate", needs: "RESET" }),
+        })
+    }
+
+    /// A datagram queue's destination: the queue `peer` describes (on any NIC this NIC's wire
+    /// reaches). The same peer gives the same handle.
+    pub fn add_dest(&mut self, peer: &QueueInfo) -> Result<Dest> {
+        if !self.datagram {
+            return Err(invalid("add_dest is for datagram queues: a connected queue has one peer"));
+        }
+        let (wire, id) = self.nic.link(self.shared.qpn, peer).map_err(invalid)?;
+        sync::lock(&self.nic.dev)
+            .routes
+            .entry(id)
+            .or_insert_with(|| crate::device::qp::dest(wire.clone(), id, 0));
+        let ah = self.control(|qp, _| qp.add_dest(crate::device::qp::dest(wire, id, peer.qpn)));
+        Ok(Dest { ah, qpn: peer.qpn, source: id })
+    }
+
+    /// Posts datagrams (SEND, SEND_IMM, WRITE, WRITE_IMM or READ, each at most one MTU; no
+    /// atomics), `dests[i]` the destination of `wrs[i]`.
+    /// A datagram queue is READY, or in ERROR (whose posts the device flushes).
+    pub fn post_datagrams(&mut self, wrs: &[SendWr<'_>], dests: &[Dest]) -> Result<()> {
+        if !self.datagram {
+            return Err(invalid("post_datagrams is for datagram queues: use post_send"));
+        }
+        if dests.len() != wrs.len() {
+            return Err(invalid("post_datagrams needs one destination per work request"));
+        }
+        if let Some(wr) =
+            wrs.iter().find(|w| matches!(w.op, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. }))
+        {
+            return Err(invalid(format!(
+                "a datagram queue carries SEND, SEND_IMM, WRITE, WRITE_IMM and READ, not {:?}",
+                wr.op
+            )));
+        }
+        self.post_send_to(wrs, Some(dests))
+    }
+
     /// Sets the first PSN this queue will send (what [`Queue::info`] reports) while it is in
     /// RESET, instead of the random one it got at creation or reset. For layers whose peers learn
     /// only a queue's number (sim-urma: a URMA jetty id), so both ends must derive the PSN.
@@ -674,6 +805,11 @@ impl Queue for SimQueue {
     }
 
     fn connect(&mut self, peer: &QueueInfo) -> Result<()> {
+        if self.datagram {
+            return Err(invalid(
+                "a datagram queue connects to no one: activate it, and add_dest its targets",
+            ));
+        }
         if self.shared.state() != QueueState::Reset {
             return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
         }
@@ -709,6 +845,23 @@ impl Queue for SimQueue {
     }
 
     fn post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<()> {
+        if self.datagram {
+            return Err(invalid(
+                "a datagram queue's sends name their destination: post them with post_datagrams",
+            ));
+        }
+        self.post_send_to(wrs, None)
+    }
+
+    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        self.post_recv_inner(wrs)
+    }
+}
+
+impl SimQueue {
+    /// The sends of a connected queue, or (`dests` given, one per work request) the datagrams
+    /// of a datagram queue.
+    fn post_send_to(&mut self, wrs: &[SendWr<'_>], dests: Option<&[Dest]>) -> Result<()> {
         self.need_connected("post_send")?;
         let cfg = &self.shared.config;
         let atomics = self.nic.caps.atomics;
@@ -736,7 +889,7 @@ impl Queue for SimQueue {
             }
         }
         let stride = sq.stride();
-        for wr in wrs {
+        for (i, wr) in wrs.iter().enumerate() {
             let (op, imm, raddr, operands) = match wr.op {
                 SendOp::Send => (WqeOp::Send, 0, Default::default(), None),
                 SendOp::SendImm(i) => (WqeOp::SendImm, i, Default::default(), None),
@@ -748,6 +901,7 @@ impl Queue for SimQueue {
                 }
                 SendOp::FetchAdd { remote, add } => (WqeOp::FetchAdd, 0, remote, Some([add, 0])),
             };
+            let ah = dests.and_then(|d| d.get(i)).map(|d| d.ah);
             let idx = self.sq_pi;
             let buf = &mut self.wqe[..stride];
             if wr.flags.contains(WrFlags::INLINE) {
@@ -799,6 +953,10 @@ impl Queue for SimQueue {
                     layout::encode_atomic(buf, operands);
                 }
             }
+            if let Some(ah) = ah {
+                // A datagram WQE names its destination (bytes 28..32, `layout`).
+                self.wqe[28..32].copy_from_slice(&ah.to_le_bytes());
+            }
             // SAFETY: we are the only poster (`&mut self`) and slot `idx` is free (checked above
             // against the consumer index the poller publishes).
             unsafe {
@@ -817,7 +975,7 @@ impl Queue for SimQueue {
         Ok(())
     }
 
-    fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
+    fn post_recv_inner(&mut self, wrs: &[RecvWr<'_>]) -> Result<()> {
         if self.shared.srq.is_some() {
             return Err(invalid(
                 "this queue takes its receives from a shared receive queue: post them to the SharedRecv",

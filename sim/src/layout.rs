@@ -15,7 +15,7 @@
 //! | 16..20 | remote key |
 //! | 20..24 | inline byte count |
 //! | 24..28 | WQE index (low 32 bits of the producer index) |
-//! | 28..32 | reserved |
+//! | 28..32 | datagram queues: the address handle (the destination); reserved otherwise |
 //! | 32.. | SGEs, 16 bytes each (addr u64, len u32, lkey u32), or inline data |
 //!
 //! An atomic WQE has exactly one SGE (the 8-byte result buffer); the place of a second SGE,
@@ -34,7 +34,10 @@
 //! | 8..12 | WQE index the completion is for |
 //! | 12..16 | byte count |
 //! | 16..20 | immediate data |
-//! | 20..64 | reserved |
+//! | 20..24 | queue epoch |
+//! | 24..28 | datagram receive: the sending queue's number |
+//! | 28..32 | datagram receive: the sending NIC's source id (as the receiving NIC's wire names it) |
+//! | 32..64 | reserved |
 
 use bypass_hal::{CqOpcode, Sge, Status, WrFlags};
 
@@ -119,6 +122,8 @@ pub struct Wqe {
     pub rkey: u32,
     /// Ring index the WQE was fetched from.
     pub index: u32,
+    /// Datagram queues: the address handle naming the destination.
+    pub ah: u32,
     /// Number of SGEs (0 for INLINE).
     pub nsge: u8,
     /// Inline payload bytes.
@@ -247,6 +252,7 @@ pub fn decode_wqe(buf: &[u8], stride: usize, expect_owner: u8, index: u32) -> Re
         remote_addr: u64_at(8),
         rkey: u32_at(16),
         index,
+        ah: u32_at(28),
         nsge,
         inline_len,
         len: u64::from(inline_len),
@@ -297,6 +303,10 @@ pub struct Cqe {
     /// The queue's epoch when the CQE was written (a reset bumps it; the driver drops CQEs of an
     /// earlier epoch, as hardware purges them).
     pub epoch: u32,
+    /// A datagram receive: the sending queue (0 otherwise).
+    pub src_qpn: u32,
+    /// A datagram receive: the sending NIC's source id (0 otherwise).
+    pub src_nic: u32,
 }
 
 /// Wire code of a completion status.
@@ -375,6 +385,8 @@ pub fn encode_cqe_body(c: &Cqe, body: &mut [u8; 60]) {
     body[8..12].copy_from_slice(&c.byte_len.to_le_bytes());
     body[12..16].copy_from_slice(&c.imm.to_le_bytes());
     body[16..20].copy_from_slice(&c.epoch.to_le_bytes());
+    body[20..24].copy_from_slice(&c.src_qpn.to_le_bytes());
+    body[24..28].copy_from_slice(&c.src_nic.to_le_bytes());
 }
 
 /// Decodes a CQE from its head word and body.
@@ -389,6 +401,8 @@ pub fn decode_cqe(head: u32, body: &[u8; 60]) -> Cqe {
         byte_len: u32_at(8),
         imm: u32_at(12),
         epoch: u32_at(16),
+        src_qpn: u32_at(20),
+        src_nic: u32_at(24),
     }
 }
 
@@ -453,6 +467,8 @@ mod tests {
             byte_len: 4096,
             imm: 0x1234,
             epoch: 3,
+            src_qpn: 0x42,
+            src_nic: 7,
         };
         let mut body = [0u8; 60];
         encode_cqe_body(&c, &mut body);

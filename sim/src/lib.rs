@@ -338,7 +338,7 @@ pub mod loom_api {
 }
 
 pub use device::NicStats;
-pub use driver::{SimCq, SimNic, SimQueue, SimRegion};
+pub use driver::{Dest, SimCq, SimNic, SimQueue, SimRegion, Source};
 pub use engine::Engine;
 pub use events::SimChannel;
 pub use fabric::{Fabric, FabricConfig};

@@ -125,6 +125,10 @@ pub struct PacketHeader {
     pub payload_len: u32,
     /// Atomic request: [swap or addend, compare]; atomic ACK: [old value, 0].
     pub atomic: [u64; 2],
+    /// A datagram of the unreliable datagram service (UB's UM, verbs' UD): a single-packet
+    /// SEND that names its sending queue (a DETH on a byte wire), is never acknowledged and is
+    /// taken by the receiving queue from any sender (`device/datagram.rs`).
+    pub datagram: bool,
 }
 
 impl PacketHeader {

@@ -351,7 +351,9 @@ fn each_malformed_udp_payload_has_its_error() {
 
     check(with(bth(0x04, 0x01, 0xFFFF), b"abcd"), FrameError::BadVersion(1));
     check(with(bth(0x24, 0, 0xFFFF), b"abcd"), FrameError::NotRc(0x24)); // UC SEND_ONLY
-    check(with(bth(0x64, 0, 0xFFFF), b"abcd"), FrameError::NotRc(0x64)); // UD SEND_ONLY
+    check(with(bth(0x66, 0, 0xFFFF), b"abcd"), FrameError::NotRc(0x66)); // UD, not SEND_ONLY
+                                                                         // UD SEND_ONLY is a datagram (UM): its DETH (8 bytes) must follow the BTH.
+    check(with(bth(0x64, 0, 0xFFFF), b"abcd"), FrameError::TooShort { len: 20, need: 24 });
     check(bth(0x16, 0, 0xFFFF), FrameError::UnsupportedOpcode(0x16)); // SEND_LAST_WITH_INVALIDATE
     check(bth(0x15, 0, 0xFFFF), FrameError::UnknownOpcode(0x15));
     check(with(bth(0x04, 0, 0x8001), b"abcd"), FrameError::BadPartition(0x8001));

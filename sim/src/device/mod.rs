@@ -9,6 +9,8 @@
 //!
 //! Everything here runs under the NIC's device lock.
 
+#[cfg(all(test, not(loom)))]
+mod datagram_tests;
 pub(crate) mod keys;
 pub(crate) mod qp;
 mod read_res;
@@ -78,6 +80,9 @@ pub struct NicStats {
     /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
     /// it sleeps (the only system call on that wire's send path).
     pub tx_wakeups: u64,
+    /// Datagrams (UM) a datagram queue dropped: no receive posted, a receive too short, the
+    /// queue not READY, or not a single-packet SEND. Never retried: the sender does not know.
+    pub datagrams_dropped: u64,
     /// In-process wire: packets lost because the sender's memory their payload was left in (they
     /// travel by reference) was deregistered while they waited in this NIC's inbox.
     pub rx_source_gone: u64,
@@ -118,6 +123,8 @@ pub(crate) struct Ctx<'a> {
     pub now: Nanos,
     /// The NIC's asynchronous events.
     pub events: &'a AsyncEvents,
+    /// Datagram service: the wire back to each source id the NIC reached (for READ responses).
+    pub routes: &'a std::collections::HashMap<u32, qp::Remote>,
 }
 
 impl<'a> Ctx<'a> {
@@ -326,6 +333,9 @@ pub(crate) struct DeviceState {
     pub events: Arc<AsyncEvents>,
     /// Shared receive queues created and not yet dropped (at most `caps.max_shared_recv`).
     pub shared_recvs: u32,
+    /// Datagram service: a wire to each NIC (by source id) this NIC reached with `reach` or
+    /// `add_dest`, so a datagram queue can answer a READ from it.
+    pub routes: std::collections::HashMap<u32, qp::Remote>,
 }
 
 // SAFETY: the raw pointers in the key table point into registrations whose memory is freed only
@@ -349,6 +359,7 @@ impl DeviceState {
             stats: NicStats::default(),
             to_flush: Vec::with_capacity(64),
             shared_recvs: 0,
+            routes: std::collections::HashMap::new(),
             caps,
             addr,
             mtu,
@@ -394,8 +405,8 @@ impl DeviceState {
     }
 
     fn split(&mut self, now: Nanos) -> (&mut Vec<Option<Box<QpCtx>>>, Ctx<'_>) {
-        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, events, .. } = self;
-        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events })
+        let DeviceState { keys, qps, outbox, stats, to_flush, caps, addr, mtu, events, routes, .. } = self;
+        (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events, routes })
     }
 
     /// Runs `f` on queue `qpn` with a context, if the queue exists.
@@ -420,6 +431,9 @@ impl DeviceState {
                 qp.pending_flush = false;
                 if let Some(r) = &qp.remote {
                     r.wire.flush(eager);
+                }
+                for d in &qp.dests {
+                    d.wire.flush(eager);
                 }
             }
         }
@@ -636,6 +650,15 @@ impl DeviceState {
     pub(crate) fn receive(&mut self, now: Nanos, hdr: &PacketHeader, payload: Payload<'_>) {
         self.stats.rx_packets += 1;
         let handled = self.with_qp(hdr.dst_qpn, now, |qp, ctx| {
+            if qp.datagram || hdr.datagram {
+                // A datagram queue takes datagrams from anyone (and nothing else); a connected
+                // queue takes no datagram.
+                if qp.datagram && hdr.datagram {
+                    qp.on_datagram(ctx, hdr, payload);
+                    return true;
+                }
+                return false;
+            }
             let from_peer = qp.remote.as_ref().is_some_and(|r| {
                 r.nic == hdr.src_nic && (hdr.src_qpn == crate::packet::ANY_QPN || r.qpn == hdr.src_qpn)
             });

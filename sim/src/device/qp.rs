@@ -14,6 +14,9 @@
 //! Entering ERROR completes every outstanding work request exactly once with `Flushed` (after
 //! the one that failed, which carries its own error), and keeps flushing anything posted later.
 
+mod datagram;
+pub(crate) use datagram::dest;
+
 use super::keys::KeyFault;
 use super::read_res::ReadResources;
 use super::{Ctx, TxDesc};
@@ -172,6 +175,11 @@ pub(crate) struct QpCtx {
     peer_resources: u8,
     /// A CQE of this queue found its CQ full (see `take_cq_overflow`).
     cq_overflowed: std::cell::Cell<bool>,
+    /// The queue's transport service is the unreliable datagram one (UM), not RC: see
+    /// [`datagram`].
+    pub(crate) datagram: bool,
+    /// Datagram queue: its address handles, the destinations its WQEs name by index.
+    pub(crate) dests: Vec<Remote>,
 }
 
 /// A responder acknowledges at least every this many segments of a long SEND or WRITE.
@@ -228,6 +236,8 @@ impl QpCtx {
             reads_answered: ReadResources::new(responder),
             peer_resources: 0,
             cq_overflowed: std::cell::Cell::new(false),
+            datagram: false,
+            dests: Vec::new(),
             shared,
         }
     }
@@ -332,6 +342,7 @@ impl QpCtx {
             byte_len: len as u32,
             imm: 0,
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
+            ..Default::default()
         });
         self.note_push(pushed);
     }
@@ -344,6 +355,21 @@ impl QpCtx {
         len: u32,
         imm: Option<u32>,
         solicited: bool,
+    ) {
+        self.recv_cqe_from(index, status, opcode, len, imm, solicited, (0, 0));
+    }
+
+    /// [`recv_cqe`](Self::recv_cqe) of a datagram: `from` is the sender (source id, queue).
+    #[allow(clippy::too_many_arguments)]
+    fn recv_cqe_from(
+        &self,
+        index: u32,
+        status: Status,
+        opcode: CqOpcode,
+        len: u32,
+        imm: Option<u32>,
+        solicited: bool,
+        from: (u32, u32),
     ) {
         let mut flags = cqe_flags::RECV;
         if imm.is_some() {
@@ -364,6 +390,8 @@ impl QpCtx {
             byte_len: len,
             imm: imm.unwrap_or(0),
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
+            src_nic: from.0,
+            src_qpn: from.1,
         });
         self.note_push(pushed);
     }
@@ -404,6 +432,7 @@ impl QpCtx {
             byte_len: 0,
             imm: 0,
             epoch: self.shared.epoch.load(crate::sync::Ordering::Relaxed),
+            ..Default::default()
         });
         self.note_push(pushed);
         self.sq_fetch = idx.wrapping_add(1);
@@ -532,6 +561,9 @@ impl QpCtx {
         }
         if self.wire_blocked || ctx.now < self.rnr_until {
             return false;
+        }
+        if self.datagram {
+            return self.datagram_step(ctx);
         }
         self.rnr_until = 0;
         if self.send_psn != self.next_psn {
@@ -1068,6 +1100,9 @@ impl QpCtx {
 
     /// The retransmission timer fired.
     pub(crate) fn on_timer(&mut self, ctx: &mut Ctx<'_>) {
+        if self.datagram {
+            return self.datagram_timeout(ctx);
+        }
         if self.ops.is_empty() {
             self.retx_deadline = NEVER;
             return;

@@ -3,9 +3,9 @@
 
 use super::icrc::{icrc_ipv4, icrc_ipv4_id, ipv4_checksum, udp_checksum};
 use super::{
-    mac_of_nic, nic_of_ip, Aeth, AtomicEth, EncodeError, Endpoints, Frame, FrameError, Opcode, Reth,
-    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, BTH_LEN, ETH_LEN, ICRC_LEN, IMMDT_LEN, IPV4_LEN,
-    MAX_UDP_PAYLOAD, RETH_LEN, ROCE_PORT, UDP_LEN,
+    mac_of_nic, nic_of_ip, Aeth, AtomicEth, Deth, EncodeError, Endpoints, Frame, FrameError, Opcode, Reth,
+    AETH_LEN, ATOMIC_ACK_ETH_LEN, ATOMIC_ETH_LEN, BTH_LEN, DETH_LEN, ETH_LEN, ICRC_LEN, IMMDT_LEN, IPV4_LEN,
+    MAX_UDP_PAYLOAD, RDETH_LEN, RETH_LEN, ROCE_PORT, UDP_LEN,
 };
 use crate::packet::PacketHeader;
 
@@ -183,7 +183,9 @@ impl Frame<'_> {
     /// Checks that the extension headers match the opcode and the frame fits in a datagram.
     fn check(&self) -> Result<usize, EncodeError> {
         let op = self.opcode;
-        if self.reth.is_some() != op.has_reth()
+        if self.rdeth.is_some() != op.has_rdeth()
+            || self.deth.is_some() != op.has_deth()
+            || self.reth.is_some() != op.has_reth()
             || self.aeth.is_some() != op.has_aeth()
             || self.imm.is_some() != op.has_imm()
             || self.atomic.is_some() != op.has_atomic_eth()
@@ -211,6 +213,15 @@ impl Frame<'_> {
         out[4..8].copy_from_slice(&(self.dest_qp & 0x00FF_FFFF).to_be_bytes()); // FECN/BECN/resv6 = 0
         out[8..12].copy_from_slice(&(u32::from(self.ack_req) << 31 | self.psn & 0x00FF_FFFF).to_be_bytes());
         let mut at = BTH_LEN;
+        if let Some(ee) = self.rdeth {
+            out[at..at + 4].copy_from_slice(&(ee & 0x00FF_FFFF).to_be_bytes()); // reserved byte 0
+            at += RDETH_LEN;
+        }
+        if let Some(d) = self.deth {
+            out[at..at + 4].copy_from_slice(&d.qkey.to_be_bytes());
+            out[at + 4..at + 8].copy_from_slice(&(d.src_qp & 0x00FF_FFFF).to_be_bytes()); // reserved byte 0
+            at += DETH_LEN;
+        }
         if let Some(r) = self.reth {
             out[at..at + 8].copy_from_slice(&r.va.to_be_bytes());
             out[at + 8..at + 12].copy_from_slice(&r.rkey.to_be_bytes());
@@ -433,6 +444,16 @@ fn parse_transport<'a>(
         return Err(FrameError::BadPad(pad));
     }
     let mut at = BTH_LEN;
+    let rdeth = opcode.has_rdeth().then(|| {
+        let ee = be32(body, at) & 0x00FF_FFFF;
+        at += RDETH_LEN;
+        ee
+    });
+    let deth = opcode.has_deth().then(|| {
+        let d = Deth { qkey: be32(body, at), src_qp: be32(body, at + 4) & 0x00FF_FFFF };
+        at += DETH_LEN;
+        d
+    });
     let reth = opcode.has_reth().then(|| {
         let va = u64::from(be32(body, at)) << 32 | u64::from(be32(body, at + 4));
         let r = Reth { va, rkey: be32(body, at + 8), len: be32(body, at + 12) };
@@ -471,6 +492,8 @@ fn parse_transport<'a>(
         pkey,
         dest_qp: be32(body, 4) & 0x00FF_FFFF,
         psn: be32(body, 8) & 0x00FF_FFFF,
+        rdeth,
+        deth,
         reth,
         aeth,
         imm,

@@ -47,6 +47,13 @@ pub const RETH_LEN: usize = 16;
 pub const AETH_LEN: usize = 4;
 /// Length of the immediate data header.
 pub const IMMDT_LEN: usize = 4;
+/// Length of the Reliable Datagram Extended Transport Header (EE context): RD packets.
+pub const RDETH_LEN: usize = 4;
+/// Length of the Datagram Extended Transport Header (Q_Key, source QP): UD packets.
+pub const DETH_LEN: usize = 8;
+/// The Q_Key the simulator's datagrams carry (receivers do not check it: the simulated device
+/// has no Q_Key per queue; UB's UM jetties are guarded by their token instead).
+pub const SIM_QKEY: u32 = 0x8001_0000;
 /// Bytes of an AtomicETH.
 pub const ATOMIC_ETH_LEN: usize = 28;
 /// Bytes of an AtomicAckETH.
@@ -113,10 +120,26 @@ pub enum Opcode {
     CompareSwap = 0x13,
     /// Atomic fetch-and-add request (AtomicETH).
     FetchAdd = 0x14,
+    /// RD class, used for the datagram service's WRITE (RDETH, DETH, RETH): RoCEv2 has no
+    /// unreliable memory operation, and RD's is the nearest layout that names the source queue.
+    RdRdmaWriteOnly = 0x4A,
+    /// RD WRITE with immediate (RDETH, DETH, RETH, ImmDt).
+    RdRdmaWriteOnlyWithImmediate = 0x4B,
+    /// RD READ request (RDETH, DETH, RETH).
+    RdRdmaReadRequest = 0x4C,
+    /// RD READ response, single packet (RDETH, AETH).
+    RdRdmaReadResponseOnly = 0x50,
+    /// UD: a datagram (DETH), the only UD opcode besides the next.
+    UdSendOnly = 0x64,
+    /// UD: a datagram with immediate (DETH, ImmDt).
+    UdSendOnlyWithImmediate = 0x65,
 }
 
 impl Opcode {
-    /// Every opcode, in numeric order.
+    /// The two unreliable-datagram opcodes the simulator sends (UM datagrams).
+    pub const UD: [Opcode; 2] = [Opcode::UdSendOnly, Opcode::UdSendOnlyWithImmediate];
+
+    /// Every RC opcode, in numeric order.
     pub const ALL: [Opcode; 21] = [
         Opcode::SendFirst,
         Opcode::SendMiddle,
@@ -142,9 +165,18 @@ impl Opcode {
     ];
 
     /// The opcode of BTH byte `b`, or why it is not one the sim handles: another transport class
-    /// (UC, RD, UD, CNP, vendor), an RC opcode the sim does not implement (SEND with
-    /// invalidate, FLUSH, ATOMIC WRITE), or a reserved value.
+    /// (UC, RD, UD other than SEND_ONLY, CNP, vendor), an RC opcode the sim does not implement
+    /// (SEND with invalidate, FLUSH, ATOMIC WRITE), or a reserved value.
     pub fn from_byte(b: u8) -> Result<Opcode, FrameError> {
+        match b {
+            0x4A => return Ok(Opcode::RdRdmaWriteOnly),
+            0x4B => return Ok(Opcode::RdRdmaWriteOnlyWithImmediate),
+            0x4C => return Ok(Opcode::RdRdmaReadRequest),
+            0x50 => return Ok(Opcode::RdRdmaReadResponseOnly),
+            0x64 => return Ok(Opcode::UdSendOnly),
+            0x65 => return Ok(Opcode::UdSendOnlyWithImmediate),
+            _ => {}
+        }
         if b & 0xE0 != 0 {
             return Err(FrameError::NotRc(b));
         }
@@ -184,16 +216,22 @@ impl Opcode {
             Opcode::AtomicAcknowledge => "ATOMIC_ACKNOWLEDGE",
             Opcode::CompareSwap => "COMPARE_SWAP",
             Opcode::FetchAdd => "FETCH_ADD",
+            Opcode::RdRdmaWriteOnly => "RD_RDMA_WRITE_ONLY",
+            Opcode::RdRdmaWriteOnlyWithImmediate => "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
+            Opcode::RdRdmaReadRequest => "RD_RDMA_READ_REQUEST",
+            Opcode::RdRdmaReadResponseOnly => "RD_RDMA_READ_RESPONSE_ONLY",
+            Opcode::UdSendOnly => "UD_SEND_ONLY",
+            Opcode::UdSendOnlyWithImmediate => "UD_SEND_ONLY_WITH_IMMEDIATE",
         }
     }
 
     /// What kind of sim packet this opcode is.
     pub const fn kind(self) -> PacketKind {
         match self as u8 {
-            0x00..=0x05 => PacketKind::Send,
-            0x06..=0x0B => PacketKind::Write,
-            0x0C => PacketKind::ReadRequest,
-            0x0D..=0x10 => PacketKind::ReadResponse,
+            0x00..=0x05 | 0x64 | 0x65 => PacketKind::Send,
+            0x06..=0x0B | 0x4A | 0x4B => PacketKind::Write,
+            0x0C | 0x4C => PacketKind::ReadRequest,
+            0x0D..=0x10 | 0x50 => PacketKind::ReadResponse,
             0x12 => PacketKind::AtomicAck,
             0x13 | 0x14 => PacketKind::AtomicRequest,
             _ => PacketKind::Ack,
@@ -218,6 +256,12 @@ impl Opcode {
                 | Opcode::AtomicAcknowledge
                 | Opcode::CompareSwap
                 | Opcode::FetchAdd
+                | Opcode::UdSendOnly
+                | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
@@ -240,6 +284,35 @@ impl Opcode {
                 | Opcode::AtomicAcknowledge
                 | Opcode::CompareSwap
                 | Opcode::FetchAdd
+                | Opcode::UdSendOnly
+                | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
+        )
+    }
+
+    /// Carries a DETH (Q_Key, source QP): the UD opcodes.
+    pub const fn has_deth(self) -> bool {
+        matches!(
+            self,
+            Opcode::UdSendOnly
+                | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+        )
+    }
+
+    /// Carries an RDETH (EE context): the RD opcodes.
+    pub const fn has_rdeth(self) -> bool {
+        matches!(
+            self,
+            Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
@@ -251,6 +324,9 @@ impl Opcode {
                 | Opcode::RdmaWriteOnly
                 | Opcode::RdmaWriteOnlyWithImmediate
                 | Opcode::RdmaReadRequest
+                | Opcode::RdRdmaWriteOnly
+                | Opcode::RdRdmaWriteOnlyWithImmediate
+                | Opcode::RdRdmaReadRequest
         )
     }
 
@@ -263,6 +339,7 @@ impl Opcode {
                 | Opcode::RdmaReadResponseFirst
                 | Opcode::RdmaReadResponseLast
                 | Opcode::RdmaReadResponseOnly
+                | Opcode::RdRdmaReadResponseOnly
         )
     }
 
@@ -284,6 +361,8 @@ impl Opcode {
                 | Opcode::SendOnlyWithImmediate
                 | Opcode::RdmaWriteLastWithImmediate
                 | Opcode::RdmaWriteOnlyWithImmediate
+                | Opcode::UdSendOnlyWithImmediate
+                | Opcode::RdRdmaWriteOnlyWithImmediate
         )
     }
 
@@ -293,6 +372,7 @@ impl Opcode {
         !matches!(
             self,
             Opcode::RdmaReadRequest
+                | Opcode::RdRdmaReadRequest
                 | Opcode::Acknowledge
                 | Opcode::AtomicAcknowledge
                 | Opcode::CompareSwap
@@ -303,6 +383,8 @@ impl Opcode {
     /// Bytes of BTH plus extension headers.
     pub const fn header_len(self) -> usize {
         BTH_LEN
+            + if self.has_rdeth() { RDETH_LEN } else { 0 }
+            + if self.has_deth() { DETH_LEN } else { 0 }
             + if self.has_reth() { RETH_LEN } else { 0 }
             + if self.has_aeth() { AETH_LEN } else { 0 }
             + if self.has_imm() { IMMDT_LEN } else { 0 }
@@ -314,6 +396,16 @@ impl Opcode {
     /// message, and (on the last segment of a SEND or WRITE) whether it carries an immediate.
     pub const fn of(hdr: &PacketHeader) -> Opcode {
         let (first, last, imm) = (hdr.first, hdr.last, hdr.has_imm && hdr.last);
+        if hdr.datagram {
+            return match hdr.kind {
+                PacketKind::Write if hdr.has_imm => Opcode::RdRdmaWriteOnlyWithImmediate,
+                PacketKind::Write => Opcode::RdRdmaWriteOnly,
+                PacketKind::ReadRequest => Opcode::RdRdmaReadRequest,
+                PacketKind::ReadResponse => Opcode::RdRdmaReadResponseOnly,
+                _ if hdr.has_imm => Opcode::UdSendOnlyWithImmediate,
+                _ => Opcode::UdSendOnly,
+            };
+        }
         match hdr.kind {
             PacketKind::Send => match (first, last, imm) {
                 (true, true, false) => Opcode::SendOnly,
@@ -361,6 +453,15 @@ pub struct Reth {
     pub rkey: u32,
     /// DMA length: the whole message's length (WRITE), or the bytes to read.
     pub len: u32,
+}
+
+/// Datagram Extended Transport Header (UD): the Q_Key and the sending queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Deth {
+    /// Q_Key ([`SIM_QKEY`] from the simulator).
+    pub qkey: u32,
+    /// Source QP (24 bits).
+    pub src_qp: u32,
 }
 
 /// Atomic Extended Transport Header: the word an atomic works on and its operands.
@@ -535,6 +636,10 @@ pub struct Frame<'a> {
     pub dest_qp: u32,
     /// BTH PSN (24 bits).
     pub psn: u32,
+    /// RDETH (the EE context, 24 bits; the simulator sends 0), on the RD opcodes.
+    pub rdeth: Option<u32>,
+    /// DETH, on the UD opcodes and the RD requests.
+    pub deth: Option<Deth>,
     /// RETH, on the opcodes that carry one.
     pub reth: Option<Reth>,
     /// AETH, on the opcodes that carry one.
@@ -561,6 +666,8 @@ impl<'a> Frame<'a> {
     /// `payload` must be `hdr.payload_len` bytes (checked when encoding).
     pub fn of_packet(hdr: &PacketHeader, payload: &'a [u8]) -> Frame<'a> {
         let opcode = Opcode::of(hdr);
+        let rdeth = opcode.has_rdeth().then_some(0);
+        let deth = opcode.has_deth().then_some(Deth { qkey: SIM_QKEY, src_qp: hdr.src_qpn & 0x00FF_FFFF });
         let reth =
             opcode.has_reth().then_some(Reth { va: hdr.remote_addr, rkey: hdr.rkey, len: hdr.dma_len });
         let atomic = opcode.has_atomic_eth().then_some(AtomicEth {
@@ -578,8 +685,8 @@ impl<'a> Frame<'a> {
             && hdr.last
             && (hdr.kind == PacketKind::Send || (hdr.kind == PacketKind::Write && hdr.has_imm));
         let ack_req = match hdr.kind {
-            PacketKind::Send | PacketKind::Write => hdr.last,
-            PacketKind::ReadRequest | PacketKind::AtomicRequest => true,
+            PacketKind::Send | PacketKind::Write => hdr.last && !hdr.datagram,
+            PacketKind::ReadRequest | PacketKind::AtomicRequest => !hdr.datagram,
             PacketKind::ReadResponse | PacketKind::Ack | PacketKind::AtomicAck => false,
         };
         Frame {
@@ -589,6 +696,8 @@ impl<'a> Frame<'a> {
             pkey: DEFAULT_PKEY,
             dest_qp: hdr.dst_qpn & 0x00FF_FFFF,
             psn: hdr.psn & 0x00FF_FFFF,
+            rdeth,
+            deth,
             reth,
             aeth,
             imm: opcode.has_imm().then_some(hdr.imm),
@@ -632,6 +741,10 @@ impl<'a> Frame<'a> {
             payload_len: self.payload.len() as u32,
             ..PacketHeader::default()
         };
+        if let Some(d) = self.deth {
+            h.src_qpn = d.src_qp;
+        }
+        h.datagram = self.deth.is_some() || self.rdeth.is_some();
         match kind {
             PacketKind::Write | PacketKind::ReadRequest => {
                 let r = self.reth.or(rx.write).unwrap_or_default();
@@ -814,7 +927,7 @@ mod tests {
         for b in 0u8..=255 {
             let r = Opcode::from_byte(b);
             match b {
-                0x00..=0x14 => assert!(r.is_ok()),
+                0x00..=0x14 | 0x4A..=0x4C | 0x50 | 0x64 | 0x65 => assert!(r.is_ok()),
                 0x16 | 0x17 | 0x1C | 0x1D => {
                     assert_eq!(r, Err(FrameError::UnsupportedOpcode(b)))
                 }
