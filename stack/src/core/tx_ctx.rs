@@ -589,6 +589,31 @@ impl TxSlab {
         self.update(handle, |flags| if flags & HELD == 0 { Err(Reject::NotHeld) } else { Ok(flags & !HELD) })
     }
 
+    /// [`TxSlab::end_claim`] and [`TxSlab::complete`]`(event)` in one compare-exchange: what a
+    /// claim winner whose own event is `event` (a response, in `WaitRsp` mode) does once it has
+    /// taken the call's state, saving one atomic read-modify-write per call. Exactly the two
+    /// reports back to back, with nothing in between.
+    ///
+    /// Rejected (counted, no effect): a stale handle, a context that is not held
+    /// ([`TxError::NotHeld`]), and — *the hold then stays*: call [`TxSlab::end_claim`] — an
+    /// `event` the mode does not wait for ([`TxError::Unexpected`]) or already reported
+    /// ([`TxError::Duplicate`]).
+    pub fn end_claim_and_complete(&self, handle: TxHandle, event: Event) -> Result<Outcome, TxError> {
+        let bit = event.bit();
+        self.update(handle, |flags| {
+            let mode = CallMode::from_flags(flags);
+            if flags & HELD == 0 {
+                Err(Reject::NotHeld)
+            } else if mode.mask() & bit == 0 {
+                Err(Reject::Unexpected(event, mode))
+            } else if flags & bit == 0 {
+                Err(Reject::Duplicate(event))
+            } else {
+                Ok(flags & !(HELD | bit))
+            }
+        })
+    }
+
     /// The call mode of a live context (e.g. for the send-completion path to decide whether it
     /// completes the call). `Err(Stale)` if it was released.
     pub fn mode(&self, handle: TxHandle) -> Result<CallMode, TxError> {
@@ -755,6 +780,48 @@ mod tests {
                 assert_eq!((st.allocated, st.released, st.stale, st.duplicate), (1, 1, 0, 0));
             }
         }
+    }
+
+    /// The merged report ends the hold and reports the event at once: it releases when the send
+    /// completion came first, waits for it otherwise, and a refused event leaves the hold in
+    /// place (the context is not released under the winner) until `end_claim`.
+    #[test]
+    fn end_claim_and_complete_is_end_claim_then_complete_in_one_step() {
+        for send_first in [true, false] {
+            let s = slab(1);
+            let h = s.get(CallMode::WaitRsp, 9).expect("free slot");
+            if send_first {
+                assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
+            }
+            assert_eq!(s.claim_completion(h), Ok(true));
+            let out = s.end_claim_and_complete(h, Event::Rsp);
+            if send_first {
+                assert_eq!(out, Ok(Outcome::Released { token: 9 }));
+            } else {
+                assert_eq!(out, Ok(Outcome::Pending));
+                assert_eq!(s.end_claim(h), Err(TxError::NotHeld { handle: h }), "the hold ended");
+                assert_eq!(
+                    s.complete(h, Event::Rsp),
+                    Err(TxError::Duplicate { handle: h, event: Event::Rsp })
+                );
+                assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Released { token: 9 }));
+            }
+            assert_eq!(s.in_use(), 0);
+        }
+        // Refused: an event the mode does not wait for; the hold stays.
+        let s = slab(1);
+        let h = s.get(CallMode::WaitRsp, 5).expect("free slot");
+        assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
+        assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(
+            s.end_claim_and_complete(h, Event::Ack),
+            Err(TxError::Unexpected { handle: h, event: Event::Ack, mode: CallMode::WaitRsp })
+        );
+        assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending), "held: not released under the winner");
+        assert_eq!(s.end_claim(h), Ok(Outcome::Released { token: 5 }));
+        // Not held: refused.
+        let h = s.get(CallMode::WaitRsp, 6).expect("free slot");
+        assert_eq!(s.end_claim_and_complete(h, Event::Rsp), Err(TxError::NotHeld { handle: h }));
     }
 
     #[test]
