@@ -113,8 +113,13 @@ impl<D: Device + Clone> ChannelInner<D> {
     pub(crate) fn poll(&self) -> usize {
         let n = self.poll_recv(false) + self.poll_send();
         // Timeouts are checked every 32nd poll: reading the clock on every poll costs more than
-        // a poll of an empty CQ. A deadline is therefore honoured to within 32 polls.
-        if self.polls.fetch_add(1, Ordering::Relaxed) % 32 == 0 {
+        // a poll of an empty CQ. A deadline is therefore honoured to within about 32 polls. The
+        // count is a plain load and store, not a read-modify-write (a locked instruction on
+        // every poll): pollers on several threads may lose each other's increments, which only
+        // shifts when the next check comes; each poller's own polls still advance it.
+        let polls = self.polls.load(Ordering::Relaxed);
+        self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        if polls % 32 == 0 {
             self.check_timeouts();
         }
         n

@@ -134,7 +134,7 @@
 use crate::core::free_list::FreeList;
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Largest capacity [`TxSlab::new`] accepts (16 Mi contexts).
 pub const MAX_CAPACITY: usize = 1 << 24;
@@ -406,7 +406,6 @@ pub struct TxSlab {
     slots: Box<[Slot]>,
     /// Indices of the free slots.
     free: FreeList,
-    in_use: AtomicUsize,
     counters: Counters,
 }
 
@@ -436,7 +435,6 @@ impl TxSlab {
         Ok(TxSlab {
             slots,
             free,
-            in_use: AtomicUsize::new(0),
             counters: Counters {
                 allocated: AtomicU64::new(0),
                 exhausted: AtomicU64::new(0),
@@ -455,8 +453,15 @@ impl TxSlab {
     }
 
     /// Contexts handed out and not yet released.
+    ///
+    /// Counted as handed out less released (one counter each, so `get` and the release each
+    /// make one atomic read-modify-write, not two). Read as `released` first (Acquire: it then
+    /// sees the allocation of every release it counts), so it is never negative; like any
+    /// snapshot of a slab in use it may be stale by the time it is read.
     pub fn in_use(&self) -> usize {
-        self.in_use.load(Ordering::Relaxed)
+        let released = self.counters.released.load(Ordering::Acquire);
+        let allocated = self.counters.allocated.load(Ordering::Relaxed);
+        allocated.saturating_sub(released) as usize
     }
 
     /// A snapshot of the counters (each read individually; exact when the slab is quiescent).
@@ -490,7 +495,6 @@ impl TxSlab {
         // free list and reports with an older generation fail their compare-exchange.
         slot.token.store(token, Ordering::Relaxed);
         let generation = generation_of(slot.state.load(Ordering::Relaxed));
-        self.in_use.fetch_add(1, Ordering::Relaxed);
         self.counters.allocated.fetch_add(1, Ordering::Relaxed);
         let flags = LIVE | (mode.code() << MODE_SHIFT) | mode.mask();
         slot.state.store(pack(generation, flags), Ordering::Release);
@@ -711,8 +715,10 @@ impl TxSlab {
     /// the slot is exclusively ours until it is on the free list again.
     fn release(&self, index: u32, slot: &Slot) -> Outcome {
         let token = slot.token.load(Ordering::Relaxed);
-        self.in_use.fetch_sub(1, Ordering::Relaxed);
-        self.counters.released.fetch_add(1, Ordering::Relaxed);
+        // Release: pairs with `in_use`'s Acquire load (this slot's allocation, counted before
+        // the state store `get` published and this report's compare-exchange acquired, is then
+        // visible to the reader).
+        self.counters.released.fetch_add(1, Ordering::Release);
         // Release (inside `push`): publishes the new generation and the token read to the popper.
         self.free.push(index);
         Outcome::Released { token }
