@@ -234,16 +234,18 @@ impl<D: Device + Clone> Conn<D> {
             }
             IN_DISPATCH.with(|d| d.set(outer));
         }
-        if n > 0 && self.reap_later() {
+        if n == 1 && self.reap_later() {
             return n;
         }
         n + self.poll_send()
     }
 
-    /// Whether a pass that handled requests may leave the send CQ for a later pass: its
+    /// Whether a pass that handled one request may leave the send CQ for a later pass: its
     /// completions only free reply contexts (no call waits for them on the server), so they are
-    /// reaped in bulk — on the next pass that receives nothing, or once half the registered
-    /// contexts are in flight — instead of one CQ poll per request. Not while a rendezvous is in progress (its
+    /// reaped in bulk — on the next pass that receives nothing or several requests, or once half
+    /// the registered contexts are in flight — instead of one CQ poll per request. A pass with
+    /// several requests reaps as before: its poll is shared by them, and reaping at once keeps
+    /// few contexts (and send buffers) cycling, which measured faster for pipelined calls. Not while a rendezvous is in progress (its
     /// READs and WRITEs complete there) or the connection is closed (the flush is collected).
     fn reap_later(&self) -> bool {
         self.ep.tx_mostly_free() && self.rndv.is_quiet() && !self.ep.is_closed()
