@@ -103,6 +103,20 @@ impl Call {
                     let taken = self.pending.with_mut(|p| unsafe { (*p).take() });
                     assert_eq!(taken, Some(TOKEN), "{path:?}: the claim winner must find its own call");
                     self.delivered.fetch_add(1, Ordering::Relaxed);
+                    // A WAIT_RSP call's winning response ends the hold and reports itself in
+                    // one step, as the client does (`end_claim_and_complete`).
+                    if path == Path::Rsp && self.mode == CallMode::WaitRsp {
+                        match self.slab.end_claim_and_complete(h, Event::Rsp) {
+                            Ok(Outcome::Released { token }) => {
+                                assert_eq!(token, TOKEN, "{path:?}: released with another call's token");
+                                self.released.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Ok(Outcome::Pending) => {}
+                            Err(e) => panic!("{path:?}: end_claim_and_complete failed: {e}"),
+                        }
+                        self.finished.fetch_add(1, Ordering::Release);
+                        return;
+                    }
                     // The winner no longer needs the slot: end the claim's hold (this may be
                     // the report that releases the context).
                     match self.slab.end_claim(h) {

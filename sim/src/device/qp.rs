@@ -535,9 +535,18 @@ impl QpCtx {
             }
             _ => (WqeOp::Send, 0),
         };
-        let mut buf = [0u8; layout::MAX_WQE];
+        // A receive WQE of one or two SGEs fits one block: zero (and encode into) only that much
+        // rather than the largest WQE's 512 bytes, once per message on a shared receive queue.
         let used = (WQE_HEADER + n * layout::WQE_SGE).div_ceil(BLOCK) * BLOCK;
-        layout::encode_wqe(&mut buf, op, WrFlags::SIGNALED, rq.owner(pi), 0, 0, 0, pi, &sges[..n], None);
+        let (mut small, mut large);
+        let buf: &mut [u8] = if used <= BLOCK {
+            small = [0u8; BLOCK];
+            &mut small
+        } else {
+            large = [0u8; layout::MAX_WQE];
+            &mut large
+        };
+        layout::encode_wqe(buf, op, WrFlags::SIGNALED, rq.owner(pi), 0, 0, 0, pi, &sges[..n], None);
         // SAFETY: with a shared receive queue the device (under its lock) is the only producer of
         // the queue's ring and side table; slot `pi` is free (checked against the consumer index
         // the poller publishes). The shared slot `s` is below the acquired producer index and is

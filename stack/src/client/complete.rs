@@ -91,18 +91,35 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// context: until here the context cannot be released, so its slot (and `pending`) cannot
     /// pass to the next call while the winner is on its way to it.
     pub(super) fn take_pending(&self, h: TxHandle) -> Option<Pending> {
+        self.take_pending_and(h, None)
+    }
+
+    /// [`take_pending`](Self::take_pending), ending the claim together with the winner's own
+    /// `event` (one report instead of two). An `event` the context refuses (duplicate,
+    /// unexpected) is left unreported and the claim ended alone.
+    pub(super) fn take_pending_and(&self, h: TxHandle, event: Option<Event>) -> Option<Pending> {
         let slot = &self.slots[h.index as usize];
         slot.deadline.store(NO_DEADLINE, Ordering::Relaxed);
         let pending = lock(&slot.pending).take();
-        let _ = self.ep.tx.end_claim(h);
+        match event.map(|ev| self.ep.tx.end_claim_and_complete(h, ev)) {
+            None | Some(Err(TxError::Duplicate { .. } | TxError::Unexpected { .. })) => {
+                let _ = self.ep.tx.end_claim(h);
+            }
+            Some(_) => {}
+        }
         pending
     }
 
     pub(crate) fn poll(&self) -> usize {
         let n = self.poll_recv(false) + self.poll_send();
         // Timeouts are checked every 32nd poll: reading the clock on every poll costs more than
-        // a poll of an empty CQ. A deadline is therefore honoured to within 32 polls.
-        if self.polls.fetch_add(1, Ordering::Relaxed) % 32 == 0 {
+        // a poll of an empty CQ. A deadline is therefore honoured to within about 32 polls. The
+        // count is a plain load and store, not a read-modify-write (a locked instruction on
+        // every poll): pollers on several threads may lose each other's increments, which only
+        // shifts when the next check comes; each poller's own polls still advance it.
+        let polls = self.polls.load(Ordering::Relaxed);
+        self.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        if polls % 32 == 0 {
             self.check_timeouts();
         }
         n
@@ -191,9 +208,13 @@ impl<D: Device + Clone> ChannelInner<D> {
             self.counters.stale.fetch_add(1, Ordering::Relaxed);
             return;
         };
+        // A WAIT_RSP call's winning response ends its claim and reports itself in one step.
+        let merged = mode == CallMode::WaitRsp;
+        let mut reported = false;
         if self.ep.tx.claim_completion(h) == Ok(true) {
             let rndv = self.rndv_take(h);
-            if let Some(p) = self.take_pending(h) {
+            reported = merged;
+            if let Some(p) = self.take_pending_and(h, merged.then_some(Event::Rsp)) {
                 if mode.requires(Event::Ack) {
                     p.sink.acked(); // the response implies the ACK, even if that is still on its way
                 }
@@ -215,7 +236,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if mode.requires(Event::Ack) {
             let _ = self.ep.tx.complete(h, Event::Ack);
         }
-        if mode.requires(Event::Rsp) {
+        if mode.requires(Event::Rsp) && !reported {
             let _ = self.ep.tx.complete(h, Event::Rsp);
         }
     }

@@ -23,7 +23,7 @@ use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, valida
 use crate::control::{self, ClientHello, ControlIo, CONTROL_VERSION};
 use crate::core::credits::Credits;
 use crate::core::req_table::ReqTable;
-use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
+use crate::core::tx_ctx::{CallMode, Event, FailReason, TxError, TxHandle};
 use crate::error::bad_field;
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};

@@ -180,10 +180,12 @@ impl<D: Device + Clone> ChannelInner<D> {
                 }
             }
         };
-        let mut descs = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
-        let (ndesc, response_descriptor) = if plan.any() {
-            match self.rndv_prepare(h, opts, plan, &args, &mut descs) {
-                Ok(x) => x,
+        // Only a rendezvous call fills descriptors: an eager one does not zero the array.
+        let mut descs_buf;
+        let (descs, response_descriptor): (&[wire::DmaDescriptor], bool) = if plan.any() {
+            descs_buf = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
+            match self.rndv_prepare(h, opts, plan, &args, &mut descs_buf) {
+                Ok((n, rd)) => (&descs_buf[..n], rd),
                 Err(e) => {
                     drop(self.rndv_take(h));
                     if opts.mode != CallMode::EarlyRsp {
@@ -194,7 +196,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                 }
             }
         } else {
-            (0, false)
+            (&[], false)
         };
         let header = RequestHeader {
             arg_dma_count: 0,
@@ -209,7 +211,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         // SAFETY: `h` is live and ours and not posted yet; nothing else references its buffer.
         let buf = unsafe { self.ep.send_buf(h) };
-        let len = match wire::encode_request(buf, &header, &descs[..ndesc], inline) {
+        let len = match wire::encode_request(buf, &header, descs, inline) {
             Ok(len) => len,
             Err(e) => {
                 drop(self.rndv_take(h));
@@ -266,6 +268,17 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         if deadline != NO_DEADLINE {
             self.slots[h.index as usize].deadline.store(deadline, Ordering::SeqCst);
+            self.lower_next_scan(deadline);
+        }
+    }
+
+    /// Makes the next timeout scan come no later than `deadline` (whose slot's deadline the
+    /// caller stored, SeqCst, just before). Calls usually start in deadline order, so the scan is
+    /// mostly due already: a load then, not a read-modify-write. A scan that reset `next_scan`
+    /// after this load saw the slot's deadline (both SeqCst: the slot store precedes the load,
+    /// which precedes the reset, which precedes the scan's slot loads) and re-lowers it itself.
+    pub(super) fn lower_next_scan(&self, deadline: u64) {
+        if self.next_scan.load(Ordering::SeqCst) > deadline {
             self.next_scan.fetch_min(deadline, Ordering::SeqCst);
         }
     }

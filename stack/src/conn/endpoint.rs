@@ -276,6 +276,13 @@ impl<D: Device + Clone> Endpoint<D> {
         ready < self.tx.capacity() && self.tx.in_use() >= ready
     }
 
+    /// Whether fewer than half the registered send contexts are in use: a poller may then leave
+    /// their completions in the send CQ for a later, bulk reap without making a sender register
+    /// a new chunk or wait ([`Endpoint::tx_would_grow`] stays false).
+    pub(crate) fn tx_mostly_free(&self) -> bool {
+        self.tx.in_use() * 2 < self.send_ready.load(Ordering::Relaxed)
+    }
+
     /// A free send context for a message of mode `mode` (see [`TxSlab::get`]), its send buffer
     /// registered; `Ok(None)` when every context is in use. The first use of a chunk of
     /// [`SEND_CHUNK`] contexts registers it (once for the endpoint's life); an error doing so

@@ -134,7 +134,7 @@
 use crate::core::free_list::FreeList;
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
-use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 /// Largest capacity [`TxSlab::new`] accepts (16 Mi contexts).
 pub const MAX_CAPACITY: usize = 1 << 24;
@@ -406,7 +406,6 @@ pub struct TxSlab {
     slots: Box<[Slot]>,
     /// Indices of the free slots.
     free: FreeList,
-    in_use: AtomicUsize,
     counters: Counters,
 }
 
@@ -436,7 +435,6 @@ impl TxSlab {
         Ok(TxSlab {
             slots,
             free,
-            in_use: AtomicUsize::new(0),
             counters: Counters {
                 allocated: AtomicU64::new(0),
                 exhausted: AtomicU64::new(0),
@@ -455,8 +453,15 @@ impl TxSlab {
     }
 
     /// Contexts handed out and not yet released.
+    ///
+    /// Counted as handed out less released (one counter each, so `get` and the release each
+    /// make one atomic read-modify-write, not two). Read as `released` first (Acquire: it then
+    /// sees the allocation of every release it counts), so it is never negative; like any
+    /// snapshot of a slab in use it may be stale by the time it is read.
     pub fn in_use(&self) -> usize {
-        self.in_use.load(Ordering::Relaxed)
+        let released = self.counters.released.load(Ordering::Acquire);
+        let allocated = self.counters.allocated.load(Ordering::Relaxed);
+        allocated.saturating_sub(released) as usize
     }
 
     /// A snapshot of the counters (each read individually; exact when the slab is quiescent).
@@ -490,7 +495,6 @@ impl TxSlab {
         // free list and reports with an older generation fail their compare-exchange.
         slot.token.store(token, Ordering::Relaxed);
         let generation = generation_of(slot.state.load(Ordering::Relaxed));
-        self.in_use.fetch_add(1, Ordering::Relaxed);
         self.counters.allocated.fetch_add(1, Ordering::Relaxed);
         let flags = LIVE | (mode.code() << MODE_SHIFT) | mode.mask();
         slot.state.store(pack(generation, flags), Ordering::Release);
@@ -587,6 +591,31 @@ impl TxSlab {
     /// ([`TxError::NotHeld`]: no claim won, or the hold already ended).
     pub fn end_claim(&self, handle: TxHandle) -> Result<Outcome, TxError> {
         self.update(handle, |flags| if flags & HELD == 0 { Err(Reject::NotHeld) } else { Ok(flags & !HELD) })
+    }
+
+    /// [`TxSlab::end_claim`] and [`TxSlab::complete`]`(event)` in one compare-exchange: what a
+    /// claim winner whose own event is `event` (a response, in `WaitRsp` mode) does once it has
+    /// taken the call's state, saving one atomic read-modify-write per call. Exactly the two
+    /// reports back to back, with nothing in between.
+    ///
+    /// Rejected (counted, no effect): a stale handle, a context that is not held
+    /// ([`TxError::NotHeld`]), and — *the hold then stays*: call [`TxSlab::end_claim`] — an
+    /// `event` the mode does not wait for ([`TxError::Unexpected`]) or already reported
+    /// ([`TxError::Duplicate`]).
+    pub fn end_claim_and_complete(&self, handle: TxHandle, event: Event) -> Result<Outcome, TxError> {
+        let bit = event.bit();
+        self.update(handle, |flags| {
+            let mode = CallMode::from_flags(flags);
+            if flags & HELD == 0 {
+                Err(Reject::NotHeld)
+            } else if mode.mask() & bit == 0 {
+                Err(Reject::Unexpected(event, mode))
+            } else if flags & bit == 0 {
+                Err(Reject::Duplicate(event))
+            } else {
+                Ok(flags & !(HELD | bit))
+            }
+        })
     }
 
     /// The call mode of a live context (e.g. for the send-completion path to decide whether it
@@ -686,8 +715,10 @@ impl TxSlab {
     /// the slot is exclusively ours until it is on the free list again.
     fn release(&self, index: u32, slot: &Slot) -> Outcome {
         let token = slot.token.load(Ordering::Relaxed);
-        self.in_use.fetch_sub(1, Ordering::Relaxed);
-        self.counters.released.fetch_add(1, Ordering::Relaxed);
+        // Release: pairs with `in_use`'s Acquire load (this slot's allocation, counted before
+        // the state store `get` published and this report's compare-exchange acquired, is then
+        // visible to the reader).
+        self.counters.released.fetch_add(1, Ordering::Release);
         // Release (inside `push`): publishes the new generation and the token read to the popper.
         self.free.push(index);
         Outcome::Released { token }
@@ -755,6 +786,48 @@ mod tests {
                 assert_eq!((st.allocated, st.released, st.stale, st.duplicate), (1, 1, 0, 0));
             }
         }
+    }
+
+    /// The merged report ends the hold and reports the event at once: it releases when the send
+    /// completion came first, waits for it otherwise, and a refused event leaves the hold in
+    /// place (the context is not released under the winner) until `end_claim`.
+    #[test]
+    fn end_claim_and_complete_is_end_claim_then_complete_in_one_step() {
+        for send_first in [true, false] {
+            let s = slab(1);
+            let h = s.get(CallMode::WaitRsp, 9).expect("free slot");
+            if send_first {
+                assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
+            }
+            assert_eq!(s.claim_completion(h), Ok(true));
+            let out = s.end_claim_and_complete(h, Event::Rsp);
+            if send_first {
+                assert_eq!(out, Ok(Outcome::Released { token: 9 }));
+            } else {
+                assert_eq!(out, Ok(Outcome::Pending));
+                assert_eq!(s.end_claim(h), Err(TxError::NotHeld { handle: h }), "the hold ended");
+                assert_eq!(
+                    s.complete(h, Event::Rsp),
+                    Err(TxError::Duplicate { handle: h, event: Event::Rsp })
+                );
+                assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Released { token: 9 }));
+            }
+            assert_eq!(s.in_use(), 0);
+        }
+        // Refused: an event the mode does not wait for; the hold stays.
+        let s = slab(1);
+        let h = s.get(CallMode::WaitRsp, 5).expect("free slot");
+        assert_eq!(s.complete(h, Event::SendCqe), Ok(Outcome::Pending));
+        assert_eq!(s.claim_completion(h), Ok(true));
+        assert_eq!(
+            s.end_claim_and_complete(h, Event::Ack),
+            Err(TxError::Unexpected { handle: h, event: Event::Ack, mode: CallMode::WaitRsp })
+        );
+        assert_eq!(s.complete(h, Event::Rsp), Ok(Outcome::Pending), "held: not released under the winner");
+        assert_eq!(s.end_claim(h), Ok(Outcome::Released { token: 5 }));
+        // Not held: refused.
+        let h = s.get(CallMode::WaitRsp, 6).expect("free slot");
+        assert_eq!(s.end_claim_and_complete(h, Event::Rsp), Err(TxError::NotHeld { handle: h }));
     }
 
     #[test]

@@ -200,6 +200,15 @@ impl<D: Device + Clone> ConnRndv<D> {
         self.in_use.load(Ordering::Acquire)
     }
 
+    /// No rendezvous in progress: no memory held (so no READ or WRITE outstanding), nothing
+    /// queued, no request waiting for memory. Then the send CQ holds only reply completions,
+    /// which the worker may reap lazily (`Conn::poll`).
+    pub(super) fn is_quiet(&self) -> bool {
+        self.in_use() == 0
+            && self.pending.load(Ordering::Acquire) == 0
+            && !self.any_waiting.load(Ordering::Acquire)
+    }
+
     fn try_charge(&self, bytes: u64) -> bool {
         self.in_use
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
