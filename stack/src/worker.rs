@@ -134,7 +134,8 @@ struct Shared {
     stats: StatCounters,
 }
 
-/// A set of polling threads. Dropping it stops and joins them.
+/// A set of polling threads. Dropping it stops and joins them (all but the calling thread, when
+/// one of them drops it: that one ends once it returns to its loop).
 pub struct WorkerGroup {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -217,8 +218,15 @@ impl Drop for WorkerGroup {
         for slot in &self.shared.slots {
             slot.wake.signal();
         }
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
             t.thread().unpark();
+            if t.thread().id() == me {
+                // Dropped by one of its own workers (a handler that drops its `Server`): that
+                // thread cannot wait for itself to end. It is detached instead and ends on its
+                // own, seeing `stop` as soon as the handler returns.
+                continue;
+            }
             let _ = t.join();
         }
     }
