@@ -28,3 +28,7 @@ pub const DEFAULT_RNDV_MEMORY_LIMIT: u64 = 256 << 20;
 
 /// Most local ranges of one operation (the SGEs of one work request).
 pub const MAX_SGES: usize = 4;
+
+/// The period [`ServerConfig::max_queue_resets`](crate::ServerConfig::max_queue_resets) counts
+/// a connection's queue resets over: one minute.
+pub const QUEUE_RESET_WINDOW: std::time::Duration = std::time::Duration::from_secs(60);

@@ -155,12 +155,15 @@ impl<D: Device + Clone> ServerInner<D> {
     pub(super) fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
         let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
-        crate::control::reactor::watch(Box::new(monitor::ConnWatch::new(
+        let w = monitor::ConnWatch::new(
             stream,
             weak,
             self.config.keepalive,
-        )))
+            conn.ep.queues.len(),
+            self.config.max_queue_resets,
+        )
         .map_err(control::ControlError::from)?;
+        crate::control::reactor::watch(Box::new(w)).map_err(control::ControlError::from)?;
         Ok(())
     }
 

@@ -69,6 +69,14 @@ pub struct ServerConfig {
     /// The data path must be polled for traffic to count: with `workers: 0`, call
     /// [`Server::poll`] more often than that.
     pub keepalive: Option<Keepalive>,
+    /// Most queue resets (a client recovering a failed queue, [`Recovery`](crate::Recovery)) one
+    /// connection may ask for per queue within [`QUEUE_RESET_WINDOW`](crate::QUEUE_RESET_WINDOW)
+    /// (a minute): a connection of `n` queues gets `n × max_queue_resets` per window. Past it
+    /// a reset is refused, without any work, with a reason naming this field (the client's
+    /// recovery fails and spends its own budget). Each reset fails, drains and reconnects a
+    /// queue, so this bounds what one peer can make the server do. 0: every reset is refused.
+    /// Default 10 (a client's default recovery budget is 3 per queue per minute).
+    pub max_queue_resets: u32,
 }
 
 /// Where a server's connections receive their requests ([`ServerConfig::recv_buffers`]).
@@ -120,6 +128,7 @@ impl Default for ServerConfig {
             queue_config: QueueConfig::default(),
             tls: None,
             keepalive: Some(Keepalive::default()),
+            max_queue_resets: 10,
         }
     }
 }
