@@ -43,6 +43,10 @@ pub(crate) struct Conn<D: Device + Clone> {
     /// The new-connection callback accepted it (so the break callback runs when it closes).
     pub(super) accepted: AtomicBool,
     pub(super) rndv: rndv::ConnRndv<D>,
+    /// The server's list of open connections, which this one leaves when it closes.
+    pub(super) list: Weak<ConnList<D>>,
+    /// Its count against the server-wide limits, given back when it is dropped.
+    pub(super) _admitted: Admitted,
 }
 
 impl<D: Device + Clone> Conn<D> {
@@ -406,10 +410,31 @@ impl<D: Device + Clone> Conn<D> {
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
         }
+        self.leave_list();
         self.rndv_close();
         if self.accepted.load(Ordering::Acquire) {
             self.fire_break(reason);
         }
+    }
+}
+
+impl<D: Device + Clone> Conn<D> {
+    /// Takes the closed connections (this one and any other) out of the server's list, so that
+    /// they are dropped, and their memory given back, once their worker and handlers let go of
+    /// them (a closed connection left in the list held all its memory until the next client
+    /// connected). Those the list held last are dropped here, after the list's lock is released.
+    fn leave_list(&self) {
+        let Some(list) = self.list.upgrade() else { return };
+        let gone: Vec<Arc<Conn<D>>> = {
+            let mut guard = lock(&list);
+            if !guard.iter().any(|c| c.ep.is_closed()) {
+                return;
+            }
+            let (closed, open): (Vec<_>, Vec<_>) = guard.iter().cloned().partition(|c| c.ep.is_closed());
+            *guard = Arc::new(open);
+            closed
+        };
+        drop(gone);
     }
 }
 
