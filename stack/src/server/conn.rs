@@ -106,6 +106,13 @@ impl<D: Device + Clone> Conn<D> {
     /// Posts `tx` (its first `len` bytes) on queue `q`: at once, or at the end of the worker's
     /// pass if this thread is dispatching this connection. On error the context is released.
     pub(super) fn send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
+        if self.ep.is_closed() {
+            // Marked closed (`Server::connections` no longer counts it) but its queues may not
+            // be failed yet: a post would still be taken, and the reply would report a success
+            // nobody will receive.
+            self.drop_tx(tx);
+            return Err(RpcError::Closed);
+        }
         if !self.dispatching() {
             // What the worker collected for this queue (an ACK of this very request, perhaps)
             // goes first.
@@ -265,8 +272,14 @@ impl<D: Device + Clone> Conn<D> {
                 return self.release(queue, buf, true);
             }
         };
-        bump(&self.counters.requests);
         let header = view.header;
+        // Keepalive probes are the stack's own traffic: not counted as requests (nor their
+        // answers as responses), so the counters do not depend on how long a test or an idle
+        // spell lasted.
+        let probe = liveness::is_probe(header.function);
+        if !probe {
+            bump(&self.counters.requests);
+        }
         let traced_at = trace::stamp();
         if header.ack_requested {
             if traced_at != 0 {
@@ -281,7 +294,7 @@ impl<D: Device + Clone> Conn<D> {
         let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
         let request =
             Request { conn: self.clone(), buf, queue, epoch, args, header, done: false, rndv: None };
-        if liveness::is_probe(header.function) {
+        if probe {
             return self.on_probe(request);
         }
         if header.arg_dma_count > 0 {

@@ -75,9 +75,9 @@ pub use rndv::RndvStats;
 pub struct ServerStats {
     /// Connections accepted.
     pub connections: u64,
-    /// Requests received.
+    /// Requests received (keepalive probes, the stack's own, not counted).
     pub requests: u64,
-    /// Responses sent.
+    /// Responses sent (answers to keepalive probes not counted).
     pub responses: u64,
     /// ACKs sent.
     pub acks: u64,
