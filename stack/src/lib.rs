@@ -183,7 +183,10 @@ pub use control::reactor::{control_loop_settled_for_tests, panic_control_loop_fo
 #[cfg(not(loom))]
 pub use error::{Result, RpcError};
 #[cfg(not(loom))]
-pub use limits::{DEFAULT_MEMORY_LIMIT, DEFAULT_RNDV_MEMORY_LIMIT, DEFAULT_SHARED_RECV_BUFFERS};
+pub use limits::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_MEMORY, DEFAULT_MEMORY_LIMIT, DEFAULT_RNDV_MEMORY_LIMIT,
+    DEFAULT_SHARED_RECV_BUFFERS, QUEUE_RESET_WINDOW,
+};
 #[cfg(not(loom))]
 pub use server::{
     Connection, ConnectionEvents, Functions, Handler, RecvBuffers, Request, RndvStats, Server, ServerConfig,

@@ -56,33 +56,6 @@ pub(crate) fn poll(fds: &mut [pollfd], timeout_ms: libc::c_int) -> libc::c_int {
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) }
 }
 
-/// What a one-byte peek at a socket found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Peek {
-    /// At least one byte is waiting.
-    Data,
-    /// End of stream or an error.
-    Closed,
-    /// Nothing after all.
-    Empty,
-}
-
-/// Peeks (without blocking or consuming) at the socket `fd`. A stale `fd` reads as closed.
-pub(crate) fn peek(fd: RawFd) -> Peek {
-    let mut b = 0u8;
-    // SAFETY: reads at most 1 byte into a live u8; the kernel checks `fd`. MSG_PEEK leaves the
-    // byte in the socket for the stream's own reads.
-    let n = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
-    match n {
-        0 => Peek::Closed,
-        n if n > 0 => Peek::Data,
-        _ => match std::io::Error::last_os_error().kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => Peek::Empty,
-            _ => Peek::Closed,
-        },
-    }
-}
-
 /// Pins the calling thread to `cpu`.
 pub(crate) fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
     if cpu >= MAX_CPUS {

@@ -134,7 +134,8 @@ struct Shared {
     stats: StatCounters,
 }
 
-/// A set of polling threads. Dropping it stops and joins them.
+/// A set of polling threads. Dropping it stops and joins them (all but the calling thread, when
+/// one of them drops it: that one ends once it returns to its loop).
 pub struct WorkerGroup {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
@@ -217,8 +218,15 @@ impl Drop for WorkerGroup {
         for slot in &self.shared.slots {
             slot.wake.signal();
         }
+        let me = std::thread::current().id();
         for t in self.threads.drain(..) {
             t.thread().unpark();
+            if t.thread().id() == me {
+                // Dropped by one of its own workers (a handler that drops its `Server`): that
+                // thread cannot wait for itself to end. It is detached instead and ends on its
+                // own, seeing `stop` as soon as the handler returns.
+                continue;
+            }
             let _ = t.join();
         }
     }
@@ -268,10 +276,7 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
         }
         if idle % 1024 == 0 {
             // Forget closed targets now and then.
-            if targets.iter().any(|t| t.is_closed()) {
-                lock(&slot.list).retain(|t| !t.is_closed());
-                slot.version.fetch_add(1, Ordering::Release);
-            }
+            forget_closed(slot, &targets);
         }
         match mode {
             PollMode::Busy => {
@@ -283,7 +288,9 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
             }
             PollMode::Event if idle >= 64 => {
                 idle = 0;
-                sleeper.sleep(shared, slot, &targets);
+                if !forget_closed(slot, &targets) {
+                    sleeper.sleep(shared, slot, &targets);
+                }
             }
             PollMode::Adaptive if idle % 64 == 0 => {
                 // Read the clock only every 64 empty rounds (the spin phase costs no syscall but
@@ -293,7 +300,9 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
                 if since.elapsed() >= spin {
                     idle = 0;
                     idle_since = None;
-                    sleeper.sleep(shared, slot, &targets);
+                    if !forget_closed(slot, &targets) {
+                        sleeper.sleep(shared, slot, &targets);
+                    }
                 } else {
                     std::thread::yield_now();
                 }
@@ -301,6 +310,19 @@ fn run(shared: &Shared, i: usize, mode: PollMode, spin: Duration, cpu: Option<us
             PollMode::Event | PollMode::Adaptive => std::hint::spin_loop(),
         }
     }
+}
+
+/// Takes closed targets out of the worker's list (the worker lets go of its copies at its next
+/// round); whether there were any. Asked before every sleep: a sleeping worker (whose idle count
+/// starts over at each sleep, so never reaches the busy mode's 1024 rounds) would otherwise hold
+/// a closed connection, and all its memory, until a new one is added.
+fn forget_closed(slot: &Slot, targets: &[Arc<dyn Pollable>]) -> bool {
+    if !targets.iter().any(|t| t.is_closed()) {
+        return false;
+    }
+    lock(&slot.list).retain(|t| !t.is_closed());
+    slot.version.fetch_add(1, Ordering::Release);
+    true
 }
 
 /// The buffers of a worker's sleeps, reused from one to the next.

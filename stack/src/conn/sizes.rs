@@ -36,7 +36,12 @@ pub(crate) fn fit_window(
     limit: u64,
     depths: impl Fn(u32) -> (u32, u32),
 ) -> Option<u32> {
-    let fits = |w: u32| buffer_bytes(queues, depths(w), msg_size) <= limit;
+    fit_window_by(window, |w| buffer_bytes(queues, depths(w), msg_size) <= limit)
+}
+
+/// The largest window up to `window` that `fits` (a test that holds for every window below one
+/// that passes), or `None` when not even a window of 1 does.
+pub(crate) fn fit_window_by(window: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
     if !fits(1) {
         return None;
     }

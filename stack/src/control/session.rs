@@ -25,9 +25,11 @@
 //! A frame of another type or version after the handshake, or one that does not parse, is a
 //! protocol error: the reader closes the connection.
 //!
-//! All reading and writing of the stream after the handshake goes through `read_frame` and
-//! `write_frame` here (and the monitor's readiness wait, `liveness::wait_readable`), so that a
-//! different stream (TLS) changes only them.
+//! All reading and writing of the stream after the handshake goes through this module, so that a
+//! different stream (TLS) changes only it: the client's blocking `read_frame` and `write_frame`
+//! (its recovery exchange, aside), the server's `SessionReader` (frames read on the control
+//! loop as their bytes arrive, never blocking) and `write_frame_now` (an answer the socket must
+//! take at once).
 
 use super::{
     build_frame, malformed, open_frame, put_str, ControlError, Deadline, MsgType, CONTROL_VERSION,
@@ -145,13 +147,125 @@ pub(crate) fn read_frame(
     timeout: Duration,
 ) -> Result<SessionFrame, ControlError> {
     let (header, frame) = super::read_frame(stream, Deadline::after(timeout))?;
+    decode(header, &frame)
+}
+
+/// What [`SessionReader::read`] reached.
+#[derive(Debug)]
+pub(crate) enum ReadStep {
+    /// The socket has no more bytes now; the frame (if one was begun) is incomplete.
+    Pending,
+    /// A whole frame, decoded (or why it is not a session frame).
+    Frame(Result<SessionFrame, ControlError>),
+    /// The peer closed the stream (or it failed).
+    Closed,
+}
+
+/// Reads session frames from a non-blocking stream a few bytes at a time, as they arrive, so
+/// that an event loop can watch many streams and a peer that sends half a frame delays nobody
+/// but itself. It remembers when the frame being read began ([`SessionReader::begun`]); the
+/// caller gives up on a peer whose frame does not complete in time. A body is allocated only
+/// once its header parsed (at most [`MAX_BODY_LEN`](super::MAX_BODY_LEN) bytes).
+#[derive(Debug, Default)]
+pub(crate) struct SessionReader {
+    head: [u8; super::HEADER_LEN],
+    got: usize,
+    frame: Vec<u8>,
+    header: Option<super::Header>,
+    begun: Option<std::time::Instant>,
+}
+
+impl SessionReader {
+    /// When the first byte of the frame being read arrived (`None`: between frames).
+    pub(crate) fn begun(&self) -> Option<std::time::Instant> {
+        self.begun
+    }
+
+    /// Reads what the stream has, up to the end of one frame, without blocking (the stream must
+    /// be non-blocking).
+    pub(crate) fn read(&mut self, stream: &mut impl super::ControlIo) -> ReadStep {
+        loop {
+            let buf: &mut [u8] = match self.header {
+                None => &mut self.head[self.got..],
+                Some(_) => &mut self.frame[self.got..],
+            };
+            if buf.is_empty() {
+                match self.header {
+                    Some(h) => return ReadStep::Frame(self.finish(h)),
+                    None => match super::parse_header(&self.head) {
+                        Ok(h) => {
+                            self.frame.clear();
+                            self.frame.resize(super::HEADER_LEN + h.body_len, 0);
+                            self.frame[..super::HEADER_LEN].copy_from_slice(&self.head);
+                            self.header = Some(h);
+                            continue;
+                        }
+                        Err(e) => {
+                            self.reset();
+                            return ReadStep::Frame(Err(e));
+                        }
+                    },
+                }
+            }
+            match stream.read(buf) {
+                Ok(0) => return ReadStep::Closed,
+                Ok(n) => {
+                    self.got += n;
+                    self.begun.get_or_insert_with(std::time::Instant::now);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return ReadStep::Pending,
+                Err(_) => return ReadStep::Closed,
+            }
+        }
+    }
+
+    fn finish(&mut self, header: super::Header) -> Result<SessionFrame, ControlError> {
+        let frame = std::mem::take(&mut self.frame);
+        self.reset();
+        decode(header, &frame)
+    }
+
+    fn reset(&mut self) {
+        self.got = 0;
+        self.header = None;
+        self.begun = None;
+    }
+}
+
+/// A whole session frame whose header parsed, decoded.
+fn decode(header: super::Header, frame: &[u8]) -> Result<SessionFrame, ControlError> {
     if header.version != CONTROL_VERSION {
         return Err(ControlError::VersionMismatch { ours: CONTROL_VERSION, theirs: header.version });
     }
     match header.kind {
-        MsgType::QueueReset => Ok(SessionFrame::QueueReset(QueueReset::decode(&frame)?)),
-        MsgType::QueueResetDone => Ok(SessionFrame::QueueResetDone(QueueResetDone::decode(&frame)?)),
+        MsgType::QueueReset => Ok(SessionFrame::QueueReset(QueueReset::decode(frame)?)),
+        MsgType::QueueResetDone => Ok(SessionFrame::QueueResetDone(QueueResetDone::decode(frame)?)),
         other => Err(malformed(format!("a {} after the handshake", other.name()))),
+    }
+}
+
+/// Writes one whole frame to a non-blocking stream, now: a frame the socket does not take at
+/// once (the peer is not reading its side) is an [`io::ErrorKind::WouldBlock`] error, and the
+/// stream is then unusable (part of the frame may be out).
+///
+/// [`io::ErrorKind::WouldBlock`]: std::io::ErrorKind::WouldBlock
+pub(crate) fn write_frame_now(stream: &mut impl super::ControlIo, frame: &[u8]) -> Result<(), ControlError> {
+    let mut sent = 0;
+    while sent < frame.len() {
+        match stream.write(&frame[sent..]) {
+            Ok(0) => return Err(ControlError::Closed),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(super::from_io(e)),
+        }
+    }
+    loop {
+        match stream.flush() {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(super::from_io(e)),
+        }
     }
 }
 

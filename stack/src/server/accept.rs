@@ -155,12 +155,15 @@ impl<D: Device + Clone> ServerInner<D> {
     pub(super) fn watch(&self, hs: control::Handshake, conn: &Arc<Conn<D>>) -> Result<(), RpcError> {
         let stream = hs.into_stream()?;
         let weak = Arc::downgrade(conn);
-        crate::control::reactor::watch(Box::new(monitor::ConnWatch::new(
+        let w = monitor::ConnWatch::new(
             stream,
             weak,
             self.config.keepalive,
-        )))
+            conn.ep.queues.len(),
+            self.config.max_queue_resets,
+        )
         .map_err(control::ControlError::from)?;
+        crate::control::reactor::watch(Box::new(w)).map_err(control::ControlError::from)?;
         Ok(())
     }
 
@@ -219,11 +222,22 @@ impl<D: Device + Clone> ServerInner<D> {
                 hello.max_msg
             )));
         }
-        let window = self.config.fitted_window(
-            n,
-            hello.window.clamp(1, self.config.max_window),
-            self.pool.is_some(),
-        )?;
+        let shared = self.pool.is_some();
+        let room = self.admission.room(self.config.memory_limit).map_err(RpcError::InvalidArgument)?;
+        let Some(window) =
+            self.config.fitted_window(n, hello.window.clamp(1, self.config.max_window), shared, room)
+        else {
+            return Err(if room < self.config.memory_limit {
+                let needs = conn_bytes(n, 1, self.config.msg_size, shared);
+                RpcError::InvalidArgument(self.admission.full(self.admission.committed(), needs))
+            } else {
+                self.config.over_memory_limit(n, shared)
+            });
+        };
+        let admitted = self
+            .admission
+            .admit(conn_bytes(n, window, self.config.msg_size, shared))
+            .map_err(RpcError::InvalidArgument)?;
         let (send_depth, recv_depth, repost_batch) = server_depths(window);
         let sizes = Sizes {
             queues: n,
@@ -266,6 +280,8 @@ impl<D: Device + Clone> ServerInner<D> {
             me: me.clone(),
             events: self.events.clone(),
             accepted: AtomicBool::new(false),
+            list: Arc::downgrade(&self.conns),
+            _admitted: admitted,
         }))
     }
 }

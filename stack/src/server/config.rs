@@ -28,15 +28,31 @@ pub struct ServerConfig {
     /// written within another. Handshakes run concurrently: a slow or silent client delays no
     /// other and is dropped when its time is up ([`ServerStats::handshake_timeouts`]).
     pub handshake_timeout: Duration,
-    /// Most bytes of registered buffer memory per connection: queues × (send contexts + receive
-    /// buffers per queue) × `msg_size`, with 3 × window and window + min(16, window) per queue
-    /// (no receive buffers with the shared receive pool, [`RecvBuffers::Shared`], whose size
-    /// this also caps).
+    /// Most bytes of memory one connection may commit: its buffers, queues × (send contexts +
+    /// receive buffers per queue) × `msg_size`, with 3 × window and window + min(16, window)
+    /// per queue (no receive buffers with the shared receive pool, [`RecvBuffers::Shared`],
+    /// whose size this also caps), and its queues' rings and completion queues (counted at 128
+    /// bytes per send ring entry, 64 per receive ring entry and per completion; every send
+    /// ring holds all the connection's send contexts, so this part grows with the square of
+    /// the queue count: 64 queues at a window of 128 would need 268 MiB of send rings alone).
     /// A client's window is scaled down until its connection fits; a client whose queues do not
     /// fit even at a window of 1 is refused with a reason naming this field, and a config whose
     /// single queue does not fit is refused by [`Server::bind`]. Default
     /// [`DEFAULT_MEMORY_LIMIT`](crate::DEFAULT_MEMORY_LIMIT) (256 MiB).
     pub memory_limit: u64,
+    /// Most connections open at once. A client past it is refused in the handshake with a
+    /// reason naming this field (the client's `Channel::connect` fails with
+    /// `RpcError::Control(ControlError::Rejected(reason))`); a connection counts until it is
+    /// closed and let go of. At least 1; default
+    /// [`DEFAULT_MAX_CONNECTIONS`](crate::DEFAULT_MAX_CONNECTIONS) (1024).
+    pub max_connections: usize,
+    /// Most bytes of memory all connections together may commit (each counted as in
+    /// `memory_limit`), the shared receive pool included: on a NIC that memory is pinned. A new
+    /// connection's window is scaled down to what is left; a client that does not fit even at a
+    /// window of 1 is refused in the handshake with a reason naming this field. A connection's
+    /// memory is given back when it is closed and let go of ([`Server::committed_bytes`]).
+    /// Default [`DEFAULT_MAX_MEMORY`](crate::DEFAULT_MAX_MEMORY) (1 GiB).
+    pub max_memory: u64,
     /// Most bytes of rendezvous memory one connection may hold at once: gathered arguments
     /// being READ or handled, and staged large responses being written. A request whose
     /// arguments exceed it alone is answered REMOTE_LEN_ERR without any allocation; one that
@@ -69,6 +85,14 @@ pub struct ServerConfig {
     /// The data path must be polled for traffic to count: with `workers: 0`, call
     /// [`Server::poll`] more often than that.
     pub keepalive: Option<Keepalive>,
+    /// Most queue resets (a client recovering a failed queue, [`Recovery`](crate::Recovery)) one
+    /// connection may ask for per queue within [`QUEUE_RESET_WINDOW`](crate::QUEUE_RESET_WINDOW)
+    /// (a minute): a connection of `n` queues gets `n × max_queue_resets` per window. Past it
+    /// a reset is refused, without any work, with a reason naming this field (the client's
+    /// recovery fails and spends its own budget). Each reset fails, drains and reconnects a
+    /// queue, so this bounds what one peer can make the server do. 0: every reset is refused.
+    /// Default 10 (a client's default recovery budget is 3 per queue per minute).
+    pub max_queue_resets: u32,
 }
 
 /// Where a server's connections receive their requests ([`ServerConfig::recv_buffers`]).
@@ -115,11 +139,14 @@ impl Default for ServerConfig {
             pin: Vec::new(),
             handshake_timeout: Duration::from_secs(5),
             memory_limit: crate::limits::DEFAULT_MEMORY_LIMIT,
+            max_connections: crate::limits::DEFAULT_MAX_CONNECTIONS,
+            max_memory: crate::limits::DEFAULT_MAX_MEMORY,
             rndv_memory_limit: crate::limits::DEFAULT_RNDV_MEMORY_LIMIT,
             recv_buffers: RecvBuffers::default(),
             queue_config: QueueConfig::default(),
             tls: None,
             keepalive: Some(Keepalive::default()),
+            max_queue_resets: 10,
         }
     }
 }
@@ -174,6 +201,12 @@ impl ServerConfig {
                 format_args!("is {}: use 1..={}", self.max_queues, control::MAX_QUEUES),
             ));
         }
+        if self.max_connections == 0 {
+            return Err(bad_field(
+                &field("max_connections"),
+                "is 0 (every client would be refused): use at least 1",
+            ));
+        }
         let cpus = crate::os::MAX_CPUS;
         if let Some(&cpu) = self.pin.iter().find(|&&c| c >= cpus) {
             return Err(bad_field(&field("pin"), format_args!("names CPU {cpu}: CPUs are 0..{cpus}")));
@@ -212,8 +245,20 @@ impl ServerConfig {
         if let Some(k) = &self.keepalive {
             k.validate(&field("keepalive"))?;
         }
-        // The device's limits apply to `max_window`; the memory limit may scale it down.
-        self.fitted_window(1, self.max_window, self.shared_buffers(caps).is_some())?;
+        // The device's limits apply to `max_window`; the memory limits may scale it down.
+        let shared = self.shared_buffers(caps).is_some();
+        if self.fitted_window(1, self.max_window, shared, self.max_memory).is_none() {
+            return Err(bad_field(
+                "ServerConfig.max_memory",
+                format_args!(
+                    "is {} bytes, less than one connection of one queue needs ({} bytes): raise it",
+                    self.max_memory,
+                    conn_bytes(1, 1, self.msg_size, shared)
+                ),
+            ));
+        }
+        self.fitted_window(1, self.max_window, shared, self.memory_limit)
+            .ok_or_else(|| self.over_memory_limit(1, shared))?;
         let (send, recv, _) = server_depths(self.max_window);
         validate_sizes(
             "use a smaller ServerConfig.max_window or ServerConfig.msg_size",
@@ -239,26 +284,26 @@ impl ServerConfig {
     }
 
     /// The window for a connection of `queues` queues asking for `window` (already clamped to
-    /// `max_window`), scaled down until its buffers fit `memory_limit` (only send buffers when
-    /// it receives from a `shared` pool).
-    pub(super) fn fitted_window(&self, queues: usize, window: u32, shared: bool) -> Result<u32, RpcError> {
-        let depths = |w| {
-            let (s, r, _) = server_depths(w);
-            (s, if shared { 0 } else { r })
-        };
-        fit_window(window, queues, self.msg_size, self.memory_limit, depths).ok_or_else(|| {
-            bad_field(
-                "ServerConfig.memory_limit",
-                format_args!(
-                    "is {} bytes, but {queues} queue(s) of {}-byte messages need {} bytes of registered buffers \
-                     even at a window of 1: raise ServerConfig.memory_limit, or use a smaller \
-                     ServerConfig.msg_size (or fewer queues)",
-                    self.memory_limit,
-                    self.msg_size,
-                    buffer_bytes(queues, depths(1), self.msg_size)
-                ),
-            )
-        })
+    /// `max_window`), scaled down until what it commits ([`conn_bytes`]; only send buffers when
+    /// it receives from a `shared` pool) fits `limit` bytes; `None` when not even a window of 1
+    /// does.
+    pub(super) fn fitted_window(&self, queues: usize, window: u32, shared: bool, limit: u64) -> Option<u32> {
+        fit_window_by(window, |w| conn_bytes(queues, w, self.msg_size, shared) <= limit)
+    }
+
+    /// The error for `queues` queues that do not fit `memory_limit` even at a window of 1.
+    pub(super) fn over_memory_limit(&self, queues: usize, shared: bool) -> RpcError {
+        bad_field(
+            "ServerConfig.memory_limit",
+            format_args!(
+                "is {} bytes, but {queues} queue(s) of {}-byte messages need {} bytes of registered buffers \
+                 and queue rings even at a window of 1: raise ServerConfig.memory_limit, or use a smaller \
+                 ServerConfig.msg_size (or fewer queues)",
+                self.memory_limit,
+                self.msg_size,
+                conn_bytes(queues, 1, self.msg_size, shared)
+            ),
+        )
     }
 }
 

@@ -43,6 +43,10 @@ pub(crate) struct Conn<D: Device + Clone> {
     /// The new-connection callback accepted it (so the break callback runs when it closes).
     pub(super) accepted: AtomicBool,
     pub(super) rndv: rndv::ConnRndv<D>,
+    /// The server's list of open connections, which this one leaves when it closes.
+    pub(super) list: Weak<ConnList<D>>,
+    /// Its count against the server-wide limits, given back when it is dropped.
+    pub(super) _admitted: Admitted,
 }
 
 impl<D: Device + Clone> Conn<D> {
@@ -102,6 +106,13 @@ impl<D: Device + Clone> Conn<D> {
     /// Posts `tx` (its first `len` bytes) on queue `q`: at once, or at the end of the worker's
     /// pass if this thread is dispatching this connection. On error the context is released.
     pub(super) fn send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
+        if self.ep.is_closed() {
+            // Marked closed (`Server::connections` no longer counts it) but its queues may not
+            // be failed yet: a post would still be taken, and the reply would report a success
+            // nobody will receive.
+            self.drop_tx(tx);
+            return Err(RpcError::Closed);
+        }
         if !self.dispatching() {
             // What the worker collected for this queue (an ACK of this very request, perhaps)
             // goes first.
@@ -287,8 +298,14 @@ impl<D: Device + Clone> Conn<D> {
                 return self.release(queue, buf, true);
             }
         };
-        bump(&self.counters.requests);
         let header = view.header;
+        // Keepalive probes are the stack's own traffic: not counted as requests (nor their
+        // answers as responses), so the counters do not depend on how long a test or an idle
+        // spell lasted.
+        let probe = liveness::is_probe(header.function);
+        if !probe {
+            bump(&self.counters.requests);
+        }
         let traced_at = trace::stamp();
         if header.ack_requested {
             if traced_at != 0 {
@@ -303,7 +320,7 @@ impl<D: Device + Clone> Conn<D> {
         let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
         let request =
             Request { conn: self.clone(), buf, queue, epoch, args, header, done: false, rndv: None };
-        if liveness::is_probe(header.function) {
+        if probe {
             return self.on_probe(request);
         }
         if header.arg_dma_count > 0 {
@@ -432,10 +449,31 @@ impl<D: Device + Clone> Conn<D> {
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);
         }
+        self.leave_list();
         self.rndv_close();
         if self.accepted.load(Ordering::Acquire) {
             self.fire_break(reason);
         }
+    }
+}
+
+impl<D: Device + Clone> Conn<D> {
+    /// Takes the closed connections (this one and any other) out of the server's list, so that
+    /// they are dropped, and their memory given back, once their worker and handlers let go of
+    /// them (a closed connection left in the list held all its memory until the next client
+    /// connected). Those the list held last are dropped here, after the list's lock is released.
+    fn leave_list(&self) {
+        let Some(list) = self.list.upgrade() else { return };
+        let gone: Vec<Arc<Conn<D>>> = {
+            let mut guard = lock(&list);
+            if !guard.iter().any(|c| c.ep.is_closed()) {
+                return;
+            }
+            let (closed, open): (Vec<_>, Vec<_>) = guard.iter().cloned().partition(|c| c.ep.is_closed());
+            *guard = Arc::new(open);
+            closed
+        };
+        drop(gone);
     }
 }
 

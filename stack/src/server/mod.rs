@@ -26,7 +26,7 @@
 use crate::conn::endpoint::Endpoint;
 use crate::conn::liveness::{self, CloseReason, Keepalive, Live};
 use crate::conn::shared_pool::{self, SharedPool};
-use crate::conn::sizes::{buffer_bytes, fit_window, validate_queue_config, validate_sizes, Sizes};
+use crate::conn::sizes::{buffer_bytes, fit_window_by, validate_queue_config, validate_sizes, Sizes};
 use crate::control::{self, ServerHello, CONTROL_VERSION};
 use crate::core::tx_ctx::{CallMode, Event, FailReason, TxHandle};
 use crate::error::bad_field;
@@ -48,6 +48,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod accept;
+mod admission;
 mod config;
 mod conn;
 mod events;
@@ -55,6 +56,7 @@ mod functions;
 mod request;
 #[allow(unused_imports)]
 use accept::*;
+use admission::{conn_bytes, Admission, Admitted};
 pub use config::*;
 use conn::*;
 pub use functions::*;
@@ -73,9 +75,9 @@ pub use rndv::RndvStats;
 pub struct ServerStats {
     /// Connections accepted.
     pub connections: u64,
-    /// Requests received.
+    /// Requests received (keepalive probes, the stack's own, not counted).
     pub requests: u64,
-    /// Responses sent.
+    /// Responses sent (answers to keepalive probes not counted).
     pub responses: u64,
     /// ACKs sent.
     pub acks: u64,
@@ -156,6 +158,10 @@ fn status_name(s: Status) -> &'static str {
     }
 }
 
+/// The server's open connections, copy-on-write (see [`ServerInner::conns`]). A connection
+/// takes itself out when it closes ([`Conn::close_with`]).
+type ConnList<D> = Mutex<Arc<Vec<Arc<Conn<D>>>>>;
+
 struct ServerInner<D: Device + Clone> {
     device: D,
     config: ServerConfig,
@@ -165,7 +171,9 @@ struct ServerInner<D: Device + Clone> {
     /// The open connections, copy-on-write: [`Server::poll`] takes a snapshot with one `Arc`
     /// clone (no allocation per poll); accepting a connection copies the list only while a
     /// poll holds the previous snapshot.
-    conns: Mutex<Arc<Vec<Arc<Conn<D>>>>>,
+    conns: Arc<ConnList<D>>,
+    /// The open connections and the memory they commit, against the server-wide limits.
+    admission: Arc<Admission>,
     counters: Arc<Counters>,
     next_channel: AtomicU32,
     shutdown: AtomicBool,
@@ -225,6 +233,7 @@ impl<D: Device + Clone> Server<D> {
             },
             None => None,
         };
+        let admission = Admission::new(&config, pool.as_ref().map_or(0, |p| p.registered()));
         let listener = TcpListener::bind(addr).map_err(control::ControlError::from)?;
         let local = listener.local_addr().map_err(control::ControlError::from)?;
         // The control loop polls it with the pending handshakes and accepts until it would block.
@@ -248,7 +257,8 @@ impl<D: Device + Clone> Server<D> {
             config,
             pool,
             functions: Arc::new(functions),
-            conns: Mutex::new(Arc::new(Vec::new())),
+            conns: Arc::new(Mutex::new(Arc::new(Vec::new()))),
+            admission: Arc::new(admission),
             counters: Arc::new(Counters::default()),
             next_channel: AtomicU32::new(1),
             shutdown: AtomicBool::new(false),
@@ -296,6 +306,14 @@ impl<D: Device + Clone> Server<D> {
             .filter(|c| !c.ep.is_closed())
             .map(|c| c.ep.registered())
             .sum::<u64>()
+    }
+
+    /// Bytes of memory committed now, as counted against [`ServerConfig::max_memory`]: the
+    /// shared receive pool's, and what each connection not yet let go of commits (its buffers,
+    /// all of them, and its queue rings; see [`ServerConfig::memory_limit`]). Back to the pool's
+    /// alone once every connection is closed and no handler holds one of their requests.
+    pub fn committed_bytes(&self) -> u64 {
+        self.inner.admission.committed()
     }
 
     /// Rendezvous counters, and the rendezvous memory held over all open connections.

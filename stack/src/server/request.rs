@@ -221,7 +221,9 @@ impl<D: Device + Clone> Request<D> {
             }
             match conn.send(self.queue, tx, ResponseHeader::LEN + prefix + len) {
                 Ok(()) => {
-                    bump(&conn.counters.responses);
+                    if !liveness::is_probe(self.header.function) {
+                        bump(&conn.counters.responses);
+                    }
                     result
                 }
                 Err(e) => {
