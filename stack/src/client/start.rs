@@ -182,7 +182,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         };
         let mut descs = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
         let (ndesc, response_descriptor) = if plan.any() {
-            match self.rndv_prepare(h, opts, plan, &args, &mut descs) {
+            match self.rndv_prepare(h, q, opts, plan, &args, &mut descs) {
                 Ok(x) => x,
                 Err(e) => {
                     drop(self.rndv_take(h));
