@@ -8,11 +8,15 @@
 //! clock.
 
 use bypass::*;
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 mod common;
-use common::ids::{fid, HOLD};
-use common::rig::{lock, Log, Rig, STEPPED};
+use common::ids::{fid, ECHO, HOLD};
+use common::rig::{lock, Log, Rig, SERVER_NAME, STEPPED, WAIT_LIMIT};
 
 /// Answers the length of its arguments (8 bytes, little-endian).
 const LEN: FunctionId = fid(30);
@@ -135,6 +139,114 @@ fn an_unanswered_quarantine_ends_after_its_time_limit() {
     assert_eq!(rig.channel.rndv_quarantined(), 0, "60 s: dropped");
     assert_eq!(rig.channel.rndv_in_use(), 0);
     rig.drain();
+}
+
+// ---- defect 6: a slow recovery exchange ----
+
+/// A TCP proxy between a channel and its server that forwards every control frame at once,
+/// except the server's first queue reset answer (type 5), which it holds until the client has
+/// sent a second queue reset (type 4): a server slower than the client's recovery timeout.
+struct SlowAnswer {
+    addr: std::net::SocketAddr,
+    resets: Arc<AtomicUsize>,
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut frame = vec![0u8; 12];
+    s.read_exact(&mut frame).ok()?;
+    let body = u32::from_le_bytes(frame[8..12].try_into().unwrap()) as usize;
+    frame.resize(12 + body, 0);
+    s.read_exact(&mut frame[12..]).ok()?;
+    Some(frame)
+}
+
+impl SlowAnswer {
+    fn new(server: std::net::SocketAddr) -> SlowAnswer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let addr = listener.local_addr().unwrap();
+        let resets = Arc::new(AtomicUsize::new(0));
+        let r = resets.clone();
+        std::thread::spawn(move || {
+            let Ok((client, _)) = listener.accept() else { return };
+            let upstream = TcpStream::connect(server).expect("connect to the server");
+            let (mut c_in, mut c_out) = (client.try_clone().unwrap(), client);
+            let (mut s_in, mut s_out) = (upstream.try_clone().unwrap(), upstream);
+            let r2 = r.clone();
+            let up = std::thread::spawn(move || {
+                while let Some(f) = read_frame(&mut c_in) {
+                    if f[4] == 4 {
+                        r2.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if s_out.write_all(&f).is_err() {
+                        break;
+                    }
+                }
+                let _ = s_out.shutdown(Shutdown::Both);
+            });
+            let mut held_first = false;
+            while let Some(f) = read_frame(&mut s_in) {
+                if f[4] == 5 && !held_first {
+                    held_first = true;
+                    let start = Instant::now();
+                    // Bounded: a client that never retries (the defect) ends the test below.
+                    while r.load(Ordering::SeqCst) < 2 && start.elapsed() < WAIT_LIMIT {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+                if c_out.write_all(&f).is_err() {
+                    break;
+                }
+            }
+            let _ = c_out.shutdown(Shutdown::Both);
+            let _ = up.join();
+        });
+        SlowAnswer { addr, resets }
+    }
+}
+
+/// Issue 30, defect 6. The server answers a queue reset after the client's recovery timeout:
+/// that attempt fails and is retried within the budget (skipping the late answer), instead of
+/// closing the channel as RecoveryExhausted at once.
+fn a_slow_recovery_exchange_is_retried_within_the_budget(engine: sim::Engine) {
+    let rig = Rig::new(engine);
+    let proxy = SlowAnswer::new(rig.server.local_addr());
+    let policy =
+        Recovery { attempts: 3, window: Duration::from_secs(3600), timeout: Duration::from_millis(300) };
+    let config = ChannelConfig { recovery: Some(policy), ..ChannelConfig::new(SERVER_NAME) };
+    let channel = Channel::connect(&rig.cnic, proxy.addr, config).expect("connect through the proxy");
+    let mut rsp = Vec::new();
+    channel.call(ECHO, b"before", &mut rsp).expect("echo before");
+    channel.fail_queue(0).expect("fail queue 0");
+    rig.until("the queue to be recovered, or the channel to close", || {
+        channel.poll();
+        channel.is_closed() || (channel.stats().recoveries == 1 && channel.stats().ready_queues == 1)
+    });
+    assert!(
+        !channel.is_closed(),
+        "{engine:?}: closed as {:?} after one slow exchange",
+        channel.close_reason()
+    );
+    assert_eq!(
+        proxy.resets.load(Ordering::SeqCst),
+        2,
+        "{engine:?}: one attempt timed out, the next one worked"
+    );
+    channel.call(ECHO, b"after", &mut rsp).expect("echo after");
+    assert_eq!(rsp, b"after");
+    // The budget still has its third attempt: one more failure is recovered too.
+    channel.fail_queue(0).expect("fail queue 0 again");
+    rig.until("the second recovery", || {
+        channel.poll();
+        channel.is_closed() || channel.stats().recoveries == 2
+    });
+    assert!(!channel.is_closed(), "{engine:?}: {:?}", channel.close_reason());
+    assert_eq!(channel.stats().protocol_errors, 0);
+}
+
+/// Recovery runs on real time and real threads: the real engines only.
+mod recovery {
+    use super::*;
+    common::per_engine!(a_slow_recovery_exchange_is_retried_within_the_budget);
 }
 
 common::per_engine!(stepped: a_timed_out_rendezvous_call_costs_no_bystander, a_failed_queue_frees_its_quarantine);
