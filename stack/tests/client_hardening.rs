@@ -1,8 +1,13 @@
 //! Issue 30's client-side defects: what a caller's deadline, a slow recovery exchange, an
 //! oversized one-sided operation or a queue without READ resources must not cost the channel.
 //!
-//! - A rendezvous call that times out keeps its memory registered (quarantined) until the server
-//!   answers it: the server's late READ succeeds instead of failing the queue under bystanders.
+//! - 3: a rendezvous call that times out keeps its memory registered (quarantined) until the
+//!   server answers it: the server's late READ succeeds instead of failing the queue under
+//!   bystanders; a failed queue, the close or a 60 s limit end the quarantine too.
+//! - 4: a one-sided READ or WRITE above the device's `max_msg_size` is refused at the call.
+//! - 6: a queue-reset answer slower than the recovery timeout costs one attempt, not the channel.
+//! - 11: `max_dest_rd_atomic` / `max_rd_atomic` 0 are accepted at connect; rendezvous arguments
+//!   and one-sided READs, which would need them, are refused at the call.
 //!
 //! Every wait is bounded (the rig's `until`); the Stepped engine moves deadlines on its virtual
 //! clock.
@@ -15,11 +20,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod common;
+use common::helpers::poll_once;
 use common::ids::{fid, ECHO, HOLD};
 use common::rig::{lock, Log, Rig, SERVER_NAME, STEPPED, WAIT_LIMIT};
 
 /// Answers the length of its arguments (8 bytes, little-endian).
 const LEN: FunctionId = fid(30);
+/// Answers the largest response the caller accepts (bytes 0, 1, 2, ... mod 256), by `reply`:
+/// into the caller's response buffer when it is large.
+const MAKE: FunctionId = fid(31);
 
 /// Rendezvous arguments of this size take one 8 KiB class of the server's pool: with a server
 /// limit of 8 KiB, a second such call waits for the first one's memory.
@@ -141,6 +150,120 @@ fn an_unanswered_quarantine_ends_after_its_time_limit() {
     rig.drain();
 }
 
+// ---- defect 4: one-sided operations above the device's max_msg_size ----
+
+const MAX_MSG: u32 = 64 << 10;
+
+/// A finished operation's outcome (driving the rig until it is done).
+fn op_outcome(rig: &Rig, what: &str, mut f: OpFuture) -> Result<(), RpcError> {
+    rig.until(what, || f.is_done());
+    poll_once(&mut f).expect("a done OpFuture is ready")
+}
+
+/// The queue is untouched: READY, never recovered, no call or operation failed on it.
+#[track_caller]
+fn queue_untouched(rig: &Rig) {
+    let s = rig.channel.stats();
+    assert_eq!((s.ready_queues, s.recoveries), (rig.channel.queues(), 0), "{:?}: {s:?}", rig.engine);
+    assert!(!rig.channel.is_closed());
+}
+
+/// Issue 30, defect 4. A one-sided READ or WRITE of more bytes than the device's
+/// `max_msg_size` is refused at the call, naming the limit, before anything is posted: no queue
+/// fails, nothing is recovered. An operation of exactly the limit works.
+fn one_sided_above_max_msg_size_is_refused_at_the_call(engine: sim::Engine) {
+    let rig = Rig::build(engine, |s| s.fabric.caps.max_msg_size = MAX_MSG);
+    let max = MAX_MSG as usize;
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let exposed = hal::Device::register(&rig.snic, 2 * max, rights).expect("register the server's region");
+    let remote = exposed.remote();
+    let local = Arc::new(hal::Device::register(&rig.cnic, 2 * max, Access::LOCAL_WRITE).expect("register"));
+    let opts = OpOptions { queue: Some(0), ..OpOptions::default() };
+    let one = [LocalRange::new(&local, 0, max + 1)];
+    let two = [LocalRange::new(&local, 0, max), LocalRange::new(&local, max, 1)];
+    for (what, ranges) in [("one range", &one[..]), ("two ranges", &two[..])] {
+        for (op, r) in [
+            ("WRITE", rig.channel.write_future(ranges, &remote, 0, &opts)),
+            ("READ", rig.channel.read_future(ranges, &remote, 0, &opts)),
+        ] {
+            match r {
+                Err(RpcError::InvalidArgument(t)) => assert!(
+                    t.contains(op) && t.contains("max_msg_size") && t.contains(&MAX_MSG.to_string()),
+                    "{engine:?}: {op} of {what}: {t}"
+                ),
+                Err(e) => panic!("{engine:?}: {op} of {what}: {e:?}"),
+                Ok(_) => panic!("{engine:?}: a {op} above max_msg_size ({what}) was started"),
+            }
+        }
+    }
+    queue_untouched(&rig);
+    let at_limit = [LocalRange::new(&local, 0, max)];
+    let w = rig.channel.write_future(&at_limit, &remote, 0, &opts).expect("a WRITE at the limit");
+    op_outcome(&rig, "the WRITE", w).expect("the WRITE at the limit");
+    let r = rig.channel.read_future(&at_limit, &remote, 0, &opts).expect("a READ at the limit");
+    op_outcome(&rig, "the READ", r).expect("the READ at the limit");
+    queue_untouched(&rig);
+    rig.echo(&CallOptions::default(), b"still serving");
+    rig.drain();
+}
+
+// ---- defect 11: queues without READ resources ----
+
+/// Issue 30, defect 11, the client's responder side. With
+/// `queue_config.max_dest_rd_atomic = 0` the channel's queues serve no READ, so the server could
+/// not READ rendezvous arguments: such a call is refused at the call, naming the field, and the
+/// queue is untouched. What needs no READ of this side still works: eager calls, and a large
+/// response the server WRITEs into the caller's buffer. (Connecting is allowed: a client that
+/// never sends large arguments may have no responder resources.)
+fn rendezvous_arguments_need_responder_resources(engine: sim::Engine) {
+    let rig = Rig::build(engine, |s| {
+        s.channel.queue_config.max_dest_rd_atomic = 0;
+        s.functions.register(MAKE, |req| {
+            let n = req.max_response();
+            let _ = req.reply(&(0..n).map(|i| i as u8).collect::<Vec<u8>>());
+        });
+    });
+    let forced = CallOptions { rendezvous: true, ..Default::default() };
+    for (what, args) in [("forced", vec![1u8; 100]), ("too large to be eager", vec![2u8; 256 << 10])] {
+        match rig.channel.call_future(&forced, LEN, &args) {
+            Err(RpcError::InvalidArgument(t)) => {
+                assert!(t.contains("max_dest_rd_atomic"), "{engine:?}: {what}: {t}")
+            }
+            Err(e) => panic!("{engine:?}: {what}: {e:?}"),
+            Ok(_) => panic!("{engine:?}: {what}: a rendezvous call the server cannot READ was started"),
+        }
+    }
+    queue_untouched(&rig);
+    rig.echo(&CallOptions::default(), b"eager");
+    let big = CallOptions { max_response: 100_000, ..Default::default() };
+    let (rsp, _) = rig.call(&big, MAKE, b"").expect("a large response written by the server");
+    assert_eq!(rsp.len(), 100_000, "{engine:?}");
+    assert!(rsp.iter().enumerate().all(|(i, &b)| b == i as u8), "{engine:?}");
+    queue_untouched(&rig);
+    rig.drain();
+}
+
+/// Issue 30, defect 11, the client's requester side. With `queue_config.max_rd_atomic = 0` no
+/// READ may be outstanding (a READ would wait forever on hardware): a one-sided READ is refused
+/// at the call, naming the field; WRITEs work.
+fn reads_need_an_initiator_depth(engine: sim::Engine) {
+    let rig = Rig::build(engine, |s| s.channel.queue_config.max_rd_atomic = 0);
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let exposed = hal::Device::register(&rig.snic, 4096, rights).expect("register the server's region");
+    let remote = exposed.remote();
+    let local = Arc::new(hal::Device::register(&rig.cnic, 4096, Access::LOCAL_WRITE).expect("register"));
+    let range = [LocalRange::whole(&local)];
+    match rig.channel.read_future(&range, &remote, 0, &OpOptions::default()) {
+        Err(RpcError::InvalidArgument(t)) => assert!(t.contains("max_rd_atomic"), "{engine:?}: {t}"),
+        Err(e) => panic!("{engine:?}: {e:?}"),
+        Ok(_) => panic!("{engine:?}: a READ with no initiator depth was started"),
+    }
+    let w = rig.channel.write_future(&range, &remote, 0, &OpOptions::default()).expect("a WRITE");
+    op_outcome(&rig, "the WRITE", w).expect("the WRITE");
+    queue_untouched(&rig);
+    rig.drain();
+}
+
 // ---- defect 6: a slow recovery exchange ----
 
 /// A TCP proxy between a channel and its server that forwards every control frame at once,
@@ -249,4 +372,10 @@ mod recovery {
     common::per_engine!(a_slow_recovery_exchange_is_retried_within_the_budget);
 }
 
-common::per_engine!(stepped: a_timed_out_rendezvous_call_costs_no_bystander, a_failed_queue_frees_its_quarantine);
+common::per_engine!(
+    stepped: a_timed_out_rendezvous_call_costs_no_bystander,
+    a_failed_queue_frees_its_quarantine,
+    one_sided_above_max_msg_size_is_refused_at_the_call,
+    rendezvous_arguments_need_responder_resources,
+    reads_need_an_initiator_depth,
+);

@@ -271,6 +271,20 @@ impl<D: Device + Clone> ChannelInner<D> {
                     .into(),
             ));
         }
+        if plan.args {
+            // The server READs the arguments from this channel's queues, which answer READs only
+            // with responder resources; without, every such READ would fail the queue.
+            let ours = self.config.queue_config.max_dest_rd_atomic;
+            let cap = self.ep.device.caps().max_dest_rd_atomic;
+            if ours.min(cap) == 0 {
+                return Err(RpcError::InvalidArgument(format!(
+                    "rendezvous arguments ({len} bytes) are READ by the server, but this channel's queues serve \
+                     no READ: ChannelConfig.queue_config.max_dest_rd_atomic is {ours} (device cap {cap}); set it to \
+                     at least 1, or keep the arguments eager (at most {} bytes)",
+                    self.max_request.saturating_sub(RequestHeader::LEN)
+                )));
+            }
+        }
         Ok(plan)
     }
 
