@@ -124,6 +124,50 @@ fn a_failed_queue_frees_its_quarantine(engine: sim::Engine) {
     drop(lock(&rig.held));
 }
 
+/// Quarantined memory counts against `ChannelConfig::memory_limit` with the channel's buffers:
+/// while it fills the limit, a new rendezvous call is refused with `WouldBlock` (saying why),
+/// eager calls go on, and once the server answers the quarantined call rendezvous works again.
+fn the_quarantine_counts_against_the_memory_limit(engine: sim::Engine) {
+    const BIG_ARGS: usize = (1 << 20) - 100;
+    let rig = Rig::build(engine, |s| {
+        s.server.rndv_memory_limit = 1 << 20;
+        s.channel.msg_size = 1024;
+        s.channel.memory_limit = 1 << 20;
+        s.functions.register(LEN, |req| {
+            let n = req.args().len() as u64;
+            let _ = req.reply(&n.to_le_bytes());
+        });
+    });
+    assert!(rig.channel.stats().registered_bytes < 1 << 19, "{:?}", rig.channel.stats());
+    let log = Log::default();
+    let args = vec![5u8; BIG_ARGS];
+    rig.channel.call_callback(&on0(None, true), HOLD, &args, log.cb(0)).expect("start the holder");
+    let mut held = rig.take_held(1);
+    let short = Duration::from_millis(50);
+    rig.channel.call_callback(&on0(Some(short), true), LEN, &args, log.cb(1)).expect("start the late one");
+    rig.until("the server to queue the second call for memory", || rig.server.rndv_stats().waited == 1);
+    rig.until_timers("the second call to time out", short, || {
+        rig.channel.check_timeouts();
+        log.completed() == 1
+    });
+    assert_eq!(rig.channel.rndv_quarantined(), BIG_ARGS as u64, "{engine:?}");
+    match rig.channel.call_future(&on0(None, true), LEN, b"small, forced to rendezvous") {
+        Err(RpcError::WouldBlock(why)) => {
+            assert!(why.contains("timed-out") && why.contains("memory_limit"), "{engine:?}: {why}")
+        }
+        Err(e) => panic!("{engine:?}: {e:?}"),
+        Ok(_) => panic!("{engine:?}: a rendezvous call past the memory limit was started"),
+    }
+    rig.echo(&on0(None, false), b"eager calls go on");
+    held.remove(0).reply(b"held").expect("reply the holder");
+    rig.until("the late call's answer to free the quarantine", || rig.channel.rndv_quarantined() == 0);
+    let (rsp, _) = rig.call(&on0(None, true), LEN, b"forced again").expect("rendezvous works again");
+    assert_eq!(rsp, 12u64.to_le_bytes(), "{engine:?}");
+    queue_untouched(&rig);
+    rig.drain();
+    assert_eq!(rig.channel.rndv_in_use(), 0, "{engine:?}");
+}
+
 /// A server that never answers (its handler dropped the request) leaves the quarantine to its
 /// time limit: after 60 s of the device's clock without an answer the memory is dropped.
 #[test]
@@ -375,6 +419,7 @@ mod recovery {
 common::per_engine!(
     stepped: a_timed_out_rendezvous_call_costs_no_bystander,
     a_failed_queue_frees_its_quarantine,
+    the_quarantine_counts_against_the_memory_limit,
     one_sided_above_max_msg_size_is_refused_at_the_call,
     rendezvous_arguments_need_responder_resources,
     reads_need_an_initiator_depth,
