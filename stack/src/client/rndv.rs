@@ -22,7 +22,9 @@
 //! - the response to that request arrives (late, counted stale): the server is done, and the
 //!   memory goes back to the pool for reuse;
 //! - its queue fails (ERROR answers no READ or WRITE) or is recovered into a new life, or the
-//!   channel closes: the memory is dropped (deregistered), never reused.
+//!   channel closes: the memory is dropped (deregistered), never reused;
+//! - no answer within [`QUARANTINE`] (60 s of the device's clock; a request its handler dropped
+//!   is never answered, nor touched again): dropped (deregistered) too.
 //!
 //! Quarantined bytes count against [`ChannelConfig::memory_limit`](crate::ChannelConfig) together
 //! with the channel's registered buffers: while they exceed it, a new rendezvous call fails with
