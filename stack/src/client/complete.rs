@@ -202,7 +202,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         if self.credits[q].give(1).is_err() {
             protocol_error(&self.counters, &"a response beyond the credit window");
         }
-        let Some(v) = self.table.complete(r.header.req_id) else { return };
+        let Some(v) = self.table.complete(r.header.req_id) else {
+            // A late response may free the quarantined memory of a call that timed out.
+            return self.rndv_answered(q, r.header.req_id);
+        };
         let h = TxHandle::from_u64(v);
         let Ok(mode) = self.ep.tx.mode(h) else {
             self.counters.stale.fetch_add(1, Ordering::Relaxed);
@@ -330,7 +333,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         if self.ep.tx.claim_completion(h) != Ok(true) {
             return false;
         }
-        // The server may still READ or WRITE a rendezvous call's memory: never reuse it.
+        // The server may still READ or WRITE a rendezvous call's memory: never reuse it. After
+        // a deadline the queue still serves the server, so the memory stays registered
+        // (quarantined) until it is done; otherwise the queue is failing and it is dropped.
         let mut rndv = self.rndv_take(h);
         if let Some(x) = rndv.as_mut() {
             x.poison();
@@ -339,8 +344,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         if p.mode != CallMode::EarlyRsp {
             self.table.cancel(p.req_id);
         }
+        let (timed_out, req_id) = (matches!(err, RpcError::Timeout), p.req_id);
         self.deliver(p, Err(err));
-        drop(rndv);
+        if let (Some(x), true) = (rndv, timed_out) {
+            self.rndv_quarantine(x, req_id);
+        }
         true
     }
 
@@ -367,6 +375,7 @@ impl<D: Device + Clone> ChannelInner<D> {
 
     pub(crate) fn check_timeouts(&self) -> usize {
         let now = self.ep.device.now().as_nanos() as u64;
+        self.rndv_expire(now);
         if now < self.next_scan.load(Ordering::SeqCst) {
             return 0;
         }
@@ -398,6 +407,8 @@ impl<D: Device + Clone> ChannelInner<D> {
     pub(super) fn queue_failed(&self, q: usize, status: hal::Status) {
         let was_ready = self.ep.queues[q].ready.swap(false, Ordering::AcqRel);
         self.ep.fail_queue(q);
+        // The queue answers no READ or WRITE any more: timed-out calls' memory can go.
+        self.rndv_release_queue(q);
         if !was_ready {
             return;
         }
@@ -473,6 +484,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         self.fail_calls(&|p| !p.one_sided, &|| reason.call_error(), FailReason::Cancelled);
         for q in 0..self.ep.queues.len() {
             self.ep.fail_queue(q);
+            self.rndv_release_queue(q);
         }
         if let Some(s) = lock(&self.control).take() {
             let _ = s.shutdown(Shutdown::Both);

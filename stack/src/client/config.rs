@@ -43,6 +43,9 @@ pub struct ChannelConfig {
     /// exponent 0 ([`hal::AckTimeout::NONE`]) means no retransmission timer, as on hardware: a
     /// lost packet is then never retransmitted, and a call waiting for it ends only at its own
     /// deadline (`timeout` here or [`CallOptions::timeout`]; with no deadline it may wait forever).
+    /// `max_dest_rd_atomic` 0 (no READ served) and `max_rd_atomic` 0 (no READ issued) are
+    /// accepted; what needs them is refused at the call, naming the field: rendezvous
+    /// arguments (the server READs them) and one-sided READs respectively.
     pub queue_config: QueueConfig,
     /// TLS 1.3 on the control connection (mutual: this side's certificate is presented, the
     /// server's checked against the CA bundle). `None`: plain TCP. It must match the server:

@@ -398,6 +398,15 @@ impl<D: Device + Clone> Channel<D> {
         self.inner.rndv.in_use()
     }
 
+    /// Bytes of rendezvous memory (included in [`rndv_in_use`](Self::rndv_in_use)) held for
+    /// calls that timed out while the server may still READ or WRITE it: kept registered until
+    /// the server answers them or their queue fails, is recovered or the channel closes. It
+    /// counts against [`ChannelConfig::memory_limit`]: while it fills the limit, new rendezvous
+    /// calls fail with [`RpcError::WouldBlock`]. See `docs/protocol.md` §15.
+    pub fn rndv_quarantined(&self) -> u64 {
+        self.inner.rndv.quarantined()
+    }
+
     /// A blocking call whose arguments are `segments`, registered ranges on this channel's
     /// device (with [`Access::REMOTE_READ`](crate::Access::REMOTE_READ)), which the server RDMA
     /// READs where they are (no copy; at most 31 non-empty segments, 30 with a response buffer),

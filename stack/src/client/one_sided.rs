@@ -41,6 +41,13 @@
 //!   (later operations get [`RpcError::Closed`]), so a channel of one queue is closed by a bad
 //!   descriptor: use several queues, or validate offsets against the descriptor's length first,
 //!   if that matters.
+//! - **Limits checked at the call.** What the device would refuse only by failing the queue is
+//!   refused before anything is posted, with [`RpcError::InvalidArgument`] naming the limit, and
+//!   the queue is not touched: an operation of more bytes (its ranges' total) than the device's
+//!   `max_msg_size` (one operation is one work request, so it is not split: a split operation
+//!   could fail or time out half done; split it yourself if partial progress is fine), and a
+//!   READ on a channel whose queues may have no READ outstanding
+//!   (`ChannelConfig::queue_config.max_rd_atomic` 0, or the device's cap 0).
 
 use super::{ChannelInner, Pending, NO_DEADLINE};
 use crate::client::delivery::CallFuture;
@@ -183,6 +190,26 @@ impl<D: Device + Clone> ChannelInner<D> {
             return Err(RpcError::InvalidArgument(format!(
                 "a one-sided operation takes 1..={max} local ranges, got {}",
                 local.len()
+            )));
+        }
+        let caps = self.ep.device.caps();
+        let name = match kind {
+            OpKind::Read => "READ",
+            OpKind::Write => "WRITE",
+        };
+        let total: u64 = local.iter().map(|l| l.len as u64).sum();
+        if total > u64::from(caps.max_msg_size) {
+            return Err(RpcError::InvalidArgument(format!(
+                "a one-sided {name} of {total} bytes is above this device's max_msg_size ({} bytes): split it \
+                 into operations of at most that many bytes",
+                caps.max_msg_size
+            )));
+        }
+        if kind == OpKind::Read && self.config.queue_config.max_rd_atomic.min(caps.max_rd_atomic) == 0 {
+            return Err(RpcError::InvalidArgument(format!(
+                "a one-sided READ needs a queue that may have a READ outstanding, but \
+                 ChannelConfig.queue_config.max_rd_atomic is {} (device cap {}): set it to at least 1",
+                self.config.queue_config.max_rd_atomic, caps.max_rd_atomic
             )));
         }
         let mut sges = [Sge::default(); MAX_SGES];

@@ -1,24 +1,34 @@
 //! Queue recovery on the client (see [`crate::conn::recovery`] for the sequence): the channel's watch
 //! ([`super::monitor`]), which owns the control stream, brings failed queues back, on a
 //! short-lived thread aside from the process's control loop.
+//!
+//! A server that answers a queue reset late (busy, or its own drain slow) costs one attempt of
+//! the budget, not the channel: the client stops waiting at the attempt's `timeout`, counts the
+//! exchange as unanswered and tries again. The server answers every reset it read, in order, so
+//! the next attempt first reads (and skips) the answers to the exchanges it gave up on; only a
+//! frame that is none of those, or a stream cut in the middle of a frame, ends the connection.
 
 use super::ChannelInner;
 use crate::conn::liveness::CloseReason;
 use crate::conn::recovery::{Budget, Recovery};
 use crate::control::session::{self, SessionFrame};
-use crate::control::{ControlError, QueueReset};
+use crate::control::{ControlError, ControlIo, QueueReset};
 use crate::hal::Device;
 use crate::sync::lock;
 use crate::RpcError;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Which queues wait for recovery, and the budget of each.
 pub(super) struct State {
     needs: Box<[AtomicBool]>,
     budgets: Mutex<Vec<Budget>>,
     seq: AtomicU32,
+    /// Queue resets sent whose answer the client stopped waiting for (it is still to come, in
+    /// order, before the answer to any later reset). Only the recovering thread touches it.
+    unanswered: AtomicU32,
     pub(super) recovered: AtomicU64,
 }
 
@@ -28,6 +38,7 @@ impl State {
             needs: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             budgets: Mutex::new(vec![Budget::new(); queues]),
             seq: AtomicU32::new(0),
+            unanswered: AtomicU32::new(0),
             recovered: AtomicU64::new(0),
         }
     }
@@ -45,6 +56,43 @@ impl State {
 
     fn next(&self) -> Option<usize> {
         self.needs.iter().position(|n| n.swap(false, Ordering::AcqRel))
+    }
+}
+
+impl State {
+    /// Whether an answer numbered `got` is a late one to a reset before `current` that an
+    /// attempt gave up on (then it is counted as answered).
+    fn take_unanswered(&self, current: u32, got: u32) -> bool {
+        let waiting = self.unanswered.load(Ordering::Relaxed);
+        // Numbers are handed out in order (wrapping): an earlier exchange's is "behind".
+        let age = current.wrapping_sub(got);
+        if waiting == 0 || age == 0 || age >= 1 << 31 {
+            return false;
+        }
+        self.unanswered.store(waiting - 1, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Waits until the control stream has bytes to read, or `deadline` passes (false then).
+fn answer_waiting(stream: &mut crate::control::ControlStream, deadline: Instant) -> bool {
+    loop {
+        if stream.buffered() > 0 {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let ms = left.max(Duration::from_millis(1)).as_millis().min(i32::MAX as u128) as libc::c_int;
+        let mut fds = [libc::pollfd { fd: stream.tcp().as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        match crate::os::poll(&mut fds, ms) {
+            0 => {}
+            n if n > 0 => return true,
+            // Interrupted: look at the clock again. Another error: let the read report it.
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => return true,
+        }
     }
 }
 
@@ -70,13 +118,19 @@ impl<D: Device + Clone> ChannelInner<D> {
         let mut tried = false;
         while let Some(q) = self.recovery.next() {
             tried = true;
+            let mut last_failure: Option<RpcError> = None;
             loop {
                 if self.ep.is_closed() {
                     return tried;
                 }
                 if !lock(&self.recovery.budgets)[q].take(&policy, Instant::now()) {
+                    let last = match &last_failure {
+                        Some(e) => format!("; the last attempt failed: {e}"),
+                        None => String::new(),
+                    };
                     eprintln!(
-                        "bypass: channel {}: queue {q} failed past its recovery budget ({} per {:?}); closing",
+                        "bypass: channel {}: queue {q} failed past its recovery budget ({} recoveries or attempts \
+                         per {:?}){last}; closing the channel (RecoveryExhausted)",
                         self.channel_id, policy.attempts, policy.window
                     );
                     self.close_with(CloseReason::RecoveryExhausted);
@@ -105,6 +159,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                             "bypass: channel {}: recovering queue {q} failed ({e}); trying again within its budget",
                             self.channel_id
                         );
+                        last_failure = Some(e);
                     }
                 }
             }
@@ -134,12 +189,28 @@ impl<D: Device + Clone> ChannelInner<D> {
         let queue = u16::try_from(q).map_err(|_| RpcError::InvalidArgument(format!("queue {q}")))?;
         let frame = QueueReset { seq, queue, info }.encode().map_err(RpcError::from)?;
         session::write_frame(stream, &frame, left()).map_err(Failed::Stream)?;
-        let answer = match session::read_frame(stream, left()).map_err(Failed::Stream)? {
-            SessionFrame::QueueResetDone(a) if a.seq == seq && a.queue == queue => a,
-            other => {
-                return Err(Failed::Stream(ControlError::Malformed(format!(
-                    "expected the answer to queue reset {seq} of queue {q}, got {other:?}"
-                ))))
+        let answer = loop {
+            if !answer_waiting(stream, deadline) {
+                // The server is slow: this attempt is over, its answer comes later.
+                self.recovery.unanswered.fetch_add(1, Ordering::Relaxed);
+                return Err(Failed::Attempt(RpcError::Control(ControlError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the server did not answer queue reset {seq} of queue {q} within the recovery timeout \
+                         ({:?})",
+                        policy.timeout
+                    ),
+                )))));
+            }
+            match session::read_frame(stream, left()).map_err(Failed::Stream)? {
+                SessionFrame::QueueResetDone(a) if a.seq == seq && a.queue == queue => break a,
+                // The late answer to an exchange an earlier attempt gave up on: skipped.
+                SessionFrame::QueueResetDone(a) if self.recovery.take_unanswered(seq, a.seq) => {}
+                other => {
+                    return Err(Failed::Stream(ControlError::Malformed(format!(
+                        "expected the answer to queue reset {seq} of queue {q}, got {other:?}"
+                    ))))
+                }
             }
         };
         let peer = answer.result.map_err(|reason| RpcError::Control(ControlError::Rejected(reason)))?;

@@ -10,10 +10,31 @@
 //! response into it, then sends the RSP, whose 4-byte prefix says how many bytes it wrote.
 //!
 //! The memory stays with the call until its outcome: the response proves the server is done
-//! with it (it replies only after its READs completed, and posts its WRITEs before the RSP). A
-//! call that ends any other way (deadline, queue failure, close) may still have the server
-//! reading or writing: its regions are then not reused but dropped (deregistered), so a late
-//! transfer fails at the NIC instead of landing in another call's buffer.
+//! with it (it replies only after its READs completed, and posts its WRITEs before the RSP).
+//!
+//! **Quarantine.** A call that ends at its deadline may still have the server reading its
+//! arguments or writing its response buffer: a server waiting for rendezvous memory READs late,
+//! a handler replies late. Deregistering the memory then would turn that late READ or WRITE into
+//! a remote access error, which fails the RC queue and with it every other call on it (and a
+//! queue recovery from the budget). So a timed-out call's memory is *quarantined*: kept
+//! registered, and not reused, until the server can no longer touch it —
+//!
+//! - the response to that request arrives (late, counted stale): the server is done, and the
+//!   memory goes back to the pool for reuse;
+//! - its queue fails (ERROR answers no READ or WRITE) or is recovered into a new life, or the
+//!   channel closes: the memory is dropped (deregistered), never reused;
+//! - no answer within [`QUARANTINE`] (60 s of the device's clock; a request its handler dropped
+//!   is never answered, nor touched again): dropped (deregistered) too.
+//!
+//! Quarantined bytes count against [`ChannelConfig::memory_limit`](crate::ChannelConfig) together
+//! with the channel's registered buffers: while they exceed it, a new rendezvous call fails with
+//! [`RpcError::WouldBlock`] (eager calls are unaffected); [`Channel::fail_queue`](crate::Channel::fail_queue)
+//! frees a queue's quarantine at the cost of that queue's outstanding calls.
+//! [`Channel::rndv_quarantined`](crate::Channel::rndv_quarantined) tells how many bytes are held.
+//!
+//! A call that ends any other way (queue failure, close) has no queue left the server could use:
+//! its regions are dropped (deregistered) at once, not reused, so a late transfer fails at the
+//! NIC instead of landing in another call's buffer.
 
 use super::{ChannelInner, LocalRange};
 use crate::conn::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
@@ -22,7 +43,7 @@ use crate::hal::{Access, Device, MemoryRegion};
 use crate::sync::lock;
 use crate::wire::{DmaDescriptor, RequestHeader, ResponseHeader, MAX_DMA_DESCRIPTORS, RNDV_PREFIX_LEN};
 use crate::{CallOptions, RpcError};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Idle regions the client's pools keep for reuse, each (bytes).
@@ -69,6 +90,9 @@ pub(crate) struct CallRndv<R: 'static> {
     held: Vec<Arc<R>>,
     response: Option<RndvMem<R>>,
     response_cap: usize,
+    /// The queue the call was started on, and that queue's life then (its epoch).
+    queue: usize,
+    life: u32,
 }
 
 impl<R: MemoryRegion + 'static> CallRndv<R> {
@@ -96,7 +120,29 @@ impl<R: MemoryRegion + 'static> CallRndv<R> {
     pub(crate) fn poison(&mut self) {
         self.args.iter_mut().chain(self.response.iter_mut()).for_each(RndvMem::poison);
     }
+
+    /// Bytes of rendezvous memory the call holds (argument copy and response buffer; a caller's
+    /// own segments are not counted).
+    fn bytes(&self) -> u64 {
+        self.args.iter().chain(self.response.iter()).map(|m| m.len() as u64).sum()
+    }
 }
+
+/// A timed-out call's memory, kept registered until the server can no longer touch it.
+struct Quarantined<R: 'static> {
+    req_id: u32,
+    bytes: u64,
+    /// When the quarantine ends anyway (device clock, ns): see [`QUARANTINE`].
+    until: u64,
+    call: CallRndv<R>,
+}
+
+/// Longest a timed-out call's memory stays quarantined without an answer from the server. A
+/// server answers every request it READ or WRITEs for, unless its handler dropped the request
+/// (which answers nothing: the memory is then never touched again) or holds it for longer than
+/// this; past it the memory is dropped (deregistered), and a server that still touches it fails
+/// the queue, as a stale key would.
+pub(crate) const QUARANTINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct Slot<R: 'static> {
     active: AtomicBool,
@@ -110,6 +156,14 @@ pub(crate) struct State<D: Device> {
     alloc: Arc<dyn RndvAllocator<D::Region>>,
     /// Whether the device's keys fit URPC's 32-bit descriptor token.
     pub(crate) supported: bool,
+    /// Timed-out calls' memory the server may still READ or WRITE (see the module docs).
+    quarantine: Mutex<Vec<Quarantined<D::Region>>>,
+    /// Bytes in `quarantine`.
+    quarantined: AtomicU64,
+    /// Entries in `quarantine` (read without the lock: 0 on the common path).
+    entries: AtomicUsize,
+    /// The earliest `until` of the entries (`u64::MAX`: none).
+    next_expiry: AtomicU64,
 }
 
 impl<D: Device + Clone> State<D> {
@@ -131,12 +185,49 @@ impl<D: Device + Clone> State<D> {
             alloc: pool.clone(),
             pool,
             supported,
+            quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicU64::new(0),
+            entries: AtomicUsize::new(0),
+            next_expiry: AtomicU64::new(u64::MAX),
         }
     }
 
-    /// Bytes of rendezvous memory held by calls right now (0 when idle: nothing leaked).
+    /// Bytes of rendezvous memory held by calls right now, quarantined ones included (0 when
+    /// idle: nothing leaked).
     pub(crate) fn in_use(&self) -> u64 {
         self.pool.in_use()
+    }
+
+    /// Bytes of timed-out calls' memory held in quarantine right now.
+    pub(crate) fn quarantined(&self) -> u64 {
+        self.quarantined.load(Ordering::Acquire)
+    }
+
+    /// Takes the entries `pick` chooses out of the quarantine (to be dropped by the caller,
+    /// outside the lock: dropping deregisters or returns memory to the allocator).
+    fn take_quarantined(
+        &self,
+        pick: impl Fn(&Quarantined<D::Region>) -> bool,
+    ) -> Vec<Quarantined<D::Region>> {
+        if self.entries.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        let mut list = lock(&self.quarantine);
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < list.len() {
+            if pick(&list[i]) {
+                let e = list.swap_remove(i);
+                self.quarantined.fetch_sub(e.bytes, Ordering::AcqRel);
+                self.entries.fetch_sub(1, Ordering::AcqRel);
+                out.push(e);
+            } else {
+                i += 1;
+            }
+        }
+        let next = list.iter().map(|e| e.until).min().unwrap_or(u64::MAX);
+        self.next_expiry.store(next, Ordering::Release);
+        out
     }
 }
 
@@ -182,6 +273,20 @@ impl<D: Device + Clone> ChannelInner<D> {
                     .into(),
             ));
         }
+        if plan.args {
+            // The server READs the arguments from this channel's queues, which answer READs only
+            // with responder resources; without, every such READ would fail the queue.
+            let ours = self.config.queue_config.max_dest_rd_atomic;
+            let cap = self.ep.device.caps().max_dest_rd_atomic;
+            if ours.min(cap) == 0 {
+                return Err(RpcError::InvalidArgument(format!(
+                    "rendezvous arguments ({len} bytes) are READ by the server, but this channel's queues serve \
+                     no READ: ChannelConfig.queue_config.max_dest_rd_atomic is {ours} (device cap {cap}); set it to \
+                     at least 1, or keep the arguments eager (at most {} bytes)",
+                    self.max_request.saturating_sub(RequestHeader::LEN)
+                )));
+            }
+        }
         Ok(plan)
     }
 
@@ -191,6 +296,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     pub(crate) fn rndv_prepare(
         &self,
         h: TxHandle,
+        q: usize,
         opts: &CallOptions,
         plan: Plan,
         args: &Args<'_, '_, D::Region>,
@@ -198,7 +304,10 @@ impl<D: Device + Clone> ChannelInner<D> {
     ) -> Result<(usize, bool), RpcError> {
         let len = args.len();
         let want_rsp = plan.response;
-        let mut call = CallRndv { args: None, held: Vec::new(), response: None, response_cap: 0 };
+        self.rndv_room()?;
+        let life = self.ep.queues[q].epoch.load(Ordering::Acquire);
+        let mut call =
+            CallRndv { args: None, held: Vec::new(), response: None, response_cap: 0, queue: q, life };
         let mut n = 0usize;
         let room = MAX_DMA_DESCRIPTORS - usize::from(want_rsp);
         let mut push = |d: DmaDescriptor, n: &mut usize| -> Result<(), RpcError> {
@@ -286,6 +395,75 @@ impl<D: Device + Clone> ChannelInner<D> {
         *lock(&slot.data) = Some(call);
         slot.active.store(true, Ordering::Release);
         Ok((n, want_rsp))
+    }
+
+    /// Refuses a new rendezvous call while quarantined memory fills the channel's memory limit.
+    fn rndv_room(&self) -> Result<(), RpcError> {
+        let held = self.rndv.quarantined();
+        if held != 0 && self.ep.registered().saturating_add(held) > self.config.memory_limit {
+            return Err(RpcError::WouldBlock(
+                "the rendezvous memory of timed-out calls, which the server may still access, fills \
+                 ChannelConfig.memory_limit together with the channel's buffers: it is freed when the server \
+                 answers those calls or their queue is reset (Channel::fail_queue); eager calls still work",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A call that timed out: its memory stays registered until the server can no longer touch
+    /// it (the response to `req_id`, or the end of the queue's life; see the module docs). If
+    /// the call's queue life is over already, the memory is dropped at once.
+    pub(crate) fn rndv_quarantine(&self, mut call: CallRndv<D::Region>, req_id: u32) {
+        let bytes = call.bytes();
+        if bytes == 0 && call.held.is_empty() {
+            return;
+        }
+        call.poison();
+        let mut list = lock(&self.rndv.quarantine);
+        // Under the lock: a queue failure marks the queue not READY before it takes the lock to
+        // empty its quarantine, so an entry is either seen by it or not added.
+        let slot = &self.ep.queues[call.queue];
+        if !slot.ready.load(Ordering::Acquire) || slot.epoch.load(Ordering::Acquire) != call.life {
+            drop(list);
+            return drop(call);
+        }
+        let now = self.ep.device.now();
+        let until = now.saturating_add(QUARANTINE).as_nanos().min(u128::from(u64::MAX - 1)) as u64;
+        self.rndv.quarantined.fetch_add(bytes, Ordering::AcqRel);
+        self.rndv.entries.fetch_add(1, Ordering::AcqRel);
+        self.rndv.next_expiry.fetch_min(until, Ordering::AcqRel);
+        list.push(Quarantined { req_id, bytes, until, call });
+    }
+
+    /// The response to `req_id` on queue `q` matched no outstanding call: if it answers a
+    /// quarantined call, the server is done with that memory, which goes back to the pool.
+    pub(crate) fn rndv_answered(&self, q: usize, req_id: u32) {
+        for mut e in self.rndv.take_quarantined(|e| e.req_id == req_id && e.call.queue == q) {
+            e.call.args.iter_mut().chain(e.call.response.iter_mut()).for_each(RndvMem::unpoison);
+        }
+    }
+
+    /// Drops the quarantined memory whose [`QUARANTINE`] is over at `now` (device clock, ns).
+    /// One load while nothing is due.
+    pub(crate) fn rndv_expire(&self, now: u64) {
+        if now < self.rndv.next_expiry.load(Ordering::Acquire) {
+            return;
+        }
+        let expired = self.rndv.take_quarantined(|e| e.until <= now);
+        if !expired.is_empty() {
+            eprintln!(
+                "bypass: channel {}: dropped the rendezvous memory of {} timed-out call(s) the server did not \
+                 answer within {QUARANTINE:?} (if it still accesses it, the queue fails)",
+                self.channel_id,
+                expired.len()
+            );
+        }
+    }
+
+    /// Queue `q` failed (it answers no READ or WRITE any more; it must be marked not READY
+    /// first): its quarantined memory is dropped, never reused.
+    pub(crate) fn rndv_release_queue(&self, q: usize) {
+        drop(self.rndv.take_quarantined(|e| e.call.queue == q));
     }
 
     /// Takes the rendezvous memory of context `h`'s call, if it has any (one load otherwise).

@@ -184,7 +184,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         let mut descs_buf;
         let (descs, response_descriptor): (&[wire::DmaDescriptor], bool) = if plan.any() {
             descs_buf = [wire::DmaDescriptor::default(); wire::MAX_DMA_DESCRIPTORS];
-            match self.rndv_prepare(h, opts, plan, &args, &mut descs_buf) {
+            match self.rndv_prepare(h, q, opts, plan, &args, &mut descs_buf) {
                 Ok((n, rd)) => (&descs_buf[..n], rd),
                 Err(e) => {
                     drop(self.rndv_take(h));

@@ -29,7 +29,8 @@
 //!
 //! **Budget** ([`Recovery`]): each queue may be recovered at most `attempts` times within
 //! `window`; an attempt that fails (the drain or the exchange does not finish within `timeout`,
-//! the server refuses, a device error) counts too and is retried while the budget lasts. When it
+//! the server refuses, a device error, a server answering after `timeout`) counts too and is
+//! retried while the budget lasts (a late answer is skipped by the next attempt). When it
 //! is spent the channel closes with [`CloseReason::RecoveryExhausted`](crate::CloseReason):
 //! outstanding calls fail with `ConnectionBroken(RecoveryExhausted)` and the break callback
 //! runs. With `ChannelConfig::recovery = None` nothing is recovered: a failed queue stays failed

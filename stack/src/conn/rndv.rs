@@ -231,6 +231,17 @@ impl<R: MemoryRegion + 'static> RndvMem<R> {
         self.poisoned = true;
     }
 
+    /// The peer is known to be done with the memory after all (it answered the call the memory
+    /// was quarantined for): it may be reused.
+    pub(crate) fn unpoison(&mut self) {
+        self.poisoned = false;
+    }
+
+    /// Bytes handed out (at least what was asked for).
+    pub(crate) fn len(&self) -> usize {
+        self.buf().len
+    }
+
     /// The first `len` bytes.
     ///
     /// # Safety
