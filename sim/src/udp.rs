@@ -10,16 +10,20 @@
 //!   packet into the NIC's send batch (the payload gathered from host memory straight into its
 //!   place in the datagram), and [`UdpLink::flush`] hands the batch to the kernel in one
 //!   `sendmmsg`. A socket buffer that is full drops the datagram, as a congested network would.
-//! - **Receiving**: a thread per NIC sleeps in `recvmmsg` (it takes a burst per call), checks
-//!   each datagram's ICRC and headers, turns it into a [`PacketHeader`] and puts it in the NIC's
-//!   inbox, then notifies the NIC as the in-process wire does (the NIC's own user picks it up at
-//!   its next poll, or the receive thread runs the device when that user sleeps on an event fd).
-//!   Malformed datagrams and datagrams from addresses no queue is connected to are counted
-//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped.
+//! - **Receiving** is the device's: while the NIC's user polls its CQs, each poll reads the
+//!   socket (a non-blocking `recvmmsg` of up to a batch, [`UdpPort::drain`], under the device
+//!   lock, so there is one reader at a time and packets are handled in the socket's order),
+//!   checks each datagram's ICRC and headers and hands it to the device straight from the receive
+//!   buffer. A thread per NIC covers a user that does not poll: it reads nothing itself, but when
+//!   the polls stop (or a CQ is armed, a device thread parks, `connect` waits for a pong) it
+//!   waits on the socket and has the device run on each arrival. Malformed datagrams are counted
+//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
+//!   from addresses no queue is connected to are dropped before their ICRC is computed
+//!   (`NicStats::rx_ignored`).
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
-//!   datagram answered by its receive thread, not by a queue) and fails with the reason when it
+//!   datagram answered by its device, not by a queue) and fails with the reason when it
 //!   does not answer, rather than "connecting" and timing out later.
 //! - **Standard RoCEv2 peers** (Linux's rxe, a hardware NIC): a peer `QueueInfo` with an IPv4
 //!   GID and `lid` 0 — what a verbs queue reports on RoCE — is one. Such a NIC receives only on

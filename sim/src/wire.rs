@@ -72,11 +72,11 @@ pub trait Wire: Send + Sync {
 /// A NIC's attachment to a wire that reaches beyond its fabric (see the module docs). One per
 /// NIC, made when the NIC is added (`wires::open`); it lives as long as the NIC.
 ///
-/// Receiving: a port either hands its packets to the NIC's inbox from a thread of its own
-/// ([`WireHost::deliver`], as the UDP wire's receive thread does), or lets the device take them
-/// in place: [`pending`](Self::pending) is looked at on every poll of the NIC's CQs and in the
-/// device's run loop (so it must be one load or so: no lock, no system call), and
-/// [`drain`](Self::drain) runs under the device lock when it said yes. A port can do both.
+/// Receiving: the device takes a port's packets in place. [`poll`](Self::poll) is asked on every
+/// poll of the NIC's CQs and [`pending`](Self::pending) in the device's run loop (so both must be
+/// a load or so: no lock, no system call), and [`drain`](Self::drain) runs under the device lock
+/// when they said yes, so it is the port's only reader. A port's own thread (if any) only has
+/// the device run ([`WireHost::take_now`]) when nobody polls.
 pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     /// The wire's name in messages ("UDP", "shared-memory").
     fn name(&self) -> &'static str;
