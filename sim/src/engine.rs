@@ -106,7 +106,7 @@ impl Nic {
                 if !self.polled.load(Ordering::Relaxed) {
                     self.polled.store(true, Ordering::Relaxed);
                 }
-                if self.work.load(Ordering::Relaxed) || self.port_poll() {
+                if self.port_poll() || self.work.load(Ordering::Relaxed) {
                     self.work.store(true, Ordering::SeqCst);
                     self.run_inline();
                 }
@@ -118,7 +118,10 @@ impl Nic {
             let d = self.deadline.load(Ordering::Relaxed);
             d != NEVER && d <= self.now()
         };
-        if due || self.work.load(Ordering::Relaxed) || self.port_poll() {
+        // The port is asked on every poll, even when other work makes the device run anyway: a
+        // socket port counts the polls to know its user is polling (and reads only when asked).
+        let port = self.port_poll();
+        if due || port || self.work.load(Ordering::Relaxed) {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
@@ -159,8 +162,7 @@ impl Nic {
         }
     }
 
-    /// A sender finished a burst to this NIC (the in-process wire's flush), or a wire port's
-    /// thread delivered one. With the Inline engine the receiving device normally runs on its
+    /// A sender finished a burst to this NIC (the in-process wire's flush). With the Inline engine the receiving device normally runs on its
     /// own user's thread, at that user's next poll or doorbell, so each thread mostly touches
     /// only its own NIC. The caller runs it right here instead when the receiver's user is going
     /// to sleep on an event fd (one of its CQs is armed) or the sender's own user is (`eager`).
