@@ -15,6 +15,7 @@
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
+//! | `vfio:0000:00:03.0,ip=10.29.0.1[/24][,gw=10.29.0.254]` | one simulated NIC (Inline engine) on the L2 wire over the virtio-net device at that PCI address, owned through VFIO (docs/vfio.md); server and client share it | feature `vfio`; the device bound to vfio-pci, an IOMMU |
 //! | `urma` | the first URMA device liburma lists, opened twice (two contexts, like two hosts) | feature `urma`; liburma at run time |
 //! | `urma:udma0` | the URMA device `udma0` | feature `urma` |
 //! | `urma:udma0,lib=/path/liburma.so.0,eid=0` | with the liburma to load (else `$BYPASS_URMA_LIB`, else `liburma.so.0`) and the EID index | feature `urma` |
@@ -70,10 +71,12 @@ pub fn compiled() -> &'static [&'static str] {
         "verbs",
         #[cfg(feature = "urma")]
         "urma",
+        #[cfg(feature = "vfio")]
+        "vfio",
     ]
 }
 
-#[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma"), allow(dead_code))]
+#[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
 fn not_compiled(kind: &str, feature: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
         "backend {kind:?} is not compiled into this build (rebuild with `--features {feature}`); this build has: {}",
@@ -100,10 +103,35 @@ impl Backend {
             "sim" => Self::open_sim(rest, None),
             "verbs" => Self::open_verbs(rest.unwrap_or("")),
             "urma" => Self::open_urma(rest.unwrap_or("")),
+            "vfio" => Self::open_vfio(rest.unwrap_or("")),
             other => Err(RpcError::InvalidArgument(format!(
-                "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...], urma or urma:<device>[,lib=<path>][,eid=<index>]"
+                "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...], urma or urma:<device>[,lib=<path>][,eid=<index>], vfio:<pci-address>,ip=<IPv4>"
             ))),
         }
+    }
+
+    #[cfg(feature = "vfio")]
+    fn open_vfio(rest: &str) -> Result<Backend, RpcError> {
+        use bypass_sim::l2::{L2Addr, L2Attachment};
+        use bypass_sim::{Engine, Fabric, FabricConfig};
+        let Some((pci, opts)) = rest.split_once(',') else {
+            return Err(RpcError::InvalidArgument(format!(
+                "vfio:{rest} names no address for the NIC: expected vfio:<pci-address>,ip=<IPv4>[/prefix][,gw=<IPv4>], e.g. vfio:0000:00:03.0,ip=10.29.0.1/24"
+            )));
+        };
+        let addr = L2Addr::parse_options(opts).map_err(RpcError::InvalidArgument)?;
+        let port = bypass_hal::vfio::VirtioNet::open(pci)
+            .map_err(|e| RpcError::InvalidArgument(format!("cannot open the VFIO NIC {pci}: {e}")))?;
+        let engine = Engine::Inline;
+        let fabric =
+            Fabric::try_with_l2(FabricConfig::new(engine), vec![L2Attachment { port: Box::new(port), addr }])
+                .map_err(RpcError::InvalidArgument)?;
+        Ok(Backend::Sim { fabric, engine })
+    }
+
+    #[cfg(not(feature = "vfio"))]
+    fn open_vfio(_: &str) -> Result<Backend, RpcError> {
+        Err(not_compiled("vfio", "vfio"))
     }
 
     #[cfg(feature = "sim")]
@@ -290,6 +318,18 @@ mod tests {
         }
         #[cfg(not(feature = "verbs"))]
         assert!(text("verbs:rxe0").contains("--features verbs"), "{}", text("verbs:rxe0"));
+        #[cfg(not(feature = "vfio"))]
+        assert!(text("vfio:0000:00:03.0,ip=10.29.0.1").contains("--features vfio"));
+        #[cfg(feature = "vfio")]
+        {
+            let e = text("vfio:0000:00:03.0");
+            assert!(e.contains("names no address") && e.contains("ip=<IPv4>"), "{e}");
+            let e = text("vfio:0000:00:03.0,ip=10.29.0.300");
+            assert!(e.contains("bad IPv4 address"), "{e}");
+            // On a machine without this device bound to vfio-pci, the driver says why.
+            let e = text("vfio:zz:00.0,ip=10.29.0.1");
+            assert!(e.contains("cannot open the VFIO NIC zz:00.0"), "{e}");
+        }
     }
 }
 
