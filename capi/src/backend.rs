@@ -108,7 +108,18 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
         }
     };
     let dev = match &*backend {
-        Backend::Sim { fabric, .. } => Nic::dev(fabric.add_nic()),
+        Backend::Sim { fabric, .. } => match fabric.try_add_nic() {
+            Ok(nic) => Nic::dev(nic),
+            // An L2 fabric has one NIC per port (a second server on one AF_PACKET or VFIO
+            // port), a UDP socket may fail to bind: a status and a line, not a panic.
+            Err(e) => {
+                crate::log!(
+                    crate::log::ERROR,
+                    "OckRpcServerCreateWithCfg: cannot add a simulated NIC to backend {spec:?}: {e}; give each server its own port or wire"
+                );
+                return Err(OCK_RPC_ERR_RDMA_NOT_ENABLE);
+            }
+        },
         #[cfg(feature = "verbs")]
         Backend::Verbs(d) => Nic::dev(d.clone()),
         // The servers of a process share the server context (as they share a verbs device);
