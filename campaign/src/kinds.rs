@@ -126,3 +126,30 @@ pub struct Shape {
     /// What kind of call it is, for messages.
     pub op: &'static str,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_parse_and_explain_only_what_they_cause() {
+        assert_eq!(FaultKind::parse("all").unwrap().len(), 9);
+        assert_eq!(FaultKind::parse("cut, kill").unwrap(), [FaultKind::Cut, FaultKind::Kill]);
+        assert!(FaultKind::parse("flood").unwrap_err().contains("regfail"));
+        let plain = Shape::default();
+        for k in FaultKind::ALL {
+            assert!(k.explains(Outcome::Ok, plain, false));
+            assert!(!k.explains(Outcome::Other, plain, true), "{k:?}");
+            assert!(!k.explains(Outcome::Declined, plain, true), "{k:?}: only a panicking handler declines");
+        }
+        for k in [FaultKind::None, FaultKind::Drop, FaultKind::Delay, FaultKind::Corrupt] {
+            assert!(!k.explains(Outcome::Timeout, plain, false), "{k:?}: a long deadline never passes");
+            assert!(!k.explains(Outcome::Closed, plain, false), "{k:?}");
+        }
+        assert!(FaultKind::Cut.explains(Outcome::Queue, plain, false));
+        assert!(FaultKind::Kill.explains(Outcome::Closed, plain, true));
+        assert!(!FaultKind::Kill.explains(Outcome::Closed, plain, false), "a kill leaves other NICs alone");
+        assert!(FaultKind::Regfail.explains(Outcome::Device, plain, false));
+        assert!(FaultKind::None.explains(Outcome::Timeout, Shape { may_time_out: true, ..plain }, false));
+    }
+}

@@ -428,7 +428,7 @@ fn worker(sh: &Shared, t: usize) {
             // A handler that drops the request: only a deadline ends the call.
             85..=88 => {
                 let opts = CallOptions {
-                    timeout: Some(Duration::from_millis(rng.range(2, 30))),
+                    timeout: Some(Duration::from_millis(rng.range(1, 10))),
                     ..CallOptions::default()
                 };
                 let mut rsp = Vec::new();
@@ -596,7 +596,13 @@ fn chaos(sh: &Shared) {
             while !sh.stop.load(Ordering::Relaxed) {
                 nap(rng.range(20, 200));
                 let n = rng.range(1, sh.cfg.client_nics as u64) as u32;
-                let ms = if rng.chance(80) { rng.range(5, 100) } else { rng.range(500, 3000) };
+                // Mostly short cuts the retransmissions ride out; one in ten past the keepalive
+                // (5 s) and every retry, so queues fail, recover or channels break.
+                let ms = match rng.below(10) {
+                    0 => rng.range(2000, 8000),
+                    1 => rng.range(300, 2000),
+                    _ => rng.range(5, 100),
+                };
                 let _ = sh.fabric.cut_link(0, n, Some(Duration::from_millis(ms)));
             }
         }
@@ -691,12 +697,28 @@ pub fn run(cfg: RunConfig) -> Report {
     let late = std::thread::Builder::new()
         .name("campaign-late".into())
         .spawn(move || {
-            for (due, req) in late_rx {
-                while Instant::now() < due {
-                    std::thread::yield_now();
+            // Requests by due time; each replied once due (the sender's drop ends the thread).
+            let mut waiting: Vec<(Instant, Request<SimNic>)> = Vec::new();
+            loop {
+                let now = Instant::now();
+                let mut i = 0;
+                while i < waiting.len() {
+                    if waiting[i].0 <= now {
+                        let (_, req) = waiting.swap_remove(i);
+                        let rsp = echo_of(req.args());
+                        let _ = req.reply(&rsp);
+                    } else {
+                        i += 1;
+                    }
                 }
-                let rsp = echo_of(req.args());
-                let _ = req.reply(&rsp);
+                let next = waiting.iter().map(|w| w.0).min();
+                let wait = next.map_or(Duration::from_millis(100), |d| d.saturating_duration_since(now));
+                match late_rx.recv_timeout(wait) {
+                    Ok(r) => waiting.push(r),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) if waiting.is_empty() => return,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(wait),
+                }
             }
         })
         .expect("the late replier thread");
@@ -708,7 +730,9 @@ pub fn run(cfg: RunConfig) -> Report {
     let addr = server.local_addr();
     let slots: Vec<Slot> = (0..cfg.channels)
         .map(|c| {
-            let nic = 1 + c % cfg.client_nics;
+            // Worker t uses channels t, t + threads, ...: spread them over the client NICs so
+            // that every worker has channels on NICs a kill leaves alone.
+            let nic = 1 + (c % cfg.threads + c / cfg.threads) % cfg.client_nics;
             let ch = Channel::connect(&nics[nic], addr, channel_config()).expect("a campaign channel");
             Slot { nic, ch: RwLock::new(Arc::new(ch)), dead: AtomicBool::new(false) }
         })
@@ -772,7 +796,12 @@ pub fn run(cfg: RunConfig) -> Report {
             sh.reconnect(slot, &ch);
         }
         if sh.victim(slot) && sh.killed.load(Ordering::Acquire) {
-            continue; // its NIC is dead: nothing on it can work
+            // Its NIC is dead: nothing on it can work, but it must hold nothing either.
+            if let Err(e) = settle(&ch, Duration::from_secs(10), false) {
+                leaked += 1;
+                sh.tally.violation(format!("a channel on the killed NIC {} holds {e}", slot.nic));
+            }
+            continue;
         }
         let ch = slot.ch.read().unwrap_or_else(|e| e.into_inner()).clone();
         for i in 0..20 {

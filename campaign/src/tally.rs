@@ -54,6 +54,9 @@ impl Outcome {
             RpcError::Closed => Outcome::Closed,
             RpcError::ConnectionBroken(_) => Outcome::Broken,
             RpcError::Device(_) => Outcome::Device,
+            // The stack's word for a registration it could not make on the call path (the
+            // rendezvous copy of the arguments): counted with the device's refusals.
+            RpcError::WouldBlock(why) if why.contains("register") => Outcome::Device,
             _ => Outcome::Other,
         }
     }
@@ -148,5 +151,27 @@ impl Tally {
 
     pub fn violations(&self) -> Vec<String> {
         self.violations.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_ended_twice_or_never_is_counted() {
+        let t = Tally::new(3);
+        let (a, b, c) = (t.begin().unwrap(), t.begin().unwrap(), t.begin().unwrap());
+        assert_eq!(t.begin(), None, "no more calls than the run's");
+        t.end(a, Outcome::Ok, true, String::new);
+        t.end(b, Outcome::Timeout, true, String::new);
+        t.end(b, Outcome::Ok, true, || "again".into());
+        assert_eq!(t.doubled.load(Ordering::Relaxed), 1);
+        assert_eq!(t.pending(), 1, "call {c} never ended");
+        assert_eq!((t.count(Outcome::Ok), t.count(Outcome::Timeout)), (1, 1), "a second end is not counted");
+        t.end(c, Outcome::Closed, false, || "closed".into());
+        assert_eq!(t.unexplained.load(Ordering::Relaxed), 1);
+        assert!(t.violations().iter().any(|v| v.contains("ended twice")));
+        assert!(t.violations().iter().any(|v| v.contains("closed not explained")));
     }
 }

@@ -583,13 +583,8 @@ mod tests {
             payload_len: 5,
             ..PacketHeader::default()
         };
-        let write = PacketHeader {
-            kind: PacketKind::Write,
-            remote_addr: 0x1000,
-            rkey: 0x0102,
-            dma_len: 5,
-            ..send
-        };
+        let write =
+            PacketHeader { kind: PacketKind::Write, remote_addr: 0x1000, rkey: 0x0102, dma_len: 5, ..send };
         let ack = PacketHeader { kind: PacketKind::Ack, payload_len: 0, ..send };
         let mut frame = Vec::new();
         for (hdr, payload) in [(send, &b"hello"[..]), (write, &b"world"[..]), (ack, &b""[..])] {
