@@ -141,6 +141,14 @@ impl SimNic {
         access: Access,
         layout: Option<Layout>,
     ) -> Result<SimRegion> {
+        self.nic.check_alive()?;
+        if self.nic.fabric.faults.refuse_registration() {
+            return Err(Error::OutOfResources(format!(
+                "simulated NIC {} refused to register {len} bytes (the fabric's fault plan, \
+                 FaultPlan::register_fail_ppm): release registrations or retry later",
+                self.nic.addr
+            )));
+        }
         let desc = RegionDesc { base: ptr.as_ptr(), addr: ptr.as_ptr() as u64, len: len as u64, access };
         let life = Arc::new(Life::new());
         let Some(key) = sync::lock(&self.nic.dev).keys.insert(desc, life.clone()) else {
@@ -203,6 +211,7 @@ impl SimNic {
         srq: Option<&SimSharedRecv>,
         datagram: bool,
     ) -> Result<SimQueue> {
+        self.nic.check_alive()?;
         let caps = &self.nic.caps;
         let c = config;
         let depth_ok = |d: u32| (1..=caps.max_queue_depth).contains(&d);
@@ -292,6 +301,7 @@ impl SimNic {
     }
 
     fn new_cq(&self, depth: u32, channel: Option<&SimChannel>) -> Result<SimCq> {
+        self.nic.check_alive()?;
         if depth == 0 || depth > self.nic.caps.max_cq_depth {
             return Err(invalid(format!("CQ depth {depth} is outside 1..={}", self.nic.caps.max_cq_depth)));
         }
@@ -814,6 +824,7 @@ impl Queue for SimQueue {
         if self.shared.state() != QueueState::Reset {
             return Err(Error::BadState { state: self.shared.state(), op: "connect", needs: "RESET" });
         }
+        self.nic.check_alive()?;
         let (wire, id) = self.nic.link(self.shared.qpn, peer).map_err(invalid)?;
         self.control(|qp, _| match qp.state {
             QueueState::Reset => {

@@ -48,7 +48,7 @@ use crate::clock::Clock;
 use crate::device::Unit;
 use crate::driver::SimNic;
 use crate::engine::{device_thread, Engine};
-use crate::fault::{FaultCounters, FaultPlan, FaultStats, FaultWire};
+use crate::fault::{FaultControl, FaultPlan, FaultStats, FaultWire};
 use crate::layout;
 use crate::nic::Nic;
 use crate::sync;
@@ -136,10 +136,11 @@ pub(crate) struct FabricShared {
     /// Distinguishes fabrics of one process, so a QueueInfo from another fabric is refused.
     pub id: u32,
     pub config: FabricConfig,
-    pub clock: Clock,
+    pub clock: Arc<Clock>,
     nics: RwLock<Vec<Arc<Nic>>>,
     rng: Mutex<SplitMix>,
-    fault_counters: Arc<FaultCounters>,
+    /// The fault plan in force, its counters, cut links and dead NICs.
+    pub(crate) faults: Arc<FaultControl>,
     /// Where every link's packets are captured (`BYPASS_PCAP`, read when the fabric is made).
     pcap: Option<Arc<crate::pcap::PcapWriter>>,
     step: Mutex<StepState>,
@@ -178,12 +179,10 @@ impl FabricShared {
 
     /// `wire` behind a fault wire when the fabric has a fault plan (seeded per link).
     pub(crate) fn with_faults(&self, wire: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
-        let plan = self.config.faults;
-        if plan.is_none() {
+        if self.config.faults.is_none() {
             return wire;
         }
-        let link_seed = u64::from(src) << 40 ^ u64::from(src_qpn) << 16 ^ u64::from(dst);
-        Arc::new(FaultWire::new(wire, plan, link_seed, self.fault_counters.clone()))
+        Arc::new(FaultWire::new(wire, self.faults.clone(), src, src_qpn, dst))
     }
 
     /// A NIC that waited for inbox room at another NIC may go on.
@@ -376,15 +375,16 @@ impl Fabric {
 
     fn build(config: FabricConfig) -> Self {
         let (clock, seed): (Clock, u64) = config.engine.clock();
+        let clock = Arc::new(clock);
         crate::wires::prepare(config.wire);
         static NEXT_ID: AtomicU32 = AtomicU32::new(1);
         let shared = Arc::new(FabricShared {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             config,
+            faults: Arc::new(FaultControl::new(config.faults, clock.clone())),
             clock,
             nics: RwLock::new(Vec::new()),
             rng: Mutex::new(SplitMix(seed)),
-            fault_counters: Arc::default(),
             pcap: crate::pcap::from_env(),
             step: Mutex::new(StepState::default()),
             shutdown: AtomicBool::new(false),
@@ -518,8 +518,74 @@ impl Fabric {
     /// What the fault wires did so far (all zero without a fault plan).
     pub fn fault_stats(&self) -> FaultStats {
         let mut s = FaultStats::default();
-        self.shared().fault_counters.add_to(&mut s);
+        self.shared().faults.counters.add_to(&mut s);
         s
+    }
+
+    /// Replaces the fault plan of every link, from the next packet on (and of registrations from
+    /// the next one). Links are wrapped in fault wires only if the fabric was made with a plan
+    /// that is not [`FaultPlan::NONE`] (set [`FaultPlan::controls`] to have them wrapped with no
+    /// fault to start with); on a fabric made without one this says so and changes nothing.
+    /// `set_faults(FaultPlan { controls: true, ..FaultPlan::NONE })` stops every random fault
+    /// (cut links and dead NICs stay as they are).
+    pub fn set_faults(&self, plan: FaultPlan) -> Result<(), String> {
+        self.need_controls("set_faults")?;
+        self.shared().faults.set_plan(plan);
+        Ok(())
+    }
+
+    /// The fault plan in force (the configured one unless [`set_faults`](Self::set_faults)
+    /// replaced it).
+    pub fn faults(&self) -> FaultPlan {
+        self.shared().faults.plan()
+    }
+
+    /// Cuts the link between NICs `a` and `b`: every packet between them, in either direction
+    /// and on every queue, is lost for `for_` on the fabric's clock (virtual with the Stepped
+    /// engine), or until [`heal_links`](Self::heal_links) when `None`. Queues that keep sending
+    /// across a cut exhaust their retries and go to ERROR (`RetryExceeded`), as over a dead
+    /// switch port. Needs a fabric made with a fault plan (see [`set_faults`](Self::set_faults)).
+    pub fn cut_link(&self, a: u32, b: u32, for_: Option<Duration>) -> Result<(), String> {
+        self.need_controls("cut_link")?;
+        self.shared().faults.cut(a, b, for_);
+        Ok(())
+    }
+
+    /// Heals every cut link.
+    pub fn heal_links(&self) {
+        self.shared().faults.heal();
+    }
+
+    /// Kills NIC `addr`, as if it had died or been removed: from now on every packet from or to
+    /// it is lost (its peers' queues exhaust their retries and go to ERROR), every one of its
+    /// queues goes to ERROR with its outstanding work flushed, it raises
+    /// [`AsyncEvent::DeviceFatal`](bypass_hal::AsyncEvent::DeviceFatal), and its control path
+    /// (registering memory, creating CQs and queues, connecting) fails with
+    /// [`Error::Device`](bypass_hal::Error::Device). A killed NIC stays dead. Needs a fabric made
+    /// with a fault plan (see [`set_faults`](Self::set_faults)).
+    pub fn kill_nic(&self, addr: u32) -> Result<(), String> {
+        self.need_controls("kill_nic")?;
+        let nic = self
+            .shared()
+            .nics
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(addr as usize)
+            .cloned()
+            .ok_or_else(|| format!("kill_nic: no NIC with address {addr} on this fabric"))?;
+        self.shared().faults.kill(addr);
+        nic.kill();
+        Ok(())
+    }
+
+    fn need_controls(&self, what: &str) -> Result<(), String> {
+        if self.config().faults.is_none() {
+            return Err(format!(
+                "{what}: this fabric's links have no fault wires; make it with a fault plan \
+                 (FabricConfig::faults, e.g. FaultPlan {{ controls: true, ..FaultPlan::NONE }})"
+            ));
+        }
+        Ok(())
     }
 
     /// Time since the fabric was created (virtual for the Stepped engine).

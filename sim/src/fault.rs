@@ -1,18 +1,29 @@
-//! Fault injection: a [`Wire`] that wraps another and, by a seeded plan, loses, duplicates or
-//! reorders packets. Like a middlebox on the link, it needs nothing from the device model: the
-//! transport must cope (retransmission, duplicate detection, sequence NAKs).
+//! Fault injection: a [`Wire`] that wraps another and, by a seeded plan, loses, duplicates,
+//! reorders, delays or corrupts packets, and the fabric-wide controls behind it: cut links, dead
+//! NICs and refused registrations. Like a middlebox on the link, it needs nothing from the device
+//! model: the transport must cope (retransmission, duplicate detection, sequence NAKs, retry
+//! exhaustion).
 //!
 //! Installed per connection when [`FabricConfig::faults`](crate::FabricConfig::faults) is not
 //! [`FaultPlan::NONE`]. The generator of each connection is seeded from the plan's seed and the
 //! connection's endpoints, so a Stepped run with faults still replays exactly from its seeds.
 //! This path copies every payload once more (it must be able to deliver a packet twice or later)
 //! and is meant for tests, not benchmarks.
+//!
+//! Corruption is judged as a receiving RoCE NIC judges it: the packet is encoded as the RoCEv2
+//! bytes a byte wire would carry (BTH … ICRC), one seeded bit is flipped, and the frame is decoded
+//! again, ICRC first. A frame the decoder refuses is dropped and counted as caught; one it accepts
+//! (a flip in a bit the ICRC and the receiver both ignore) is delivered as sent if it decodes to
+//! the same packet, and counted as missed (and dropped) otherwise.
 
+use crate::clock::{Clock, Nanos};
 use crate::packet::{PacketHeader, PacketKind};
+use crate::roce::{self, Endpoints, Frame};
 use crate::wire::{Transmit, Wire};
 use bypass_hal::trace::{self, Track};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// What to do to packets, in parts per million of packets on each link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,18 +40,66 @@ pub struct FaultPlan {
     /// waits for a retransmission (a timeout) or a flush — how tests make a response overtake
     /// the send completion of its own request.
     pub ack_drop_ppm: u32,
+    /// Packets held for a seeded time of up to [`delay_max`](Self::delay_max) on the fabric's
+    /// clock (virtual with the Stepped engine), then delivered with the first packet or burst
+    /// end of their link at or after that time.
+    pub delay_ppm: u32,
+    /// The longest delay of a delayed packet.
+    pub delay_max: Duration,
+    /// Packets with one seeded bit flipped on the wire: the receiver's ICRC check drops them
+    /// (module docs).
+    pub corrupt_ppm: u32,
+    /// Packets that cut their link (both directions between the two NICs, every queue) for
+    /// [`cut_for`](Self::cut_for): the packet and everything after it on that link is lost until
+    /// the cut heals.
+    pub cut_ppm: u32,
+    /// How long a cut lasts on the fabric's clock; `None`: forever (until
+    /// [`Fabric::heal_links`](crate::Fabric::heal_links)).
+    pub cut_for: Option<Duration>,
+    /// Seeded share of memory registrations refused with
+    /// [`Error::OutOfResources`](bypass_hal::Error::OutOfResources), as a device out of
+    /// translation entries or pinnable memory refuses them.
+    pub register_fail_ppm: u32,
+    /// Wraps every link in a fault wire even when every rate above is 0, so that
+    /// [`Fabric::set_faults`](crate::Fabric::set_faults), [`Fabric::cut_link`](crate::Fabric::cut_link)
+    /// and [`Fabric::kill_nic`](crate::Fabric::kill_nic) can act on the fabric later.
+    pub controls: bool,
     /// Seed of every link's generator.
     pub seed: u64,
 }
 
 impl FaultPlan {
     /// No faults: links are not wrapped at all.
-    pub const NONE: FaultPlan =
-        FaultPlan { drop_ppm: 0, duplicate_ppm: 0, reorder_ppm: 0, ack_drop_ppm: 0, seed: 0 };
+    pub const NONE: FaultPlan = FaultPlan {
+        drop_ppm: 0,
+        duplicate_ppm: 0,
+        reorder_ppm: 0,
+        ack_drop_ppm: 0,
+        delay_ppm: 0,
+        delay_max: Duration::ZERO,
+        corrupt_ppm: 0,
+        cut_ppm: 0,
+        cut_for: None,
+        register_fail_ppm: 0,
+        controls: false,
+        seed: 0,
+    };
 
-    /// True if the plan does nothing.
+    /// True if the plan does nothing (and asks for no controls): links are left unwrapped.
     pub fn is_none(&self) -> bool {
-        self.drop_ppm == 0 && self.duplicate_ppm == 0 && self.reorder_ppm == 0 && self.ack_drop_ppm == 0
+        !self.controls && self.is_quiet()
+    }
+
+    /// True if no packet or registration is touched at random (controls may still be on).
+    pub fn is_quiet(&self) -> bool {
+        self.drop_ppm == 0
+            && self.duplicate_ppm == 0
+            && self.reorder_ppm == 0
+            && self.ack_drop_ppm == 0
+            && self.delay_ppm == 0
+            && self.corrupt_ppm == 0
+            && self.cut_ppm == 0
+            && self.register_fail_ppm == 0
     }
 }
 
@@ -55,6 +114,26 @@ pub struct FaultStats {
     pub duplicated: u64,
     /// Packets delivered out of order.
     pub reordered: u64,
+    /// Packets held for a time (`FaultPlan::delay_ppm`).
+    pub delayed: u64,
+    /// Packets with a bit flipped on the wire.
+    pub corrupted: u64,
+    /// Corrupted packets the receiver's ICRC (or frame checks) refused and dropped.
+    pub corrupt_caught: u64,
+    /// Corrupted packets that decoded as the packet sent (the flip hit a bit nobody reads) and
+    /// were delivered.
+    pub corrupt_harmless: u64,
+    /// Corrupted packets that decoded as a different packet: a corruption the checks missed
+    /// (dropped, never delivered; should stay 0).
+    pub corrupt_missed: u64,
+    /// Link cuts that began (seeded, or [`Fabric::cut_link`](crate::Fabric::cut_link)).
+    pub cuts: u64,
+    /// Packets lost to a cut link.
+    pub cut_dropped: u64,
+    /// Packets lost because their sending or receiving NIC was killed.
+    pub dead_dropped: u64,
+    /// Registrations refused by the plan.
+    pub registrations_refused: u64,
 }
 
 #[derive(Debug, Default)]
@@ -63,15 +142,172 @@ pub(crate) struct FaultCounters {
     dropped: AtomicU64,
     duplicated: AtomicU64,
     reordered: AtomicU64,
+    delayed: AtomicU64,
+    corrupted: AtomicU64,
+    corrupt_caught: AtomicU64,
+    corrupt_harmless: AtomicU64,
+    corrupt_missed: AtomicU64,
+    cuts: AtomicU64,
+    cut_dropped: AtomicU64,
+    dead_dropped: AtomicU64,
+    registrations_refused: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 impl FaultCounters {
     pub(crate) fn add_to(&self, s: &mut FaultStats) {
-        s.packets += self.packets.load(Ordering::Relaxed);
-        s.dropped += self.dropped.load(Ordering::Relaxed);
-        s.duplicated += self.duplicated.load(Ordering::Relaxed);
-        s.reordered += self.reordered.load(Ordering::Relaxed);
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        s.packets += l(&self.packets);
+        s.dropped += l(&self.dropped);
+        s.duplicated += l(&self.duplicated);
+        s.reordered += l(&self.reordered);
+        s.delayed += l(&self.delayed);
+        s.corrupted += l(&self.corrupted);
+        s.corrupt_caught += l(&self.corrupt_caught);
+        s.corrupt_harmless += l(&self.corrupt_harmless);
+        s.corrupt_missed += l(&self.corrupt_missed);
+        s.cuts += l(&self.cuts);
+        s.cut_dropped += l(&self.cut_dropped);
+        s.dead_dropped += l(&self.dead_dropped);
+        s.registrations_refused += l(&self.registrations_refused);
     }
+}
+
+/// A cut between two NICs (both directions), until a time on the fabric's clock.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    a: u32,
+    b: u32,
+    until: Nanos,
+}
+
+/// What the fabric's controls say about links and NICs beyond the per-packet plan.
+#[derive(Debug, Default)]
+struct Links {
+    cuts: Vec<Cut>,
+    dead: Vec<u32>,
+}
+
+/// The fault state a fabric shares with all its fault wires: the plan in force (it can change
+/// while the fabric runs), the counters, cut links, dead NICs and the registration generator.
+#[derive(Debug)]
+pub(crate) struct FaultControl {
+    plan: RwLock<FaultPlan>,
+    pub(crate) counters: FaultCounters,
+    /// Some cut or dead NIC is recorded (checked per packet before taking the lock).
+    any_links: AtomicBool,
+    links: Mutex<Links>,
+    /// SplitMix64 state for registration refusals.
+    register_rng: Mutex<u64>,
+    clock: Arc<Clock>,
+}
+
+impl FaultControl {
+    pub(crate) fn new(plan: FaultPlan, clock: Arc<Clock>) -> Self {
+        FaultControl {
+            plan: RwLock::new(plan),
+            counters: FaultCounters::default(),
+            any_links: AtomicBool::new(false),
+            links: Mutex::new(Links::default()),
+            register_rng: Mutex::new(plan.seed ^ 0x5245_4749_5354_4552),
+            clock,
+        }
+    }
+
+    pub(crate) fn plan(&self) -> FaultPlan {
+        *self.plan.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn set_plan(&self, plan: FaultPlan) {
+        *self.register_rng.lock().unwrap_or_else(|e| e.into_inner()) = plan.seed ^ 0x5245_4749_5354_4552;
+        *self.plan.write().unwrap_or_else(|e| e.into_inner()) = plan;
+    }
+
+    /// Cuts the link between NICs `a` and `b` (both directions) for `for_` (`None`: until healed).
+    pub(crate) fn cut(&self, a: u32, b: u32, for_: Option<Duration>) {
+        let until = match for_ {
+            Some(d) => self.clock.now().saturating_add(d.as_nanos().min(u128::from(u64::MAX)) as u64),
+            None => u64::MAX,
+        };
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l.cuts.retain(|c| !((c.a, c.b) == (a, b) || (c.a, c.b) == (b, a)));
+        l.cuts.push(Cut { a, b, until });
+        self.any_links.store(true, Ordering::Release);
+        bump(&self.counters.cuts);
+    }
+
+    /// Heals every cut link.
+    pub(crate) fn heal(&self) {
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        l.cuts.clear();
+        self.any_links.store(!l.dead.is_empty(), Ordering::Release);
+    }
+
+    /// Marks NIC `addr` dead: packets from and to it are lost from now on.
+    pub(crate) fn kill(&self, addr: u32) {
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if !l.dead.contains(&addr) {
+            l.dead.push(addr);
+        }
+        self.any_links.store(true, Ordering::Release);
+    }
+
+    /// Why a packet from `src` to `dst` cannot pass now, if it cannot: a dead NIC or a cut link.
+    fn blocked(&self, src: u32, dst: u32) -> Option<Blocked> {
+        if !self.any_links.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut l = self.links.lock().unwrap_or_else(|e| e.into_inner());
+        if l.dead.contains(&src) || l.dead.contains(&dst) {
+            return Some(Blocked::Dead);
+        }
+        if l.cuts.is_empty() {
+            return None;
+        }
+        let now = self.clock.now();
+        l.cuts.retain(|c| c.until > now);
+        let cut = l.cuts.iter().any(|c| (c.a, c.b) == (src, dst) || (c.a, c.b) == (dst, src));
+        if l.cuts.is_empty() && l.dead.is_empty() {
+            self.any_links.store(false, Ordering::Release);
+        }
+        cut.then_some(Blocked::Cut)
+    }
+
+    /// Whether the plan refuses the next registration (seeded; one draw per registration).
+    pub(crate) fn refuse_registration(&self) -> bool {
+        let ppm = self.plan().register_fail_ppm;
+        if ppm == 0 {
+            return false;
+        }
+        let mut rng = self.register_rng.lock().unwrap_or_else(|e| e.into_inner());
+        let refused = splitmix_ppm(&mut rng) < ppm;
+        if refused {
+            bump(&self.counters.registrations_refused);
+        }
+        refused
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Blocked {
+    Cut,
+    Dead,
+}
+
+/// SplitMix64, in parts per million.
+fn splitmix_ppm(state: &mut u64) -> u32 {
+    (splitmix(state) % 1_000_000) as u32
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 #[derive(Debug)]
@@ -79,18 +315,18 @@ struct LinkState {
     rng: u64,
     /// The packet held back for reordering.
     held: Option<(PacketHeader, Vec<u8>)>,
+    /// Packets held for a time: when each is due, in the order they were held.
+    delayed: Vec<(Nanos, PacketHeader, Vec<u8>)>,
     /// Where the current packet's payload is materialized.
     buf: Vec<u8>,
+    /// Where a corrupted packet is encoded.
+    frame: Vec<u8>,
 }
 
 impl LinkState {
     /// SplitMix64, in parts per million.
     fn roll(&mut self) -> u32 {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % 1_000_000) as u32
+        splitmix_ppm(&mut self.rng)
     }
 }
 
@@ -104,31 +340,63 @@ fn trace_fault(what: &'static str, hdr: &PacketHeader) {
 /// A faulty link in front of another wire.
 pub(crate) struct FaultWire {
     inner: Arc<dyn Wire>,
-    plan: FaultPlan,
+    control: Arc<FaultControl>,
+    /// The link's two ends (NIC addresses; on a byte wire, `dst` is the peer's source id).
+    src: u32,
+    dst: u32,
     state: Mutex<LinkState>,
-    counters: Arc<FaultCounters>,
 }
 
 impl std::fmt::Debug for FaultWire {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultWire").field("plan", &self.plan).finish_non_exhaustive()
+        f.debug_struct("FaultWire").field("src", &self.src).field("dst", &self.dst).finish_non_exhaustive()
+    }
+}
+
+/// What the ICRC check of a receiving NIC makes of a packet with one bit flipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Corruption {
+    /// Refused (bad ICRC or a malformed frame): dropped.
+    Caught,
+    /// The frame decodes as the packet sent: delivered.
+    Harmless,
+    /// The frame decodes as another packet: no check caught it.
+    Missed,
+}
+
+/// Encodes `hdr` and `payload` as RoCEv2 bytes into `frame`, flips bit `bit` (modulo the frame's
+/// length) and decodes the frame as a receiving NIC would.
+fn corrupt(hdr: &PacketHeader, payload: &[u8], bit: u64, frame: &mut Vec<u8>) -> Corruption {
+    let Some(ep) = Endpoints::of_packet(hdr) else { return Corruption::Caught };
+    frame.resize(roce::udp_len(hdr), 0);
+    let Ok(n) = roce::encode_udp(hdr, payload, &ep, frame) else { return Corruption::Caught };
+    let bit = (bit % (n as u64 * 8)) as usize;
+    frame[bit / 8] ^= 1 << (bit % 8);
+    match roce::decode_udp(&frame[..n], &ep) {
+        Err(_) => Corruption::Caught,
+        Ok(got) if got == Frame::of_packet(hdr, payload) => Corruption::Harmless,
+        Ok(_) => Corruption::Missed,
     }
 }
 
 impl FaultWire {
-    /// Wraps `inner`; `link_seed` distinguishes this link from others under the same plan.
+    /// Wraps `inner`, the link from NIC `src` (queue `src_qpn`) to `dst`.
     pub(crate) fn new(
         inner: Arc<dyn Wire>,
-        plan: FaultPlan,
-        link_seed: u64,
-        counters: Arc<FaultCounters>,
+        control: Arc<FaultControl>,
+        src: u32,
+        src_qpn: u32,
+        dst: u32,
     ) -> Self {
+        let link_seed = u64::from(src) << 40 ^ u64::from(src_qpn) << 16 ^ u64::from(dst);
         let state = LinkState {
-            rng: plan.seed ^ link_seed.wrapping_mul(0xA24B_AED4_963E_E407),
+            rng: control.plan().seed ^ link_seed.wrapping_mul(0xA24B_AED4_963E_E407),
             held: None,
+            delayed: Vec::new(),
             buf: Vec::new(),
+            frame: Vec::new(),
         };
-        FaultWire { inner, plan, state: Mutex::new(state), counters }
+        FaultWire { inner, control, src, dst, state: Mutex::new(state) }
     }
 
     fn deliver(&self, hdr: &PacketHeader, payload: &[u8]) -> Transmit {
@@ -141,9 +409,33 @@ impl FaultWire {
             if self.deliver(&h, &p) == Transmit::Busy {
                 st.held = Some((h, p));
             } else {
-                self.counters.reordered.fetch_add(1, Ordering::Relaxed);
+                bump(&self.control.counters.reordered);
             }
         }
+    }
+
+    /// Delivers the delayed packets that are due (in the order they were held; one that finds
+    /// the wire busy, and those after it, wait for the next chance).
+    fn release_due(&self, st: &mut LinkState) {
+        if st.delayed.is_empty() {
+            return;
+        }
+        let now = self.control.clock.now();
+        let mut kept = 0;
+        let mut busy = false;
+        for i in 0..st.delayed.len() {
+            let due = st.delayed[i].0 <= now;
+            if due && !busy {
+                let (_, h, p) = &st.delayed[i];
+                busy = self.deliver(h, p) == Transmit::Busy;
+                if !busy {
+                    continue;
+                }
+            }
+            st.delayed.swap(kept, i);
+            kept += 1;
+        }
+        st.delayed.truncate(kept);
     }
 }
 
@@ -151,17 +443,27 @@ impl Wire for FaultWire {
     fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let st = &mut *st;
-        let roll = st.roll();
-        let (drop, dup, reorder) = (self.plan.drop_ppm, self.plan.duplicate_ppm, self.plan.reorder_ppm);
+        let plan = self.control.plan();
+        let counters = &self.control.counters;
         st.buf.resize(hdr.payload_len as usize, 0);
+        if let Some(why) = self.control.blocked(self.src, self.dst) {
+            fill(&mut st.buf);
+            bump(&counters.packets);
+            bump(if why == Blocked::Cut { &counters.cut_dropped } else { &counters.dead_dropped });
+            if trace::is_enabled() {
+                trace_fault(if why == Blocked::Cut { "lost (link cut)" } else { "lost (NIC dead)" }, hdr);
+            }
+            return Transmit::Sent; // the sender cannot tell
+        }
+        self.release_due(st);
+        let roll = st.roll();
+        let (drop, dup, reorder) = (plan.drop_ppm, plan.duplicate_ppm, plan.reorder_ppm);
         if roll < drop
-            || (self.plan.ack_drop_ppm > 0
-                && hdr.kind == PacketKind::Ack
-                && st.roll() < self.plan.ack_drop_ppm)
+            || (plan.ack_drop_ppm > 0 && hdr.kind == PacketKind::Ack && st.roll() < plan.ack_drop_ppm)
         {
             fill(&mut st.buf);
-            self.counters.packets.fetch_add(1, Ordering::Relaxed);
-            self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.packets);
+            bump(&counters.dropped);
             if trace::is_enabled() {
                 trace_fault("lost", hdr);
             }
@@ -171,9 +473,61 @@ impl Wire for FaultWire {
             let mut copy = vec![0u8; hdr.payload_len as usize];
             fill(&mut copy);
             st.held = Some((*hdr, copy));
-            self.counters.packets.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.packets);
             if trace::is_enabled() {
                 trace_fault("held back", hdr);
+            }
+            return Transmit::Sent;
+        }
+        // The rarer kinds draw their own numbers, so a plan with only these keeps the draws of
+        // the kinds above unchanged.
+        if plan.cut_ppm > 0 && st.roll() < plan.cut_ppm {
+            fill(&mut st.buf);
+            self.control.cut(self.src, self.dst, plan.cut_for);
+            bump(&counters.packets);
+            bump(&counters.cut_dropped);
+            if trace::is_enabled() {
+                trace_fault("link cut", hdr);
+            }
+            return Transmit::Sent;
+        }
+        if plan.corrupt_ppm > 0 && st.roll() < plan.corrupt_ppm {
+            fill(&mut st.buf);
+            bump(&counters.packets);
+            bump(&counters.corrupted);
+            let bit = splitmix(&mut st.rng);
+            let buf = std::mem::take(&mut st.buf);
+            let verdict = corrupt(hdr, &buf, bit, &mut st.frame);
+            let result = match verdict {
+                Corruption::Caught => {
+                    bump(&counters.corrupt_caught);
+                    Transmit::Sent
+                }
+                Corruption::Missed => {
+                    bump(&counters.corrupt_missed);
+                    Transmit::Sent
+                }
+                Corruption::Harmless => {
+                    bump(&counters.corrupt_harmless);
+                    self.deliver(hdr, &buf)
+                }
+            };
+            st.buf = buf;
+            if trace::is_enabled() {
+                trace_fault("corrupted", hdr);
+            }
+            return result;
+        }
+        if plan.delay_ppm > 0 && st.roll() < plan.delay_ppm {
+            let mut copy = vec![0u8; hdr.payload_len as usize];
+            fill(&mut copy);
+            let max = plan.delay_max.as_nanos().min(u128::from(u64::MAX)) as u64;
+            let wait = if max == 0 { 0 } else { splitmix(&mut st.rng) % (max + 1) };
+            st.delayed.push((self.control.clock.now().saturating_add(wait), *hdr, copy));
+            bump(&counters.packets);
+            bump(&counters.delayed);
+            if trace::is_enabled() {
+                trace_fault("delayed", hdr);
             }
             return Transmit::Sent;
         }
@@ -181,12 +535,12 @@ impl Wire for FaultWire {
         let buf = std::mem::take(&mut st.buf);
         let result = self.deliver(hdr, &buf);
         if result != Transmit::Busy {
-            self.counters.packets.fetch_add(1, Ordering::Relaxed);
+            bump(&counters.packets);
             if roll >= drop + reorder
                 && roll < drop + reorder + dup
                 && self.deliver(hdr, &buf) != Transmit::Busy
             {
-                self.counters.duplicated.fetch_add(1, Ordering::Relaxed);
+                bump(&counters.duplicated);
                 if trace::is_enabled() {
                     trace_fault("duplicated", hdr);
                 }
@@ -200,8 +554,50 @@ impl Wire for FaultWire {
     fn flush(&self, eager: bool) {
         {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            self.release_held(&mut st);
+            if self.control.blocked(self.src, self.dst).is_none() {
+                self.release_held(&mut st);
+                self.release_due(&mut st);
+            }
         }
         self.inner.flush(eager);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Every single-bit flip anywhere in a frame is caught by the receiver's checks or touches
+    /// only a bit nobody reads: none turns into another packet.
+    #[test]
+    fn no_single_bit_flip_gets_past_the_icrc() {
+        let send = PacketHeader {
+            src_nic: 1,
+            dst_nic: 2,
+            src_qpn: 0x11,
+            dst_qpn: 0x12,
+            kind: PacketKind::Send,
+            first: true,
+            last: true,
+            psn: 77,
+            payload_len: 5,
+            ..PacketHeader::default()
+        };
+        let write =
+            PacketHeader { kind: PacketKind::Write, remote_addr: 0x1000, rkey: 0x0102, dma_len: 5, ..send };
+        let ack = PacketHeader { kind: PacketKind::Ack, payload_len: 0, ..send };
+        let mut frame = Vec::new();
+        for (hdr, payload) in [(send, &b"hello"[..]), (write, &b"world"[..]), (ack, &b""[..])] {
+            let n = roce::udp_len(&hdr) as u64;
+            let (mut caught, mut harmless) = (0, 0);
+            for bit in 0..n * 8 {
+                match corrupt(&hdr, payload, bit, &mut frame) {
+                    Corruption::Caught => caught += 1,
+                    Corruption::Harmless => harmless += 1,
+                    Corruption::Missed => panic!("flipping bit {bit} of {hdr:?} was not caught"),
+                }
+            }
+            assert!(caught > harmless * 4, "most flips are caught: {caught} caught, {harmless} harmless");
+        }
     }
 }

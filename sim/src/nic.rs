@@ -43,6 +43,8 @@ pub(crate) struct Nic {
     /// The same port, if the device takes packets from it in place (it asks
     /// [`WirePort::pending`] on polls and in its run loop).
     pub polled_port: OnceLock<Arc<dyn WirePort>>,
+    /// The NIC was killed (`Fabric::kill_nic`): its control path fails.
+    pub killed: AtomicBool,
 }
 
 impl Nic {
@@ -66,6 +68,7 @@ impl Nic {
             fabric,
             wire_port: OnceLock::new(),
             polled_port: OnceLock::new(),
+            killed: AtomicBool::new(false),
         }
     }
 
@@ -123,6 +126,29 @@ impl Nic {
             }
             None => crate::inproc::connect(self, qpn, peer),
         }
+    }
+
+    /// Kills the NIC (`Fabric::kill_nic`; the fabric's fault wires already lose its packets):
+    /// every queue to ERROR with its work flushed, `DeviceFatal` raised, the control path closed.
+    pub(crate) fn kill(&self) {
+        if self.killed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        sync::lock(&self.dev).fail_all(self.now());
+        self.events.push(bypass_hal::AsyncEvent::DeviceFatal);
+        self.kick();
+    }
+
+    /// `Err` if the NIC was killed: what its control path answers.
+    pub(crate) fn check_alive(&self) -> bypass_hal::Result<()> {
+        if self.killed.load(Ordering::Acquire) {
+            return Err(bypass_hal::Error::Device(format!(
+                "simulated NIC {} is dead (killed by Fabric::kill_nic): its queues are in ERROR; \
+                 use another device",
+                self.addr
+            )));
+        }
+        Ok(())
     }
 
     /// Runs the device if work is flagged or a timer is due (Inline engine: an idle poller helps).

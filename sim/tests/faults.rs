@@ -163,8 +163,14 @@ fn run(seed: u64, plan: FaultPlan) -> (NicStats, NicStats, FaultStats) {
 
 #[test]
 fn messages_survive_loss_duplication_and_reordering() {
-    let plan =
-        FaultPlan { drop_ppm: 30_000, duplicate_ppm: 30_000, reorder_ppm: 30_000, ack_drop_ppm: 0, seed: 0 };
+    let plan = FaultPlan {
+        drop_ppm: 30_000,
+        duplicate_ppm: 30_000,
+        reorder_ppm: 30_000,
+        ack_drop_ppm: 0,
+        seed: 0,
+        ..FaultPlan::NONE
+    };
     for seed in [1, 2, 3] {
         let (a, b, f) = run(seed, FaultPlan { seed, ..plan });
         assert!(f.dropped > 0 && f.duplicated > 0 && f.reordered > 0, "the plan did something: {f:?}");
@@ -180,8 +186,14 @@ fn messages_survive_loss_duplication_and_reordering() {
 
 #[test]
 fn a_faulty_run_replays_exactly_from_its_seeds() {
-    let plan =
-        FaultPlan { drop_ppm: 50_000, duplicate_ppm: 20_000, reorder_ppm: 20_000, ack_drop_ppm: 0, seed: 99 };
+    let plan = FaultPlan {
+        drop_ppm: 50_000,
+        duplicate_ppm: 20_000,
+        reorder_ppm: 20_000,
+        ack_drop_ppm: 0,
+        seed: 99,
+        ..FaultPlan::NONE
+    };
     assert_eq!(run(7, plan), run(7, plan));
 }
 
@@ -190,4 +202,235 @@ fn a_clean_link_needs_no_repair() {
     let (a, b, f) = run(4, FaultPlan::NONE);
     assert_eq!(f, FaultStats::default());
     assert_eq!((a.retransmits, a.timeouts, b.duplicates), (0, 0, 0), "{a:?} {b:?}");
+}
+
+#[test]
+fn messages_survive_delay_and_a_delayed_run_replays() {
+    let plan =
+        FaultPlan { delay_ppm: 100_000, delay_max: Duration::from_millis(3), seed: 5, ..FaultPlan::NONE };
+    for seed in [1, 2] {
+        let (a, b, f) = run(seed, FaultPlan { seed, ..plan });
+        assert!(f.delayed > 0, "the plan delayed packets: {f:?}");
+        assert_eq!(f.dropped + f.cut_dropped + f.corrupted, 0, "delay alone loses nothing: {f:?}");
+        assert_eq!(a.queue_errors + b.queue_errors, 0, "no queue gave up: {a:?} {b:?}");
+    }
+    assert_eq!(run(3, plan), run(3, plan), "a delayed run replays exactly from its seeds");
+}
+
+#[test]
+fn corrupted_packets_are_caught_by_the_icrc_and_repaired() {
+    let plan = FaultPlan { corrupt_ppm: 50_000, seed: 11, ..FaultPlan::NONE };
+    for seed in [1, 2, 3] {
+        let (a, b, f) = run(seed, FaultPlan { seed, ..plan });
+        assert!(f.corrupt_caught > 0, "the ICRC caught corrupted packets: {f:?}");
+        assert_eq!(f.corrupt_missed, 0, "no corruption got past the checks: {f:?}");
+        assert_eq!(f.corrupted, f.corrupt_caught + f.corrupt_harmless, "{f:?}");
+        assert!(a.retransmits > 0, "what was caught was resent: {a:?}");
+        assert_eq!(a.queue_errors + b.queue_errors, 0, "no queue gave up: {a:?} {b:?}");
+    }
+}
+
+#[test]
+fn a_link_cut_for_a_while_heals_and_nothing_is_lost() {
+    // Cuts of 2 ms: within the 7 retries of a 1 ms timer, so every message still gets through.
+    let plan =
+        FaultPlan { cut_ppm: 15_000, cut_for: Some(Duration::from_millis(2)), seed: 3, ..FaultPlan::NONE };
+    for seed in [1, 2] {
+        let (a, b, f) = run(seed, FaultPlan { seed, ..plan });
+        assert!(f.cuts > 0 && f.cut_dropped > 0, "the plan cut the link: {f:?}");
+        assert!(a.timeouts > 0, "a cut is repaired by the timer: {a:?}");
+        assert_eq!(a.queue_errors + b.queue_errors, 0, "no queue gave up: {a:?} {b:?}");
+    }
+}
+
+/// Two connected queues on a Stepped fabric with fault controls, 1 ms timers and 3 retries.
+struct Pair {
+    fabric: Fabric,
+    na: bypass_sim::SimNic,
+    nb: bypass_sim::SimNic,
+    a: Side,
+    b: Side,
+}
+
+fn pair(plan: FaultPlan) -> Pair {
+    let fabric =
+        Fabric::with_config(FabricConfig { faults: plan, ..FabricConfig::new(Engine::Stepped { seed: 1 }) });
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let mut cfg = QueueConfig::default();
+    cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(1));
+    cfg.retry_count = 3;
+    let mk = |nic: &bypass_sim::SimNic| {
+        let cq = nic.create_cq(64).unwrap();
+        Side { q: nic.create_queue(&cfg, &cq, &cq).unwrap(), cq }
+    };
+    let (mut a, mut b) = (mk(&na), mk(&nb));
+    let (ia, ib) = (a.q.info(), b.q.info());
+    a.q.connect(&ib).unwrap();
+    b.q.connect(&ia).unwrap();
+    Pair { fabric, na, nb, a, b }
+}
+
+/// Drives the fabric (virtual time) until `cq` yields a completion; at most 1 virtual second.
+fn next_completion(fabric: &Fabric, cq: &mut SimCq) -> Completion {
+    let mut wc = [Completion::default(); 1];
+    for _ in 0..1000 {
+        fabric.run_until_idle();
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        fabric.advance(Duration::from_millis(1));
+    }
+    panic!("no completion within a virtual second");
+}
+
+#[test]
+fn a_link_cut_for_good_exhausts_retries_and_works_again_once_healed() {
+    let mut p = pair(FaultPlan { controls: true, ..FaultPlan::NONE });
+    let dst = p.nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let write = |id| SendWr::send(id, &[]).with_op(SendOp::Write(dst.remote().at(0)));
+    p.fabric.cut_link(0, 1, None).unwrap();
+    p.a.q.post_send(&[write(1)]).unwrap();
+    let c = next_completion(&p.fabric, &mut p.a.cq);
+    assert_eq!((c.wr_id, c.status), (1, Status::RetryExceeded), "a cut link exhausts the retries");
+    assert_eq!(p.a.q.state(), QueueState::Error);
+    assert!(p.fabric.fault_stats().cut_dropped >= 4, "{:?}", p.fabric.fault_stats());
+    // Healed: a reset and reconnected pair of queues works again.
+    p.fabric.heal_links();
+    for s in [&mut p.a, &mut p.b] {
+        s.q.reset().unwrap();
+    }
+    let (ia, ib) = (p.a.q.info(), p.b.q.info());
+    p.a.q.connect(&ib).unwrap();
+    p.b.q.connect(&ia).unwrap();
+    p.a.q.post_send(&[write(2)]).unwrap();
+    let c = next_completion(&p.fabric, &mut p.a.cq);
+    assert_eq!((c.wr_id, c.status), (2, Status::Success), "the healed link carries packets");
+}
+
+#[test]
+fn a_killed_nic_fails_its_peers_by_retry_exhaustion_and_its_user_sees_it_gone() {
+    let mut p = pair(FaultPlan { controls: true, ..FaultPlan::NONE });
+    let dst = p.nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let inbox = p.nb.register(64, Access::LOCAL_WRITE).unwrap();
+    p.b.q.post_recv(&[RecvWr { wr_id: 7, sges: &[inbox.sge(0, 64).unwrap()] }]).unwrap();
+    p.fabric.kill_nic(1).unwrap();
+    // The dead NIC's own user: its queue in ERROR with its receive flushed, the device-fatal
+    // event, and a control path that says the device is gone.
+    let c = next_completion(&p.fabric, &mut p.b.cq);
+    assert_eq!((c.wr_id, c.status), (7, Status::Flushed));
+    assert_eq!(p.b.q.state(), QueueState::Error);
+    assert_eq!(p.nb.poll_async_event().unwrap(), Some(AsyncEvent::DeviceFatal));
+    let e = p.nb.register(64, Access::LOCAL_WRITE).expect_err("a dead NIC registers nothing");
+    assert!(matches!(e, Error::Device(_)) && e.to_string().contains("dead"), "{e}");
+    assert!(matches!(p.nb.create_cq(8), Err(Error::Device(_))));
+    // Its peer: the WRITE is never acknowledged and the queue gives up.
+    p.a.q.post_send(&[SendWr::send(1, &[]).with_op(SendOp::Write(dst.remote().at(0)))]).unwrap();
+    let c = next_completion(&p.fabric, &mut p.a.cq);
+    assert_eq!((c.wr_id, c.status), (1, Status::RetryExceeded));
+    assert!(p.fabric.fault_stats().dead_dropped > 0);
+    // The peer's NIC is unharmed: a queue to a third NIC works.
+    let nc = p.fabric.add_nic();
+    let mut cfg = QueueConfig::default();
+    cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(1));
+    let mut ca = p.na.create_cq(8).unwrap();
+    let mut qa = p.na.create_queue(&cfg, &ca, &ca).unwrap();
+    let cc = nc.create_cq(8).unwrap();
+    let mut qc = nc.create_queue(&cfg, &cc, &cc).unwrap();
+    let (ia, ic) = (qa.info(), qc.info());
+    qa.connect(&ic).unwrap();
+    qc.connect(&ia).unwrap();
+    let dst_c = nc.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    qa.post_send(&[SendWr::send(2, &[]).with_op(SendOp::Write(dst_c.remote().at(0)))]).unwrap();
+    let c = next_completion(&p.fabric, &mut ca);
+    assert_eq!((c.wr_id, c.status), (2, Status::Success));
+}
+
+#[test]
+fn controls_need_a_fabric_made_with_a_fault_plan() {
+    let fabric = Fabric::new(Engine::Stepped { seed: 1 });
+    fabric.add_nic();
+    let e = fabric.kill_nic(0).expect_err("no fault wires, no kill");
+    assert!(e.contains("FaultPlan"), "{e}");
+    assert!(fabric.cut_link(0, 1, None).is_err());
+    assert!(fabric.set_faults(FaultPlan { drop_ppm: 1, ..FaultPlan::NONE }).is_err());
+}
+
+#[test]
+fn registrations_refused_by_the_plan_are_seeded_and_reported() {
+    let outcomes = |seed| {
+        let plan = FaultPlan { register_fail_ppm: 300_000, seed, ..FaultPlan::NONE };
+        let fabric = Fabric::with_config(FabricConfig {
+            faults: plan,
+            ..FabricConfig::new(Engine::Stepped { seed: 1 })
+        });
+        let nic = fabric.add_nic();
+        let got: Vec<bool> = (0..200)
+            .map(|_| match nic.register(4096, Access::LOCAL_WRITE) {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(matches!(e, Error::OutOfResources(_)), "{e}");
+                    assert!(e.to_string().contains("register_fail_ppm"), "the error names its cause: {e}");
+                    false
+                }
+            })
+            .collect();
+        let refused = got.iter().filter(|ok| !**ok).count() as u64;
+        assert_eq!(fabric.fault_stats().registrations_refused, refused);
+        assert!((30..90).contains(&refused), "about 30 % refused: {refused}");
+        // Turned off, every registration succeeds again.
+        fabric.set_faults(FaultPlan { controls: true, ..FaultPlan::NONE }).unwrap();
+        assert!((0..50).all(|_| nic.register(4096, Access::LOCAL_WRITE).is_ok()));
+        got
+    };
+    assert_eq!(outcomes(4), outcomes(4), "the same seed refuses the same registrations");
+    assert_ne!(outcomes(4), outcomes(5));
+}
+
+#[test]
+fn delayed_packets_arrive_on_a_real_time_engine() {
+    for engine in [Engine::Inline, Engine::Threaded] {
+        let plan = FaultPlan {
+            delay_ppm: 1_000_000,
+            delay_max: Duration::from_millis(5),
+            seed: 2,
+            ..FaultPlan::NONE
+        };
+        let fabric = Fabric::with_config(FabricConfig { faults: plan, ..FabricConfig::new(engine) });
+        let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+        let cfg = QueueConfig::default();
+        let mut ca = na.create_cq(64).unwrap();
+        let cb = nb.create_cq(64).unwrap();
+        let mut qa = na.create_queue(&cfg, &ca, &ca).unwrap();
+        let mut qb = nb.create_queue(&cfg, &cb, &cb).unwrap();
+        let (ia, ib) = (qa.info(), qb.info());
+        qa.connect(&ib).unwrap();
+        qb.connect(&ia).unwrap();
+        let dst = nb.register(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        let mut src = na.register(4096, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &pattern(9, 4096)).unwrap();
+        let big = [src.sge(0, 4096).unwrap()];
+        let wrs: Vec<SendWr> = (0..8)
+            .map(|i| SendWr::send(i, &[]).with_op(SendOp::Write(dst.remote().at(0))))
+            .chain([SendWr::send(8, &big).with_op(SendOp::Write(dst.remote().at(0)))])
+            .collect();
+        qa.post_send(&wrs).unwrap();
+        let mut wc = [Completion::default(); 16];
+        let mut done = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while done.len() < 9 {
+            assert!(std::time::Instant::now() < deadline, "{engine:?}: delayed packets never arrived");
+            let n = ca.poll(&mut wc).unwrap();
+            done.extend(wc[..n].iter().map(|c| (c.wr_id, c.status)));
+            fabric.progress();
+            std::thread::yield_now();
+        }
+        assert!(
+            done.iter().enumerate().all(|(i, &(id, st))| id == i as u64 && st == Status::Success),
+            "{done:?}"
+        );
+        let mut got = vec![0u8; 4096];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, pattern(9, 4096));
+        assert!(fabric.fault_stats().delayed > 0);
+    }
 }

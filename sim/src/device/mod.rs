@@ -409,6 +409,21 @@ impl DeviceState {
         (qps, Ctx { keys, outbox, stats, caps, to_flush, nic: *addr, mtu: *mtu, now, events, routes })
     }
 
+    /// The NIC died (`Fabric::kill_nic`): nothing queued to send leaves, and every queue enters
+    /// ERROR with its outstanding work flushed.
+    pub(crate) fn fail_all(&mut self, now: Nanos) {
+        self.outbox.clear();
+        let (qps, mut ctx) = self.split(now);
+        for qp in qps.iter_mut().flatten() {
+            qp.enter_error(&mut ctx);
+            qp.take_cq_overflow(&mut ctx);
+        }
+        let qpns: Vec<u32> = self.qps.iter().flatten().map(|qp| qp.shared.qpn).collect();
+        for qpn in qpns {
+            self.list(qpn);
+        }
+    }
+
     /// Runs `f` on queue `qpn` with a context, if the queue exists.
     pub(crate) fn with_qp<R>(
         &mut self,
