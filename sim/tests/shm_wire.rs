@@ -220,7 +220,7 @@ fn mixed_wires_are_refused_with_reasons() {
     let e = qs[0].connect(&infos[1]).unwrap_err().to_string();
     assert!(e.contains("not on the shared-memory wire"), "shm → in-process: {e}");
     let e = qs[0].connect(&infos[2]).unwrap_err().to_string();
-    assert!(e.contains("UDP wire") && e.contains("shared-memory"), "shm → udp: {e}");
+    assert!(e.contains("UDP or L2 wire") && e.contains("shared-memory"), "shm → udp: {e}");
 }
 
 #[test]
