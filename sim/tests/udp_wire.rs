@@ -171,7 +171,7 @@ fn wires_do_not_mix_and_say_so() {
     let e = qu.connect(&ql.info()).unwrap_err().to_string();
     assert!(e.contains("same wire"), "{e}");
     let e = ql.connect(&qu.info()).unwrap_err().to_string();
-    assert!(e.contains("UDP wire") && e.contains("sim+udp://"), "{e}");
+    assert!(e.contains("UDP or L2 wire") && e.contains("sim+udp://"), "{e}");
 }
 
 #[test]
