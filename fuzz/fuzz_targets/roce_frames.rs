@@ -2,7 +2,8 @@
 //! `decode_udp_any_id` and `decode_ethernet`.
 //!
 //! Besides "never panics": a UDP payload that decodes must encode back to the same bytes, up to
-//! what the decoder ignores (the BTH's M bit, FECN/BECN/reserved byte and reserved PSN bits, and
+//! what the decoder ignores (the BTH's M bit, FECN/BECN/reserved byte and reserved PSN bits, the reserved bytes of RDETH
+//! and DETH, and
 //! the pad bytes' contents, all written as 0, with the ICRC recomputed over that); an Ethernet
 //! frame that decodes must re-encode to a frame that decodes to the same thing; and a frame this
 //! codec encodes must decode as itself, at both levels.
@@ -16,7 +17,7 @@
 
 use bypass_sim::roce::{
     decode_ethernet, decode_udp, decode_udp_any_id, udp_icrc, Endpoints, Frame, Link, BTH_LEN, ICRC_LEN,
-    ROCE_PORT,
+    RDETH_LEN, ROCE_PORT,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -69,6 +70,14 @@ fn check_udp(f: &Frame<'_>, ep: &Endpoints, bytes: &[u8], mode: u8) {
     canon[1] &= !0x40; // M
     canon[4] = 0; // FECN, BECN, resv6
     canon[8] &= 0x80; // AckReq kept, resv7 zeroed
+    let mut at = BTH_LEN;
+    if f.rdeth.is_some() {
+        canon[at] = 0; // RDETH's reserved byte
+        at += RDETH_LEN;
+    }
+    if f.deth.is_some() {
+        canon[at + 4] = 0; // DETH's reserved byte, before SrcQP
+    }
     let pad = usize::from((canon[1] >> 4) & 3);
     canon[body - pad..body].fill(0);
     let icrc = udp_icrc(ep, &canon[..body]);
