@@ -18,10 +18,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TOKEN 0xACFE
@@ -347,10 +349,20 @@ static int client(int port)
           "the requester's jetty is in ERROR (state %d)", qa.state);
     CHECK(post_send(&r, URMA_OPC_SEND, 0, 4, NULL, 0, 0, 6) == URMA_SUCCESS, "a jetty in ERROR accepts posts");
     urma_cr_t fl[4];
+    /* The device flushes the post on its own time (the UDP wire's engine runs in a thread), so
+     * wait for it by the clock, not by a count of tries: a loaded machine can take longer than
+     * any count. */
     int n = 0;
-    for (int tries = 0; n == 0 && tries < 100000; tries++)
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long ms = 0; n == 0 && ms < WAIT_MS;) {
         n = urma_flush_jetty(r.jetty, 4, fl);
-    CHECK(n == 1, "urma_flush_jetty returned %d", n);
+        if (n == 0)
+            sched_yield();
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
+    }
+    CHECK(n == 1, "urma_flush_jetty returned %d (0 = nothing flushed within %d ms)", n, WAIT_MS);
     expect_cr(fl[0], 6, URMA_CR_WR_FLUSH_ERR, 0);
     CHECK(urma_unimport_seg(wrong) == URMA_SUCCESS, "unimport the wrong-token segment");
     sync_byte(fd, 0);
