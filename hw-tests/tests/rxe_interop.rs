@@ -689,6 +689,11 @@ fn lossy_sequence<A: Device, B: Device>(a: &mut End<'_, A>, b: &mut End<'_, B>, 
     }
 }
 
+/// The RPC queues' retransmission timeout (see `rpc_calls`).
+fn rpc_ack_timeout() -> AckTimeout {
+    AckTimeout::at_least(Duration::from_millis(500))
+}
+
 /// An RPC function id of these tests' echo server.
 const ECHO: FunctionId = match FunctionId::new(0x29, 0x1, true, 1) {
     Some(f) => f,
@@ -722,10 +727,15 @@ fn rpc_calls<S: Device + Clone, C: Device + Clone>(
     });
     let mut scfg = ServerConfig::new("rxe-interop");
     scfg.workers = 1;
+    // The guest's clock runs while the host has its vCPU descheduled: a retransmission timer of
+    // ~0.5 s (seven retries, ~4 s without progress) rides out such a stall on a loaded host,
+    // where the default ~134 ms (~1 s) may not.
+    scfg.queue_config.timeout = rpc_ack_timeout();
     let srv = Server::bind(server, "127.0.0.1:0", scfg, f).unwrap_or_else(|e| panic!("{sn}: bind: {e}"));
     let mut ccfg = ChannelConfig::new("rxe-interop");
     ccfg.timeout = Some(WAIT);
     ccfg.connect_timeout = WAIT;
+    ccfg.queue_config.timeout = rpc_ack_timeout();
     let ch = Channel::connect(client, srv.local_addr(), ccfg)
         .unwrap_or_else(|e| panic!("{cn} → {sn}: connect: {e}"));
     let t0 = Instant::now();
