@@ -700,10 +700,11 @@ const ECHO: FunctionId = match FunctionId::new(0x29, 0x1, true, 1) {
     None => panic!("bad function id"),
 };
 
-/// Arguments of call `i`: distinct bytes, every seventh call larger than an eager message (sent
-/// by rendezvous: the server RDMA READs them and RDMA WRITEs the echo back).
+/// Arguments of call `i`: distinct bytes, every seventh call larger than the channel's 4 KiB
+/// messages (sent by rendezvous: the server RDMA READs them and RDMA WRITEs the echo back), the
+/// others of one to four segments, sent eagerly.
 fn call_args(i: usize, seed: u64) -> Vec<u8> {
-    let len = if i % 7 == 6 { 3 * MTU as usize + 501 } else { 16 + (i * 37) % 700 };
+    let len = if i % 7 == 6 { 9 * MTU as usize + 501 } else { 16 + (i * 337) % 3500 };
     pattern(len, seed ^ (i as u64) << 8)
 }
 
