@@ -850,7 +850,7 @@ fn exercise(net: Net, loss: &str, both: bool, test: &str) {
 
         // Calls per run of rpc_calls, blocking and as many again pipelined; more under loss.
         const CALLS: usize = 50;
-        const LOSSY_CALLS: usize = 200;
+        const LOSSY_CALLS: usize = 100;
         step(&format!("RPC: 2 × {CALLS} echo calls, server on rxe, client on the sim"));
         let took = rpc_calls(rxe, sim, CALLS, 1, true);
         step(&format!("  … {} calls exactly once in {:.2} s", 2 * CALLS, took.as_secs_f64()));
@@ -880,9 +880,9 @@ fn exercise(net: Net, loss: &str, both: bool, test: &str) {
             net.lose_on_rxe_side_only("1%");
         }
         // Rendezvous calls under loss fail between rxe and the sim (a sim server READing an rxe
-        // client's arguments: the channel's queue flushed after ~60 pipelined calls, one run of
-        // one; docs/vfio.md): eager calls only, unless BYPASS_RXE_LOSSY_RENDEZVOUS=1 asks for
-        // the failing case.
+        // client's arguments: the channel's queue flushed or the connection closed after 61 and
+        // 145 pipelined calls, two runs of two; docs/vfio.md): eager calls only, unless
+        // BYPASS_RXE_LOSSY_RENDEZVOUS=1 asks for the failing case.
         let lossy_rendezvous = std::env::var("BYPASS_RXE_LOSSY_RENDEZVOUS").is_ok_and(|v| v == "1");
         let took = rpc_calls(rxe, sim, LOSSY_CALLS, 3, lossy_rendezvous);
         step(&format!(
