@@ -42,11 +42,15 @@ fn checksum(b: &[u8]) -> u32 {
     b.iter().fold(0x811c_9dc5u32, |h, &x| (h ^ u32::from(x)).wrapping_mul(0x0100_0193))
 }
 
-struct Rig {
-    fabric: Fabric,
-    cnic: SimNic,
-    server: Server<SimNic>,
-    channel: Channel<SimNic>,
+/// The shared rig serving [`functions`] (or the test's own), 64 MiB of rendezvous memory and
+/// call deadlines of [`LIMIT`].
+struct Rig(common::rig::Rig);
+
+impl std::ops::Deref for Rig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.0
+    }
 }
 
 fn functions(held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>) -> Functions<SimNic> {
@@ -79,17 +83,13 @@ fn functions(held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>) -> Functions<
 
 impl Rig {
     fn new(engine: Engine, scfg: impl FnOnce(&mut ServerConfig), f: Option<Functions<SimNic>>) -> Rig {
-        let fabric = Fabric::new(engine);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let mut cfg = ServerConfig::new(NAME);
-        cfg.rndv_memory_limit = 64 << 20;
-        scfg(&mut cfg);
-        let f = f.unwrap_or_else(|| functions(Default::default()));
-        let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
-        let mut ccfg = ChannelConfig::new(NAME);
-        ccfg.timeout = Some(LIMIT);
-        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-        Rig { fabric, cnic, server, channel }
+        Rig(common::rig::Rig::build(engine, |s| {
+            s.server = ServerConfig::new(NAME);
+            s.server.rndv_memory_limit = 64 << 20;
+            scfg(&mut s.server);
+            s.functions = f.unwrap_or_else(|| functions(Default::default()));
+            s.channel = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+        }))
     }
 
     /// Spins (bounded) until the server has given back all its rendezvous memory.
