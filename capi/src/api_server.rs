@@ -272,7 +272,7 @@ fn reply(
             return OCK_RPC_ERR_INVALID_PARAM;
         };
         // Copies (or sends) the data before returning.
-        let st = match crate::by_dev!(req, r => r.reply(data)) {
+        let st = match bypass::match_any!(req, r => r.reply(data)) {
             Ok(()) => OCK_RPC_OK,
             Err(e) => {
                 crate::log!(WARN, "{f}: {e}");

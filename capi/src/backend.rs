@@ -12,8 +12,8 @@
 //! the choice for every server of the process. Opened backends are shared by spec while a server uses them, so that servers and
 //! clients of one process on the in-process simulator share its fabric.
 
-use crate::net::{Dev, Nic};
 use crate::types::*;
+use bypass::backend::AnyDevice;
 use bypass::Backend;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -37,7 +37,7 @@ pub struct Opened {
     /// The backend (for a simulator, its fabric).
     pub backend: Arc<Backend>,
     /// The device the server and its process's clients use.
-    pub dev: Dev,
+    pub dev: AnyDevice,
     /// The spec it was opened from.
     pub spec: String,
 }
@@ -107,28 +107,12 @@ pub fn open(kind: CommType, ip: &str) -> Result<Opened, OckRpcStatus> {
             },
         }
     };
-    let dev = match &*backend {
-        Backend::Sim { fabric, .. } => match fabric.try_add_nic() {
-            Ok(nic) => Nic::dev(nic),
-            // An L2 fabric has one NIC per port (a second server on one AF_PACKET or VFIO
-            // port), a UDP socket may fail to bind: a status and a line, not a panic.
-            Err(e) => {
-                crate::log!(
-                    crate::log::ERROR,
-                    "OckRpcServerCreateWithCfg: cannot add a simulated NIC to backend {spec:?}: {e}; give each server its own port or wire"
-                );
-                return Err(OCK_RPC_ERR_RDMA_NOT_ENABLE);
-            }
-        },
-        #[cfg(feature = "verbs")]
-        Backend::Verbs(d) => Nic::dev(d.clone()),
-        // The servers of a process share the server context (as they share a verbs device);
-        // their clients connect from it, so a client and a server of one process loop back.
-        #[cfg(feature = "urma")]
-        Backend::Urma { server, .. } => Nic::dev(server.clone()),
-        #[allow(unreachable_patterns)]
-        _ => {
-            crate::log!(crate::log::ERROR, "backend {spec:?} is not supported by libhcom4db");
+    let dev = match backend.device() {
+        Ok(dev) => dev,
+        // An L2 fabric has one NIC per port (a second server on one AF_PACKET or VFIO port), a
+        // UDP socket may fail to bind: a status and a line, not a panic.
+        Err(e) => {
+            crate::log!(crate::log::ERROR, "OckRpcServerCreateWithCfg: on backend {spec:?}: {e}");
             return Err(OCK_RPC_ERR_RDMA_NOT_ENABLE);
         }
     };

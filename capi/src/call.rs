@@ -12,10 +12,10 @@
 //! in a per-thread scratch vector that is reused.
 
 use crate::client::ClientObj;
-use crate::net::Nic;
 use crate::regions::RegionEntry;
 use crate::server::{function_id, oneway_function_id, status_of};
 use crate::types::*;
+use bypass::backend::Nic;
 use bypass::{CallMode, CallOptions, Channel, LocalRange};
 use std::cell::RefCell;
 use std::ffi::c_void;
@@ -168,7 +168,7 @@ pub fn call(c: &ClientObj, id: u16, args: &[u8], target: Target, done: Option<Do
         );
         return OCK_RPC_ERR_INVALID_PARAM;
     };
-    crate::by_dev!(ch, ch => call_on(ch, c, id, args, target, done))
+    bypass::match_any!(ch, ch => call_on(ch, c, id, args, target, done))
 }
 
 fn call_on<D: Nic>(
@@ -218,7 +218,7 @@ pub fn call_rndv(
         crate::log!(crate::log::ERROR, "OckRpcClientCallRndv: the handle is a server-side connection");
         return OCK_RPC_ERR_INVALID_PARAM;
     };
-    crate::by_dev!(ch, ch => rndv_on(ch, c, id, segments, target))
+    bypass::match_any!(ch, ch => rndv_on(ch, c, id, segments, target))
 }
 
 fn rndv_on<D: Nic>(
@@ -230,7 +230,7 @@ fn rndv_on<D: Nic>(
 ) -> OckRpcStatus {
     let mut regions = Vec::with_capacity(segments.len());
     for (e, off, len) in segments {
-        match D::region_of(&e.region) {
+        match e.region.get::<D>() {
             Some(r) => regions.push((r, *off, *len)),
             None => return OCK_RPC_ERR_INVALID_PARAM,
         }

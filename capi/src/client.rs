@@ -8,9 +8,9 @@
 
 use crate::config::Settings;
 use crate::handle::{Handle, HandleTable};
-use crate::net::{AnyChannel, AnyConn, Nic};
 use crate::server::{ServerObj, STACK_NAME};
 use crate::types::*;
+use bypass::backend::{AnyChannel, AnyConnection, Channels, Nic};
 use bypass::{Channel, ChannelConfig, Keepalive};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub enum ClientKind {
     /// A channel to a server.
     Out(AnyChannel),
     /// A client's connection on one of our servers.
-    In(AnyConn),
+    In(AnyConnection),
 }
 
 /// An `OckRpcClient`.
@@ -87,24 +87,24 @@ impl ClientObj {
     /// The per-client context (`OckRpcSetUpCtx`).
     pub fn set_context(&self, v: u64) {
         match &self.kind {
-            ClientKind::Out(c) => crate::by_dev!(c, c => c.set_context(v)),
-            ClientKind::In(c) => crate::by_dev!(c, c => c.set_context(v)),
+            ClientKind::Out(c) => bypass::match_any!(c, c => c.set_context(v)),
+            ClientKind::In(c) => bypass::match_any!(c, c => c.set_context(v)),
         }
     }
 
     /// The per-client context.
     pub fn context(&self) -> u64 {
         match &self.kind {
-            ClientKind::Out(c) => crate::by_dev!(c, c => c.context()),
-            ClientKind::In(c) => crate::by_dev!(c, c => c.context()),
+            ClientKind::Out(c) => bypass::match_any!(c, c => c.context()),
+            ClientKind::In(c) => bypass::match_any!(c, c => c.context()),
         }
     }
 
     /// Closes the channel or connection.
     pub fn close(&self) {
         match &self.kind {
-            ClientKind::Out(c) => crate::by_dev!(c, c => c.close()),
-            ClientKind::In(c) => crate::by_dev!(c, c => c.close()),
+            ClientKind::Out(c) => bypass::match_any!(c, c => c.close()),
+            ClientKind::In(c) => bypass::match_any!(c, c => c.close()),
         }
     }
 }
@@ -125,12 +125,12 @@ pub fn connect(
         Some(cb) => Some(crate::tls::build(cb)?),
     };
     let segsize = server.settings.segsize;
-    let channel = crate::by_dev!(server.dev(), d => connect_on(d, addr, s, segsize, tls));
+    let channel = bypass::match_any!(server.dev(), d => connect_on(d, addr, s, segsize, tls));
     let channel = channel.map_err(|e| {
         crate::log!(crate::log::ERROR, "OckRpcClientConnectWithCfg: connecting to {addr} failed: {e}");
         OCK_RPC_ERR_CONN_UNCONNECTED
     })?;
-    let pollable = crate::by_dev!(&channel, c => c.pollable());
+    let pollable = bypass::match_any!(&channel, c => c.pollable());
     let workers = match server.client_workers() {
         Ok(w) => {
             w.add(pollable);
@@ -161,7 +161,7 @@ pub fn connect(
             unsafe { f(h, ctx, info.as_ptr()) };
         };
         if let ClientKind::Out(c) = &obj.kind {
-            crate::by_dev!(c, c => c.set_break_callback(cb));
+            bypass::match_any!(c, c => c.set_break_callback(cb));
         }
     }
     Ok(h)
@@ -181,5 +181,5 @@ fn connect_on<D: Nic>(
     cfg.self_poll = s.self_polling;
     cfg.keepalive = Some(Keepalive { interval: Duration::from_secs(s.heartbeat_idle), misses: 5 });
     cfg.tls = tls;
-    Channel::connect(dev, addr, cfg).map(D::channel)
+    Channel::connect(dev, addr, cfg).map(D::wrap::<Channels>)
 }

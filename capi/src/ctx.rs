@@ -9,8 +9,8 @@
 //! then, so the sender learns the server is done with its memory.
 
 use crate::handle::{Handle, HandleTable};
-use crate::net::AnyRequest;
 use crate::server::Dispatch;
+use bypass::backend::AnyRequest;
 use std::sync::{Arc, Mutex};
 
 /// A request being handled. Reused: a context whose handles have all ended goes back to its
@@ -38,7 +38,7 @@ impl Ctx {
     pub fn end(&mut self) {
         let req = self.req.get_mut().unwrap_or_else(|e| e.into_inner()).take();
         if let (Some(req), true) = (req, self.auto_reply) {
-            if let Err(e) = crate::by_dev!(req, r => r.reply(&[])) {
+            if let Err(e) = bypass::match_any!(req, r => r.reply(&[])) {
                 crate::log!(crate::log::DEBUG, "the empty answer of a large one-way message failed: {e}");
             }
         }

@@ -7,7 +7,8 @@
 //! Layout of the crate:
 //! - [`types`]: the C structs and status codes; [`handle`]: generational handle tables;
 //!   [`guard`]: the panic barrier of every export; [`log`](mod@log): the logger; [`config`]: config keys.
-//! - [`backend`] and [`net`]: the device of a server and the type erasure over backends.
+//! - [`backend`]: the device of a server (held as a `bypass::backend::AnyDevice`: the stack's
+//!   erasure over backends, which every object of the crate uses).
 //! - [`server`], [`ctx`], [`client`], [`call`], [`regions`], [`tls`]: the objects.
 //! - `api_*`: the exported functions (each body in [`guard::guard`]).
 
@@ -22,7 +23,6 @@ pub mod guard;
 pub mod handle;
 #[macro_use]
 pub mod log;
-pub mod net;
 pub mod regions;
 pub mod server;
 pub mod tls;

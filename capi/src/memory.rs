@@ -21,10 +21,10 @@
 
 use crate::guard::guard;
 use crate::handle::{Handle, HandleTable};
-use crate::net::Nic;
 use crate::regions::{RegionEntry, RegionRegistry};
 use crate::server::{self, ServerObj};
 use crate::types::*;
+use bypass::backend::{Nic, Regions};
 use bypass::hal::MemoryRegion;
 use std::sync::{Arc, Weak};
 
@@ -84,7 +84,7 @@ fn register_on<D: Nic>(dev: &D, len: usize, external: Option<*mut u8>) -> Result
             ),
         )
     })?;
-    Ok(RegionEntry { base: region.as_ptr() as usize, len, key, region: D::region(region) })
+    Ok(RegionEntry { base: region.as_ptr() as usize, len, key, region: D::wrap::<Regions>(region) })
 }
 
 fn register(func: &str, server: Handle, size: u64, external: Option<usize>, mr: *mut Handle) -> OckRpcStatus {
@@ -126,7 +126,7 @@ fn register(func: &str, server: Handle, size: u64, external: Option<usize>, mr: 
         let obj = server::lookup(server).ok_or_else(|| {
             (OCK_RPC_ERR_INVALID_PARAM, format!("{func}: server handle {server:#x} is not a live server"))
         })?;
-        let entry = crate::by_dev!(obj.dev(), d => register_on(d, size as usize, ptr))
+        let entry = bypass::match_any!(obj.dev(), d => register_on(d, size as usize, ptr))
             .map_err(|(s, m)| (s, format!("{func}: {m}")))?;
         let entry = obj.regions().insert(entry);
         Ok(REGIONS.insert(Arc::new(Record { server, entry: Arc::downgrade(&entry) })))

@@ -260,9 +260,9 @@ pub(crate) fn run<D: Device + Clone>(
 
 use crate::client;
 use crate::guard::guard;
-use crate::net::Nic;
 use crate::regions::RegionRegistry;
 use crate::types::{Handle, OckRpcCallDone, OckRpcRequest, OckRpcSglRequest};
+use bypass::backend::Nic;
 
 /// Runs the requests on `channel`, finding local memory in `regions` (the regions of the server
 /// whose device the channel runs on).
@@ -278,7 +278,7 @@ fn run_on<D: Nic>(
     let resolve = |key: u32, addr: u64, len: u64| -> Result<(Arc<D::Region>, usize), String> {
         let found = regions
             .find(addr as usize, len as usize, key)
-            .and_then(|(e, off)| D::region_of(&e.region).map(|r| (Arc::clone(r), off)));
+            .and_then(|(e, off)| e.region.get::<D>().map(|r| (Arc::clone(r), off)));
         found.ok_or_else(|| {
             format!(
                 "local range {addr:#x}+{len} with lKey {key:#x} is not inside a region registered on this client's \
@@ -325,7 +325,7 @@ fn on_client(
     })?;
     let server = obj.server().ok_or_else(dead)?;
     let timeout = obj.timeout();
-    crate::by_dev!(channel, ch => run_on(ch, server.regions(), kind, reqs, count, timeout, done))
+    bypass::match_any!(channel, ch => run_on(ch, server.regions(), kind, reqs, count, timeout, done))
 }
 
 fn finish(func: &str, result: Result<(), Failure>) -> i32 {

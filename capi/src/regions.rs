@@ -3,7 +3,7 @@
 //! by. The memory side (`OckRpcRegister*MemoryRegion`) inserts and removes entries; the
 //! rendezvous paths find them.
 
-use crate::net::AnyRegion;
+use bypass::backend::AnyRegion;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 

@@ -2,7 +2,7 @@
 //! services recorded), started (bound and serving), destroyed.
 //!
 //! For the memory side: [`lookup`] a handle, then [`ServerObj::dev`] is the device to register
-//! regions on (match it with [`by_dev!`](crate::by_dev)) and [`ServerObj::regions`] is where
+//! regions on (match it with [`bypass::match_any!`]) and [`ServerObj::regions`] is where
 //! registered regions are recorded so rendezvous calls and hooks find them.
 
 use crate::backend::{self, Opened};
@@ -10,9 +10,9 @@ use crate::client::{ClientKind, ClientObj, CLIENTS};
 use crate::config::Settings;
 use crate::ctx::{Ctx, CTXS};
 use crate::handle::{Handle, HandleTable};
-use crate::net::{AnyServer, Dev, Nic};
 use crate::regions::RegionRegistry;
 use crate::types::*;
+use bypass::backend::{AnyDevice, AnyServer, Connections, Nic, Requests, Servers};
 use bypass::{
     AllocFns, ConnectionEvents, FunctionId, Functions, Keepalive, PollMode, Request, RndvBuf, RpcError,
     Server, ServerConfig, WorkerConfig, WorkerGroup,
@@ -149,7 +149,7 @@ pub fn lookup(h: Handle) -> Option<Arc<ServerObj>> {
 impl ServerObj {
     /// The device of the server (memory regions are registered on it; clients of this process
     /// connect with it).
-    pub fn dev(&self) -> &Dev {
+    pub fn dev(&self) -> &AnyDevice {
         &self.opened.dev
     }
 
@@ -228,7 +228,7 @@ pub fn start(obj: &Arc<ServerObj>) -> OckRpcStatus {
         }
         State::Destroyed => return OCK_RPC_ERR_INVALID_PARAM,
     }
-    let started = crate::by_dev!(&obj.opened.dev, d => start_on(d, obj));
+    let started = bypass::match_any!(&obj.opened.dev, d => start_on(d, obj));
     match started {
         Ok((server, addr)) => {
             *obj.bound.lock().unwrap_or_else(|e| e.into_inner()) = Some(addr);
@@ -262,7 +262,7 @@ fn start_on<D: Nic>(
                 match obj
                     .regions
                     .find(addr, len, key)
-                    .and_then(|(e, off)| D::region_of(&e.region).map(|r| (r.clone(), off)))
+                    .and_then(|(e, off)| e.region.get::<D>().map(|r| (r.clone(), off)))
                 {
                     Some((region, offset)) => Some(RndvBuf { region, offset, len }),
                     None => {
@@ -307,7 +307,13 @@ fn start_on<D: Nic>(
         let server_handle = Arc::downgrade(obj);
         let events = ConnectionEvents::new()
             .on_connect(move |conn| {
-                on_connect(&d1, &server_handle, D::conn(conn.clone()), conn.channel_id(), conn.client_info())
+                on_connect(
+                    &d1,
+                    &server_handle,
+                    D::wrap::<Connections>(conn.clone()),
+                    conn.channel_id(),
+                    conn.client_info(),
+                )
             })
             .on_break(move |conn, _reason| {
                 on_break(&d2, conn.channel_id(), conn.context(), conn.client_info())
@@ -321,7 +327,7 @@ fn start_on<D: Nic>(
         ) {
             Ok(server) => {
                 let addr = server.local_addr();
-                return Ok((D::server(server), addr));
+                return Ok((D::wrap::<Servers>(server), addr));
             }
             Err(RpcError::Control(e)) => {
                 last = Some(e.to_string());
@@ -355,7 +361,7 @@ fn rebuild<D: Nic>(obj: &Arc<ServerObj>) -> Functions<D> {
 fn on_connect(
     d: &Arc<Dispatch>,
     server: &std::sync::Weak<ServerObj>,
-    conn: crate::net::AnyConn,
+    conn: bypass::backend::AnyConnection,
     channel: u32,
     info: &str,
 ) -> Result<(), String> {
@@ -424,7 +430,7 @@ fn on_request<D: Nic>(d: &Arc<Dispatch>, id: u16, rndv: bool, auto: bool, req: R
     }
     // The message bytes live in the request's receive buffer (or its gathered rendezvous
     // memory), which stays put while the request is alive, wherever the `Request` moves.
-    let ctx = take_ctx(d, D::request(req), id, channel, rndv, auto);
+    let ctx = take_ctx(d, D::wrap::<Requests>(req), id, channel, rndv, auto);
     let h = CTXS.insert(ctx);
     if rndv {
         // SAFETY: `f` was stored from an OckRpcMsgRndvHandler by OckRpcServerAddRndvService.
@@ -449,7 +455,7 @@ pub const CTX_POOL_MAX: usize = 1024;
 /// A context for `req`: a pooled one if there is one, else a new one.
 fn take_ctx(
     d: &Arc<Dispatch>,
-    req: crate::net::AnyRequest,
+    req: bypass::backend::AnyRequest,
     msg_id: u16,
     channel: u32,
     rndv: bool,
@@ -486,7 +492,7 @@ pub fn destroy(obj: &Arc<ServerObj>) {
     let old = std::mem::replace(&mut *obj.state.lock().unwrap_or_else(|e| e.into_inner()), State::Destroyed);
     // Shut down outside the lock: break handlers run and may call back into the library.
     if let State::Started(server) = old {
-        crate::by_dev!(server, s => {
+        bypass::match_any!(server, s => {
             let mut s = s;
             s.shutdown()
         });

@@ -5,10 +5,10 @@
 //! cleans its context up. (Regions are registered here through the crate's own registry; the
 //! C functions for that are the memory side's.)
 
+use bypass::backend::{Nic, Regions};
 use bypass::hal::{Access, MemoryRegion};
 use hcom4db::api_client::*;
 use hcom4db::api_server::*;
-use hcom4db::net::Nic;
 use hcom4db::regions::RegionEntry;
 use hcom4db::types::*;
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -74,7 +74,7 @@ fn register<D: Nic>(d: &D, len: usize, fill: u8) -> RegionEntry {
     let mut r = d.register(len, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
     r.write(0, &vec![fill; len]).unwrap();
     let r = Arc::new(r);
-    RegionEntry { base: r.as_ptr() as usize, len, key: r.lkey(), region: D::region(r) }
+    RegionEntry { base: r.as_ptr() as usize, len, key: r.lkey(), region: D::wrap::<Regions>(r) }
 }
 
 fn cstr(s: &str) -> CString {
@@ -110,10 +110,10 @@ fn rendezvous_calls_with_the_malloc_hooks() {
     assert_eq!(unsafe { OckRpcServerCreateWithCfg(ip.as_ptr(), 0, &mut server, &mut cfg) }, OCK_RPC_OK);
     let obj = hcom4db::server::lookup(server).unwrap();
     // The hooks' arena and the client's source buffers, registered on the server's device.
-    let arena = hcom4db::by_dev!(obj.dev(), d => register(d, 2 * BIG, 0));
+    let arena = bypass::match_any!(obj.dev(), d => register(d, 2 * BIG, 0));
     *ARENA.lock().unwrap() = Some((arena.base, arena.len, arena.key, 0));
     obj.regions().insert(arena);
-    let src = obj.regions().insert(hcom4db::by_dev!(obj.dev(), d => register(d, BIG, 3)));
+    let src = obj.regions().insert(bypass::match_any!(obj.dev(), d => register(d, BIG, 3)));
     let mut svc = OckRpcRndvService { id: 9, handler: Some(handler) };
     // SAFETY: valid pointers.
     assert_eq!(unsafe { OckRpcServerAddRndvService(server, &mut svc) }, OCK_RPC_OK);

@@ -20,8 +20,19 @@
 //! | `urma:udma0` | the URMA device `udma0` | feature `urma` |
 //! | `urma:udma0,lib=/path/liburma.so.0,eid=0` | with the liburma to load (else `$BYPASS_URMA_LIB`, else `liburma.so.0`) and the EID index | feature `urma` |
 //!
+//! Code that keeps stack objects of the opened backend past one call (the C library) holds them
+//! as [`any::Any`] values ([`AnyDevice`], [`AnyChannel`], ...; [`Backend::device`] gives the
+//! first) and reaches inside with [`match_any!`](crate::match_any).
+//!
 //! The Stepped engine is not offered here: nothing moves under it until a test drives it, which
 //! only a test can do (build its `Fabric` directly).
+
+pub mod any;
+
+pub use any::{
+    Any, AnyChannel, AnyConnection, AnyDevice, AnyRegion, AnyRequest, AnyServer, Channels, Connections,
+    Devices, Family, Nic, Regions, Requests, Servers,
+};
 
 use crate::RpcError;
 #[allow(unused_imports)]
@@ -221,6 +232,29 @@ impl Backend {
                 let (_, eid_index) = server.eid();
                 format!("urma {} EID index {eid_index} through {}", server.name(), server.library())
             }
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("a Backend is always one of the compiled variants"),
+        }
+    }
+
+    /// A device of this backend, kept by the caller: on the simulator a new NIC on the fabric
+    /// (an L2 fabric has one per port, so a second one on an AF_PACKET or VFIO port fails, as may
+    /// binding a UDP socket), on verbs the device, on URMA the server's context (the servers and
+    /// clients of one process share it, as they share a verbs device, and loop back).
+    pub fn device(&self) -> Result<AnyDevice, RpcError> {
+        match self {
+            #[cfg(feature = "sim")]
+            Backend::Sim { fabric, .. } => {
+                fabric.try_add_nic().map(bypass_sim::SimNic::wrap::<Devices>).map_err(|e| {
+                    RpcError::InvalidArgument(format!(
+                        "cannot add a simulated NIC: {e}; give each server its own port or wire"
+                    ))
+                })
+            }
+            #[cfg(feature = "verbs")]
+            Backend::Verbs(d) => Ok(bypass_hal::verbs::VerbsDevice::wrap::<Devices>(d.clone())),
+            #[cfg(feature = "urma")]
+            Backend::Urma { server, .. } => Ok(bypass_hal::urma::UrmaDevice::wrap::<Devices>(server.clone())),
             #[allow(unreachable_patterns)]
             _ => unreachable!("a Backend is always one of the compiled variants"),
         }

@@ -10,13 +10,15 @@
 
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 mod common;
-use common::helpers::{echo_and_hold, until, Held, WAIT_LIMIT};
+use common::helpers::{until, WAIT_LIMIT};
 use common::ids::{ECHO, HOLD};
+use common::served::Served;
 
 const NAME: &str = "control-loop";
 /// The loop's own thread name.
@@ -29,45 +31,29 @@ fn thread_name() -> String {
     std::thread::current().name().unwrap_or("<unnamed>").to_string()
 }
 
-struct Rig {
-    fabric: Fabric,
-    cnic: SimNic,
-    server: Server<SimNic>,
-    held: Held,
-    conns: Arc<Mutex<Vec<Connection<SimNic>>>>,
+/// The served fabric (no keepalive on the server: these tests end connections on purpose).
+struct Rig(Served);
+
+impl Deref for Rig {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
 }
 
 impl Rig {
     fn new(engine: Engine) -> Rig {
-        let fabric = Fabric::new(engine);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let held = Held::default();
-        let f = echo_and_hold(&held);
-        let conns: Arc<Mutex<Vec<Connection<SimNic>>>> = Arc::default();
-        let c = conns.clone();
-        let events = ConnectionEvents::new().on_connect(move |conn| {
-            c.lock().unwrap().push(conn.clone());
-            Ok(())
-        });
-        // Keepalive on the server is off: these tests end connections on purpose.
         let config = ServerConfig { keepalive: None, ..ServerConfig::new(NAME) };
-        let server = Server::bind_with(&snic, "127.0.0.1:0", config, f, events).expect("bind");
-        Rig { fabric, cnic, server, held, conns }
+        Rig(Served::build(Fabric::new(engine), config, |_| Ok(()), |_, events| events))
     }
 
     fn connect(&self, keepalive: Option<Keepalive>) -> Channel<SimNic> {
-        let config = ChannelConfig { keepalive, ..ChannelConfig::new(NAME) };
-        Channel::connect(&self.cnic, self.server.local_addr(), config).expect("connect")
+        self.0.connect(ChannelConfig { keepalive, ..ChannelConfig::new(NAME) }).expect("connect")
     }
 
     /// The server's side of `channel`.
     fn conn(&self, channel: &Channel<SimNic>) -> Connection<SimNic> {
-        let conns = self.conns.lock().unwrap();
-        conns.iter().find(|c| c.channel_id() == channel.channel_id()).expect("server side").clone()
-    }
-
-    fn held(&self) -> usize {
-        self.held.lock().unwrap().len()
+        self.0.conn(channel.channel_id())
     }
 
     fn drive(&self) {

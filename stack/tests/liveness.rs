@@ -9,13 +9,14 @@
 
 use bypass::sim::{Engine, Fabric, FabricConfig, FaultPlan, SimNic};
 use bypass::*;
+use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::helpers::{echo_and_hold, Held};
 use common::ids::{CONTEXT, ECHO, HOLD};
+use common::served::Served;
 
 const NAME: &str = "live";
 const WAIT_LIMIT: Duration = Duration::from_secs(30);
@@ -33,15 +34,6 @@ fn patient() -> Keepalive {
 
 /// A callback call's outcome, once it arrived.
 type Outcome = Arc<Mutex<Option<Result<Vec<u8>, RpcError>>>>;
-
-fn functions(held: &Held) -> Functions<SimNic> {
-    let mut f = echo_and_hold(held);
-    f.register(CONTEXT, |req| {
-        let ctx = req.context().to_le_bytes();
-        let _ = req.reply(&ctx);
-    });
-    f
-}
 
 /// Waits (bounded) until `cond` holds; panics naming `what`.
 fn until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
@@ -66,13 +58,25 @@ impl Breaks {
     }
 }
 
+/// The served fabric with CONTEXT, a server whose new-connection callback refuses clients
+/// named `refuse...`, panics for `panic` and sets every other connection's context, and the
+/// server's break callbacks.
 struct Rig {
-    fabric: Fabric,
-    cnic: SimNic,
-    server: Server<SimNic>,
-    held: Held,
+    served: Served,
     server_breaks: Breaks,
-    conns: Arc<Mutex<Vec<Connection<SimNic>>>>,
+}
+
+impl Deref for Rig {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.served
+    }
+}
+
+impl DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut Served {
+        &mut self.served
+    }
 }
 
 impl Rig {
@@ -81,37 +85,31 @@ impl Rig {
     }
 
     fn with_fabric(fabric: Fabric, server_ka: Option<Keepalive>) -> Rig {
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let held = Held::default();
         let server_breaks = Breaks::default();
-        let conns: Arc<Mutex<Vec<Connection<SimNic>>>> = Arc::default();
-        let (b, c) = (server_breaks.clone(), conns.clone());
-        let events = ConnectionEvents::new()
-            .on_connect(move |conn| {
-                if conn.client_info().starts_with("refuse") {
-                    return Err(format!("not today, {}", conn.client_info()));
-                }
-                if conn.client_info() == "panic" {
-                    panic!("on_connect panics (contained)");
-                }
-                conn.set_context(conn.client_info().len() as u64 * 1000 + u64::from(conn.channel_id()));
-                c.lock().unwrap().push(conn.clone());
-                Ok(())
-            })
-            .on_break(move |conn, reason| b.0.lock().unwrap().push((conn.channel_id(), reason)));
+        let b = server_breaks.clone();
         let config = ServerConfig { keepalive: server_ka, ..ServerConfig::new(NAME) };
-        let server = Server::bind_with(&snic, "127.0.0.1:0", config, functions(&held), events).expect("bind");
-        Rig { fabric, cnic, server, held, server_breaks, conns }
+        let admit = |conn: &Connection<SimNic>| {
+            if conn.client_info().starts_with("refuse") {
+                return Err(format!("not today, {}", conn.client_info()));
+            }
+            if conn.client_info() == "panic" {
+                panic!("on_connect panics (contained)");
+            }
+            conn.set_context(conn.client_info().len() as u64 * 1000 + u64::from(conn.channel_id()));
+            Ok(())
+        };
+        let served = Served::build(fabric, config, admit, |f, events| {
+            f.register(CONTEXT, |req| {
+                let ctx = req.context().to_le_bytes();
+                let _ = req.reply(&ctx);
+            });
+            events.on_break(move |conn, reason| b.0.lock().unwrap().push((conn.channel_id(), reason)))
+        });
+        Rig { served, server_breaks }
     }
 
     fn connect(&self, keepalive: Option<Keepalive>, info: &str) -> Result<Channel<SimNic>, RpcError> {
-        let config = ChannelConfig { keepalive, client_info: info.into(), ..ChannelConfig::new(NAME) };
-        Channel::connect(&self.cnic, self.server.local_addr(), config)
-    }
-
-    fn conn(&self, channel_id: u32) -> Connection<SimNic> {
-        let conns = self.conns.lock().unwrap();
-        conns.iter().find(|c| c.channel_id() == channel_id).cloned().expect("the server-side connection")
+        self.served.connect(ChannelConfig { keepalive, client_info: info.into(), ..ChannelConfig::new(NAME) })
     }
 }
 
@@ -303,27 +301,29 @@ fn connection_callbacks_and_contexts(engine: Engine) {
 
 /// A break callback that panics is contained, on both sides.
 fn panicking_break_callbacks_are_contained(engine: Engine) {
-    let fabric = Fabric::new(engine);
-    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
     let ran = Arc::new(AtomicUsize::new(0));
     let r = ran.clone();
-    let events = ConnectionEvents::new().on_break(move |_, _| {
-        r.fetch_add(1, Ordering::SeqCst);
-        panic!("server break callback panics (contained)");
-    });
-    let held = Held::default();
-    let server = Server::bind_with(&snic, "127.0.0.1:0", ServerConfig::new(NAME), functions(&held), events)
-        .expect("bind");
-    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let served = Served::build(
+        Fabric::new(engine),
+        ServerConfig::new(NAME),
+        |_| Ok(()),
+        |_, events| {
+            events.on_break(move |_, _| {
+                r.fetch_add(1, Ordering::SeqCst);
+                panic!("server break callback panics (contained)");
+            })
+        },
+    );
+    let channel = served.connect(ChannelConfig::new(NAME)).expect("connect");
     let r = ran.clone();
     channel.set_break_callback(move |_| {
         r.fetch_add(1, Ordering::SeqCst);
         panic!("client break callback panics (contained)");
     });
     drop(channel);
-    until("both break callbacks", &fabric, || ran.load(Ordering::SeqCst) == 2);
+    until("both break callbacks", &served.fabric, || ran.load(Ordering::SeqCst) == 2);
     // The server goes on serving.
-    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let channel = served.connect(ChannelConfig::new(NAME)).expect("connect");
     let mut rsp = Vec::new();
     channel.call(ECHO, b"still serving", &mut rsp).expect("call");
     assert_eq!(rsp, b"still serving");

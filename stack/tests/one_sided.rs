@@ -5,11 +5,12 @@
 //! WRITEs and READs the region.
 
 use bypass::hal::{self, Device};
-use bypass::sim::{Engine, Fabric, SimNic};
+use bypass::sim::{Engine, SimNic};
 use bypass::*;
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,6 @@ use common::rig::{real, STEPPED};
 
 type Region = <SimNic as Device>::Region;
 
-const NAME: &str = "one-sided";
 const REGION_LEN: usize = 4096;
 const WAIT_LIMIT: Duration = Duration::from_secs(20);
 
@@ -30,57 +30,45 @@ impl Wake for Noop {
     fn wake(self: Arc<Self>) {}
 }
 
+/// The shared rig whose server exposes a region (REGION answers its descriptor).
 struct Rig {
-    eng: Engine,
-    fabric: Fabric,
-    cnic: SimNic,
+    rig: common::rig::Rig,
     /// The server's exposed region (the test reads it to check WRITEs).
     exposed: Arc<Region>,
-    channel: Channel<SimNic>,
-    server: Server<SimNic>,
+}
+
+impl Deref for Rig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.rig
+    }
 }
 
 impl Rig {
     fn new(eng: Engine, queues: usize) -> Rig {
-        let fabric = Fabric::new(eng);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let mut region = snic
+        // The region is registered on the rig's server NIC, which exists once the rig is built;
+        // REGION is called after that.
+        let slot: Arc<OnceLock<Arc<Region>>> = Arc::default();
+        let r = slot.clone();
+        let rig = common::rig::Rig::build(eng, |s| {
+            // The descriptor travels as the response of an ordinary RPC.
+            s.functions.register(REGION, move |req| {
+                let _ = req.reply(&r.get().expect("the region is registered").remote().encode());
+            });
+            s.channel.queues = queues;
+            // A queue failed by a remote access error stays failed here (the RC semantics these
+            // tests check); `tests/recovery.rs` brings such a queue back.
+            s.channel.recovery = None;
+        });
+        let mut region = rig
+            .snic
             .register(REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE)
             .unwrap();
         let init: Vec<u8> = (0..REGION_LEN).map(|i| (i % 251) as u8).collect();
         region.write(0, &init).unwrap();
         let exposed = Arc::new(region);
-        let mut f = Functions::new();
-        let r = exposed.clone();
-        // The descriptor travels as the response of an ordinary RPC.
-        f.register(REGION, move |req| {
-            let _ = req.reply(&r.remote().encode());
-        });
-        f.register(ECHO, |req| {
-            let a = req.args().to_vec();
-            let _ = req.reply(&a);
-        });
-        let mut scfg = ServerConfig::new(NAME);
-        scfg.workers = if !real(eng) { 0 } else { 1 };
-        let server = Server::bind(&snic, "127.0.0.1:0", scfg, f).unwrap();
-        let mut ccfg = ChannelConfig::new(NAME);
-        ccfg.queues = queues;
-        // A queue failed by a remote access error stays failed here (the RC semantics these
-        // tests check); `tests/recovery.rs` brings such a queue back.
-        ccfg.recovery = None;
-        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-        Rig { eng, fabric, cnic, exposed, channel, server }
-    }
-
-    fn pump(&self) {
-        if !real(self.eng) {
-            self.fabric.run_until_idle();
-            self.server.poll();
-        } else {
-            self.fabric.progress();
-        }
-        self.channel.poll();
-        std::thread::yield_now();
+        assert!(slot.set(exposed.clone()).is_ok());
+        Rig { rig, exposed }
     }
 
     /// Drives until `fut` resolves.
@@ -93,15 +81,7 @@ impl Rig {
             if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
                 return v;
             }
-            assert!(start.elapsed() < WAIT_LIMIT, "{:?}: gave up waiting", self.eng);
-            self.pump();
-        }
-    }
-
-    fn until(&self, what: &str, cond: impl Fn() -> bool) {
-        let start = Instant::now();
-        while !cond() {
-            assert!(start.elapsed() < WAIT_LIMIT, "{:?}: gave up waiting for {what}", self.eng);
+            assert!(start.elapsed() < WAIT_LIMIT, "{:?}: gave up waiting", self.engine);
             self.pump();
         }
     }
@@ -132,7 +112,7 @@ impl Rig {
         off: u64,
     ) -> Result<(), RpcError> {
         let opts = OpOptions::default();
-        if !real(self.eng) {
+        if !real(self.engine) {
             let fut = self.channel.write_future(local, remote, off, &opts)?;
             self.wait(fut)
         } else {
@@ -147,7 +127,7 @@ impl Rig {
         off: u64,
     ) -> Result<(), RpcError> {
         let opts = OpOptions::default();
-        if !real(self.eng) {
+        if !real(self.engine) {
             let fut = self.channel.read_future(local, remote, off, &opts)?;
             self.wait(fut)
         } else {

@@ -3,69 +3,63 @@
 //! re-exchanged with the server over the control stream, and serves calls again; past the retry
 //! budget the channel closes (`RecoveryExhausted`).
 //!
-//! Every wait is bounded ([`WAIT_LIMIT`]) and ends on observable state; no timing assertions.
+//! Every wait is bounded (the shared rig's `WAIT_LIMIT`) and ends on observable state; no timing
+//! assertions.
 
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 mod common;
-use common::helpers::{echo_and_hold, Held};
 use common::ids::{ECHO, HOLD, REGION};
+use common::rig::Req;
 
 const NAME: &str = "recover";
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
 const REGION_LEN: usize = 4096;
 
 type Outcomes = Arc<Mutex<Vec<Option<Result<Vec<u8>, RpcError>>>>>;
 
+/// The shared rig with a recovery policy, a region for one-sided I/O (REGION), the requests its
+/// HOLD handler kept and the channel's break reasons.
 struct Rig {
-    fabric: Fabric,
-    cnic: SimNic,
-    server: Server<SimNic>,
-    channel: Channel<SimNic>,
-    held: Held,
+    // Dropped first: the held requests, while their server is still there.
+    held: Mutex<Vec<Req>>,
+    rig: common::rig::Rig,
     breaks: Arc<Mutex<Vec<CloseReason>>>,
     _exposed: Arc<<SimNic as hal::Device>::Region>,
 }
 
+impl Deref for Rig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.rig
+    }
+}
+
 impl Rig {
     fn new(engine: Engine, queues: usize, recovery: Recovery) -> Rig {
-        let fabric = Fabric::new(engine);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let held = Held::default();
-        let exposed = Arc::new(
-            hal::Device::register(&snic, REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        // The region is registered on the rig's server NIC, which exists once the rig is built;
+        // REGION is called after that.
+        let exposed: Arc<OnceLock<Arc<<SimNic as hal::Device>::Region>>> = Arc::default();
+        let e = exposed.clone();
+        let rig = common::rig::Rig::build(engine, |s| {
+            s.channel.queues = queues;
+            s.channel.recovery = Some(recovery);
+            s.functions.register(REGION, move |req| {
+                let _ = req.reply(&e.get().expect("the region is registered").remote().encode());
+            });
+        });
+        let region = Arc::new(
+            hal::Device::register(&rig.snic, REGION_LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
                 .expect("register"),
         );
-        let mut f = echo_and_hold(&held);
-        let e = exposed.clone();
-        f.register(REGION, move |req| {
-            let _ = req.reply(&e.remote().encode());
-        });
-        let server = Server::bind(&snic, "127.0.0.1:0", ServerConfig::new(NAME), f).expect("bind");
-        let config = ChannelConfig { queues, recovery: Some(recovery), ..ChannelConfig::new(NAME) };
-        let channel = Channel::connect(&cnic, server.local_addr(), config).expect("connect");
+        assert!(exposed.set(region.clone()).is_ok());
         let breaks: Arc<Mutex<Vec<CloseReason>>> = Arc::default();
         let b = breaks.clone();
-        channel.set_break_callback(move |r| b.lock().unwrap().push(r));
-        Rig { fabric, cnic, server, channel, held, breaks, _exposed: exposed }
-    }
-
-    fn until(&self, what: &str, mut cond: impl FnMut() -> bool) {
-        let start = Instant::now();
-        while !cond() {
-            assert!(
-                start.elapsed() < WAIT_LIMIT,
-                "gave up waiting for {what}: channel {:?}, closed {}",
-                self.channel.stats(),
-                self.channel.is_closed()
-            );
-            self.fabric.progress();
-            self.channel.poll();
-            std::thread::yield_now();
-        }
+        rig.channel.set_break_callback(move |r| b.lock().unwrap().push(r));
+        Rig { rig, held: Mutex::default(), breaks, _exposed: region }
     }
 
     fn echo(&self, opts: &CallOptions, what: &[u8]) {
@@ -77,7 +71,6 @@ impl Rig {
     /// Starts `n` HOLD calls on `queue`; returns where their outcomes land.
     fn hold(&self, queue: usize, n: usize) -> Outcomes {
         let outcomes: Outcomes = Arc::new(Mutex::new((0..n).map(|_| None).collect()));
-        let before = self.held.lock().unwrap().len();
         for i in 0..n {
             let o = outcomes.clone();
             let opts = CallOptions { queue: Some(queue), timeout: None, ..Default::default() };
@@ -89,7 +82,8 @@ impl Rig {
                 })
                 .expect("start");
         }
-        self.until("the server to hold the calls", || self.held.lock().unwrap().len() == before + n);
+        let held = self.take_held(n);
+        self.held.lock().unwrap().extend(held);
         outcomes
     }
 

@@ -11,7 +11,7 @@ use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::wire::{self, DmaDescriptor, RequestHeader};
 use bypass::*;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 type Region = <SimNic as Device>::Region;
@@ -42,11 +42,15 @@ fn checksum(b: &[u8]) -> u32 {
     b.iter().fold(0x811c_9dc5u32, |h, &x| (h ^ u32::from(x)).wrapping_mul(0x0100_0193))
 }
 
-struct Rig {
-    fabric: Fabric,
-    cnic: SimNic,
-    server: Server<SimNic>,
-    channel: Channel<SimNic>,
+/// The shared rig serving [`functions`] (or the test's own), 64 MiB of rendezvous memory and
+/// call deadlines of [`LIMIT`].
+struct Rig(common::rig::Rig);
+
+impl std::ops::Deref for Rig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.0
+    }
 }
 
 fn functions(held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>) -> Functions<SimNic> {
@@ -79,17 +83,13 @@ fn functions(held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>) -> Functions<
 
 impl Rig {
     fn new(engine: Engine, scfg: impl FnOnce(&mut ServerConfig), f: Option<Functions<SimNic>>) -> Rig {
-        let fabric = Fabric::new(engine);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let mut cfg = ServerConfig::new(NAME);
-        cfg.rndv_memory_limit = 64 << 20;
-        scfg(&mut cfg);
-        let f = f.unwrap_or_else(|| functions(Default::default()));
-        let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
-        let mut ccfg = ChannelConfig::new(NAME);
-        ccfg.timeout = Some(LIMIT);
-        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-        Rig { fabric, cnic, server, channel }
+        Rig(common::rig::Rig::build(engine, |s| {
+            s.server = ServerConfig::new(NAME);
+            s.server.rndv_memory_limit = 64 << 20;
+            scfg(&mut s.server);
+            s.functions = f.unwrap_or_else(|| functions(Default::default()));
+            s.channel = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+        }))
     }
 
     /// Spins (bounded) until the server has given back all its rendezvous memory.
@@ -592,15 +592,16 @@ fn descriptors_from_a_rogue_peer_get_error_statuses_and_leak_nothing() {
 
 /// A user allocator (regions on the server's NIC) that refuses the next `refuse` allocations.
 struct Refusing {
-    nic: SimNic,
+    /// The server's NIC, set once the rig has it (before any call).
+    nic: OnceLock<SimNic>,
     refuse: AtomicUsize,
     allocs: AtomicUsize,
     frees: AtomicUsize,
 }
 
 impl Refusing {
-    fn new(nic: &SimNic) -> Arc<Refusing> {
-        Arc::new(Refusing { nic: nic.clone(), refuse: 0.into(), allocs: 0.into(), frees: 0.into() })
+    fn new() -> Arc<Refusing> {
+        Arc::new(Refusing { nic: OnceLock::new(), refuse: 0.into(), allocs: 0.into(), frees: 0.into() })
     }
 }
 
@@ -609,7 +610,7 @@ impl RndvAllocator<Region> for Refusing {
         if self.refuse.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return None;
         }
-        let region = Arc::new(self.nic.register(len.max(1), Access::LOCAL_WRITE).ok()?);
+        let region = Arc::new(self.nic.get()?.register(len.max(1), Access::LOCAL_WRITE).ok()?);
         self.allocs.fetch_add(1, Ordering::SeqCst);
         Some(RndvBuf { region, offset: 0, len })
     }
@@ -623,37 +624,36 @@ fn engine_modes() -> impl Iterator<Item = (Engine, PollMode)> {
     engines().into_iter().flat_map(|e| [PollMode::Event, PollMode::Adaptive, PollMode::Busy].map(|m| (e, m)))
 }
 
-/// A server whose rendezvous memory comes from a [`Refusing`] allocator, under a limit of
-/// `rndv_memory_limit` bytes, and one channel to it (fields drop in order: channel first).
+/// The shared rig whose server's rendezvous memory comes from a [`Refusing`] allocator, under a
+/// limit of `rndv_memory_limit` bytes (the held request drops first, then the rig: channel
+/// first).
 struct RefusalRig {
-    channel: Channel<SimNic>,
-    server: Server<SimNic>,
     held: Arc<std::sync::Mutex<Option<Request<SimNic>>>>,
+    rig: common::rig::Rig,
     alloc: Arc<Refusing>,
-    fabric: Fabric,
     label: String,
+}
+
+impl std::ops::Deref for RefusalRig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.rig
+    }
 }
 
 impl RefusalRig {
     fn new(engine: Engine, mode: PollMode, rndv_memory_limit: u64, round: u8) -> RefusalRig {
-        let fabric = Fabric::new(engine);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let alloc = Refusing::new(&snic);
+        let alloc = Refusing::new();
         let held = Arc::new(std::sync::Mutex::new(None));
-        let mut f = functions(held.clone());
-        f.rndv_allocator(alloc.clone());
-        let cfg = ServerConfig { rndv_memory_limit, mode, ..ServerConfig::new(NAME) };
-        let server = Server::bind(&snic, "127.0.0.1:0", cfg, f).unwrap();
-        let ccfg = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
-        let channel = Channel::connect(&cnic, server.local_addr(), ccfg).unwrap();
-        RefusalRig {
-            channel,
-            server,
-            held,
-            alloc,
-            fabric,
-            label: format!("{engine:?} {mode:?} round {round}"),
-        }
+        let rig = common::rig::Rig::build(engine, |s| {
+            let mut f = functions(held.clone());
+            f.rndv_allocator(alloc.clone());
+            s.functions = f;
+            s.server = ServerConfig { rndv_memory_limit, mode, ..ServerConfig::new(NAME) };
+            s.channel = ChannelConfig { timeout: Some(LIMIT), ..ChannelConfig::new(NAME) };
+        });
+        assert!(alloc.nic.set(rig.snic.clone()).is_ok());
+        RefusalRig { held, rig, alloc, label: format!("{engine:?} {mode:?} round {round}") }
     }
 
     /// Drives both sides until `cond` holds; gives up after [`LIMIT`].
@@ -693,7 +693,7 @@ fn a_refused_allocation_ends_its_call_and_the_next_waiting_request_goes_on() {
         for round in 0..20u8 {
             // Room for one request's arguments at a time.
             let rig = RefusalRig::new(engine, mode, 1 << 20, round);
-            let RefusalRig { alloc, held, server, channel, .. } = &rig;
+            let (alloc, held, server, channel) = (&rig.alloc, &rig.held, &rig.server, &rig.channel);
             let wait = |what: &str, cond: &dyn Fn() -> bool| rig.wait(what, cond);
             let (a_args, b_args, c_args) = (pattern(600_000, 1), pattern(600_000, 2), pattern(600_000, 3));
             let a = start(channel, HOLD, &a_args);
@@ -730,7 +730,7 @@ fn a_refused_response_allocation_ends_its_call_and_the_next_one_goes_on() {
     for (engine, mode) in engine_modes() {
         for round in 0..10u8 {
             let rig = RefusalRig::new(engine, mode, 2 << 20, round);
-            let RefusalRig { alloc, held, server, channel, .. } = &rig;
+            let (alloc, held, server, channel) = (&rig.alloc, &rig.held, &rig.server, &rig.channel);
             let wait = |what: &str, cond: &dyn Fn() -> bool| rig.wait(what, cond);
             let big = CallOptions { max_response: 600_000, ..Default::default() };
             // Replied on the worker: refused, then the next one gets its response.

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::helpers;
 use common::ids::ECHO;
+use common::served::Served;
 use helpers::{echo_functions, wait_for, WAIT_LIMIT};
 
 const NAME: &str = "tls-test";
@@ -116,26 +117,32 @@ fn config(ca: &Ca, leaf: &Leaf) -> TlsConfig {
 
 // ---- servers and clients ----
 
-struct Rig {
-    _fabric: Fabric,
-    server_nic: SimNic,
-    client_nic: SimNic,
-    server: Server<SimNic>,
+/// The served fabric (Inline) with the server's TLS config.
+struct Rig(Served);
+
+impl std::ops::Deref for Rig {
+    type Target = Served;
+    fn deref(&self) -> &Served {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Rig {
+    fn deref_mut(&mut self) -> &mut Served {
+        &mut self.0
+    }
 }
 
 fn rig(tls: Option<TlsConfig>) -> Rig {
-    let fabric = Fabric::new(Engine::Inline);
-    let (server_nic, client_nic) = (fabric.add_nic(), fabric.add_nic());
     let config = ServerConfig { tls, ..ServerConfig::new(NAME) };
-    let server = Server::bind(&server_nic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
-    Rig { _fabric: fabric, server_nic, client_nic, server }
+    Rig(Served::build(Fabric::new(Engine::Inline), config, |_| Ok(()), |_, events| events))
 }
 
 impl Rig {
     fn connect(&self, tls: Option<TlsConfig>) -> Result<Channel<SimNic>, RpcError> {
         let config =
             ChannelConfig { tls, connect_timeout: Duration::from_secs(20), ..ChannelConfig::new(NAME) };
-        Channel::connect(&self.client_nic, self.server.local_addr(), config)
+        self.0.connect(config)
     }
 
     /// Waits (bounded) for the server's first TLS refusal.
@@ -184,11 +191,10 @@ fn mutual_tls_calls_work_and_closure_is_seen_both_ways() {
     // The server goes away: the client's monitor sees the TLS stream end.
     let channel = rig.connect(Some(client_tls)).expect("connect again");
     echo(&channel);
-    let Rig { mut server, _fabric, server_nic, client_nic } = rig;
-    server.shutdown();
+    let mut rig = rig;
+    rig.server.shutdown();
     wait_for("the channel to see the server's close", || channel.is_closed());
-    assert!(server.tls_refusals().is_empty());
-    drop((server_nic, client_nic));
+    assert!(rig.server.tls_refusals().is_empty());
 }
 
 #[test]
@@ -227,7 +233,7 @@ fn stalled_handshakes_do_not_block_a_tls_client() {
         connect_timeout: Duration::from_secs(3),
         ..ChannelConfig::new(NAME)
     };
-    let channel = Channel::connect(&rig.client_nic, rig.server.local_addr(), config).expect("connect");
+    let channel = Channel::connect(&rig.cnic, rig.server.local_addr(), config).expect("connect");
     echo(&channel);
     drop((silent, tls_stall, plain_stall));
 }
@@ -553,7 +559,7 @@ fn a_server_certificate_for_another_name_is_refused() {
         .build()
         .unwrap();
     echo(&rig.connect(Some(client_tls)).expect("connect by name"));
-    drop(rig.server_nic.clone());
+    drop(rig.snic.clone());
 }
 
 // ---- the verify hook (what the C API's verify callback will get) ----
@@ -671,7 +677,7 @@ fn queue_recovery_runs_over_the_tls_stream() {
         ..ChannelConfig::new(NAME)
     };
     cfg.keepalive = Some(bypass::Keepalive { interval: Duration::from_millis(50), misses: 40 });
-    let channel = Channel::connect(&rig.client_nic, rig.server.local_addr(), cfg).expect("connect over TLS");
+    let channel = Channel::connect(&rig.cnic, rig.server.local_addr(), cfg).expect("connect over TLS");
     echo(&channel);
     for round in 1..=2u64 {
         channel.fail_queue(0).expect("fail queue 0");

@@ -5,12 +5,13 @@
 //! The recorder is process-wide, so every test here holds `SERIAL`.
 
 use bypass::hal::trace::{self, Kind, TraceEvent, Track, Value};
-use bypass::sim::{Engine, Fabric, SimNic};
-use bypass::{CallOptions, Channel, ChannelConfig, Functions, Server, ServerConfig};
+use bypass::sim::Engine;
+use bypass::CallOptions;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod common;
 use common::ids::ECHO;
+use common::rig::Rig;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -18,19 +19,12 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A client NIC (created first), a server NIC, an echo server and a connected channel.
-fn rig(engine: Engine, workers: usize) -> (Fabric, SimNic, SimNic, Server<SimNic>, Channel<SimNic>) {
-    let fabric = Fabric::new(engine);
-    let (cnic, snic) = (fabric.add_nic(), fabric.add_nic());
-    let mut functions = Functions::new();
-    functions.register(ECHO, |req| {
-        let args = req.args().to_vec();
-        let _ = req.reply(&args);
-    });
-    let config = ServerConfig { workers, ..ServerConfig::new("trace") };
-    let server = Server::bind(&snic, "127.0.0.1:0", config, functions).unwrap();
-    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new("trace")).unwrap();
-    (fabric, cnic, snic, server, channel)
+/// The shared rig with the server named `trace` (its worker thread's row is `bypass-trace...`).
+fn rig(engine: Engine) -> Rig {
+    Rig::build(engine, |s| {
+        s.server.name = "trace".into();
+        s.channel.server_name = "trace".into();
+    })
 }
 
 /// The one event after `from_ns` that `pred` accepts (panics unless there is exactly one).
@@ -97,7 +91,8 @@ fn check_causal_order(events: &[TraceEvent], c: u32, s: u32) {
 #[test]
 fn one_rpc_inline_in_causal_order_and_valid_json() {
     let _g = serial();
-    let (_fabric, cnic, snic, server, channel) = rig(Engine::Inline, 1);
+    let rig = rig(Engine::Inline);
+    let (cnic, snic, channel) = (&rig.cnic, &rig.snic, &rig.channel);
     trace::start();
     let mut response = Vec::new();
     channel.call(ECHO, b"ping", &mut response).unwrap();
@@ -171,14 +166,15 @@ fn one_rpc_inline_in_causal_order_and_valid_json() {
     ];
     assert!(order.windows(2).all(|w| w[0] < w[1]), "process order {order:?} in {processes:?}");
     assert!(threads.iter().any(|t| t.starts_with("bypass-trace")), "the server worker's row: {threads:?}");
-    drop(channel);
-    drop(server);
+    drop(rig);
 }
 
 #[test]
 fn one_rpc_stepped_in_causal_order() {
     let _g = serial();
-    let (fabric, cnic, snic, server, channel) = rig(Engine::Stepped { seed: 11 }, 0);
+    let rig = rig(Engine::Stepped { seed: 11 });
+    let (fabric, cnic, snic, server, channel) =
+        (&rig.fabric, &rig.cnic, &rig.snic, &rig.server, &rig.channel);
     trace::start();
     let got = Arc::new(Mutex::new(None));
     let sink = got.clone();
@@ -207,7 +203,8 @@ fn recording_off_records_nothing() {
     let _g = serial();
     let _ = trace::take();
     assert!(!trace::is_enabled());
-    let (_fabric, _cnic, _snic, _server, channel) = rig(Engine::Inline, 1);
+    let rig = rig(Engine::Inline);
+    let channel = &rig.channel;
     let mut response = Vec::new();
     for _ in 0..10 {
         channel.call(ECHO, b"ping", &mut response).unwrap();

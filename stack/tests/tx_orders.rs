@@ -7,8 +7,9 @@
 //! followed by a flush. Each case asserts that the call completes exactly once, with the outcome
 //! of the first terminal event, and that no send context, table slot or credit is leaked.
 
-use bypass::sim::{Engine, Fabric, FabricConfig, FaultPlan};
-use bypass::{CallMode, CallOptions, Channel, ChannelConfig, Functions, RpcError, Server, ServerConfig};
+use bypass::sim::{Engine, FaultPlan};
+use bypass::{CallMode, CallOptions, RpcError};
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,39 +26,33 @@ enum Got {
     Other(String),
 }
 
+/// The shared rig on the Stepped engine, and the outcomes of the calls it started.
 struct Rig {
-    fabric: Fabric,
-    server: Server<bypass::sim::SimNic>,
-    channel: Channel<bypass::sim::SimNic>,
+    rig: common::rig::Rig,
     outcomes: Arc<Mutex<Vec<Got>>>,
+}
+
+impl Deref for Rig {
+    type Target = common::rig::Rig;
+    fn deref(&self) -> &common::rig::Rig {
+        &self.rig
+    }
 }
 
 impl Rig {
     fn new(seed: u64, lose_transport_acks: bool) -> Rig {
-        let mut config = FabricConfig::new(Engine::Stepped { seed });
-        if lose_transport_acks {
-            config.faults = FaultPlan { ack_drop_ppm: 1_000_000, seed, ..FaultPlan::NONE };
-        }
-        let fabric = Fabric::with_config(config);
-        let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
-        let mut functions = Functions::new();
-        functions.register(ECHO, |req| {
-            let args = req.args().to_vec();
-            let _ = req.reply(&args);
+        let rig = common::rig::Rig::build(Engine::Stepped { seed }, |s| {
+            if lose_transport_acks {
+                s.fabric.faults = FaultPlan { ack_drop_ppm: 1_000_000, seed, ..FaultPlan::NONE };
+            }
+            // Exact orders on the Stepped engine: no keepalive probes (real time; the rig turns
+            // them off there) and no queue recovery (a failed queue stays failed), which would
+            // add device work of their own.
+            s.channel.window = WINDOW;
+            s.channel.timeout = None;
+            s.channel.recovery = None;
         });
-        let server_config = ServerConfig { workers: 0, ..ServerConfig::new("orders") };
-        let server = Server::bind(&snic, "127.0.0.1:0", server_config, functions).unwrap();
-        // Exact orders on the Stepped engine: no keepalive probes (real time) and no queue
-        // recovery (a failed queue stays failed), which would add device work of their own.
-        let channel_config = ChannelConfig {
-            window: WINDOW,
-            timeout: None,
-            keepalive: None,
-            recovery: None,
-            ..ChannelConfig::new("orders")
-        };
-        let channel = Channel::connect(&cnic, server.local_addr(), channel_config).unwrap();
-        Rig { fabric, server, channel, outcomes: Arc::default() }
+        Rig { rig, outcomes: Arc::default() }
     }
 
     fn start(&self, mode: CallMode, timeout: Option<Duration>) {

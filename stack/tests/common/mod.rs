@@ -3,6 +3,7 @@
 //! - [`ids`]: the function ids test servers register, once;
 //! - [`rig`]: a fabric, a server with the shared functions and a channel to it, on any engine
 //!   (Inline, Threaded, or Stepped driven by the test thread), and the bounded waits to drive it;
+//! - [`served`]: the same fabric and server without a channel, for tests that open their own;
 //! - [`helpers`]: an echo service, bounded waits, polling a future by hand;
 //! - [`per_engine!`]: one test per engine for each named scenario.
 //!
@@ -14,6 +15,7 @@
 pub mod helpers;
 pub mod ids;
 pub mod rig;
+pub mod served;
 
 /// Seed of the Stepped engine's scheduler in [`per_engine!`] and [`rig::STEPPED`].
 pub const SEED: u64 = 0xE2E_5EED;
