@@ -96,9 +96,8 @@ impl FaultKind {
             Outcome::Declined if shape.may_decline => true,
             Outcome::Declined if self == FaultKind::Regfail && shape.registers => true,
             // The stack registers its send buffers lazily, a chunk at a time, on either side: a
-            // refused registration fails a call at the client at once (`Device`), or at the
-            // server, whose reply then cannot be sent, so the client waits for its deadline.
-            Outcome::Timeout if self == FaultKind::Regfail => true,
+            // refused registration fails a call at the client at once (`Device`); the server's
+            // reply waits for a registered send context instead, so it costs no call.
             Outcome::Timeout | Outcome::Queue | Outcome::Closed | Outcome::Broken => {
                 self == FaultKind::Cut || (self == FaultKind::Kill && victim)
             }
@@ -142,7 +141,8 @@ mod tests {
             assert!(!k.explains(Outcome::Other, plain, true), "{k:?}");
             assert!(!k.explains(Outcome::Declined, plain, true), "{k:?}: only a panicking handler declines");
         }
-        for k in [FaultKind::None, FaultKind::Drop, FaultKind::Delay, FaultKind::Corrupt] {
+        for k in [FaultKind::None, FaultKind::Drop, FaultKind::Delay, FaultKind::Corrupt, FaultKind::Regfail]
+        {
             assert!(!k.explains(Outcome::Timeout, plain, false), "{k:?}: a long deadline never passes");
             assert!(!k.explains(Outcome::Closed, plain, false), "{k:?}");
         }

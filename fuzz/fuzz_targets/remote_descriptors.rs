@@ -33,8 +33,20 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(enc[0], data[0]);
             // gid .. token: the 34 bytes every version has.
             assert_eq!(enc[2..36], data[2..36], "queue info fields round trip");
-            // responder_resources: the 35th body byte, 0 when the body is older and shorter.
-            assert_eq!(enc[36], if body > 34 { data[36] } else { 0 });
+            // responder_resources, requester_depth, known bits: a 37-byte (or longer) body says
+            // which values are known (other bits skipped, an unknown value written 0); a 35- or
+            // 36-byte one has the responder resources alone (0: unknown); a 34-byte one neither.
+            let want = match body {
+                34 => [0, 0, 0],
+                35 | 36 => [data[36], 0, u8::from(data[36] != 0)],
+                _ => {
+                    let known = data[38] & 3;
+                    let r = if known & 1 != 0 { data[36] } else { 0 };
+                    let d = if known & 2 != 0 { data[37] } else { 0 };
+                    [r, d, known]
+                }
+            };
+            assert_eq!(enc[36..39], want, "queue info READ limits");
             let (back, n) = QueueInfo::decode(&enc).expect("an encoded queue info decodes");
             assert_eq!((back, n), (info, QueueInfo::ENCODED_LEN));
         }

@@ -91,7 +91,8 @@ impl QueueConfig {
 /// | `lid` | LID (InfiniBand) | (unused) | 0 |
 /// | `uasid` | 0 | the jetty's uasid | 0 |
 /// | `token` | 0 | the jetty's token value | 0 |
-/// | `responder_resources` | the QP's `max_dest_rd_atomic` | (unused) | the queue's `max_dest_rd_atomic` |
+/// | `responder_resources` | the QP's `max_dest_rd_atomic` | (unknown) | the queue's `max_dest_rd_atomic` |
+/// | `requester_depth` | the QP's `max_rd_atomic` | (unknown) | the queue's `max_rd_atomic` |
 ///
 /// The control plane carries it as [`encode`](Self::encode) writes it: a version byte, a length
 /// byte and the fields, so a later version can append fields that older readers skip.
@@ -101,6 +102,11 @@ impl QueueConfig {
 /// queue's initiator depth (its `max_rd_atomic`) at or below it, so a requester never has more
 /// READs outstanding than its peer has resources for (over that, a responder may NAK them or, as
 /// rxe does, drop the duplicate of a READ whose response was lost, and the request fails).
+/// `requester_depth` is the other direction: how many READs the queue may have outstanding as
+/// requester, so that a peer learns at connect that this side will never READ from it.
+///
+/// Both are `Some(0)` for a queue that serves, or issues, no READ at all: what needs one is
+/// then refused up front, with a clear error, instead of failing the queue when tried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub struct QueueInfo {
@@ -117,9 +123,14 @@ pub struct QueueInfo {
     /// Access token of the queue (URMA; 0 where unused).
     pub token: u32,
     /// READs and atomics the queue serves in flight as responder (its `max_dest_rd_atomic`,
-    /// clamped to the device's). 0: not known (an encoding from before this field, or a backend
-    /// without the notion): the connecting queue keeps its own `max_rd_atomic`.
-    pub responder_resources: u8,
+    /// clamped to the device's); `Some(0)`: it serves none. `None`: not known (an encoding from
+    /// before this field, or a backend without the notion): the connecting queue keeps its own
+    /// `max_rd_atomic`.
+    pub responder_resources: Option<u8>,
+    /// READs and atomics the queue may have outstanding as requester (its `max_rd_atomic`,
+    /// clamped to the device's, before [`Queue::connect`] lowers it to the peer's responder
+    /// resources); `Some(0)`: it issues none. `None`: not known.
+    pub requester_depth: Option<u8>,
 }
 
 /// Why bytes are not a [`QueueInfo`].
@@ -148,18 +159,24 @@ impl QueueInfo {
     /// Bytes of version 1's first fields (gid .. token), which every reader needs.
     const BODY_LEN: usize = 16 + 4 + 4 + 2 + 4 + 4;
     /// Bytes of the fields this build writes: version 1's, then `responder_resources` (u8),
-    /// appended later (a body of 34 bytes has none: it decodes as 0).
-    const BODY_LEN_WRITTEN: usize = Self::BODY_LEN + 1;
+    /// `requester_depth` (u8) and which of the two are known (u8: bit 0, bit 1), appended later.
+    /// A body of 34 bytes has neither; one of 35 or 36 bytes (control versions 4 and 5) has
+    /// `responder_resources` alone, 0 meaning not known.
+    const BODY_LEN_WRITTEN: usize = Self::BODY_LEN + 3;
+    /// Bit of the known-fields byte: `responder_resources` is known.
+    const KNOWN_RESPONDER: u8 = 1;
+    /// Bit of the known-fields byte: `requester_depth` is known.
+    const KNOWN_REQUESTER: u8 = 2;
     /// Size of the encoded form this build writes: version, length, fields.
     pub const ENCODED_LEN: usize = 2 + Self::BODY_LEN_WRITTEN;
 
     /// The initiator depth a queue configured with `max_rd_atomic` (already clamped to its
     /// device) uses towards this peer: `max_rd_atomic`, lowered to the peer's responder
-    /// resources when they are known.
+    /// resources when they are known (to 0 for a peer that serves no READ).
     pub fn initiator_depth(&self, max_rd_atomic: u8) -> u8 {
         match self.responder_resources {
-            0 => max_rd_atomic,
-            r => max_rd_atomic.min(r),
+            None => max_rd_atomic,
+            Some(r) => max_rd_atomic.min(r),
         }
     }
 
@@ -169,7 +186,9 @@ impl QueueInfo {
     }
 
     /// Encodes for a control-plane exchange: version, body length, then gid (16), qpn, psn, lid
-    /// (u16), uasid, token, responder_resources (u8), little-endian.
+    /// (u16), uasid, token, responder_resources (u8), requester_depth (u8), known (u8: bit 0
+    /// responder_resources, bit 1 requester_depth; an unknown value is written 0),
+    /// little-endian.
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut b = [0u8; Self::ENCODED_LEN];
         b[0] = Self::VERSION;
@@ -180,14 +199,18 @@ impl QueueInfo {
         b[26..28].copy_from_slice(&self.lid.to_le_bytes());
         b[28..32].copy_from_slice(&self.uasid.to_le_bytes());
         b[32..36].copy_from_slice(&self.token.to_le_bytes());
-        b[36] = self.responder_resources;
+        b[36] = self.responder_resources.unwrap_or(0);
+        b[37] = self.requester_depth.unwrap_or(0);
+        b[38] = if self.responder_resources.is_some() { Self::KNOWN_RESPONDER } else { 0 }
+            | if self.requester_depth.is_some() { Self::KNOWN_REQUESTER } else { 0 };
         b
     }
 
     /// Decodes one encoded info from the front of `b`; returns it and the bytes it took. A body
-    /// of version 1's first 34 bytes (an earlier writer) has `responder_resources` 0; a longer
-    /// one than this build writes (a later writer's extra fields) is accepted and the rest
-    /// skipped.
+    /// of version 1's first 34 bytes (an earlier writer) knows neither READ limit; one of 35 or
+    /// 36 bytes knows `responder_resources` if it is not 0; a longer one than this build writes
+    /// (a later writer's extra fields) is accepted and the rest skipped, as are unknown bits of
+    /// the known-fields byte.
     pub fn decode(b: &[u8]) -> Result<(Self, usize), QueueInfoError> {
         if b.len() < 2 {
             return Err(QueueInfoError::Truncated { have: b.len(), need: 2 });
@@ -212,7 +235,18 @@ impl QueueInfo {
             lid: u16::from_le_bytes([b[26], b[27]]),
             uasid: u32_at(28),
             token: u32_at(32),
-            responder_resources: if body > Self::BODY_LEN { b[2 + Self::BODY_LEN] } else { 0 },
+            responder_resources: None,
+            requester_depth: None,
+        };
+        let extra = &b[2 + Self::BODY_LEN..2 + body];
+        let info = match *extra {
+            [] => info,
+            [r] | [r, _] => QueueInfo { responder_resources: (r != 0).then_some(r), ..info },
+            [r, d, known, ..] => QueueInfo {
+                responder_resources: (known & Self::KNOWN_RESPONDER != 0).then_some(r),
+                requester_depth: (known & Self::KNOWN_REQUESTER != 0).then_some(d),
+                ..info
+            },
         };
         Ok((info, 2 + body))
     }
@@ -275,37 +309,51 @@ mod tests {
         info.lid = 0x1234;
         info.uasid = 7;
         info.token = 0xdead_beef;
-        info.responder_resources = 3;
+        info.responder_resources = Some(3);
+        info.requester_depth = Some(0);
         let b = info.encode();
-        let mut want = vec![1u8, 35];
+        let mut want = vec![1u8, 37];
         want.extend([0xaa; 16]);
-        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde, 3]);
+        want.extend([4, 3, 2, 1, 0xef, 0xcd, 0xab, 0, 0x34, 0x12, 7, 0, 0, 0, 0xef, 0xbe, 0xad, 0xde]);
+        want.extend([3, 0, 0b11]);
         assert_eq!(b.to_vec(), want);
         assert_eq!(QueueInfo::decode(&b), Ok((info, QueueInfo::ENCODED_LEN)));
-        // An earlier writer's 34-byte body: no responder resources known.
+        // Nothing known: both values 0, no bit.
+        let unknown = QueueInfo { responder_resources: None, requester_depth: None, ..info };
+        assert_eq!(unknown.encode()[36..], [0, 0, 0]);
+        assert_eq!(QueueInfo::decode(&unknown.encode()), Ok((unknown, QueueInfo::ENCODED_LEN)));
+        // An earlier writer's 34-byte body: no READ limit known.
         let mut old = want[..36].to_vec();
         old[1] = 34;
         old.push(0x77); // the next entry's first byte, not ours
-        let mut want_old = info;
-        want_old.responder_resources = 0;
-        assert_eq!(QueueInfo::decode(&old), Ok((want_old, 36)));
+        assert_eq!(QueueInfo::decode(&old), Ok((unknown, 36)));
+        // Control versions 4 and 5: a 35-byte body, the responder resources alone, 0 not known.
+        for (r, known) in [(3, Some(3)), (0, None)] {
+            let mut v5 = want[..36].to_vec();
+            v5[1] = 35;
+            v5.push(r);
+            let want_v5 = QueueInfo { responder_resources: known, ..unknown };
+            assert_eq!(QueueInfo::decode(&v5), Ok((want_v5, 37)));
+        }
     }
 
     #[test]
     fn initiator_depth_is_clamped_to_the_peers_responder_resources() {
         let mut peer = QueueInfo::new([0; 16], 2, 0);
         assert_eq!(peer.initiator_depth(4), 4, "unknown resources: our own depth");
-        peer.responder_resources = 1;
+        peer.responder_resources = Some(1);
         assert_eq!(peer.initiator_depth(4), 1);
-        peer.responder_resources = 16;
+        peer.responder_resources = Some(16);
         assert_eq!(peer.initiator_depth(4), 4);
+        peer.responder_resources = Some(0);
+        assert_eq!(peer.initiator_depth(4), 0, "a peer that serves no READ: none may be issued");
     }
 
     #[test]
     fn queue_info_refuses_bad_bytes_and_skips_later_fields() {
         let b = QueueInfo::new([1; 16], 9, 10).encode();
         assert_eq!(QueueInfo::decode(&b[..1]), Err(QueueInfoError::Truncated { have: 1, need: 2 }));
-        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 37 }));
+        assert_eq!(QueueInfo::decode(&b[..20]), Err(QueueInfoError::Truncated { have: 20, need: 39 }));
         let mut v2 = b.to_vec();
         v2[0] = 2;
         assert_eq!(QueueInfo::decode(&v2), Err(QueueInfoError::Version(2)));
@@ -316,6 +364,10 @@ mod tests {
         longer[1] += 3;
         longer.extend([0xff; 3]);
         longer.push(0x55);
-        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 40)));
+        assert_eq!(QueueInfo::decode(&longer), Ok((QueueInfo::new([1; 16], 9, 10), 42)));
+        // Unknown bits of the known-fields byte are skipped.
+        let mut bits = b.to_vec();
+        bits[38] = 0xfc;
+        assert_eq!(QueueInfo::decode(&bits), Ok((QueueInfo::new([1; 16], 9, 10), 39)));
     }
 }

@@ -806,7 +806,8 @@ impl Queue for SimQueue {
         let mut info = QueueInfo::new(gid, self.shared.qpn, self.shared.psn.load(Ordering::Relaxed));
         info.lid = lid;
         info.responder_resources =
-            self.shared.config.max_dest_rd_atomic.min(self.nic.caps.max_dest_rd_atomic);
+            Some(self.shared.config.max_dest_rd_atomic.min(self.nic.caps.max_dest_rd_atomic));
+        info.requester_depth = Some(self.shared.config.max_rd_atomic.min(self.nic.caps.max_rd_atomic));
         info
     }
 

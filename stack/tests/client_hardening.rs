@@ -6,8 +6,9 @@
 //!   bystanders; a failed queue, the close or a 60 s limit end the quarantine too.
 //! - 4: a one-sided READ or WRITE above the device's `max_msg_size` is refused at the call.
 //! - 6: a queue-reset answer slower than the recovery timeout costs one attempt, not the channel.
-//! - 11: `max_dest_rd_atomic` / `max_rd_atomic` 0 are accepted at connect; rendezvous arguments
-//!   and one-sided READs, which would need them, are refused at the call.
+//! - 11: `max_dest_rd_atomic` / `max_rd_atomic` 0 are accepted at connect, on either side;
+//!   rendezvous arguments and one-sided READs, which would need them, are refused at the call
+//!   (the server's are announced in its hello).
 //!
 //! Every wait is bounded (the rig's `until`); the Stepped engine moves deadlines on its virtual
 //! clock.
@@ -308,6 +309,75 @@ fn reads_need_an_initiator_depth(engine: sim::Engine) {
     rig.drain();
 }
 
+/// Issue 30, defect 11, the server's side, as the client sees it. A server whose queues serve no
+/// READ (`ServerConfig.queue_config.max_dest_rd_atomic = 0`) says so in its hello (control
+/// version 6; a 0 used to read as "unknown"): a one-sided READ from its regions is refused at the
+/// call, naming the server's field, instead of being NAKed by the server's NIC and failing the
+/// queue. WRITEs, which need no READ resources, work.
+fn reads_need_the_servers_responder_resources(engine: sim::Engine) {
+    let rig = Rig::build(engine, |s| s.server.queue_config.max_dest_rd_atomic = 0);
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let exposed = hal::Device::register(&rig.snic, 4096, rights).expect("register the server's region");
+    let remote = exposed.remote();
+    let local = Arc::new(hal::Device::register(&rig.cnic, 4096, Access::LOCAL_WRITE).expect("register"));
+    let range = [LocalRange::whole(&local)];
+    match rig.channel.read_future(&range, &remote, 0, &OpOptions::default()) {
+        Err(RpcError::InvalidArgument(t)) => {
+            assert!(t.contains("server") && t.contains("max_dest_rd_atomic"), "{engine:?}: {t}")
+        }
+        Err(e) => panic!("{engine:?}: {e:?}"),
+        Ok(f) => panic!(
+            "{engine:?}: a READ the server cannot serve was started: {:?}",
+            op_outcome(&rig, "the READ", f)
+        ),
+    }
+    let w = rig.channel.write_future(&range, &remote, 0, &OpOptions::default()).expect("a WRITE");
+    op_outcome(&rig, "the WRITE", w).expect("the WRITE");
+    queue_untouched(&rig);
+    rig.echo(&CallOptions::default(), b"still serving");
+    rig.drain();
+}
+
+/// Issue 30, defect 11: a server whose queues issue no READ
+/// (`ServerConfig.queue_config.max_rd_atomic = 0`) could not fetch rendezvous arguments (its
+/// scheduler let one READ through anyway, which stalls on hardware). It says so in its hello: a
+/// call whose arguments would go by rendezvous is refused at the call, naming the server's
+/// field; eager calls and large responses (the server WRITEs them) work.
+fn rendezvous_arguments_need_the_servers_initiator_depth(engine: sim::Engine) {
+    let rig = Rig::build(engine, |s| {
+        s.server.queue_config.max_rd_atomic = 0;
+        s.functions.register(MAKE, |req| {
+            let n = req.max_response();
+            let _ = req.reply(&(0..n).map(|i| i as u8).collect::<Vec<u8>>());
+        });
+    });
+    let forced = CallOptions { rendezvous: true, ..Default::default() };
+    for (what, args) in [("forced", vec![1u8; 100]), ("too large to be eager", vec![2u8; 256 << 10])] {
+        match rig.channel.call_future(&forced, LEN, &args) {
+            Err(RpcError::InvalidArgument(t)) => {
+                assert!(t.contains("server") && t.contains("max_rd_atomic"), "{engine:?}: {what}: {t}")
+            }
+            Err(e) => panic!("{engine:?}: {what}: {e:?}"),
+            Ok(mut f) => {
+                rig.until("the call", || f.is_done());
+                panic!(
+                    "{engine:?}: {what}: a rendezvous call the server cannot READ was started: {:?}",
+                    poll_once(&mut f)
+                )
+            }
+        }
+    }
+    queue_untouched(&rig);
+    rig.echo(&CallOptions::default(), b"eager");
+    let big = CallOptions { max_response: 100_000, ..Default::default() };
+    let (rsp, _) = rig.call(&big, MAKE, b"").expect("a large response written by the server");
+    assert_eq!(rsp.len(), 100_000, "{engine:?}");
+    assert!(rsp.iter().enumerate().all(|(i, &b)| b == i as u8), "{engine:?}");
+    queue_untouched(&rig);
+    assert_eq!(rig.server.rndv_stats().refused, 0, "{engine:?}: nothing reached the server");
+    rig.drain();
+}
+
 // ---- defect 6: a slow recovery exchange ----
 
 /// A TCP proxy between a channel and its server that forwards every control frame at once,
@@ -423,4 +493,6 @@ common::per_engine!(
     one_sided_above_max_msg_size_is_refused_at_the_call,
     rendezvous_arguments_need_responder_resources,
     reads_need_an_initiator_depth,
+    reads_need_the_servers_responder_resources,
+    rendezvous_arguments_need_the_servers_initiator_depth,
 );

@@ -7,14 +7,18 @@
 
 use bypass::control::{self, ClientHello, ControlError, ServerHello, CONTROL_VERSION};
 use bypass::hal::{Device, Queue, QueueConfig};
-use bypass::sim::{Engine, Fabric, SimCq, SimNic, SimQueue};
+use bypass::sim::{Engine, Fabric, FaultPlan, SimCq, SimNic, SimQueue};
+use bypass::{CallOptions, Status};
 use bypass::{Channel, ChannelConfig, RpcError, Server, ServerConfig, DEFAULT_MEMORY_LIMIT};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 mod common;
 use common::helpers::{echo_functions, wait_for};
-use common::ids::ECHO;
+use common::ids::{ECHO, HOLD};
+use common::rig::{Log, Rig, STEPPED, WAIT_LIMIT};
 
 const NAME: &str = "limits";
 
@@ -135,6 +139,144 @@ fn memory_past_the_cap_is_refused_by_name_and_returns_on_close(engine: Engine) {
     assert_eq!(server.connections(), 0);
     let (_g, sh) = greedy(&fabric, &server, 16, 128).expect("room again");
     assert!(sh.credits > 1);
+}
+
+/// The campaign's `regfail` finding: a server registers its send buffers a chunk of eight
+/// contexts at a time, the first time it needs one; when the device refuses that registration on
+/// the reply path, the reply used to fail on the server and the client's call waited out its
+/// whole deadline (a `Timeout` with the server alive and well). A refused registration now
+/// leaves the server with the contexts it has: the reply waits for one of them, and every call
+/// gets its response.
+///
+/// Nine held calls; the link is cut so that the first eight replies stay in flight (their
+/// contexts are the whole first chunk), then every registration is refused and the ninth is
+/// answered from another thread (it must wait for a registered context), and the link heals.
+fn a_refused_send_buffer_registration_delays_a_reply_but_loses_none(engine: Engine) {
+    const CALLS: usize = 9;
+    let rig = Rig::build(engine, |s| {
+        s.fabric.faults = FaultPlan { controls: true, ..FaultPlan::NONE };
+        s.channel.window = 16;
+    });
+    let log = Log::default();
+    let opts = CallOptions { queue: Some(0), timeout: None, ..Default::default() };
+    for i in 0..CALLS {
+        let args = format!("call {i}");
+        rig.channel.call_callback(&opts, HOLD, args.as_bytes(), log.cb(i)).expect("start a call");
+    }
+    let mut held = rig.take_held(CALLS);
+    let registered = rig.server.registered_bytes();
+    rig.fabric.cut_link(rig.snic.addr(), rig.cnic.addr(), None).expect("cut");
+    rig.fabric
+        .set_faults(FaultPlan { register_fail_ppm: 1_000_000, controls: true, ..FaultPlan::NONE })
+        .expect("refuse registrations");
+    let last = held.pop().expect("the ninth");
+    for req in held {
+        let answer = format!("re: {}", String::from_utf8_lossy(req.args()));
+        req.reply_status(Status::Success, answer.as_bytes()).expect("one of the first eight replies");
+    }
+    let (done_tx, done) = mpsc::channel();
+    let replier = std::thread::spawn(move || {
+        let answer = format!("re: {}", String::from_utf8_lossy(last.args()));
+        let _ = done_tx.send(last.reply(answer.as_bytes()));
+    });
+    let refused = || rig.fabric.fault_stats().registrations_refused;
+    rig.until("the server to try registering a second chunk", || {
+        refused() > 0 || matches!(done.try_recv(), Ok(Err(_)))
+    });
+    rig.fabric.heal_links();
+    let mut replied = None;
+    rig.until_timers("every call's outcome", Duration::from_millis(20), || {
+        if let Ok(r) = done.try_recv() {
+            replied = Some(r);
+        }
+        if let Some(Err(e)) = &replied {
+            panic!("{engine:?}: the ninth reply failed on the server ({e}); its call would time out");
+        }
+        log.completed() == CALLS
+    });
+    replier.join().expect("the replying thread");
+    rig.until("the ninth reply's result", || {
+        replied.is_some() || done.try_recv().map(|r| replied = Some(r)).is_ok()
+    });
+    assert!(matches!(replied, Some(Ok(()))), "{engine:?}: {replied:?}");
+    log.assert_once(CALLS);
+    for i in 0..CALLS {
+        log.with(i, |o| {
+            assert_eq!(o.as_deref().ok(), Some(format!("re: call {i}").as_bytes()), "{engine:?}: call {i}")
+        });
+    }
+    assert!(refused() > 0, "{engine:?}: no registration was refused: the test proves nothing");
+    assert!(rig.server.stats().send_registrations_refused > 0, "{engine:?}: {:?}", rig.server.stats());
+    assert_eq!(
+        rig.server.registered_bytes(),
+        registered,
+        "{engine:?}: a refused chunk counted as registered"
+    );
+    rig.fabric.set_faults(FaultPlan { controls: true, ..FaultPlan::NONE }).expect("stop refusing");
+    rig.drain();
+    let s = rig.channel.stats();
+    assert_eq!((s.recoveries, s.timeouts), (0, 0), "{engine:?}: {s:?}");
+}
+
+/// The same refusal while a worker pass answers many requests inline. The pass collects its
+/// replies to post them together at its end, so a reply that waits for a registered context must
+/// post what the pass collected first: those contexts come back only once sent. Twelve echo
+/// calls reach the server in one pass of the Stepped engine; every registration is refused
+/// before the pass, and another thread steps the devices while it waits.
+#[test]
+fn a_refused_registration_in_a_dispatch_pass_posts_the_collected_replies() {
+    const CALLS: usize = 12;
+    let rig = Arc::new(Rig::build(STEPPED, |s| {
+        s.fabric.faults = FaultPlan { controls: true, ..FaultPlan::NONE };
+        s.channel.window = 16;
+    }));
+    let log = Log::default();
+    let opts = CallOptions { queue: Some(0), timeout: None, ..Default::default() };
+    for i in 0..CALLS {
+        let args = format!("echo {i}");
+        rig.channel.call_callback(&opts, ECHO, args.as_bytes(), log.cb(i)).expect("start a call");
+    }
+    rig.fabric.run_until_idle();
+    rig.fabric
+        .set_faults(FaultPlan { register_fail_ppm: 1_000_000, controls: true, ..FaultPlan::NONE })
+        .expect("refuse registrations");
+    let stop = Arc::new(AtomicBool::new(false));
+    let stepper = {
+        let (rig, stop) = (rig.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                if rig.fabric.run_until_idle() == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        })
+    };
+    let (done_tx, done) = mpsc::channel();
+    {
+        let rig = rig.clone();
+        // Not joined if it hangs (the test then fails on the bounded wait below).
+        std::thread::spawn(move || {
+            let _ = done_tx.send(rig.server.poll());
+        });
+    }
+    let handled = done.recv_timeout(WAIT_LIMIT);
+    stop.store(true, Ordering::Release);
+    stepper.join().expect("the stepping thread");
+    let handled = handled.expect("the server's pass never ended: its replies waited for contexts it held");
+    assert!(handled >= CALLS, "one pass took {handled} completions, not every request");
+    rig.until("every call's outcome", || log.completed() == CALLS);
+    log.assert_once(CALLS);
+    for i in 0..CALLS {
+        log.with(i, |o| assert_eq!(o.as_deref().ok(), Some(format!("echo {i}").as_bytes()), "call {i}"));
+    }
+    assert!(rig.server.stats().send_registrations_refused > 0, "{:?}", rig.server.stats());
+    rig.fabric.set_faults(FaultPlan { controls: true, ..FaultPlan::NONE }).expect("stop refusing");
+    rig.drain();
+}
+
+mod registration {
+    use super::*;
+    common::per_engine!(stepped: a_refused_send_buffer_registration_delays_a_reply_but_loses_none);
 }
 
 common::per_engine!(

@@ -412,7 +412,8 @@ impl Queue for VerbsQueue {
     fn info(&self) -> QueueInfo {
         let mut info = QueueInfo::new(self.ctx.gid, self.book.shared.qpn, self.psn);
         info.lid = self.ctx.lid;
-        info.responder_resources = self.config.max_dest_rd_atomic.min(self.ctx.caps.max_dest_rd_atomic);
+        info.responder_resources = Some(self.config.max_dest_rd_atomic.min(self.ctx.caps.max_dest_rd_atomic));
+        info.requester_depth = Some(self.config.max_rd_atomic.min(self.ctx.caps.max_rd_atomic));
         info
     }
 

@@ -170,9 +170,9 @@ pub(crate) struct QpCtx {
     segs_unacked: u32,
     /// The READs answered lately, for duplicates (`max_dest_rd_atomic` of them).
     reads_answered: ReadResources,
-    /// The connected peer's responder resources (`QueueInfo::responder_resources`; 0: not
+    /// The connected peer's responder resources (`QueueInfo::responder_resources`; `None`: not
     /// known): READs and atomics in flight are kept at or below them, as rdma_cm negotiates.
-    peer_resources: u8,
+    peer_resources: Option<u8>,
     /// A CQE of this queue found its CQ full (see `take_cq_overflow`).
     cq_overflowed: std::cell::Cell<bool>,
     /// The queue's transport service is the unreliable datagram one (UM), not RC: see
@@ -234,7 +234,7 @@ impl QpCtx {
             nak_seq_sent: false,
             segs_unacked: 0,
             reads_answered: ReadResources::new(responder),
-            peer_resources: 0,
+            peer_resources: None,
             cq_overflowed: std::cell::Cell::new(false),
             datagram: false,
             dests: Vec::new(),
@@ -640,8 +640,8 @@ impl QpCtx {
     fn read_limit(&self, ctx: &Ctx<'_>) -> u32 {
         let own = self.shared.config.max_rd_atomic.min(ctx.caps.max_rd_atomic);
         let depth = match self.peer_resources {
-            0 => own,
-            r => own.min(r),
+            None => own,
+            Some(r) => own.min(r),
         };
         u32::from(depth).max(1)
     }

@@ -187,6 +187,11 @@ pub(crate) struct ChannelInner<D: Device + Clone> {
     rndv: rndv::State<D>,
     channel_id: u32,
     max_request: usize,
+    /// The server's queues' READ limits from its hello, the lowest of them (`None`: not
+    /// known): READs it serves in flight (`responder_resources`) and READs it may issue
+    /// (`requester_depth`). A known 0 refuses one-sided READs and rendezvous arguments
+    /// respectively at the call.
+    server_reads: (Option<u8>, Option<u8>),
     rr: AtomicUsize,
     next_scan: AtomicU64,
     polls: AtomicU32,
@@ -351,6 +356,11 @@ impl<D: Device + Clone> Channel<D> {
             rndv,
             channel_id: server.channel_id,
             max_request: config.msg_size.min(server.max_msg as usize),
+            // `None < Some(_)`: one queue of unknown limits makes them unknown.
+            server_reads: (
+                server.queues.iter().map(|q| q.responder_resources).min().flatten(),
+                server.queues.iter().map(|q| q.requester_depth).min().flatten(),
+            ),
             rr: AtomicUsize::new(0),
             next_scan: AtomicU64::new(NO_DEADLINE),
             polls: AtomicU32::new(0),

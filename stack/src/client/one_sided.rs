@@ -212,6 +212,15 @@ impl<D: Device + Clone> ChannelInner<D> {
                 self.config.queue_config.max_rd_atomic, caps.max_rd_atomic
             )));
         }
+        if kind == OpKind::Read && self.server_reads.0 == Some(0) {
+            return Err(RpcError::InvalidArgument(
+                "a one-sided READ is served by the server's queues, but they serve no READ: the server \
+                 announced 0 responder resources (its ServerConfig.queue_config.max_dest_rd_atomic, or \
+                 its device's cap, is 0); set it to at least 1 on the server, or have the server WRITE \
+                 the data"
+                    .into(),
+            ));
+        }
         let mut sges = [Sge::default(); MAX_SGES];
         for (i, (sge, l)) in sges.iter_mut().zip(local).enumerate() {
             if kind == OpKind::Read && !l.region.access().contains(Access::LOCAL_WRITE) {

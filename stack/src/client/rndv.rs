@@ -286,6 +286,15 @@ impl<D: Device + Clone> ChannelInner<D> {
                     self.max_request.saturating_sub(RequestHeader::LEN)
                 )));
             }
+            if self.server_reads.1 == Some(0) {
+                return Err(RpcError::InvalidArgument(format!(
+                    "rendezvous arguments ({len} bytes) are READ by the server, but its queues issue no READ: \
+                     the server announced an initiator depth of 0 (its ServerConfig.queue_config.max_rd_atomic, \
+                     or its device's cap, is 0); set it to at least 1 on the server, or keep the arguments \
+                     eager (at most {} bytes)",
+                    self.max_request.saturating_sub(RequestHeader::LEN)
+                )));
+            }
         }
         Ok(plan)
     }

@@ -276,6 +276,11 @@ impl<D: Device + Clone> Endpoint<D> {
         ready < self.tx.capacity() && self.tx.in_use() >= ready
     }
 
+    /// Send contexts whose buffers are registered.
+    pub(crate) fn send_ready(&self) -> usize {
+        self.send_ready.load(Ordering::Relaxed)
+    }
+
     /// Whether fewer than half the registered send contexts are in use: a poller may then leave
     /// their completions in the send CQ for a later, bulk reap without making a sender register
     /// a new chunk or wait ([`Endpoint::tx_would_grow`] stays false).
@@ -294,6 +299,19 @@ impl<D: Device + Clone> Endpoint<D> {
             return Err(e);
         }
         Ok(Some(h))
+    }
+
+    /// A free send context whose send buffer is already registered, or `None` (every context
+    /// in use, or the one the slab would hand out belongs to a chunk not registered yet: it goes
+    /// back). What a caller waits for once the device refused to register a chunk
+    /// ([`Endpoint::get_tx`] failed): the endpoint then makes do with the contexts it has.
+    pub(crate) fn get_registered_tx(&self, mode: CallMode, token: u64) -> Option<TxHandle> {
+        let h = self.tx.get(mode, token)?;
+        if self.send_chunks[h.index as usize / SEND_CHUNK].get().is_some() {
+            return Some(h);
+        }
+        let _ = self.tx.fail(h, FailReason::SendError);
+        None
     }
 
     /// Context `index`'s send buffer: its chunk and its offset in it. The chunk is registered

@@ -23,7 +23,7 @@
 //! | 0-3 | magic `"BYPC"` (`42 59 50 43`) |
 //! | 4 | message type: 1 = client hello, 2 = server hello, 3 = reject, 4 = queue reset, 5 = queue reset answer ([`session`]) |
 //! | 5 | reserved, must be 0 |
-//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 5) |
+//! | 6-7 | control protocol version of the sender (u16, [`CONTROL_VERSION`] = 6) |
 //! | 8-11 | body length in bytes (u32), at most [`MAX_BODY_LEN`] (64 KiB) |
 //! | 12.. | body |
 //!
@@ -31,11 +31,13 @@
 //!
 //! - a *string* is a u16 length followed by that many bytes of UTF-8;
 //! - a *queue list* is a u16 count followed by `count` queue infos, each as
-//!   [`QueueInfo::encode`] writes it: a version byte (1), a body length byte (35; a reader skips
+//!   [`QueueInfo::encode`] writes it: a version byte (1), a body length byte (37; a reader skips
 //!   what follows the fields it knows), then gid 16, qpn u32, psn u32, lid u16, uasid u32,
 //!   token u32 — room for a verbs GID/QPN/PSN/LID and a URMA EID/jetty id/uasid/token — and
 //!   `responder_resources` u8 (since control version 4: the queue's `max_dest_rd_atomic`; each
-//!   side keeps its queues' initiator depth at or below the peer's, as rdma_cm negotiates);
+//!   side keeps its queues' initiator depth at or below the peer's, as rdma_cm negotiates),
+//!   `requester_depth` u8 (its `max_rd_atomic`) and a u8 saying which of the two are known
+//!   (bit 0, bit 1; since control version 6, so that a known 0 is told from "unknown");
 //! - integers are fixed-size, little-endian.
 //!
 //! ### Client hello (type 1)
@@ -130,6 +132,11 @@ use crate::control::tls::{TlsConfig, TlsError};
 
 /// The control protocol version this module speaks.
 ///
+/// Version 6 made both READ limits of every queue info known or explicitly unknown: besides
+/// `responder_resources` it carries `requester_depth` (the queue's `max_rd_atomic`) and a byte
+/// saying which of the two are known (the 37-byte body), so a side whose peer serves no READ, or
+/// issues none, is told at connect and refuses what would need one at the call, instead of
+/// failing a queue when it is tried (a known 0 used to look like "unknown").
 /// Version 5 added the client's keepalive settings to its hello, so a server judges a client's
 /// silence from the start instead of from the client's first probe (a busy client that froze
 /// before it ever had to probe was never found). Version 4 added `responder_resources` to every queue info (the 35-byte body): both sides
@@ -139,7 +146,7 @@ use crate::control::tls::{TlsConfig, TlsError};
 /// exchanged after the handshake (queue reset and its answer, for queue recovery; see
 /// [`session`]); versions 1 and 2 allowed no byte after it. A server refuses a client of another
 /// version with a *version* reject, as before.
-pub const CONTROL_VERSION: u16 = 5;
+pub const CONTROL_VERSION: u16 = 6;
 
 /// Longest server name, in bytes of UTF-8.
 pub const MAX_NAME_LEN: usize = 255;

@@ -292,7 +292,7 @@ mod tests {
     fn queue_reset_round_trip_and_bytes() {
         let r = QueueReset { seq: 0x0102_0304, queue: 0x0506, info: info(7) };
         let frame = r.encode().unwrap();
-        assert_eq!(&frame[..12], &[0x42, 0x59, 0x50, 0x43, 4, 0, 5, 0, 43, 0, 0, 0]);
+        assert_eq!(&frame[..12], &[0x42, 0x59, 0x50, 0x43, 4, 0, 6, 0, 45, 0, 0, 0]);
         assert_eq!(&frame[12..18], &[0x04, 0x03, 0x02, 0x01, 0x06, 0x05]);
         assert_eq!(QueueReset::decode(&frame).unwrap(), r);
     }

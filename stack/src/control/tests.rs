@@ -151,14 +151,15 @@ fn golden_client_hello() {
             q.lid = 0x0405;
             q.uasid = 0x0607;
             q.token = 0xDEAD_BEEF;
-            q.responder_resources = 2;
+            q.responder_resources = Some(2);
+            q.requester_depth = Some(0);
             q
         }],
     };
     #[rustfmt::skip]
     let expected: &[u8] = &[
-        // header: magic, type 1, reserved, version 1, body length 64
-        0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x40, 0x00, 0x00, 0x00,
+        // header: magic, type 1, reserved, version 1, body length 66
+        0x42, 0x59, 0x50, 0x43, 0x01, 0x00, 0x01, 0x00, 0x42, 0x00, 0x00, 0x00,
         // window 8, max_msg 4096
         0x08, 0x00, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00,
         // keepalive 1000 ms x 5
@@ -167,13 +168,13 @@ fn golden_client_hello() {
         0x03, 0x00, 0x73, 0x72, 0x76,
         // client info "hi"
         0x02, 0x00, 0x68, 0x69,
-        // one queue: info version 1, 35 bytes: gid, qpn, psn, lid, uasid, token,
-        // responder_resources
+        // one queue: info version 1, 37 bytes: gid, qpn, psn, lid, uasid, token,
+        // responder_resources, requester_depth, both known
         0x01, 0x00,
-        0x01, 0x23,
+        0x01, 0x25,
         0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
         0x03, 0x02, 0x00, 0x00, 0xef, 0xcd, 0xab, 0x00, 0x05, 0x04, 0x07, 0x06, 0x00, 0x00,
-        0xef, 0xbe, 0xad, 0xde, 0x02,
+        0xef, 0xbe, 0xad, 0xde, 0x02, 0x00, 0x03,
     ];
     assert_eq!(hello.encode().unwrap(), expected);
     assert_eq!(ClientHello::decode(expected).unwrap(), hello);
@@ -564,31 +565,36 @@ fn wrong_server_name_on_both_sides() {
 #[test]
 fn version_mismatch_on_both_sides() {
     let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-    // A version-1 client (before queue infos were versioned) meets a version-5 server.
+    // A version-1 client (before queue infos were versioned) meets a version-6 server.
     let hello = ClientHello { version: 1, ..client_hello("alpha", 1) };
     match connect(addr, &hello, T) {
-        Err(ControlError::VersionMismatch { ours: 1, theirs: 5 }) => {}
-        other => panic!("client: expected VersionMismatch {{ 1, 5 }}, got {other:?}"),
+        Err(ControlError::VersionMismatch { ours: 1, theirs: 6 }) => {}
+        other => panic!("client: expected VersionMismatch {{ 1, 6 }}, got {other:?}"),
     }
     match server.join().unwrap().0 {
-        Err(ControlError::VersionMismatch { ours: 5, theirs: 1 }) => {}
-        other => panic!("server: expected VersionMismatch {{ 5, 1 }}, got {other:?}"),
+        Err(ControlError::VersionMismatch { ours: 6, theirs: 1 }) => {}
+        other => panic!("server: expected VersionMismatch {{ 6, 1 }}, got {other:?}"),
     }
 }
 
 #[test]
-fn a_version_3_client_is_refused_by_a_version_5_server() {
-    // Version 3 queue infos had no responder resources: a version-3 peer would connect with
-    // an initiator depth the other side may have no resources for.
-    let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
-    let hello = ClientHello { version: 3, ..client_hello("alpha", 1) };
-    match connect(addr, &hello, T) {
-        Err(e @ ControlError::VersionMismatch { ours: 3, theirs: CONTROL_VERSION }) => {
-            assert!(e.to_string().contains("version 5"), "the error names both versions: {e}");
+fn a_version_5_client_is_refused_by_a_version_6_server() {
+    // Version 5 queue infos could not say that a queue serves or issues no READ (0 read as
+    // "unknown"): a version-5 peer would try READs that fail the queue. (Version 3's had no
+    // responder resources at all.)
+    for old in [5, 3] {
+        let (addr, server) = spawn_server("alpha", |_| panic!("accept callback must not run"));
+        let hello = ClientHello { version: old, ..client_hello("alpha", 1) };
+        match connect(addr, &hello, T) {
+            Err(e @ ControlError::VersionMismatch { ours, theirs: CONTROL_VERSION }) if ours == old => {
+                assert!(e.to_string().contains("version 6"), "the error names both versions: {e}");
+            }
+            other => panic!("client {old}: expected VersionMismatch, got {other:?}"),
         }
-        other => panic!("client: expected VersionMismatch, got {other:?}"),
+        assert!(
+            matches!(server.join().unwrap().0, Err(ControlError::VersionMismatch { ours: 6, theirs }) if theirs == old)
+        );
     }
-    assert!(matches!(server.join().unwrap().0, Err(ControlError::VersionMismatch { ours: 5, theirs: 3 })));
 }
 
 #[test]

@@ -163,18 +163,42 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     /// A send context; if all are in flight, collects send completions until one comes back.
+    ///
+    /// If the device refuses to register a new chunk of send buffers, the connection makes do
+    /// with the contexts it has: this waits for one of them like it waits when every context is
+    /// in flight, rather than fail a reply (whose client would then wait out its deadline for a
+    /// response that never comes). Either way, what this thread's worker pass collected for the
+    /// connection is posted first: those contexts come back only once posted.
     pub(super) fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
         let mut spins = 0u32;
+        let mut refused = false;
         loop {
             // Reap before a new chunk of send buffers is registered on the reply path.
             if self.ep.tx_would_grow() && self.poll_send() > 0 {
                 continue;
             }
-            if let Some(tx) = self.ep.get_tx(CallMode::EarlyRsp, 0)? {
+            let got = if refused {
+                self.ep.get_registered_tx(CallMode::EarlyRsp, 0)
+            } else {
+                match self.ep.get_tx(CallMode::EarlyRsp, 0) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        refused = true;
+                        self.registration_refused(&e);
+                        None
+                    }
+                }
+            };
+            if let Some(tx) = got {
                 return Ok(tx);
             }
             if self.ep.is_closed() {
                 return Err(RpcError::Closed);
+            }
+            if self.dispatching() {
+                for q in 0..self.outbox.len() {
+                    self.flush_outbox(q);
+                }
             }
             if self.poll_send() == 0 {
                 spins += 1;
@@ -183,6 +207,21 @@ impl<D: Device + Clone> Conn<D> {
                     std::thread::yield_now();
                 }
             }
+        }
+    }
+
+    /// The device refused to register a chunk of send buffers (the reply waits for a context
+    /// of the registered ones instead): counted, and said the first times.
+    fn registration_refused(&self, e: &RpcError) {
+        let n = self.counters.send_registrations_refused.fetch_add(1, Ordering::Relaxed);
+        if n < 4 || n.is_power_of_two() {
+            eprintln!(
+                "bypass: channel {}: could not register more send buffers ({e}); replies wait for \
+                 the {} registered send contexts; {} refusals so far",
+                self.channel_id,
+                self.ep.send_ready(),
+                n + 1
+            );
         }
     }
 

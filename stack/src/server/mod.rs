@@ -91,6 +91,10 @@ pub struct ServerStats {
     pub protocol_errors: u64,
     /// Replies that could not be sent (queue failed, connection closed, response too large).
     pub failed_replies: u64,
+    /// Times the device refused to register another chunk of a connection's send buffers on the
+    /// reply path. Nothing failed: the reply waited for one of the connection's registered send
+    /// contexts instead, so a refusal costs throughput, not calls.
+    pub send_registrations_refused: u64,
     /// Handlers that panicked. Each panic was contained on the worker: a request the handler
     /// still held was answered SERVER_DECLINE, and the worker went on serving.
     pub handler_panics: u64,
@@ -126,6 +130,7 @@ struct Counters {
     grants: AtomicU64,
     protocol_errors: AtomicU64,
     failed_replies: AtomicU64,
+    send_registrations_refused: AtomicU64,
     lingers: AtomicU64,
     linger_timeouts: AtomicU64,
     handler_panics: AtomicU64,
@@ -349,6 +354,7 @@ impl<D: Device + Clone> Server<D> {
             grants: l(&c.grants),
             protocol_errors: l(&c.protocol_errors),
             failed_replies: l(&c.failed_replies),
+            send_registrations_refused: l(&c.send_registrations_refused),
             handler_panics: l(&c.handler_panics),
             handshake_timeouts: l(&c.handshake_timeouts),
             accept_pauses: l(&c.accept_pauses),

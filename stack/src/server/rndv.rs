@@ -183,7 +183,7 @@ impl<D: Device + Clone> ConnRndv<D> {
             limit,
             in_use: Arc::new(AtomicU64::new(0)),
             chunk: chunk_size(caps.max_msg_size),
-            rd_limit: u32::from(initiator_depth.min(caps.max_rd_atomic)).max(1),
+            rd_limit: u32::from(initiator_depth.min(caps.max_rd_atomic)),
             op_limit: window.max(1),
             queues: (0..queues)
                 .map(|_| Mutex::new(QueueOps { fifo: VecDeque::new(), reads: 0, inflight: 0 }))
@@ -420,6 +420,21 @@ impl<D: Device + Clone> Conn<D> {
         if total > self.rndv.limit || total > usize::MAX as u64 || fp > self.rndv.limit {
             bump(&self.counters.rndv.refused);
             let _ = request.reply_status(Status::RemoteLenErr, &[]);
+            return;
+        }
+        if !descs.is_empty() && self.rndv.rd_limit == 0 {
+            // Its arguments would be READ, but this connection's queues may have no READ
+            // outstanding (the server's max_rd_atomic, its device's cap or the client's
+            // responder resources are 0: the client was told at connect and should not have
+            // asked). A READ would fail the queue or wait forever: declined instead.
+            self.protocol_error(&format_args!(
+                "rendezvous request {}: its arguments would be READ, but this connection may issue no \
+                 READ (ServerConfig.queue_config.max_rd_atomic, the device's cap or the client's \
+                 max_dest_rd_atomic is 0); declined",
+                request.header.req_id
+            ));
+            bump(&self.counters.rndv.refused);
+            let _ = request.reply_status(Status::ServerDecline, &[]);
             return;
         }
         request.rndv =
