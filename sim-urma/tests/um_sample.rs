@@ -1,7 +1,9 @@
 //! `c/um_sample.c`, written only against `include/urma_api.h`, compiled with the system `cc` and
-//! run on the built library as two processes over the shared-memory and the UDP wire: UM jettys
-//! (one jetty sending to two targets in one WR list, `wr->tjetty` per send, receive records
-//! naming the sender, a reply to the sender) and the refusals around them (bind, WRITE, RM).
+//! run on the built library as two processes over the shared-memory and the UDP wire, in UM and in
+//! RM mode: connectionless jettys (one jetty sending to two targets in one WR list, `wr->tjetty`
+//! per send, WRITE and READ, receive records naming the sender, a reply to the sender), the
+//! refusals around them (bind, no target, a target of the other mode) and, in RM, a SEND posted
+//! before its target has a receive, which RM must deliver (UM drops it).
 
 mod common;
 
@@ -29,18 +31,18 @@ fn build(dir: &Path) -> PathBuf {
     exe
 }
 
-fn two_processes(wire: &str, tag: &str) {
+fn two_processes(wire: &str, tag: &str, mode: &str) {
     let dir = lib_dir(tag);
     let exe = build(&dir);
     let mut server =
-        with_lib(Command::new(&exe), &dir).arg("server").env("BYPASS_SIM_URMA", wire).spawn().unwrap();
+        with_lib(Command::new(&exe), &dir).args(["server", mode]).env("BYPASS_SIM_URMA", wire).spawn().unwrap();
     let mut line = String::new();
     let mut so = BufReader::new(server.stdout.take().unwrap());
     so.read_line(&mut line).unwrap();
     let port =
         line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
     let client = with_lib(Command::new(&exe), &dir)
-        .args(["client", &port])
+        .args(["client", &port, mode])
         .env("BYPASS_SIM_URMA", wire)
         .spawn()
         .unwrap();
@@ -52,22 +54,32 @@ fn two_processes(wire: &str, tag: &str) {
     let cs = String::from_utf8_lossy(&c.stdout);
     assert!(
         c.status.success() && cs.contains("client: all checks passed"),
-        "client on {wire}:\n{cs}\n{}",
+        "client on {wire} ({mode}):\n{cs}\n{}",
         String::from_utf8_lossy(&c.stderr)
     );
     assert!(
         s.status.success() && rest.contains("server: all checks passed"),
-        "server on {wire}:\n{rest}\n{}",
+        "server on {wire} ({mode}):\n{rest}\n{}",
         String::from_utf8_lossy(&s.stderr)
     );
 }
 
 #[test]
 fn um_jettys_send_to_two_targets_and_name_the_sender_on_the_shm_wire() {
-    two_processes("shm,engine=threaded", "um-shm");
+    two_processes("shm,engine=threaded", "um-shm", "um");
 }
 
 #[test]
 fn um_jettys_send_to_two_targets_and_name_the_sender_on_the_udp_wire() {
-    two_processes("udp://127.0.0.1:0,engine=threaded", "um-udp");
+    two_processes("udp://127.0.0.1:0,engine=threaded", "um-udp", "um");
+}
+
+#[test]
+fn rm_jettys_deliver_a_send_posted_before_its_receive_on_the_shm_wire() {
+    two_processes("shm,engine=threaded", "rm-shm", "rm");
+}
+
+#[test]
+fn rm_jettys_deliver_a_send_posted_before_its_receive_on_the_udp_wire() {
+    two_processes("udp://127.0.0.1:0,engine=threaded", "rm-udp", "rm");
 }
