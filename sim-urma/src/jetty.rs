@@ -255,8 +255,10 @@ pub unsafe extern "C" fn urma_create_jetty(
             let t = jfs.err_timeout.max(c.dev.ack_timeout_floor);
             qc.timeout = AckTimeout::from_exponent(t).unwrap_or(qc.timeout);
         }
-        if let Some(t) = RnrTimer::from_code(jfr.min_rnr_timer) {
-            qc.min_rnr_timer = t;
+        if let Some(d) = abi::timers::min_rnr_timer_duration(jfr.min_rnr_timer) {
+            // URMA's 2 µs × 2^N as the device's timer (at most 655.36 ms, the longest an RNR
+            // NAK can carry).
+            qc.min_rnr_timer = RnrTimer::at_least(d);
         }
         let mut q = {
             let mut mode = jfr.mode();
