@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
+#include "sample.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,16 +29,6 @@
 #define SEG_LEN 4096
 #define WAIT_MS 10000
 
-static const char *role = "?";
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "[%s] FAILED %s:%d: ", role, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
 
 struct __attribute__((packed)) record {
     uint8_t eid[16];
@@ -64,22 +55,6 @@ struct res {
     urma_target_jetty_t *tjetty;
     struct record peer;
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, b, n) : read(fd, b, n);
-        CHECK(r > 0, "TCP %s failed: %s", out ? "write" : "read", r == 0 ? "peer closed" : strerror(errno));
-        b += r;
-        n -= (size_t)r;
-    }
-}
-static void sync_byte(int fd, int out)
-{
-    char c = 's';
-    xfer(fd, &c, 1, out);
-}
 
 static void setup(struct res *r, const char *dev_name)
 {
@@ -242,16 +217,9 @@ static int server(void)
 {
     role = "server";
     struct res r = {0};
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(ls, (struct sockaddr *)&a, sizeof a) == 0 && listen(ls, 1) == 0, "listen: %s", strerror(errno));
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    printf("PORT %u\n", ntohs(a.sin_port));
-    fflush(stdout);
+    int ls = listen_and_announce();
     setup(&r, "bypass_sim0");
-    int fd = accept(ls, NULL, NULL);
-    CHECK(fd >= 0, "accept");
+    int fd = accept_one(ls);
     exchange(&r, fd);
     connect_jetty(&r);
     post_recv(&r, 0, 256, 100);
@@ -310,10 +278,7 @@ static int client(int port)
     role = "client";
     struct res r = {0};
     setup(&r, "bypass_sim0");
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    int fd = connect_loopback(port);
     exchange(&r, fd);
     r.rseg = import_peer_seg(&r, TOKEN);
     connect_jetty(&r);

@@ -24,6 +24,7 @@
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
+#include "sample.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -40,19 +41,9 @@
 #define SEG_LEN 4096
 #define WAIT_MS 10000
 
-static const char *role = "?";
 /* URMA_TM_UM or URMA_TM_RM (argv). */
 static urma_transport_mode_t mode = URMA_TM_UM;
 #define MODE_NAME (mode == URMA_TM_RM ? "RM" : "UM")
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "[%s] FAILED %s:%d: ", role, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
 
 /* What the server sends: its two jettys and its segment. */
 struct __attribute__((packed)) offer {
@@ -73,30 +64,6 @@ struct res {
     urma_jetty_id_t peer[2];
     urma_target_jetty_t *other; /* the client's jetty imported with the other mode */
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, b, n) : read(fd, b, n);
-        CHECK(r > 0, "TCP %s failed: %s", out ? "write" : "read", r == 0 ? "peer closed" : strerror(errno));
-        b += r;
-        n -= (size_t)r;
-    }
-}
-
-static void sync_byte(int fd, int out)
-{
-    char c = 's';
-    xfer(fd, &c, 1, out);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
 
 static urma_jetty_t *um_jetty(struct res *r, int i)
 {
@@ -235,16 +202,9 @@ static int server(void)
 {
     role = "server";
     struct res r = {0};
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(ls, (struct sockaddr *)&a, sizeof a) == 0 && listen(ls, 1) == 0, "listen: %s", strerror(errno));
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    printf("PORT %u\n", ntohs(a.sin_port));
-    fflush(stdout);
+    int ls = listen_and_announce();
     setup(&r, 2);
-    int fd = accept(ls, NULL, NULL);
-    CHECK(fd >= 0, "accept");
+    int fd = accept_one(ls);
     urma_jetty_id_t mine[2] = {r.jetty[0]->jetty_id, r.jetty[1]->jetty_id};
     struct offer o = {.jetty = {mine[0], mine[1]}, .seg_va = r.seg->seg.ubva.va, .seg_len = r.seg->seg.len,
                       .seg_flag = r.seg->seg.attr.value, .seg_token_id = r.seg->seg.token_id};
@@ -307,10 +267,7 @@ static int client(int port)
     role = "client";
     struct res r = {0};
     setup(&r, 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    int fd = connect_loopback(port);
     struct offer o;
     xfer(fd, &o, sizeof o, 0);
     r.peer[0] = o.jetty[0];

@@ -161,7 +161,10 @@ pub unsafe extern "C" fn urma_create_jfr(
             )));
         }
         if !matches!(cfg.trans_mode, URMA_TM_RM | URMA_TM_RC | URMA_TM_UM) {
-            return Err(inval(format!("JFR trans_mode {}: a JFR is RM (1), RC (2) or UM (4)", cfg.trans_mode)));
+            return Err(inval(format!(
+                "JFR trans_mode {}: a JFR is RM (1), RC (2) or UM (4)",
+                cfg.trans_mode
+            )));
         }
         let max_sge = u32::from(cfg.max_sge.max(1));
         if max_sge > caps.max_recv_sge {

@@ -363,38 +363,54 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
         let JettyInner { q, scratch, .. } = &mut *g;
         // SAFETY: the caller's WR list, per the API.
         unsafe {
-            walk(
-                scratch,
-                wr,
-                bad_wr,
-                limit,
-                |w| w.next,
-                |w, out| {
-                    out.wr_id = w.user_ctx;
-                    local_sges(&w.src, max_sge, out)
-                },
-                |trs| {
-                    if trs.is_empty() {
-                        return Ok(());
-                    }
-                    if connected {
-                        return post_recv_chunk(q, trs);
-                    }
-                    let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
-                    if pending.len() + trs.len() > jfr.depth as usize {
-                        return Err(ffi::fail(
-                            URMA_EAGAIN,
-                            format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
-                        ));
-                    }
-                    pending.extend(
-                        trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
-                    );
-                    Ok(())
-                },
-            )
+            walk_recv(scratch, wr, bad_wr, limit, max_sge, |trs| {
+                if connected {
+                    return post_recv_chunk(q, trs);
+                }
+                let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() + trs.len() > jfr.depth as usize {
+                    return Err(ffi::fail(
+                        URMA_EAGAIN,
+                        format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
+                    ));
+                }
+                pending.extend(
+                    trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
+                );
+                Ok(())
+            })
         }
     })
+}
+
+/// [`walk`] over a receive WR list: each WR's `user_ctx` and SGEs; `post` gets each non-empty
+/// chunk.
+///
+/// # Safety
+/// As [`walk`]'s: `wr` heads a list of readable WRs linked by `next`; `bad_wr` is non-NULL.
+unsafe fn walk_recv(
+    scratch: &mut [Tr; CHUNK],
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+    limit: usize,
+    max_sge: u32,
+    mut post: impl FnMut(&[Tr]) -> Res<()>,
+) -> Res<()> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        walk(
+            scratch,
+            wr,
+            bad_wr,
+            limit,
+            |w| w.next,
+            |w, out| {
+                out.wr_id = w.user_ctx;
+                local_sges(&w.src, max_sge, out) // the caller's SGE list (this function's contract)
+            },
+            |trs| if trs.is_empty() { Ok(()) } else { post(trs) },
+        )
+    }
 }
 
 /// Posts a receive WR list to a shared JFR's ring, in chunks.
@@ -411,35 +427,21 @@ unsafe fn post_to_ring(
 ) -> Res<()> {
     // SAFETY: forwarded contract.
     unsafe {
-        walk(
-            scratch,
-            wr,
-            bad_wr,
-            limit,
-            |w| w.next,
-            |w, out| {
-                out.wr_id = w.user_ctx;
-                local_sges(&w.src, max_sge, out)
-            },
-            |trs| {
-                if trs.is_empty() {
-                    return Ok(());
-                }
-                let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
-                for (w, t) in wrs.iter_mut().zip(trs) {
-                    w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
-                }
-                // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
-                let wrs = std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len());
-                ring.post_recv(wrs).map_err(|e| match e {
+        walk_recv(scratch, wr, bad_wr, limit, max_sge, |trs| {
+            let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
+            for (w, t) in wrs.iter_mut().zip(trs) {
+                w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
+            }
+            // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
+            let wrs = std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len());
+            ring.post_recv(wrs).map_err(|e| match e {
                     bypass_hal::Error::WouldBlock { free, .. } => ffi::fail(
                         URMA_EAGAIN,
                         format!("the JFR has room for {free} more receives: poll the receive completions of its jettys first"),
                     ),
                     e => Fail::from(e),
                 })
-            },
-        )
+        })
     }
 }
 

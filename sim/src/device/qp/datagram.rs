@@ -426,9 +426,7 @@ impl QpCtx {
             ctx.stats.datagrams_dropped += 1;
             return;
         }
-        if self.reliable
-            && matches!(hdr.kind, PacketKind::Send | PacketKind::Write)
-            && self.taken_before(hdr)
+        if self.reliable && matches!(hdr.kind, PacketKind::Send | PacketKind::Write) && self.taken_before(hdr)
         {
             // A retransmission of what was taken (its ACK was lost): answer it again.
             ctx.stats.duplicates += 1;
