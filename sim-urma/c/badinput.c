@@ -173,9 +173,9 @@ int badinput(void)
     urma_rjetty_t rj = {.jetty_id = jetty->jetty_id, .trans_mode = URMA_TM_RC, .type = URMA_JETTY};
     PTR("import_jetty token NULL", urma_import_jetty(ctx, &rj, NULL), EINVAL);
     PTR("import_jetty rjetty NULL", urma_import_jetty(ctx, NULL, &(urma_token_t){7}), EINVAL);
-    urma_rjetty_t rm = rj;
-    rm.trans_mode = URMA_TM_RM;
-    PTR("import_jetty RM (not simulated)", urma_import_jetty(ctx, &rm, &(urma_token_t){7}), EINVAL);
+    urma_rjetty_t bad_mode = rj;
+    bad_mode.trans_mode = 8; /* RM 1, RC 2, UM 4 are the modes */
+    PTR("import_jetty trans_mode 8 (no such mode)", urma_import_jetty(ctx, &bad_mode, &(urma_token_t){7}), EINVAL);
     urma_rjetty_t um = rj;
     um.trans_mode = URMA_TM_UM;
     urma_target_jetty_t *tj_rm = urma_import_jetty(ctx, &um, &(urma_token_t){7});

@@ -13,33 +13,24 @@
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
+#include "sample.h"
+
+#include <sched.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #define TOKEN 0xACFE
 #define SEG_LEN 4096
 #define WAIT_MS 10000
 
-static const char *role = "?";
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "[%s] FAILED %s:%d: ", role, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
 
 struct __attribute__((packed)) record {
     uint8_t eid[16];
@@ -66,22 +57,6 @@ struct res {
     urma_target_jetty_t *tjetty;
     struct record peer;
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, b, n) : read(fd, b, n);
-        CHECK(r > 0, "TCP %s failed: %s", out ? "write" : "read", r == 0 ? "peer closed" : strerror(errno));
-        b += r;
-        n -= (size_t)r;
-    }
-}
-static void sync_byte(int fd, int out)
-{
-    char c = 's';
-    xfer(fd, &c, 1, out);
-}
 
 static void setup(struct res *r, const char *dev_name)
 {
@@ -244,16 +219,9 @@ static int server(void)
 {
     role = "server";
     struct res r = {0};
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(ls, (struct sockaddr *)&a, sizeof a) == 0 && listen(ls, 1) == 0, "listen: %s", strerror(errno));
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    printf("PORT %u\n", ntohs(a.sin_port));
-    fflush(stdout);
+    int ls = listen_and_announce();
     setup(&r, "bypass_sim0");
-    int fd = accept(ls, NULL, NULL);
-    CHECK(fd >= 0, "accept");
+    int fd = accept_one(ls);
     exchange(&r, fd);
     connect_jetty(&r);
     post_recv(&r, 0, 256, 100);
@@ -312,10 +280,7 @@ static int client(int port)
     role = "client";
     struct res r = {0};
     setup(&r, "bypass_sim0");
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    int fd = connect_loopback(port);
     exchange(&r, fd);
     r.rseg = import_peer_seg(&r, TOKEN);
     connect_jetty(&r);
@@ -349,20 +314,12 @@ static int client(int port)
           "the requester's jetty is in ERROR (state %d)", qa.state);
     CHECK(post_send(&r, URMA_OPC_SEND, 0, 4, NULL, 0, 0, 6) == URMA_SUCCESS, "a jetty in ERROR accepts posts");
     urma_cr_t fl[4];
-    /* The device flushes the post on its own time (the UDP wire's engine runs in a thread), so
-     * wait for it by the clock, not by a count of tries: a loaded machine can take longer than
-     * any count. */
     int n = 0;
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (long ms = 0; n == 0 && ms < WAIT_MS;) {
+    /* The device flushes the WR on its own thread: poll with a deadline, not a try count (a
+     * loaded host may not schedule that thread within any fixed number of tries). */
+    for (uint64_t until = now_ms() + WAIT_MS; n == 0 && now_ms() < until; sched_yield())
         n = urma_flush_jetty(r.jetty, 4, fl);
-        if (n == 0)
-            sched_yield();
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        ms = (t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000;
-    }
-    CHECK(n == 1, "urma_flush_jetty returned %d (0 = nothing flushed within %d ms)", n, WAIT_MS);
+    CHECK(n == 1, "urma_flush_jetty returned %d within %d ms", n, WAIT_MS);
     expect_cr(fl[0], 6, URMA_CR_WR_FLUSH_ERR, 0);
     CHECK(urma_unimport_seg(wrong) == URMA_SUCCESS, "unimport the wrong-token segment");
     sync_byte(fd, 0);

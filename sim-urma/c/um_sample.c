@@ -1,10 +1,10 @@
 /*
- * um_sample.c — UM (unreliable message) jettys as UMDK's sample and URPC use them, written only
- * against the public URMA API (include/urma_api.h), run as two processes that exchange their
- * jetty ids over TCP:
+ * um_sample.c — connectionless jettys, UM (unreliable message) or RM (reliable message), as
+ * UMDK's sample and URPC use them, written only against the public URMA API
+ * (include/urma_api.h), run as two processes that exchange their jetty ids over TCP:
  *
- *   um_sample server            prints "PORT <n>", then serves one client
- *   um_sample client <port>     connects to 127.0.0.1:<port>
+ *   um_sample server um|rm           prints "PORT <n>", then serves one client
+ *   um_sample client <port> um|rm    connects to 127.0.0.1:<port>
  *
  * The server has two UM jettys (A and B, each on a UM JFR of its own) and the client one (C).
  * Each side imports the other's jettys with trans_mode UM. The client posts one WR list from C
@@ -14,11 +14,17 @@
  * server's segment through A (UM memory operations, as UMDK's sample does). The server then replies from A to the sender the record named;
  * the client checks that record's remote_id is A. Also: urma_query_device reports UM with a UTP
  * transport; a UM jetty refuses urma_bind_jetty (URMA_ENOPERM) and a send without wr->tjetty
- * (URMA_EINVAL, bad_wr set); an RM jetty is refused (not modelled). Every wait is bounded.
- * Exit 0: all checks passed.
+ * (URMA_EINVAL, bad_wr set) or naming a target imported with the other mode. Every wait is
+ * bounded. Exit 0: all checks passed.
+ *
+ * The same exchange runs in either mode (everything above holds for both); RM adds what makes it
+ * reliable: the client's SEND to B is posted before B has a receive, and the server posts that
+ * receive only after the client saw the SEND to A complete. UM drops a datagram that finds no
+ * receive; RM retries it (RNR) until the receive is there, so B's record must arrive.
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
+#include "sample.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -35,16 +41,9 @@
 #define SEG_LEN 4096
 #define WAIT_MS 10000
 
-static const char *role = "?";
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "[%s] FAILED %s:%d: ", role, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
+/* URMA_TM_UM or URMA_TM_RM (argv). */
+static urma_transport_mode_t mode = URMA_TM_UM;
+#define MODE_NAME (mode == URMA_TM_RM ? "RM" : "UM")
 
 /* What the server sends: its two jettys and its segment. */
 struct __attribute__((packed)) offer {
@@ -63,48 +62,26 @@ struct res {
     uint8_t *buf;
     urma_target_jetty_t *tj[2];
     urma_jetty_id_t peer[2];
+    urma_target_jetty_t *other; /* the client's jetty imported with the other mode */
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, b, n) : read(fd, b, n);
-        CHECK(r > 0, "TCP %s failed: %s", out ? "write" : "read", r == 0 ? "peer closed" : strerror(errno));
-        b += r;
-        n -= (size_t)r;
-    }
-}
-
-static void sync_byte(int fd, int out)
-{
-    char c = 's';
-    xfer(fd, &c, 1, out);
-}
-
-static uint64_t now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
 
 static urma_jetty_t *um_jetty(struct res *r, int i)
 {
-    urma_jfr_cfg_t rc = {.depth = 64, .trans_mode = URMA_TM_UM, .min_rnr_timer = URMA_TYPICAL_MIN_RNR_TIMER,
+    urma_jfr_cfg_t rc = {.depth = 64, .trans_mode = mode, .min_rnr_timer = URMA_TYPICAL_MIN_RNR_TIMER,
                          .jfc = r->jfc, .token_value = {TOKEN}, .max_sge = 1};
     r->jfr[i] = urma_create_jfr(r->ctx, &rc);
-    CHECK(r->jfr[i] != NULL, "urma_create_jfr (UM)");
+    CHECK(r->jfr[i] != NULL, "urma_create_jfr (%s)", MODE_NAME);
     urma_jetty_cfg_t jcfg = {
         .flag.bs.share_jfr = 1,
-        .jfs_cfg = {.depth = 64, .trans_mode = URMA_TM_UM, .priority = URMA_MAX_PRIORITY, .max_sge = 1,
+        .jfs_cfg = {.depth = 64, .trans_mode = mode, .priority = URMA_MAX_PRIORITY, .max_sge = 1,
                     .rnr_retry = URMA_TYPICAL_RNR_RETRY, .err_timeout = URMA_TYPICAL_ERR_TIMEOUT, .jfc = r->jfc},
         .shared.jfr = r->jfr[i],
     };
     urma_jetty_t *j = urma_create_jetty(r->ctx, &jcfg);
-    CHECK(j != NULL, "urma_create_jetty (UM)");
-    CHECK(jcfg.jfs_cfg.flag.bs.order_type == URMA_NO, "create_jetty rewrote UM's order_type 0 to NO, got %u",
-          jcfg.jfs_cfg.flag.bs.order_type);
+    CHECK(j != NULL, "urma_create_jetty (%s)", MODE_NAME);
+    urma_order_type_t order = mode == URMA_TM_RM ? URMA_OI : URMA_NO;
+    CHECK(jcfg.jfs_cfg.flag.bs.order_type == order, "create_jetty rewrote %s's order_type 0 to %u, got %u", MODE_NAME,
+          order, jcfg.jfs_cfg.flag.bs.order_type);
     return j;
 }
 
@@ -115,9 +92,12 @@ static void setup(struct res *r, int jettys)
     urma_device_t *dev = urma_get_device_by_name("bypass_sim0");
     CHECK(dev != NULL, "no device bypass_sim0");
     CHECK(urma_query_device(dev, &r->attr) == URMA_SUCCESS, "urma_query_device");
-    CHECK(r->attr.dev_cap.trans_mode & URMA_TM_UM, "the device reports UM (trans_mode %#x)",
+    CHECK(r->attr.dev_cap.trans_mode & mode, "the device reports %s (trans_mode %#x)", MODE_NAME,
           r->attr.dev_cap.trans_mode);
-    CHECK(r->attr.dev_cap.um_tp_cap.bs.utp == 1, "the device reports UM over UTP");
+    if (mode == URMA_TM_RM)
+        CHECK(r->attr.dev_cap.rm_tp_cap.bs.rtp == 1, "the device reports RM over RTP");
+    else
+        CHECK(r->attr.dev_cap.um_tp_cap.bs.utp == 1, "the device reports UM over UTP");
     r->ctx = urma_create_context(dev, 0);
     CHECK(r->ctx != NULL, "urma_create_context");
     urma_jfc_cfg_t jc = {.depth = 256};
@@ -134,13 +114,19 @@ static void setup(struct res *r, int jettys)
     CHECK(r->seg != NULL, "urma_register_seg");
 }
 
-static urma_target_jetty_t *import_um(struct res *r, urma_jetty_id_t id)
+static urma_target_jetty_t *import_as(struct res *r, urma_jetty_id_t id, urma_transport_mode_t m)
 {
-    urma_rjetty_t rj = {.jetty_id = id, .trans_mode = URMA_TM_UM, .type = URMA_JETTY, .tp_type = URMA_UTP};
+    urma_rjetty_t rj = {.jetty_id = id, .trans_mode = m, .type = URMA_JETTY,
+                        .tp_type = m == URMA_TM_RM ? URMA_RTP : URMA_UTP};
     urma_token_t t = {TOKEN};
     urma_target_jetty_t *tj = urma_import_jetty(r->ctx, &rj, &t);
-    CHECK(tj != NULL, "urma_import_jetty (UM)");
+    CHECK(tj != NULL, "urma_import_jetty (trans_mode %d)", m);
     return tj;
+}
+
+static urma_target_jetty_t *import_um(struct res *r, urma_jetty_id_t id)
+{
+    return import_as(r, id, mode);
 }
 
 static void post_recv(struct res *r, int j, uint32_t off, uint64_t id)
@@ -183,19 +169,18 @@ static int same_jetty(urma_jetty_id_t a, urma_jetty_id_t b)
 
 static void refusals(struct res *r, urma_target_jetty_t *to)
 {
-    CHECK(urma_bind_jetty(r->jetty[0], to) == URMA_ENOPERM, "a UM jetty binds to no one");
+    CHECK(urma_bind_jetty(r->jetty[0], to) == URMA_ENOPERM, "an %s jetty binds to no one", MODE_NAME);
     urma_sge_t sge = {.addr = (uint64_t)(uintptr_t)r->buf, .len = 8, .tseg = r->seg};
     urma_jfs_wr_t wr, *bad = NULL;
     send_wr(&wr, &sge, to, URMA_OPC_SEND, 9);
     wr.tjetty = NULL;
     CHECK(urma_post_jetty_send_wr(r->jetty[0], &wr, &bad) == URMA_EINVAL && bad == &wr,
-          "a UM send without wr->tjetty is refused and named in bad_wr");
-    urma_jetty_cfg_t rm = {
-        .flag.bs.share_jfr = 1,
-        .jfs_cfg = {.depth = 8, .trans_mode = URMA_TM_RM, .max_sge = 1, .jfc = r->jfc},
-        .shared.jfr = r->jfr[0],
-    };
-    CHECK(urma_create_jetty(r->ctx, &rm) == NULL && errno == EINVAL, "an RM jetty is refused (not modelled)");
+          "an %s send without wr->tjetty is refused and named in bad_wr", MODE_NAME);
+    send_wr(&wr, &sge, r->other, URMA_OPC_SEND, 9);
+    bad = NULL;
+    CHECK(urma_post_jetty_send_wr(r->jetty[0], &wr, &bad) == URMA_EINVAL && bad == &wr,
+          "an %s send to a target imported with the other mode is refused", MODE_NAME);
+    CHECK(urma_unimport_jetty(r->other) == URMA_SUCCESS, "urma_unimport_jetty");
 }
 
 static void teardown(struct res *r, int jettys, int tjs)
@@ -217,16 +202,9 @@ static int server(void)
 {
     role = "server";
     struct res r = {0};
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(ls, (struct sockaddr *)&a, sizeof a) == 0 && listen(ls, 1) == 0, "listen: %s", strerror(errno));
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    printf("PORT %u\n", ntohs(a.sin_port));
-    fflush(stdout);
+    int ls = listen_and_announce();
     setup(&r, 2);
-    int fd = accept(ls, NULL, NULL);
-    CHECK(fd >= 0, "accept");
+    int fd = accept_one(ls);
     urma_jetty_id_t mine[2] = {r.jetty[0]->jetty_id, r.jetty[1]->jetty_id};
     struct offer o = {.jetty = {mine[0], mine[1]}, .seg_va = r.seg->seg.ubva.va, .seg_len = r.seg->seg.len,
                       .seg_flag = r.seg->seg.attr.value, .seg_token_id = r.seg->seg.token_id};
@@ -234,11 +212,18 @@ static int server(void)
     xfer(fd, &o, sizeof o, 1);
     xfer(fd, &r.peer[0], sizeof r.peer[0], 0);
     r.tj[0] = import_um(&r, r.peer[0]);
+    r.other = import_as(&r, r.peer[0], mode == URMA_TM_RM ? URMA_TM_UM : URMA_TM_RM);
     post_recv(&r, 0, 0, 100);
-    post_recv(&r, 1, 256, 200);
+    if (mode == URMA_TM_UM)
+        post_recv(&r, 1, 256, 200);
     sync_byte(fd, 1); /* imported, receives posted: the client may send */
     sync_byte(fd, 0); /* the client WRITE and READ our segment through A */
-    CHECK(memcmp(r.buf + 3072, "UM WRITE", 9) == 0, "the client's UM WRITE landed");
+    CHECK(memcmp(r.buf + 3072, "UM WRITE", 9) == 0, "the client's WRITE landed");
+    if (mode == URMA_TM_RM) {
+        /* The client's SEND to B is posted and its SEND to A completed: only now has B a receive. */
+        sync_byte(fd, 0);
+        post_recv(&r, 1, 256, 200);
+    }
     int seen_a = 0, seen_b = 0;
     urma_jetty_id_t from = {0};
     for (int k = 0; k < 2; k++) {
@@ -282,10 +267,7 @@ static int client(int port)
     role = "client";
     struct res r = {0};
     setup(&r, 1);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    int fd = connect_loopback(port);
     struct offer o;
     xfer(fd, &o, sizeof o, 0);
     r.peer[0] = o.jetty[0];
@@ -337,7 +319,7 @@ static int client(int port)
     send_wr(&w[0], &s0, r.tj[0], URMA_OPC_SEND, 1);
     send_wr(&w[1], &s1, r.tj[1], URMA_OPC_SEND_IMM, 2);
     w[0].next = &w[1];
-    CHECK(urma_post_jetty_send_wr(r.jetty[0], &w[0], &bad) == URMA_SUCCESS, "post two datagrams");
+    CHECK(urma_post_jetty_send_wr(r.jetty[0], &w[0], &bad) == URMA_SUCCESS, "post two messages");
     int sends = 0, got_reply = 0;
     while (sends < 2 || !got_reply) {
         urma_cr_t cr = next_cr(&r);
@@ -346,6 +328,8 @@ static int client(int port)
         if (cr.flag.bs.s_r == 0) {
             CHECK(cr.user_ctx == (uint64_t)sends + 1, "send records in posting order");
             sends++;
+            if (mode == URMA_TM_RM && sends == 1)
+                sync_byte(fd, 1); /* A's SEND completed: the server may give B its receive now */
         } else {
             CHECK(cr.user_ctx == 500 && cr.completion_len == 6 && memcmp(r.buf + 2048, "reply", 6) == 0,
                   "the reply");
@@ -364,10 +348,15 @@ static int client(int port)
 
 int main(int argc, char **argv)
 {
-    if (argc == 2 && strcmp(argv[1], "server") == 0)
+    const char *m = argc >= 3 ? argv[argc - 1] : "";
+    if (strcmp(m, "rm") == 0)
+        mode = URMA_TM_RM;
+    else if (strcmp(m, "um") != 0)
+        argc = 0;
+    if (argc == 3 && strcmp(argv[1], "server") == 0)
         return server();
-    if (argc == 3 && strcmp(argv[1], "client") == 0)
+    if (argc == 4 && strcmp(argv[1], "client") == 0)
         return client(atoi(argv[2]));
-    fprintf(stderr, "usage: %s server | client <port>\n", argv[0]);
+    fprintf(stderr, "usage: %s server um|rm | client <port> um|rm\n", argv[0]);
     return 2;
 }

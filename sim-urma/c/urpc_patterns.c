@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include "urma_api.h"
+#include "sample.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -44,16 +45,6 @@
 #define SLOT 256
 #define NRECV 8
 
-static const char *role = "?";
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            fprintf(stderr, "[%s] FAILED %s:%d: ", role, __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-            exit(1);                                                       \
-        }                                                                  \
-    } while (0)
 
 struct side {
     urma_device_t *dev;
@@ -73,22 +64,6 @@ struct __attribute__((packed)) ids {
     uint32_t uasid;
     uint32_t jetty[2];
 };
-
-static void xfer(int fd, void *p, size_t n, int out)
-{
-    uint8_t *b = p;
-    while (n > 0) {
-        ssize_t r = out ? write(fd, b, n) : read(fd, b, n);
-        CHECK(r > 0, "TCP %s failed: %s", out ? "write" : "read", r == 0 ? "peer closed" : strerror(errno));
-        b += r;
-        n -= (size_t)r;
-    }
-}
-static void sync_byte(int fd, int out)
-{
-    char c = 's';
-    xfer(fd, &c, 1, out);
-}
 
 static uint8_t g_err_timeout = URMA_TYPICAL_ERR_TIMEOUT;
 
@@ -408,19 +383,12 @@ static uint8_t *payload(struct side *s, urma_cr_t cr)
 static int server(enum scen sc)
 {
     role = "server";
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(bind(ls, (struct sockaddr *)&a, sizeof a) == 0 && listen(ls, 1) == 0, "listen: %s", strerror(errno));
-    socklen_t al = sizeof a;
-    getsockname(ls, (struct sockaddr *)&a, &al);
-    printf("PORT %u\n", ntohs(a.sin_port));
-    fflush(stdout);
+    int ls = listen_and_announce();
     CHECK(urma_init(NULL) == URMA_SUCCESS, "urma_init");
     struct side s = {0};
     setup(&s, "bypass_sim0", 1);
     post_receives(&s, sc);
-    int fd = accept(ls, NULL, NULL);
-    CHECK(fd >= 0, "accept");
+    int fd = accept_one(ls);
     struct ids me = my_ids(&s), peer;
     xfer(fd, &me, sizeof me, 1);
     xfer(fd, &peer, sizeof peer, 0);
@@ -475,10 +443,7 @@ static int client(int port, enum scen sc)
     struct side s = {0};
     setup(&s, "bypass_sim0", 1);
     post_receives(&s, sc);
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %s", strerror(errno));
+    int fd = connect_loopback(port);
     struct ids me = my_ids(&s), peer;
     xfer(fd, &peer, sizeof peer, 0);
     xfer(fd, &me, sizeof me, 1);

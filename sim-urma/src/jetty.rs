@@ -32,7 +32,8 @@ pub(crate) struct Jetty {
     pub psn: u32,
     pub order: u32,
     pub max_sge: u32,
-    /// `URMA_TM_RC` or `URMA_TM_UM` (a sim datagram queue).
+    /// `URMA_TM_RC`, `URMA_TM_RM` (a sim reliable datagram queue) or `URMA_TM_UM` (a sim
+    /// datagram queue).
     pub trans_mode: u32,
     /// See [`JettyIds::errored`].
     pub errored: Arc<std::sync::atomic::AtomicBool>,
@@ -152,6 +153,12 @@ pub(crate) fn tjetty_of(p: *const abi::UrmaTargetJetty) -> Res<Arc<TargetJetty>>
         .ok_or_else(|| inval(format!("{p:p} is not a live target jetty (import it with urma_import_jetty)")))
 }
 
+/// RM and UM: the jetty binds to no one, each WR names its target (`wr->tjetty`), and the
+/// simulator runs it on a datagram queue (reliable for RM).
+pub(crate) fn connectionless(trans_mode: u32) -> bool {
+    matches!(trans_mode, URMA_TM_RM | URMA_TM_UM)
+}
+
 /// The order type a 0 ("default") becomes, per transport mode, as liburma rewrites it.
 fn default_order(trans_mode: u32) -> u32 {
     match trans_mode {
@@ -179,14 +186,14 @@ pub unsafe extern "C" fn urma_create_jetty(
         }
         let jfs = cfg.jfs_cfg;
         let caps = c.nic().caps();
-        if jfs.trans_mode != URMA_TM_RC && jfs.trans_mode != URMA_TM_UM {
+        if !matches!(jfs.trans_mode, URMA_TM_RM | URMA_TM_RC | URMA_TM_UM) {
             return Err(inval(format!(
-                "jfs_cfg.trans_mode {}: the simulator models RC (2) and UM (4); RM (1) is not \
-                 modelled (docs/urma.md, \"What differs from UMDK's liburma\")",
+                "jfs_cfg.trans_mode {}: a jetty is RM (1), RC (2) or UM (4)",
                 jfs.trans_mode
             )));
         }
-        let um = jfs.trans_mode == URMA_TM_UM;
+        let um = connectionless(jfs.trans_mode);
+        let reliable = jfs.trans_mode == URMA_TM_RM;
         if jfs.depth == 0 || jfs.depth > caps.max_queue_depth {
             return Err(inval(format!(
                 "jfs_cfg.depth {} is outside 1..={} (dev_cap.max_jfs_depth)",
@@ -248,8 +255,10 @@ pub unsafe extern "C" fn urma_create_jetty(
             let t = jfs.err_timeout.max(c.dev.ack_timeout_floor);
             qc.timeout = AckTimeout::from_exponent(t).unwrap_or(qc.timeout);
         }
-        if let Some(t) = RnrTimer::from_code(jfr.min_rnr_timer) {
-            qc.min_rnr_timer = t;
+        if let Some(d) = abi::timers::min_rnr_timer_duration(jfr.min_rnr_timer) {
+            // URMA's 2 µs × 2^N as the device's timer (at most 655.36 ms, the longest an RNR
+            // NAK can carry).
+            qc.min_rnr_timer = RnrTimer::at_least(d);
         }
         let mut q = {
             let mut mode = jfr.mode();
@@ -267,6 +276,10 @@ pub unsafe extern "C" fn urma_create_jetty(
                 (jfc.lock(), if Arc::ptr_eq(&jfc, &recv_jfc) { None } else { Some(recv_jfc.lock()) });
             let recv_cq = b.as_ref().map_or(&a.cq, |g| &g.cq);
             match &*mode {
+                JfrMode::Shared(ring, _) if reliable => {
+                    c.nic().create_reliable_datagram_queue(&qc, &a.cq, recv_cq, Some(ring))?
+                }
+                _ if reliable => c.nic().create_reliable_datagram_queue(&qc, &a.cq, recv_cq, None)?,
                 JfrMode::Shared(ring, _) if um => {
                     c.nic().create_datagram_queue(&qc, &a.cq, recv_cq, Some(ring))?
                 }
@@ -307,7 +320,7 @@ pub unsafe extern "C" fn urma_create_jetty(
             }),
         });
         if um {
-            // A UM jetty is READY from creation: it binds to no one.
+            // An RM or UM jetty is READY from creation: it binds to no one.
             obj.activate(&mut obj.lock())?;
         }
         let p = registry::insert(Kind::Jetty, obj);
@@ -365,7 +378,7 @@ pub unsafe extern "C" fn urma_import_jetty(
         peer.uasid = jid.uasid;
         match rj.trans_mode {
             URMA_TM_RC => {}
-            URMA_TM_UM => {
+            URMA_TM_RM | URMA_TM_UM => {
                 // Its NIC must be known to this device's wire before its datagrams can arrive
                 // (docs/sim.md, "Datagram queues"), and its datagrams must say who sent them.
                 let source = c
@@ -374,11 +387,7 @@ pub unsafe extern "C" fn urma_import_jetty(
                     .map_err(|e| fail(URMA_FAIL, format!("cannot reach the target jetty's device: {e}")))?;
                 c.dev.senders.learn(source, &jid);
             }
-            m => {
-                return Err(inval(format!(
-                    "rjetty trans_mode {m}: the simulator models RC (2) and UM (4); RM (1) is not modelled"
-                )))
-            }
+            m => return Err(inval(format!("rjetty trans_mode {m}: a jetty is RM (1), RC (2) or UM (4)"))),
         }
         // SAFETY: plain C data.
         let mut t: abi::UrmaTargetJetty = unsafe { ffi::zeroed() };
@@ -420,10 +429,13 @@ pub unsafe extern "C" fn urma_bind_jetty(
         if g.bound.is_some() {
             return Err(fail(URMA_EEXIST, "the jetty is bound already (unbind it first to bind elsewhere)"));
         }
-        if j.trans_mode == URMA_TM_UM {
+        if connectionless(j.trans_mode) {
             return Err(fail(
                 URMA_ENOPERM,
-                "a UM jetty binds to no one: name the target in each wr->tjetty (imported with trans_mode UM)",
+                format!(
+                    "an {} jetty binds to no one: name the target in each wr->tjetty (imported with the same trans_mode)",
+                    if j.trans_mode == URMA_TM_RM { "RM" } else { "UM" }
+                ),
             ));
         }
         if tj.trans_mode != URMA_TM_RC {
@@ -518,7 +530,7 @@ pub unsafe extern "C" fn urma_modify_jetty(
                     if g.q.state() != QueueState::Reset {
                         j.reset(&mut g)?;
                     }
-                    if j.trans_mode == URMA_TM_UM {
+                    if connectionless(j.trans_mode) {
                         j.activate(&mut g)?;
                     } else if let Some(tj) = g.bound.clone() {
                         j.connect(&mut g, &tj)?;

@@ -160,9 +160,9 @@ pub unsafe extern "C" fn urma_create_jfr(
                 cfg.depth, caps.max_queue_depth
             )));
         }
-        if cfg.trans_mode != URMA_TM_RC && cfg.trans_mode != URMA_TM_UM {
+        if !matches!(cfg.trans_mode, URMA_TM_RM | URMA_TM_RC | URMA_TM_UM) {
             return Err(inval(format!(
-                "JFR trans_mode {}: the simulator models RC (2) and UM (4); RM (1) is not modelled",
+                "JFR trans_mode {}: a JFR is RM (1), RC (2) or UM (4)",
                 cfg.trans_mode
             )));
         }

@@ -153,19 +153,19 @@ fn dest_key(tj: &TargetJetty) -> crate::um::DestKey {
     (tj.peer.qpn, tj.peer.gid, tj.peer.lid)
 }
 
-/// The WR's UM target jetty, checked.
-fn um_target(w: &abi::UrmaJfsWr) -> Res<std::sync::Arc<TargetJetty>> {
+/// The WR's RM or UM target jetty, checked against the sending jetty's `mode`.
+fn um_target(w: &abi::UrmaJfsWr, mode: u32) -> Res<std::sync::Arc<TargetJetty>> {
     let tj = tjetty_of(w.tjetty)?;
-    if tj.trans_mode != URMA_TM_UM {
+    if tj.trans_mode != mode {
         return Err(inval(format!(
-            "wr->tjetty was imported with trans_mode {}: a UM jetty sends to UM (4) targets only",
+            "wr->tjetty was imported with trans_mode {}: a jetty of trans_mode {mode} sends to targets of its own mode only",
             tj.trans_mode
         )));
     }
     Ok(tj)
 }
 
-/// `urma_post_jetty_send_wr` on a UM jetty: each WR names its target in `wr->tjetty`; SEND,
+/// `urma_post_jetty_send_wr` on an RM or UM jetty: each WR names its target in `wr->tjetty`; SEND,
 /// SEND_IMM, WRITE, WRITE_IMM and READ, one MTU each (the device's datagram service). The targets are resolved first (a new one gets an address handle, which may
 /// reach its device over the wire), so an unknown target fails the post before anything is sent.
 ///
@@ -183,7 +183,7 @@ unsafe fn post_um(
         seen += 1;
         // SAFETY: a non-NULL element of the caller's list.
         let w = unsafe { p.read_unaligned() };
-        let found = um_target(&w).and_then(|tj| {
+        let found = um_target(&w, j.trans_mode).and_then(|tj| {
             let key = dest_key(&tj);
             if !g.dests.iter().any(|(k, _)| *k == key) {
                 let d = g.q.add_dest(&tj.peer).map_err(|e| {
@@ -200,7 +200,7 @@ unsafe fn post_um(
         }
         p = w.next;
     }
-    let max_sge = j.max_sge;
+    let (max_sge, mode) = (j.max_sge, j.trans_mode);
     let JettyInner { q, scratch, dests, .. } = g;
     let dests = &*dests;
     // SAFETY: as for RC: the caller's list, bounded by `limit`.
@@ -213,7 +213,7 @@ unsafe fn post_um(
             |w| w.next,
             |w, out| {
                 translate(w, max_sge, out)?;
-                let tj = um_target(w)?;
+                let tj = um_target(w, mode)?;
                 let key = dest_key(&tj);
                 out.dest = dests.iter().find(|(k, _)| *k == key).map(|(_, d)| *d).expect("resolved above");
                 Ok(())
@@ -305,7 +305,7 @@ pub unsafe extern "C" fn urma_post_jetty_send_wr(
             return Err(inval("bad_wr is NULL"));
         }
         let mut g = j.lock();
-        if j.trans_mode == URMA_TM_UM {
+        if crate::jetty::connectionless(j.trans_mode) {
             // SAFETY: the caller's WR list and bad_wr, as for RC below.
             return unsafe { post_um(&j, &mut g, wr, bad_wr) };
         }
@@ -363,38 +363,54 @@ pub unsafe extern "C" fn urma_post_jetty_recv_wr(
         let JettyInner { q, scratch, .. } = &mut *g;
         // SAFETY: the caller's WR list, per the API.
         unsafe {
-            walk(
-                scratch,
-                wr,
-                bad_wr,
-                limit,
-                |w| w.next,
-                |w, out| {
-                    out.wr_id = w.user_ctx;
-                    local_sges(&w.src, max_sge, out)
-                },
-                |trs| {
-                    if trs.is_empty() {
-                        return Ok(());
-                    }
-                    if connected {
-                        return post_recv_chunk(q, trs);
-                    }
-                    let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
-                    if pending.len() + trs.len() > jfr.depth as usize {
-                        return Err(ffi::fail(
-                            URMA_EAGAIN,
-                            format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
-                        ));
-                    }
-                    pending.extend(
-                        trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
-                    );
-                    Ok(())
-                },
-            )
+            walk_recv(scratch, wr, bad_wr, limit, max_sge, |trs| {
+                if connected {
+                    return post_recv_chunk(q, trs);
+                }
+                let mut pending = jfr.pending.lock().unwrap_or_else(|e| e.into_inner());
+                if pending.len() + trs.len() > jfr.depth as usize {
+                    return Err(ffi::fail(
+                        URMA_EAGAIN,
+                        format!("the JFR holds {} receives already (depth {})", pending.len(), jfr.depth),
+                    ));
+                }
+                pending.extend(
+                    trs.iter().map(|t| PendingRecv { user_ctx: t.wr_id, sges: t.sges[..t.n].to_vec() }),
+                );
+                Ok(())
+            })
         }
     })
+}
+
+/// [`walk`] over a receive WR list: each WR's `user_ctx` and SGEs; `post` gets each non-empty
+/// chunk.
+///
+/// # Safety
+/// As [`walk`]'s: `wr` heads a list of readable WRs linked by `next`; `bad_wr` is non-NULL.
+unsafe fn walk_recv(
+    scratch: &mut [Tr; CHUNK],
+    wr: *mut abi::UrmaJfrWr,
+    bad_wr: *mut *mut abi::UrmaJfrWr,
+    limit: usize,
+    max_sge: u32,
+    mut post: impl FnMut(&[Tr]) -> Res<()>,
+) -> Res<()> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        walk(
+            scratch,
+            wr,
+            bad_wr,
+            limit,
+            |w| w.next,
+            |w, out| {
+                out.wr_id = w.user_ctx;
+                local_sges(&w.src, max_sge, out) // the caller's SGE list (this function's contract)
+            },
+            |trs| if trs.is_empty() { Ok(()) } else { post(trs) },
+        )
+    }
 }
 
 /// Posts a receive WR list to a shared JFR's ring, in chunks.
@@ -411,35 +427,21 @@ unsafe fn post_to_ring(
 ) -> Res<()> {
     // SAFETY: forwarded contract.
     unsafe {
-        walk(
-            scratch,
-            wr,
-            bad_wr,
-            limit,
-            |w| w.next,
-            |w, out| {
-                out.wr_id = w.user_ctx;
-                local_sges(&w.src, max_sge, out)
-            },
-            |trs| {
-                if trs.is_empty() {
-                    return Ok(());
-                }
-                let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
-                for (w, t) in wrs.iter_mut().zip(trs) {
-                    w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
-                }
-                // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
-                let wrs = std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len());
-                ring.post_recv(wrs).map_err(|e| match e {
+        walk_recv(scratch, wr, bad_wr, limit, max_sge, |trs| {
+            let mut wrs = [const { MaybeUninit::<RecvWr<'_>>::uninit() }; CHUNK];
+            for (w, t) in wrs.iter_mut().zip(trs) {
+                w.write(RecvWr { wr_id: t.wr_id, sges: &t.sges[..t.n] });
+            }
+            // SAFETY: the first trs.len() (<= CHUNK) entries were written just above.
+            let wrs = std::slice::from_raw_parts(wrs.as_ptr().cast::<RecvWr<'_>>(), trs.len());
+            ring.post_recv(wrs).map_err(|e| match e {
                     bypass_hal::Error::WouldBlock { free, .. } => ffi::fail(
                         URMA_EAGAIN,
                         format!("the JFR has room for {free} more receives: poll the receive completions of its jettys first"),
                     ),
                     e => Fail::from(e),
                 })
-            },
-        )
+        })
     }
 }
 

@@ -293,7 +293,7 @@ pub unsafe extern "C" fn urma_query_device(
         c.max_msg_size = u64::from(caps.max_msg_size);
         c.max_read_size = caps.max_msg_size;
         c.max_write_size = caps.max_msg_size;
-        c.trans_mode = (abi::consts::URMA_TM_RC | abi::consts::URMA_TM_UM) as u16;
+        c.trans_mode = (abi::consts::URMA_TM_RM | abi::consts::URMA_TM_RC | abi::consts::URMA_TM_UM) as u16;
         c.max_eid_cnt = 1;
         c.page_size_cap = 4096;
         // RC runs over a reliable transport (RTP) in order (OL, what `create_jetty` picks by
@@ -303,6 +303,10 @@ pub unsafe extern "C" fn urma_query_device(
         c.rc_order_cap = abi::consts::ORDER_CAP_OL;
         // UM runs over an unreliable transport (UTP), unordered (the sim's datagram queues).
         c.um_tp_cap = abi::consts::TP_TYPE_UTP;
+        // RM runs over a reliable transport (RTP: the sim's reliable datagram queues, one
+        // message in flight per jetty, so completions keep posting order: OL).
+        c.rm_tp_cap = abi::consts::TP_TYPE_RTP;
+        c.rm_order_cap = abi::consts::ORDER_CAP_OL;
         for (i, p) in c.priority_info.iter_mut().enumerate() {
             *p = abi::UrmaPriorityInfo { sl: i as u32, tp_type: abi::consts::TP_TYPE_RTP };
         }

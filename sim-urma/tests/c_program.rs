@@ -5,28 +5,12 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn build(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join("rc_sample");
-    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(src.join("include"))
-        .arg(src.join("c/rc_sample.c"))
-        .arg(src.join("c/badinput.c"))
-        .arg("-L")
-        .arg(dir)
-        .arg("-lurma")
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc (the system C compiler)");
-    assert!(out.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    exe
+    build_c(dir, "rc_sample", &["rc_sample.c", "badinput.c"])
 }
 
 #[test]
@@ -48,34 +32,7 @@ fn bad_input_table_from_c_gets_the_documented_errors() {
 fn two_processes(wire: &str, tag: &str) {
     let dir = lib_dir(tag);
     let exe = build(&dir);
-    let mut server =
-        with_lib(Command::new(&exe), &dir).arg("server").env("BYPASS_SIM_URMA", wire).spawn().unwrap();
-    let mut line = String::new();
-    let mut so = BufReader::new(server.stdout.take().unwrap());
-    so.read_line(&mut line).unwrap();
-    let port =
-        line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
-    let client = with_lib(Command::new(&exe), &dir)
-        .args(["client", &port])
-        .env("BYPASS_SIM_URMA", wire)
-        .spawn()
-        .unwrap();
-    let c = wait_bounded(client, Duration::from_secs(60), "the client");
-    let mut rest = String::new();
-    server.stdout = None;
-    let s = wait_bounded(server, Duration::from_secs(30), "the server");
-    so.read_to_string(&mut rest).unwrap();
-    let cs = String::from_utf8_lossy(&c.stdout);
-    assert!(
-        c.status.success() && cs.contains("client: all checks passed"),
-        "client on {wire}:\n{cs}\n{}",
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert!(
-        s.status.success() && rest.contains("server: all checks passed"),
-        "server on {wire}:\n{rest}\n{}",
-        String::from_utf8_lossy(&s.stderr)
-    );
+    server_and_client(&exe, &dir, wire, &[], &[], "the RC sequence");
 }
 
 #[test]

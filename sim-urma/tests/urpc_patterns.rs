@@ -6,27 +6,12 @@
 mod common;
 
 use common::*;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 fn build(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join("urpc_patterns");
-    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
-        .arg(src.join("include"))
-        .arg(src.join("c/urpc_patterns.c"))
-        .arg("-L")
-        .arg(dir)
-        .arg("-lurma")
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc (the system C compiler)");
-    assert!(out.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    exe
+    build_c(dir, "urpc_patterns", &["urpc_patterns.c"])
 }
 
 fn one_process(what: &str) {
@@ -67,37 +52,7 @@ fn two_processes(scenario: &str, wire: &str, tag: &str) {
     let dir = lib_dir(&format!("{scenario}-{tag}"));
     let exe = build(&dir);
     let wire = format!("{wire},engine=threaded");
-    let mut server = with_lib(Command::new(&exe), &dir)
-        .args(["server", scenario])
-        .env("BYPASS_SIM_URMA", &wire)
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut so = BufReader::new(server.stdout.take().unwrap());
-    so.read_line(&mut line).unwrap();
-    let port =
-        line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
-    let client = with_lib(Command::new(&exe), &dir)
-        .args(["client", &port, scenario])
-        .env("BYPASS_SIM_URMA", &wire)
-        .spawn()
-        .unwrap();
-    let c = wait_bounded(client, Duration::from_secs(60), "the client");
-    let mut rest = String::new();
-    server.stdout = None;
-    let s = wait_bounded(server, Duration::from_secs(30), "the server");
-    so.read_to_string(&mut rest).unwrap();
-    let cs = String::from_utf8_lossy(&c.stdout);
-    assert!(
-        c.status.success() && cs.contains("client: all checks passed"),
-        "{scenario} client on {wire}:\n{cs}\n{}",
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert!(
-        s.status.success() && rest.contains("server: all checks passed"),
-        "{scenario} server on {wire}:\n{rest}\n{}",
-        String::from_utf8_lossy(&s.stderr)
-    );
+    server_and_client(&exe, &dir, &wire, &[scenario], &[scenario], scenario);
 }
 
 #[test]

@@ -173,7 +173,7 @@ impl SimNic {
         recv_cq: &SimCq,
         srq: Option<&SimSharedRecv>,
     ) -> Result<SimQueue> {
-        self.new_queue_of(config, send_cq, recv_cq, srq, false)
+        self.new_queue_of(config, send_cq, recv_cq, srq, Service::Connected)
     }
 
     /// Makes the NIC of the queue `peer` describes known to this NIC's wire, without a queue:
@@ -199,7 +199,23 @@ impl SimNic {
         recv_cq: &SimCq,
         shared: Option<&SimSharedRecv>,
     ) -> Result<SimQueue> {
-        self.new_queue_of(config, send_cq, recv_cq, shared, true)
+        self.new_queue_of(config, send_cq, recv_cq, shared, Service::Datagram)
+    }
+
+    /// A queue of the reliable datagram service (UB's RM, "reliable message"): addressed like a
+    /// datagram queue ([`create_datagram_queue`](Self::create_datagram_queue): each send names
+    /// its destination, any sender), delivered like RC: every message is acknowledged, retried
+    /// after the ACK timeout, RNR-retried when the target has no receive posted, delivered once
+    /// and completed in posting order (one message in flight per queue). Its targets must be
+    /// reliable datagram queues too. docs/sim.md, "Datagram queues (UM)", "Reliable (RM)".
+    pub fn create_reliable_datagram_queue(
+        &self,
+        config: &QueueConfig,
+        send_cq: &SimCq,
+        recv_cq: &SimCq,
+        shared: Option<&SimSharedRecv>,
+    ) -> Result<SimQueue> {
+        self.new_queue_of(config, send_cq, recv_cq, shared, Service::ReliableDatagram)
     }
 
     fn new_queue_of(
@@ -208,8 +224,9 @@ impl SimNic {
         send_cq: &SimCq,
         recv_cq: &SimCq,
         srq: Option<&SimSharedRecv>,
-        datagram: bool,
+        service: Service,
     ) -> Result<SimQueue> {
+        let datagram = service != Service::Connected;
         self.nic.check_alive()?;
         let caps = &self.nic.caps;
         let c = config;
@@ -281,6 +298,7 @@ impl SimNic {
         let mut qp =
             Box::new(QpCtx::new(shared.clone(), send_cq.shared.clone(), recv_cq.shared.clone(), responder));
         qp.datagram = datagram;
+        qp.reliable = service == Service::ReliableDatagram;
         dev.install(qp);
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {
@@ -1069,4 +1087,15 @@ impl Drop for SimQueue {
             srq.users.fetch_sub(1, Ordering::AcqRel);
         }
     }
+}
+
+/// A queue's transport service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    /// Reliable connected (RC).
+    Connected,
+    /// Unreliable datagram (UM, UD).
+    Datagram,
+    /// Reliable datagram (RM).
+    ReliableDatagram,
 }

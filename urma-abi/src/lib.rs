@@ -29,6 +29,7 @@ pub mod jetty;
 pub mod legacy;
 pub mod seg;
 pub mod status;
+pub mod timers;
 pub mod wr;
 
 pub use device::*;

@@ -504,7 +504,8 @@ fn create_objects(
         flag: URMA_TOKEN_PLAIN_TEXT & JFR_FLAG_TOKEN_POLICY_MASK,
         trans_mode: URMA_TM_RC,
         max_sge: c.max_recv_sge as u8,
-        min_rnr_timer: c.min_rnr_timer.code(),
+        // URMA's timer is 2 µs × 2^N, not the InfiniBand code (urma-abi's `timers`).
+        min_rnr_timer: abi::timers::min_rnr_timer_at_least(c.min_rnr_timer.duration()),
         jfc: recv_cq.jfc,
         token_value: abi::UrmaToken { token: ctx.jetty_token },
         user_ctx: 0,

@@ -121,7 +121,9 @@ impl UrmaSharedRecv {
             max_sge: max_sge as u8,
             // The default queue configuration's: URMA sets the RNR timer at the JFR, so the
             // queues on it cannot have their own.
-            min_rnr_timer: crate::QueueConfig::default().min_rnr_timer.code(),
+            min_rnr_timer: abi::timers::min_rnr_timer_at_least(
+                crate::QueueConfig::default().min_rnr_timer.duration(),
+            ),
             jfc,
             token_value: abi::UrmaToken { token: ctx.jetty_token },
             user_ctx: 0,

@@ -57,3 +57,72 @@ pub fn with_lib(mut cmd: Command, dir: &Path) -> Command {
     cmd.env("LD_LIBRARY_PATH", dir).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd
 }
+
+/// Compiles the C program `name` from `sources` (files of `sim-urma/c/`) with the system `cc`
+/// against `include/urma_api.h` and the library in `dir`; returns the executable.
+pub fn build_c(dir: &Path, name: &str, sources: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = dir.join(name);
+    let mut cc = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cc.args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"]).arg(src.join("include"));
+    for s in sources {
+        cc.arg(src.join("c").join(s));
+    }
+    let out = cc
+        .arg("-L")
+        .arg(dir)
+        .arg("-lurma")
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc (the system C compiler)");
+    assert!(out.status.success(), "cc failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+/// Runs `exe` as a server (`server <server_args>`, which prints `PORT <n>` first) and a client
+/// (`client <n> <client_args>`) on `wire`, each bounded; both must exit 0 saying
+/// "<role>: all checks passed". `what` names the run in failure messages.
+pub fn server_and_client(
+    exe: &Path,
+    dir: &Path,
+    wire: &str,
+    server_args: &[&str],
+    client_args: &[&str],
+    what: &str,
+) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut server = with_lib(Command::new(exe), dir)
+        .arg("server")
+        .args(server_args)
+        .env("BYPASS_SIM_URMA", wire)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut so = BufReader::new(server.stdout.take().unwrap());
+    so.read_line(&mut line).unwrap();
+    let port =
+        line.trim().strip_prefix("PORT ").unwrap_or_else(|| panic!("server said {line:?}")).to_string();
+    let client = with_lib(Command::new(exe), dir)
+        .args(["client", &port])
+        .args(client_args)
+        .env("BYPASS_SIM_URMA", wire)
+        .spawn()
+        .unwrap();
+    let c = wait_bounded(client, Duration::from_secs(60), "the client");
+    let mut rest = String::new();
+    server.stdout = None;
+    let s = wait_bounded(server, Duration::from_secs(30), "the server");
+    so.read_to_string(&mut rest).unwrap();
+    let cs = String::from_utf8_lossy(&c.stdout);
+    assert!(
+        c.status.success() && cs.contains("client: all checks passed"),
+        "{what} client on {wire}:\n{cs}\n{}",
+        String::from_utf8_lossy(&c.stderr)
+    );
+    assert!(
+        s.status.success() && rest.contains("server: all checks passed"),
+        "{what} server on {wire}:\n{rest}\n{}",
+        String::from_utf8_lossy(&s.stderr)
+    );
+}

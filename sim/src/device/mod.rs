@@ -15,6 +15,8 @@ pub(crate) mod keys;
 pub(crate) mod qp;
 mod read_res;
 #[cfg(all(test, not(loom)))]
+mod reliable_datagram_tests;
+#[cfg(all(test, not(loom)))]
 mod source_tests;
 #[cfg(all(test, not(loom)))]
 mod transport_tests;

@@ -178,6 +178,11 @@ pub(crate) struct QpCtx {
     /// The queue's transport service is the unreliable datagram one (UM), not RC: see
     /// [`datagram`].
     pub(crate) datagram: bool,
+    /// A datagram queue of the reliable service (UB's RM): see [`datagram`], "Reliable".
+    pub(crate) reliable: bool,
+    /// Reliable datagram responder: the last PSN taken from each sender (source id, queue),
+    /// to answer a retransmission again without delivering it twice.
+    pub(crate) taken: Vec<(u32, u32, u32)>,
     /// Datagram queue: its address handles, the destinations its WQEs name by index.
     pub(crate) dests: Vec<Remote>,
 }
@@ -237,6 +242,8 @@ impl QpCtx {
             peer_resources: None,
             cq_overflowed: std::cell::Cell::new(false),
             datagram: false,
+            reliable: false,
+            taken: Vec::new(),
             dests: Vec::new(),
             shared,
         }

@@ -129,6 +129,8 @@ pub enum Opcode {
     RdRdmaReadRequest = 0x4C,
     /// RD READ response, single packet (RDETH, AETH).
     RdRdmaReadResponseOnly = 0x50,
+    /// RD ACKNOWLEDGE (RDETH, AETH): the answer of the reliable datagram service (RM).
+    RdAcknowledge = 0x51,
     /// UD: a datagram (DETH), the only UD opcode besides the next.
     UdSendOnly = 0x64,
     /// UD: a datagram with immediate (DETH, ImmDt).
@@ -173,6 +175,7 @@ impl Opcode {
             0x4B => return Ok(Opcode::RdRdmaWriteOnlyWithImmediate),
             0x4C => return Ok(Opcode::RdRdmaReadRequest),
             0x50 => return Ok(Opcode::RdRdmaReadResponseOnly),
+            0x51 => return Ok(Opcode::RdAcknowledge),
             0x64 => return Ok(Opcode::UdSendOnly),
             0x65 => return Ok(Opcode::UdSendOnlyWithImmediate),
             _ => {}
@@ -220,6 +223,7 @@ impl Opcode {
             Opcode::RdRdmaWriteOnlyWithImmediate => "RD_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
             Opcode::RdRdmaReadRequest => "RD_RDMA_READ_REQUEST",
             Opcode::RdRdmaReadResponseOnly => "RD_RDMA_READ_RESPONSE_ONLY",
+            Opcode::RdAcknowledge => "RD_ACKNOWLEDGE",
             Opcode::UdSendOnly => "UD_SEND_ONLY",
             Opcode::UdSendOnlyWithImmediate => "UD_SEND_ONLY_WITH_IMMEDIATE",
         }
@@ -262,6 +266,7 @@ impl Opcode {
                 | Opcode::RdRdmaWriteOnlyWithImmediate
                 | Opcode::RdRdmaReadRequest
                 | Opcode::RdRdmaReadResponseOnly
+                | Opcode::RdAcknowledge
         )
     }
 
@@ -290,6 +295,7 @@ impl Opcode {
                 | Opcode::RdRdmaWriteOnlyWithImmediate
                 | Opcode::RdRdmaReadRequest
                 | Opcode::RdRdmaReadResponseOnly
+                | Opcode::RdAcknowledge
         )
     }
 
@@ -313,6 +319,7 @@ impl Opcode {
                 | Opcode::RdRdmaWriteOnlyWithImmediate
                 | Opcode::RdRdmaReadRequest
                 | Opcode::RdRdmaReadResponseOnly
+                | Opcode::RdAcknowledge
         )
     }
 
@@ -340,6 +347,7 @@ impl Opcode {
                 | Opcode::RdmaReadResponseLast
                 | Opcode::RdmaReadResponseOnly
                 | Opcode::RdRdmaReadResponseOnly
+                | Opcode::RdAcknowledge
         )
     }
 
@@ -374,6 +382,7 @@ impl Opcode {
             Opcode::RdmaReadRequest
                 | Opcode::RdRdmaReadRequest
                 | Opcode::Acknowledge
+                | Opcode::RdAcknowledge
                 | Opcode::AtomicAcknowledge
                 | Opcode::CompareSwap
                 | Opcode::FetchAdd
@@ -402,6 +411,7 @@ impl Opcode {
                 PacketKind::Write => Opcode::RdRdmaWriteOnly,
                 PacketKind::ReadRequest => Opcode::RdRdmaReadRequest,
                 PacketKind::ReadResponse => Opcode::RdRdmaReadResponseOnly,
+                PacketKind::Ack => Opcode::RdAcknowledge,
                 _ if hdr.has_imm => Opcode::UdSendOnlyWithImmediate,
                 _ => Opcode::UdSendOnly,
             };
@@ -927,7 +937,7 @@ mod tests {
         for b in 0u8..=255 {
             let r = Opcode::from_byte(b);
             match b {
-                0x00..=0x14 | 0x4A..=0x4C | 0x50 | 0x64 | 0x65 => assert!(r.is_ok()),
+                0x00..=0x14 | 0x4A..=0x4C | 0x50 | 0x51 | 0x64 | 0x65 => assert!(r.is_ok()),
                 0x16 | 0x17 | 0x1C | 0x1D => {
                     assert_eq!(r, Err(FrameError::UnsupportedOpcode(b)))
                 }

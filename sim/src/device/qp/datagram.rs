@@ -31,11 +31,33 @@
 //!   to ERROR, as a local error does on every verbs queue type.
 //! - **Ordering.** Datagrams from one queue to one destination leave in posting order; the
 //!   wire may reorder or duplicate them (UDP), and the receiver does not reorder or filter.
+//!
+//! **Reliable** (UB's RM, "reliable message"; verbs' RD without EE contexts): a datagram queue
+//! created reliable keeps the connectionless addressing above (any target per WQE, any sender)
+//! and adds RC's delivery guarantees, one message at a time:
+//!
+//! - **Acknowledged, stop and wait.** Every message (SEND, WRITE, READ) waits for its answer
+//!   before the next WQE is fetched: an ACK (an RD ACKNOWLEDGE on a byte wire), or the READ's
+//!   response. So a queue's messages arrive and complete in posting order whatever their
+//!   targets, and nothing is reordered by a lossy wire.
+//! - **Retried.** A message unanswered after the queue's ACK timeout is sent again with its PSN,
+//!   `retry_count` times, then completes with `RetryExceeded` and the queue goes to ERROR.
+//! - **RNR.** A SEND (or WRITE with immediate) finding no receive posted gets an RNR NAK; the
+//!   sender waits the responder's RNR time and sends again (`rnr_retry` times, 7 = forever),
+//!   then `RnrRetryExceeded`. Nothing is dropped silently.
+//! - **Errors are reported.** A WRITE or READ the responder's keys refuse gets a remote access
+//!   NAK (`RemoteAccess` at the requester, its queue to ERROR); a receive too short completes
+//!   `LocalLength` at the responder (which stays READY) and the requester gets
+//!   `RemoteInvalidRequest`.
+//! - **Exactly once.** The responder remembers the last PSN it took from each sending queue: a
+//!   retransmission of it (its ACK was lost) is acknowledged again, not delivered twice.
+//! - Both ends must be reliable: a reliable queue's packets are datagrams, and an unreliable
+//!   receiver would take them without answering (the sender then times out).
 
 use super::{gather, scatter, QpCtx, Remote};
 use crate::device::Ctx;
 use crate::layout::{WqeOp, MAX_SGE, WQE_HEADER};
-use crate::packet::{psn_add, PacketHeader, PacketKind};
+use crate::packet::{psn_add, PacketHeader, PacketKind, Syndrome};
 use crate::source::Payload;
 use crate::wire::Transmit;
 use bypass_hal::{Access, CqOpcode, QueueState, Status, WrFlags};
@@ -158,7 +180,8 @@ impl QpCtx {
         self.send_psn = self.next_psn;
         self.sent_high = self.next_psn;
         self.sq_fetch = idx.wrapping_add(1);
-        if kind == PacketKind::ReadRequest {
+        if kind == PacketKind::ReadRequest || self.reliable {
+            // Wait for the answer (the READ's response; a reliable message's ACK).
             self.ops.push_back(super::Op { wqe, len: wqe.len, first_psn: psn, npkts: 1, resp_got: 0 });
             self.read_blocked = true;
             self.retx_deadline = ctx.now.saturating_add(self.timeout);
@@ -172,11 +195,121 @@ impl QpCtx {
     /// and the queue goes on.
     pub(super) fn datagram_timeout(&mut self, ctx: &mut Ctx<'_>) {
         self.retx_deadline = super::NEVER;
+        if self.reliable {
+            if self.ops.is_empty() {
+                return;
+            }
+            ctx.stats.timeouts += 1;
+            if self.retry_left == 0 {
+                return self.fail_front(ctx, Status::RetryExceeded);
+            }
+            self.retry_left -= 1;
+            return self.resend_front(ctx);
+        }
         if let Some(op) = self.ops.pop_front() {
             ctx.stats.timeouts += 1;
             self.send_cqe(&op.wqe, op.len, Status::RetryExceeded);
         }
         self.read_blocked = false;
+    }
+
+    /// Reliable: gives the outstanding message back to the send ring, to be fetched and sent
+    /// again with the same PSN (stop and wait: it is the last WQE fetched).
+    fn resend_front(&mut self, ctx: &mut Ctx<'_>) {
+        if let Some(op) = self.ops.pop_front() {
+            ctx.stats.retransmits += 1;
+            self.sq_fetch = self.sq_fetch.wrapping_sub(1);
+            self.next_psn = op.first_psn;
+            self.send_psn = op.first_psn;
+            self.sent_high = op.first_psn;
+        }
+        self.read_blocked = false;
+        self.wire_blocked = false;
+    }
+
+    /// Reliable: the outstanding message was answered; the next one may go.
+    fn answered(&mut self) {
+        self.read_blocked = false;
+        self.retx_deadline = super::NEVER;
+        self.retry_left = self.shared.config.retry_count;
+        self.rnr_left = self.shared.config.rnr_retry;
+    }
+
+    /// Reliable: the answer (ACK or NAK) to this queue's outstanding message.
+    fn on_datagram_ack(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
+        let Some(op) = self.ops.front().copied() else {
+            ctx.stats.stale_responses += 1;
+            return;
+        };
+        if !self.reliable || op.first_psn != hdr.psn || op.wqe.op.reads_back() {
+            ctx.stats.stale_responses += 1;
+            return;
+        }
+        match hdr.syndrome {
+            Syndrome::Ack => {
+                self.ops.pop_front();
+                self.answered();
+                self.send_cqe(&op.wqe, op.len, Status::Success);
+            }
+            Syndrome::RnrNak(wait) => {
+                ctx.stats.rnr_naks_received += 1;
+                if self.shared.config.rnr_retry != 7 {
+                    if self.rnr_left == 0 {
+                        return self.fail_front(ctx, Status::RnrRetryExceeded);
+                    }
+                    self.rnr_left -= 1;
+                }
+                self.retx_deadline = super::NEVER;
+                self.rnr_until = ctx.now.saturating_add(wait);
+                self.resend_front(ctx);
+            }
+            Syndrome::NakSequence => {
+                // Not sent by a datagram responder; a sender sends again.
+                self.resend_front(ctx);
+            }
+            Syndrome::NakInvalidRequest => self.fail_front(ctx, Status::RemoteInvalidRequest),
+            Syndrome::NakRemoteAccess => self.fail_front(ctx, Status::RemoteAccess),
+            Syndrome::NakRemoteOperation => self.fail_front(ctx, Status::RemoteOperation),
+        }
+    }
+
+    /// Reliable responder: answers the request `hdr` (to its sending queue, on the route to its
+    /// NIC; a NIC with no route is not answered, as a READ from it is not).
+    fn datagram_reply(&self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, syndrome: Syndrome) {
+        let Some(route) = ctx.routes.get(&hdr.src_nic) else {
+            ctx.stats.datagrams_dropped += 1;
+            return;
+        };
+        let ack = PacketHeader {
+            src_nic: ctx.nic,
+            dst_nic: hdr.src_nic,
+            src_qpn: self.shared.qpn,
+            dst_qpn: hdr.src_qpn,
+            kind: PacketKind::Ack,
+            syndrome,
+            psn: hdr.psn,
+            datagram: true,
+            ..Default::default()
+        };
+        match route.wire.transmit(&ack, &mut |_| {}) {
+            Transmit::Sent => ctx.stats.tx_responses += 1,
+            Transmit::Dropped | Transmit::Busy => ctx.stats.tx_dropped += 1,
+        }
+        route.wire.flush(false);
+    }
+
+    /// Reliable responder: whether `hdr` repeats the last message taken from its sender.
+    fn taken_before(&self, hdr: &PacketHeader) -> bool {
+        self.taken.iter().any(|&(nic, qpn, psn)| nic == hdr.src_nic && qpn == hdr.src_qpn && psn == hdr.psn)
+    }
+
+    /// Reliable responder: `hdr` was taken (delivered or carried out); remember it, and ACK.
+    fn take(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
+        match self.taken.iter_mut().find(|t| t.0 == hdr.src_nic && t.1 == hdr.src_qpn) {
+            Some(t) => t.2 = hdr.psn,
+            None => self.taken.push((hdr.src_nic, hdr.src_qpn, hdr.psn)),
+        }
+        self.datagram_reply(ctx, hdr, Syndrome::Ack);
     }
 
     /// The response to this queue's outstanding datagram READ (anything else is dropped).
@@ -190,8 +323,7 @@ impl QpCtx {
             return;
         }
         self.ops.pop_front();
-        self.read_blocked = false;
-        self.retx_deadline = super::NEVER;
+        self.answered();
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
         match ctx.resolve_span(&self.shared.sq, &op.wqe, 0, op.len, Access::LOCAL_WRITE, &mut segs) {
             Ok(n) => {
@@ -214,6 +346,9 @@ impl QpCtx {
                 && ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_READ).is_ok();
             let (Some(route), true) = (route, ok) else {
                 ctx.stats.datagrams_dropped += 1;
+                if self.reliable && route.is_some() {
+                    self.datagram_reply(ctx, hdr, Syndrome::NakRemoteAccess);
+                }
                 return;
             };
             let resp = PacketHeader {
@@ -248,9 +383,16 @@ impl QpCtx {
         let len = payload.len() as u64;
         let Ok(dst) = ctx.keys.resolve(hdr.rkey, hdr.remote_addr, len, Access::REMOTE_WRITE) else {
             ctx.stats.datagrams_dropped += 1;
+            if self.reliable {
+                self.datagram_reply(ctx, hdr, Syndrome::NakRemoteAccess);
+            }
             return;
         };
         if hdr.has_imm && !self.have_recv() {
+            if self.reliable {
+                ctx.stats.rnr_naks_sent += 1;
+                return self.datagram_reply(ctx, hdr, Syndrome::RnrNak(self.min_rnr));
+            }
             ctx.stats.datagrams_dropped += 1;
             return;
         }
@@ -270,13 +412,25 @@ impl QpCtx {
             );
             self.rq_fetch = self.rq_fetch.wrapping_add(1);
         }
+        if self.reliable {
+            self.take(ctx, hdr);
+        }
     }
 
     /// A datagram arrived for this (datagram) queue.
     pub(crate) fn on_datagram(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader, payload: Payload<'_>) {
+        if self.state == QueueState::Ready && hdr.kind == PacketKind::Ack {
+            return self.on_datagram_ack(ctx, hdr); // (an ACK is neither first nor last)
+        }
         if self.state != QueueState::Ready || !(hdr.first && hdr.last) {
             ctx.stats.datagrams_dropped += 1;
             return;
+        }
+        if self.reliable && matches!(hdr.kind, PacketKind::Send | PacketKind::Write) && self.taken_before(hdr)
+        {
+            // A retransmission of what was taken (its ACK was lost): answer it again.
+            ctx.stats.duplicates += 1;
+            return self.datagram_reply(ctx, hdr, Syndrome::Ack);
         }
         match hdr.kind {
             PacketKind::Send => {}
@@ -288,6 +442,10 @@ impl QpCtx {
             }
         }
         let recv = match self.fetch_rq() {
+            None if self.reliable => {
+                ctx.stats.rnr_naks_sent += 1;
+                return self.datagram_reply(ctx, hdr, Syndrome::RnrNak(self.min_rnr));
+            }
             None => {
                 ctx.stats.datagrams_dropped += 1;
                 return;
@@ -306,6 +464,9 @@ impl QpCtx {
             self.recv_cqe_from(self.rq_fetch, Status::LocalLength, CqOpcode::Recv, 0, None, false, from);
             self.rq_fetch = self.rq_fetch.wrapping_add(1);
             ctx.stats.datagrams_dropped += 1;
+            if self.reliable {
+                self.datagram_reply(ctx, hdr, Syndrome::NakInvalidRequest);
+            }
             return;
         }
         let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
@@ -338,6 +499,9 @@ impl QpCtx {
             from,
         );
         self.rq_fetch = self.rq_fetch.wrapping_add(1);
+        if self.reliable {
+            self.take(ctx, hdr);
+        }
     }
 }
 
