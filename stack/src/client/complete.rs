@@ -143,6 +143,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_send(&mut wc);
         for c in &wc[..n] {
+            self.ep.unsignaled_before(c, |p| self.on_send(p));
             self.on_send(c);
         }
         n

@@ -195,6 +195,9 @@ impl<D: Device + Clone> Conn<D> {
         let mut wc = [Completion::default(); POLL_BATCH];
         let n = self.ep.poll_send(&mut wc);
         for c in &wc[..n] {
+            self.ep.unsignaled_before(c, |p| {
+                let _ = self.ep.tx.complete(TxHandle::from_u64(p.wr_id), Event::SendCqe);
+            });
             let tx = TxHandle::from_u64(c.wr_id & !rndv::RNDV_TAG);
             if c.wr_id & rndv::RNDV_TAG != 0 {
                 self.rndv_completed(tx.index, c.status);
