@@ -758,7 +758,9 @@ impl<D: Device + Clone> Endpoint<D> {
         // A CQ overflow means the device dropped completions: the queues behind it cannot be
         // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
         let n = cq.poll(out).unwrap_or(0);
-        for c in &out[..n] {
+        for c in out[..n].iter().filter(|c| !c.status.is_ok()) {
+            // Only a failed or flushed send can have a successor in its batch: a successful
+            // completion is a signaled send's, the last of its batch or a lone one.
             let Some(index) = self.message_ctx(c.wr_id) else { continue };
             let next = self.run_next[index].load(Ordering::Relaxed);
             if next != NO_RUN {
