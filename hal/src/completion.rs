@@ -1,6 +1,7 @@
 //! Completions and the completion queue.
 
 use crate::Result;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 
 /// The outcome of a work request. Maps 1:1 from `ibv_wc_status` and `urma_cr_status_t`.
@@ -101,6 +102,20 @@ pub trait CompletionQueue: Send {
     /// Moves up to `out.len()` completions into `out`, oldest first, and returns how many. Never
     /// blocks. Returns [`crate::Error::CqOverflow`] once the device had to drop a completion.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+
+    /// [`poll`](Self::poll) into slots that need not be initialised, returning the completions
+    /// it wrote (a prefix of `out`): a poller's stack array then costs nothing to set up. The
+    /// provided version initialises `out` and calls `poll`; a backend that writes only the slots
+    /// it fills overrides it.
+    fn poll_uninit<'a>(&mut self, out: &'a mut [MaybeUninit<Completion>]) -> Result<&'a [Completion]> {
+        for slot in out.iter_mut() {
+            slot.write(Completion::default());
+        }
+        // SAFETY: every slot was initialised just above, and `MaybeUninit<T>` has `T`'s layout.
+        let out = unsafe { &mut *(out as *mut [MaybeUninit<Completion>] as *mut [Completion]) };
+        let n = self.poll(out)?;
+        Ok(&out[..n])
+    }
 
     /// Asks for one event on [`event_fd`](Self::event_fd) when a matching completion arrives.
     ///

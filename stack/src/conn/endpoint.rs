@@ -62,6 +62,7 @@ use crate::RpcError;
 
 /// `run_prev` of a send that no unsignaled send precedes in its batch.
 const NO_RUN: u64 = u64::MAX;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -404,11 +405,12 @@ impl<D: Device + Clone> Endpoint<D> {
     /// how many; does nothing if another thread is polling, or for own buffers.
     pub(crate) fn reclaim_shared(&self) -> usize {
         let RecvBufs::Shared(pool) = &self.recv else { return 0 };
-        let mut wc = [Completion::default(); MAX_REPOST_BATCH];
+        let mut wc = [MaybeUninit::uninit(); MAX_REPOST_BATCH];
         let mut total = 0;
         loop {
-            let n = self.poll_recv(&mut wc);
-            for c in &wc[..n] {
+            let done = self.poll_recv(&mut wc);
+            let n = done.len();
+            for c in done {
                 if pool.is_buf(c.wr_id) {
                     pool.note_taken();
                     pool.give_back(c.wr_id as u32);
@@ -753,12 +755,12 @@ impl<D: Device + Clone> Endpoint<D> {
     /// each polled send's successor in its batch (if any) is cut off from it: a send with a
     /// completion of its own ends the run the next completion may walk back over (see the
     /// module docs and [`Endpoint::unsignaled_before`]).
-    pub(crate) fn poll_send(&self, out: &mut [Completion]) -> usize {
-        let Ok(mut cq) = self.send_cq.try_lock() else { return 0 };
+    pub(crate) fn poll_send<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
+        let Ok(mut cq) = self.send_cq.try_lock() else { return &[] };
         // A CQ overflow means the device dropped completions: the queues behind it cannot be
         // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
-        let n = cq.poll(out).unwrap_or(0);
-        for c in out[..n].iter().filter(|c| !c.status.is_ok()) {
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        for c in done.iter().filter(|c| !c.status.is_ok()) {
             // Only a failed or flushed send can have a successor in its batch: a successful
             // completion is a signaled send's, the last of its batch or a lone one.
             let Some(index) = self.message_ctx(c.wr_id) else { continue };
@@ -767,19 +769,19 @@ impl<D: Device + Clone> Endpoint<D> {
                 self.run_prev[TxHandle::from_u64(next).index as usize].store(NO_RUN, Ordering::Relaxed);
             }
         }
-        n
+        done
     }
 
     /// Polls the receive CQ if no other thread is polling it.
-    pub(crate) fn poll_recv(&self, out: &mut [Completion]) -> usize {
-        let Ok(mut cq) = self.recv_cq.try_lock() else { return 0 };
+    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
+        let Ok(mut cq) = self.recv_cq.try_lock() else { return &[] };
         // As in `poll_send`.
-        let n = cq.poll(out).unwrap_or(0);
-        if n == 0 && self.is_shared() {
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        if done.is_empty() && self.is_shared() {
             // Under the CQ's lock, so the count orders the polls (see `drain`).
             self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
         }
-        n
+        done
     }
 
     /// Polls the receive CQ like [`poll_recv`](Self::poll_recv) (or waiting for its lock, with
@@ -787,15 +789,19 @@ impl<D: Device + Clone> Endpoint<D> {
     /// guard is dropped: the caller keeps it while it handles them. The count is raised under
     /// the CQ's lock, so a thread that then takes the lock and finds the CQ empty sees every
     /// earlier poll's completions either handled or still counted ([`Self::recv_in_flight`]).
-    pub(crate) fn poll_recv_tracked(&self, out: &mut [Completion], wait: bool) -> (usize, InFlight<'_>) {
+    pub(crate) fn poll_recv_tracked<'a>(
+        &self,
+        out: &'a mut [MaybeUninit<Completion>],
+        wait: bool,
+    ) -> (&'a [Completion], InFlight<'_>) {
         let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
-        let Some(mut cq) = guard else { return (0, InFlight(None)) };
-        let n = cq.poll(out).unwrap_or(0);
-        if n == 0 {
-            return (0, InFlight(None));
+        let Some(mut cq) = guard else { return (&[], InFlight(None)) };
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        if done.is_empty() {
+            return (done, InFlight(None));
         }
         self.recv_in_flight.fetch_add(1, Ordering::AcqRel);
-        (n, InFlight(Some(&self.recv_in_flight)))
+        (done, InFlight(Some(&self.recv_in_flight)))
     }
 
     /// Whether completions taken by [`poll_recv_tracked`](Self::poll_recv_tracked) are still
@@ -924,13 +930,13 @@ mod tests {
     /// retires, as `(wr_id, status, signaled)` in the order they are reported.
     fn reap(ep: &Endpoint<bypass_sim::SimNic>) -> Vec<(u64, crate::hal::Status, bool)> {
         let mut seen = Vec::new();
-        let mut wc = [Completion::default(); 8];
+        let mut wc = [std::mem::MaybeUninit::uninit(); 8];
         loop {
-            let n = ep.poll_send(&mut wc);
-            if n == 0 {
+            let done = ep.poll_send(&mut wc);
+            if done.is_empty() {
                 return seen;
             }
-            for c in &wc[..n] {
+            for c in done {
                 ep.unsignaled_before(c, |p| seen.push((p.wr_id, p.status, false)));
                 seen.push((c.wr_id, c.status, true));
             }
