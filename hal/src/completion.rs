@@ -138,3 +138,50 @@ pub trait CompletionQueue: Send {
     /// returns 0.
     fn ack_events(&mut self) -> Result<u64>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CQ that hands out the completions it holds, oldest first.
+    struct Fixed(Vec<Completion>);
+
+    impl CompletionQueue for Fixed {
+        fn depth(&self) -> u32 {
+            16
+        }
+        fn id(&self) -> u64 {
+            0
+        }
+        fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+            let n = out.len().min(self.0.len());
+            for (slot, c) in out.iter_mut().zip(self.0.drain(..n)) {
+                *slot = c;
+            }
+            Ok(n)
+        }
+        fn arm(&mut self, _: ArmMode) -> Result<()> {
+            Ok(())
+        }
+        fn event_fd(&self) -> RawFd {
+            -1
+        }
+        fn ack_events(&mut self) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    /// The provided `poll_uninit` returns exactly what `poll` wrote, and nothing more.
+    #[test]
+    fn poll_uninit_returns_the_completions_written() {
+        let c = |wr_id| Completion { wr_id, byte_len: 8, ..Completion::default() };
+        let mut cq = Fixed(vec![c(1), c(2), c(3)]);
+        let mut slots = [MaybeUninit::uninit(); 2];
+        let got: Vec<u64> = cq.poll_uninit(&mut slots).unwrap().iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [1, 2]);
+        let mut slots = [MaybeUninit::uninit(); 4];
+        let got: Vec<u64> = cq.poll_uninit(&mut slots).unwrap().iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [3]);
+        assert!(cq.poll_uninit(&mut slots).unwrap().is_empty());
+    }
+}
