@@ -1,6 +1,7 @@
 //! Completions and the completion queue.
 
 use crate::Result;
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 
 /// The outcome of a work request. Maps 1:1 from `ibv_wc_status` and `urma_cr_status_t`.
@@ -102,6 +103,20 @@ pub trait CompletionQueue: Send {
     /// blocks. Returns [`crate::Error::CqOverflow`] once the device had to drop a completion.
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
 
+    /// [`poll`](Self::poll) into slots that need not be initialised, returning the completions
+    /// it wrote (a prefix of `out`): a poller's stack array then costs nothing to set up. The
+    /// provided version initialises `out` and calls `poll`; a backend that writes only the slots
+    /// it fills overrides it.
+    fn poll_uninit<'a>(&mut self, out: &'a mut [MaybeUninit<Completion>]) -> Result<&'a [Completion]> {
+        for slot in out.iter_mut() {
+            slot.write(Completion::default());
+        }
+        // SAFETY: every slot was initialised just above, and `MaybeUninit<T>` has `T`'s layout.
+        let out = unsafe { &mut *(out as *mut [MaybeUninit<Completion>] as *mut [Completion]) };
+        let n = self.poll(out)?;
+        Ok(&out[..n])
+    }
+
     /// Asks for one event on [`event_fd`](Self::event_fd) when a matching completion arrives.
     ///
     /// A matching completion already in the queue (not yet polled) when it is armed: hardware
@@ -122,4 +137,51 @@ pub trait CompletionQueue: Send {
     /// channel events are taken with [`crate::EventChannel::take_events`] instead, and this
     /// returns 0.
     fn ack_events(&mut self) -> Result<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CQ that hands out the completions it holds, oldest first.
+    struct Fixed(Vec<Completion>);
+
+    impl CompletionQueue for Fixed {
+        fn depth(&self) -> u32 {
+            16
+        }
+        fn id(&self) -> u64 {
+            0
+        }
+        fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
+            let n = out.len().min(self.0.len());
+            for (slot, c) in out.iter_mut().zip(self.0.drain(..n)) {
+                *slot = c;
+            }
+            Ok(n)
+        }
+        fn arm(&mut self, _: ArmMode) -> Result<()> {
+            Ok(())
+        }
+        fn event_fd(&self) -> RawFd {
+            -1
+        }
+        fn ack_events(&mut self) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    /// The provided `poll_uninit` returns exactly what `poll` wrote, and nothing more.
+    #[test]
+    fn poll_uninit_returns_the_completions_written() {
+        let c = |wr_id| Completion { wr_id, byte_len: 8, ..Completion::default() };
+        let mut cq = Fixed(vec![c(1), c(2), c(3)]);
+        let mut slots = [MaybeUninit::uninit(); 2];
+        let got: Vec<u64> = cq.poll_uninit(&mut slots).unwrap().iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [1, 2]);
+        let mut slots = [MaybeUninit::uninit(); 4];
+        let got: Vec<u64> = cq.poll_uninit(&mut slots).unwrap().iter().map(|c| c.wr_id).collect();
+        assert_eq!(got, [3]);
+        assert!(cq.poll_uninit(&mut slots).unwrap().is_empty());
+    }
 }

@@ -23,6 +23,7 @@ use bypass_hal::{
     QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendOp, SendWr, Sge, WrFlags,
 };
 use std::alloc::Layout;
+use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -561,7 +562,16 @@ impl CompletionQueue for SimCq {
     }
 
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        self.poll_inner(out, &mut [])
+        // SAFETY: `poll_inner` only writes initialised completions into the slots, so `out`
+        // stays initialised; `MaybeUninit<T>` has `T`'s layout.
+        let slots = unsafe { &mut *(out as *mut [Completion] as *mut [MaybeUninit<Completion>]) };
+        self.poll_inner(slots, &mut [])
+    }
+
+    fn poll_uninit<'a>(&mut self, out: &'a mut [MaybeUninit<Completion>]) -> Result<&'a [Completion]> {
+        let n = self.poll_inner(out, &mut [])?;
+        // SAFETY: `poll_inner` initialised `out[..n]`; `MaybeUninit<T>` has `T`'s layout.
+        Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast::<Completion>(), n) })
     }
 
     fn arm(&mut self, mode: ArmMode) -> Result<()> {
@@ -603,10 +613,13 @@ impl SimCq {
     /// a datagram receive (zero otherwise). Up to `min(out.len(), from.len())` completions.
     pub fn poll_from(&mut self, out: &mut [Completion], from: &mut [Source]) -> Result<usize> {
         let n = out.len().min(from.len());
-        self.poll_inner(&mut out[..n], &mut from[..n])
+        // SAFETY: as in `poll`: only initialised completions are written into the slots.
+        let slots = unsafe { &mut *(&mut out[..n] as *mut [Completion] as *mut [MaybeUninit<Completion>]) };
+        self.poll_inner(slots, &mut from[..n])
     }
 
-    fn poll_inner(&mut self, out: &mut [Completion], from: &mut [Source]) -> Result<usize> {
+    /// Writes completions into `out[..n]` (initialised values only) and returns `n`.
+    fn poll_inner(&mut self, out: &mut [MaybeUninit<Completion>], from: &mut [Source]) -> Result<usize> {
         self.nic.on_poll(self.idle % 16 == 0);
         if self.shared.attach_pending.load(Ordering::Acquire) {
             self.shared.attach_pending.store(false, Ordering::Relaxed);
@@ -646,14 +659,14 @@ impl SimCq {
             if !current {
                 continue;
             }
-            out[n] = Completion {
+            out[n].write(Completion {
                 wr_id,
                 status: cqe.status,
                 opcode: cqe.opcode,
                 byte_len: cqe.byte_len,
                 imm: (cqe.flags & cqe_flags::HAS_IMM != 0).then_some(cqe.imm),
                 qpn: cqe.qpn,
-            };
+            });
             if let Some(f) = from.get_mut(n) {
                 *f = Source { nic: cqe.src_nic, qpn: cqe.src_qpn };
             }

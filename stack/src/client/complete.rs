@@ -3,6 +3,7 @@
 //! delivering the outcome exactly once, timeouts, a failed queue, and closing the channel.
 
 use super::*;
+use std::mem::MaybeUninit;
 
 impl<D: Device + Clone> ChannelInner<D> {
     /// Delivers a call's outcome (recording its end first, if recording). A completion callback
@@ -128,24 +129,25 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// Polls the receive CQ if no other thread is polling it; `wait`: waits for the thread
     /// that is (see [`collect_arrived`](Self::collect_arrived)).
     pub(super) fn poll_recv(&self, wait: bool) -> usize {
-        let mut wc = [Completion::default(); POLL_BATCH];
-        let (n, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
-        if n > 0 {
+        let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
+        let (done, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
+        if !done.is_empty() {
             self.live.mark_heard();
         }
-        for c in &wc[..n] {
+        for c in done {
             self.on_recv(c);
         }
-        n
+        done.len()
     }
 
     pub(super) fn poll_send(&self) -> usize {
-        let mut wc = [Completion::default(); POLL_BATCH];
-        let n = self.ep.poll_send(&mut wc);
-        for c in &wc[..n] {
+        let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
+        let done = self.ep.poll_send(&mut wc);
+        for c in done {
+            self.ep.unsignaled_before(c, |p| self.on_send(p));
             self.on_send(c);
         }
-        n
+        done.len()
     }
 
     pub(super) fn on_recv(&self, c: &Completion) {

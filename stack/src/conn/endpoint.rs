@@ -29,6 +29,19 @@
 //!   its completion, or a server [`Request`](crate::Request)), which gives it back when done:
 //!   re-posted to its queue, or to the shared pool.
 //!
+//! **Selective signaling.** A batch of sends posted with one doorbell ([`Endpoint::post_sends`])
+//! asks for a completion only for its last send: a queue completes its sends in order, so that
+//! completion means the others are done too. Each context of a batch records its neighbours in
+//! the batch (`run_prev`, `run_next`), and whoever handles a send completion first reports the
+//! unsignaled contexts before it as successfully sent, in post order
+//! ([`Endpoint::unsignaled_before`]). A send that fails or is flushed completes on its own (the
+//! device reports those whether signaled or not) and retires the unsignaled ones before it the
+//! same way; its successor's `run_prev` is cut while the send CQ's lock is held
+//! ([`Endpoint::poll_send`]), so a later completion of the batch never walks back into contexts
+//! already reported (and perhaps reused). A context reached by a walk is therefore always one
+//! whose send event nobody has reported: it stays live, and its links are the ones its post
+//! wrote. A lone send is always signaled, so no context waits for a send that may never come.
+//!
 //! Sends and receives complete on two separate completion queues, as in URPC (and as on
 //! hardware, the order between them is not defined): the send CQ and the receive CQ.
 //!
@@ -40,12 +53,16 @@ use crate::conn::shared_pool::SharedPool;
 use crate::conn::sizes::{validate_sizes, Sizes};
 use crate::core::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
 use crate::hal::{
-    Access, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueInfo, QueueState, RecvWr, SendOp,
-    SendWr, Sge, WrFlags,
+    Access, Completion, CompletionQueue, CqOpcode, Device, MemoryRegion, Queue, QueueInfo, QueueState,
+    RecvWr, SendOp, SendWr, Sge, Status, WrFlags,
 };
 use crate::limits::{MAX_REPOST_BATCH, MIN_MSG_SIZE};
 use crate::sync::lock;
 use crate::RpcError;
+
+/// `run_prev` of a send that no unsignaled send precedes in its batch.
+const NO_RUN: u64 = u64::MAX;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -98,6 +115,12 @@ pub(crate) struct Endpoint<D: Device> {
     /// Send contexts whose chunk is registered: always the first ones, since never-used contexts
     /// are handed out in index order (see [`Endpoint::tx_would_grow`]).
     send_ready: AtomicUsize,
+    /// Per send context: the context posted unsignaled just before it in the same batch
+    /// ([`NO_RUN`] for a batch's first send, a lone send, or once cut); see the module docs.
+    run_prev: Box<[AtomicU64]>,
+    /// Per send context: the context posted just after it in the same batch ([`NO_RUN`] for
+    /// the last send of a batch and a lone send).
+    run_next: Box<[AtomicU64]>,
     recv: RecvBufs<D>,
     pub(crate) msg_size: usize,
     /// SGEs per send-side work request the queues were created with.
@@ -228,6 +251,8 @@ impl<D: Device + Clone> Endpoint<D> {
             send_chunks,
             chunk_init: Mutex::new(()),
             send_ready: AtomicUsize::new(0),
+            run_prev: (0..tx_capacity).map(|_| AtomicU64::new(NO_RUN)).collect(),
+            run_next: (0..tx_capacity).map(|_| AtomicU64::new(NO_RUN)).collect(),
             recv,
             msg_size: s.msg_size,
             max_send_sge: config.max_send_sge as usize,
@@ -398,11 +423,12 @@ impl<D: Device + Clone> Endpoint<D> {
     /// how many; does nothing if another thread is polling, or for own buffers.
     pub(crate) fn reclaim_shared(&self) -> usize {
         let RecvBufs::Shared(pool) = &self.recv else { return 0 };
-        let mut wc = [Completion::default(); MAX_REPOST_BATCH];
+        let mut wc = [MaybeUninit::uninit(); MAX_REPOST_BATCH];
         let mut total = 0;
         loop {
-            let n = self.poll_recv(&mut wc);
-            for c in &wc[..n] {
+            let done = self.poll_recv(&mut wc);
+            let n = done.len();
+            for c in done {
                 if pool.is_buf(c.wr_id) {
                     pool.note_taken();
                     pool.give_back(c.wr_id as u32);
@@ -629,6 +655,8 @@ impl<D: Device + Clone> Endpoint<D> {
         self.check_ready(q)?;
         let (region, off) = self.send_slot(tx.index);
         let sge = region.sge(off, len)?;
+        self.run_prev[tx.index as usize].store(NO_RUN, Ordering::Relaxed);
+        self.run_next[tx.index as usize].store(NO_RUN, Ordering::Relaxed);
         let mut queue = lock(&slot.q);
         queue.post_send(&[SendWr::send(tx.to_u64(), &[sge])])?;
         Ok(())
@@ -643,21 +671,78 @@ impl<D: Device + Clone> Endpoint<D> {
     }
 
     /// Posts several sends on queue `q` with one doorbell: `(context, length)` pairs, at most
-    /// [`MAX_REPOST_BATCH`]. All or nothing.
+    /// [`MAX_REPOST_BATCH`]. All or nothing. Only the last is signaled; the others are recorded
+    /// as its run (see the module docs).
     pub(crate) fn post_sends(&self, q: usize, items: &[(TxHandle, u32)]) -> Result<(), RpcError> {
         let items = &items[..items.len().min(MAX_REPOST_BATCH)];
         self.check_ready(q)?;
         let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
-        for (sge, (tx, len)) in sges.iter_mut().zip(items) {
+        for (i, (sge, (tx, len))) in sges.iter_mut().zip(items).enumerate() {
             let (region, off) = self.send_slot(tx.index);
             *sge = region.sge(off, *len as usize)?;
+            // Before the post: the device's completion of the batch orders these stores before
+            // the poller's loads (`poll_send`, `unsignaled_before`).
+            let link = |j: Option<usize>| j.and_then(|j| items.get(j)).map_or(NO_RUN, |(t, _)| t.to_u64());
+            self.run_prev[tx.index as usize].store(link(i.checked_sub(1)), Ordering::Relaxed);
+            self.run_next[tx.index as usize].store(link(Some(i + 1)), Ordering::Relaxed);
         }
+        let last = items.len().wrapping_sub(1);
         let wrs: [SendWr<'_>; MAX_REPOST_BATCH] = std::array::from_fn(|i| {
             let wr_id = items.get(i).map_or(0, |(tx, _)| tx.to_u64());
-            SendWr::send(wr_id, std::slice::from_ref(&sges[i]))
+            let wr = SendWr::send(wr_id, std::slice::from_ref(&sges[i]));
+            if i == last {
+                wr
+            } else {
+                wr.with_flags(WrFlags::empty())
+            }
         });
         lock(&self.queues[q].q).post_send(&wrs[..items.len()])?;
         Ok(())
+    }
+
+    /// The send context a send completion's `wr_id` names if it is a message's (posted by
+    /// [`Endpoint::post_send`] or [`Endpoint::post_sends`]), not a one-sided operation's (tagged)
+    /// or a drain marker's.
+    fn message_ctx(&self, wr_id: u64) -> Option<usize> {
+        let index = TxHandle::from_u64(wr_id).index as usize;
+        (index < self.run_prev.len() && crate::conn::recovery::drain_queue(wr_id).is_none()).then_some(index)
+    }
+
+    /// Reports, through `f`, each context posted unsignaled before the message send that
+    /// completion `c` is about, oldest first, as a successful send completion on `c`'s queue: a
+    /// completion of a send (success, error or flush) means the sends before it on its queue
+    /// completed, and those of its batch that were not signaled have no completion of their own
+    /// (see the module docs). Call it for every send completion, before handling the completion
+    /// itself; it does nothing for a lone send, a one-sided operation or a drain marker.
+    pub(crate) fn unsignaled_before(&self, c: &Completion, mut f: impl FnMut(&Completion)) {
+        let Some(index) = self.message_ctx(c.wr_id) else { return };
+        let mut p = self.run_prev[index].load(Ordering::Relaxed);
+        if p == NO_RUN {
+            return;
+        }
+        let mut run = [0u64; MAX_REPOST_BATCH];
+        let mut n = 0;
+        while p != NO_RUN && n < MAX_REPOST_BATCH {
+            run[n] = p;
+            n += 1;
+            // `p` was posted before `c`'s send in its batch and its send event is not reported
+            // yet (the cut in `poll_send`), so it is live and this link is its post's.
+            p = self.run_prev[TxHandle::from_u64(p).index as usize].load(Ordering::Relaxed);
+        }
+        for &wr_id in run[..n].iter().rev() {
+            debug_assert!(
+                self.tx.send_pending(TxHandle::from_u64(wr_id)),
+                "a run walked into a reported send"
+            );
+            f(&Completion {
+                wr_id,
+                status: Status::Success,
+                opcode: CqOpcode::Send,
+                byte_len: 0,
+                imm: None,
+                qpn: c.qpn,
+            });
+        }
     }
 
     /// Refuses to post on a queue the endpoint has failed (or that failed under it): the hal
@@ -684,21 +769,37 @@ impl<D: Device + Clone> Endpoint<D> {
         !self.closed.swap(true, Ordering::AcqRel)
     }
 
-    /// Polls the send CQ if no other thread is polling it.
-    pub(crate) fn poll_send(&self, out: &mut [Completion]) -> usize {
-        Self::poll_cq(&self.send_cq, out)
+    /// Polls the send CQ if no other thread is polling it. Before the CQ's lock is given back,
+    /// each polled send's successor in its batch (if any) is cut off from it: a send with a
+    /// completion of its own ends the run the next completion may walk back over (see the
+    /// module docs and [`Endpoint::unsignaled_before`]).
+    pub(crate) fn poll_send<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
+        let Ok(mut cq) = self.send_cq.try_lock() else { return &[] };
+        // A CQ overflow means the device dropped completions: the queues behind it cannot be
+        // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        for c in done.iter().filter(|c| !c.status.is_ok()) {
+            // Only a failed or flushed send can have a successor in its batch: a successful
+            // completion is a signaled send's, the last of its batch or a lone one.
+            let Some(index) = self.message_ctx(c.wr_id) else { continue };
+            let next = self.run_next[index].load(Ordering::Relaxed);
+            if next != NO_RUN {
+                self.run_prev[TxHandle::from_u64(next).index as usize].store(NO_RUN, Ordering::Relaxed);
+            }
+        }
+        done
     }
 
     /// Polls the receive CQ if no other thread is polling it.
-    pub(crate) fn poll_recv(&self, out: &mut [Completion]) -> usize {
-        let Ok(mut cq) = self.recv_cq.try_lock() else { return 0 };
-        // As in `poll_cq`.
-        let n = cq.poll(out).unwrap_or(0);
-        if n == 0 && self.is_shared() {
+    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
+        let Ok(mut cq) = self.recv_cq.try_lock() else { return &[] };
+        // As in `poll_send`.
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        if done.is_empty() && self.is_shared() {
             // Under the CQ's lock, so the count orders the polls (see `drain`).
             self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
         }
-        n
+        done
     }
 
     /// Polls the receive CQ like [`poll_recv`](Self::poll_recv) (or waiting for its lock, with
@@ -706,28 +807,25 @@ impl<D: Device + Clone> Endpoint<D> {
     /// guard is dropped: the caller keeps it while it handles them. The count is raised under
     /// the CQ's lock, so a thread that then takes the lock and finds the CQ empty sees every
     /// earlier poll's completions either handled or still counted ([`Self::recv_in_flight`]).
-    pub(crate) fn poll_recv_tracked(&self, out: &mut [Completion], wait: bool) -> (usize, InFlight<'_>) {
+    pub(crate) fn poll_recv_tracked<'a>(
+        &self,
+        out: &'a mut [MaybeUninit<Completion>],
+        wait: bool,
+    ) -> (&'a [Completion], InFlight<'_>) {
         let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
-        let Some(mut cq) = guard else { return (0, InFlight(None)) };
-        let n = cq.poll(out).unwrap_or(0);
-        if n == 0 {
-            return (0, InFlight(None));
+        let Some(mut cq) = guard else { return (&[], InFlight(None)) };
+        let done = cq.poll_uninit(out).unwrap_or(&[]);
+        if done.is_empty() {
+            return (done, InFlight(None));
         }
         self.recv_in_flight.fetch_add(1, Ordering::AcqRel);
-        (n, InFlight(Some(&self.recv_in_flight)))
+        (done, InFlight(Some(&self.recv_in_flight)))
     }
 
     /// Whether completions taken by [`poll_recv_tracked`](Self::poll_recv_tracked) are still
     /// being handled.
     pub(crate) fn recv_in_flight(&self) -> bool {
         self.recv_in_flight.load(Ordering::Acquire) > 0
-    }
-
-    fn poll_cq(cq: &Mutex<D::Cq>, out: &mut [Completion]) -> usize {
-        let Ok(mut cq) = cq.try_lock() else { return 0 };
-        // A CQ overflow means the device dropped completions: the queues behind it cannot be
-        // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
-        cq.poll(out).unwrap_or(0)
     }
 
     /// Marks queue `q` failed and moves it to ERROR (which flushes what it still holds).
@@ -769,6 +867,7 @@ impl<D: Device> Drop for Endpoint<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::tx_ctx::Event;
     use bypass_sim::{Engine, Fabric};
 
     fn sizes() -> Sizes {
@@ -833,6 +932,77 @@ mod tests {
         // One context back: the next one handed out is it, registered.
         let _ = ep.tx.fail(held.pop().unwrap(), FailReason::SendError);
         assert!(!ep.tx_would_grow());
+    }
+
+    /// Two connected endpoints on `engine`.
+    fn pair(fabric: &Fabric) -> (Endpoint<bypass_sim::SimNic>, Endpoint<bypass_sim::SimNic>) {
+        let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+        let a = Endpoint::new(&na, sizes()).expect("endpoint a");
+        let b = Endpoint::new(&nb, sizes()).expect("endpoint b");
+        a.connect(&b.infos()).expect("connect a");
+        b.connect(&a.infos()).expect("connect b");
+        (a, b)
+    }
+
+    /// Every send completion of `ep`'s send CQ, each preceded by the unsignaled sends its batch
+    /// retires, as `(wr_id, status, signaled)` in the order they are reported.
+    fn reap(ep: &Endpoint<bypass_sim::SimNic>) -> Vec<(u64, crate::hal::Status, bool)> {
+        let mut seen = Vec::new();
+        let mut wc = [std::mem::MaybeUninit::uninit(); 8];
+        loop {
+            let done = ep.poll_send(&mut wc);
+            if done.is_empty() {
+                return seen;
+            }
+            for c in done {
+                ep.unsignaled_before(c, |p| seen.push((p.wr_id, p.status, false)));
+                seen.push((c.wr_id, c.status, true));
+            }
+        }
+    }
+
+    /// Selective signaling: a batch of three sends makes one send completion (the last one's),
+    /// and handling it reports the other two as sent, oldest first, so every context of the
+    /// batch goes back to the slab exactly once.
+    #[test]
+    fn a_batch_completes_once_and_retires_its_unsignaled_sends_in_order() {
+        let fabric = Fabric::new(Engine::Stepped { seed: 31 });
+        let (a, _b) = pair(&fabric);
+        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
+        let hs: Vec<TxHandle> = (0..3).map(|_| a.get_tx(mode, 0).unwrap().expect("a context")).collect();
+        a.post_sends(0, &hs.iter().map(|&h| (h, 16)).collect::<Vec<_>>()).expect("post");
+        fabric.run_until_idle();
+        let seen = reap(&a);
+        let ok = crate::hal::Status::Success;
+        let want: Vec<_> = hs.iter().enumerate().map(|(i, h)| (h.to_u64(), ok, i == 2)).collect();
+        assert_eq!(seen, want, "one completion, the batch's earlier sends retired before it");
+        for (wr_id, _, _) in seen {
+            assert!(a.tx.complete(TxHandle::from_u64(wr_id), Event::SendCqe).expect("live").is_released());
+        }
+        assert_eq!(a.tx.in_use(), 0);
+        // A lone send after the batch retires nothing but itself.
+        let h = a.get_tx(mode, 0).unwrap().expect("a context");
+        a.post_send(1, h, 16).expect("post");
+        fabric.run_until_idle();
+        assert_eq!(reap(&a), vec![(h.to_u64(), ok, true)]);
+    }
+
+    /// A batch flushed by its queue's failure: each send completes on its own (flushed), and
+    /// none is also reported by a walk from a later one (which could report a context already
+    /// released and handed to another call).
+    #[test]
+    fn a_flushed_batch_reports_each_send_once() {
+        let fabric = Fabric::new(Engine::Stepped { seed: 31 });
+        let (a, _b) = pair(&fabric);
+        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
+        let hs: Vec<TxHandle> = (0..3).map(|_| a.get_tx(mode, 0).unwrap().expect("a context")).collect();
+        a.post_sends(0, &hs.iter().map(|&h| (h, 16)).collect::<Vec<_>>()).expect("post");
+        a.fail_queue(0);
+        fabric.run_until_idle();
+        let seen = reap(&a);
+        let flushed = crate::hal::Status::Flushed;
+        let want: Vec<_> = hs.iter().map(|h| (h.to_u64(), flushed, true)).collect();
+        assert_eq!(seen, want, "three flushed completions, no walk");
     }
 
     /// Regression: a post on a failed queue was `Device(BadState)` whether the connection was

@@ -630,6 +630,17 @@ impl TxSlab {
         }
     }
 
+    /// Whether `handle` names a live context whose send completion is still pending (no
+    /// `complete(SendCqe)` or `fail(SendError | Flushed)` yet). Read-only; a stale handle is
+    /// `false` and is not counted as stale. The send event of a posted context is reported only
+    /// by whoever polls the send CQ, so to that poller the answer cannot change under it.
+    pub fn send_pending(&self, handle: TxHandle) -> bool {
+        self.slots.get(handle.index as usize).is_some_and(|slot| {
+            let cur = slot.state.load(Ordering::Acquire);
+            Self::is_current(cur, handle) && cur & SEND != 0
+        })
+    }
+
     fn slot(&self, handle: TxHandle) -> Result<&Slot, TxError> {
         match self.slots.get(handle.index as usize) {
             Some(slot) => Ok(slot),

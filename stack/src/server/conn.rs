@@ -3,6 +3,7 @@
 //! completions, credit grants, and closing.
 
 use super::*;
+use std::mem::MaybeUninit;
 
 thread_local! {
     /// The connection this thread's worker is dispatching (its address), 0 if none. While it is
@@ -231,9 +232,12 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     pub(super) fn poll_send(&self) -> usize {
-        let mut wc = [Completion::default(); POLL_BATCH];
-        let n = self.ep.poll_send(&mut wc);
-        for c in &wc[..n] {
+        let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
+        let done = self.ep.poll_send(&mut wc);
+        for c in done {
+            self.ep.unsignaled_before(c, |p| {
+                let _ = self.ep.tx.complete(TxHandle::from_u64(p.wr_id), Event::SendCqe);
+            });
             let tx = TxHandle::from_u64(c.wr_id & !rndv::RNDV_TAG);
             if c.wr_id & rndv::RNDV_TAG != 0 {
                 self.rndv_completed(tx.index, c.status);
@@ -254,6 +258,7 @@ impl<D: Device + Clone> Conn<D> {
                 }
             }
         }
+        let n = done.len();
         self.rndv_poll();
         n
     }
@@ -270,12 +275,13 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     pub(super) fn poll(self: &Arc<Self>) -> usize {
-        let mut wc = [Completion::default(); POLL_BATCH];
-        let n = self.ep.poll_recv(&mut wc);
+        let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
+        let done = self.ep.poll_recv(&mut wc);
+        let n = done.len();
         if n > 0 {
             self.live.mark_heard();
             let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
-            for c in &wc[..n] {
+            for c in done {
                 self.on_recv(c);
             }
             for q in 0..self.grants.len() {
