@@ -4,7 +4,7 @@
 //! numbers (one per MTU-sized segment; a READ reserves one per response segment), sends segments,
 //! and completes messages in order as acknowledgements and READ responses arrive. Lost or refused
 //! packets are resent go-back-N style: on a timeout (up to `retry_count` times), on a sequence
-//! NAK, and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
+//! NAK, on a gap in READ responses (at once, once per gap), and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
 //!
 //! Responder: accepts request packets strictly in PSN order; a duplicate is re-acknowledged (a
 //! duplicate READ is answered again), a gap is NAKed once. SENDs land in posted receives, WRITEs
