@@ -71,6 +71,9 @@ pub struct NicStats {
     /// READ responses that did not fit the request (a READ response for a SEND or WRITE, wrong
     /// FIRST/LAST flags, a wrong segment length): the request failed with `BadResponse`.
     pub bad_responses: u64,
+    /// Gaps in READ (or atomic) responses — a response past one not yet received — after which
+    /// the requester asked again at once from the first missing response (once per gap).
+    pub read_gaps: u64,
     /// Byte wires: datagrams or frames that were not valid RoCEv2 packets (short, bad ICRC,
     /// unknown opcode, bad lengths), dropped before reaching any queue.
     pub rx_malformed: u64,

@@ -4,7 +4,7 @@
 //! numbers (one per MTU-sized segment; a READ reserves one per response segment), sends segments,
 //! and completes messages in order as acknowledgements and READ responses arrive. Lost or refused
 //! packets are resent go-back-N style: on a timeout (up to `retry_count` times), on a sequence
-//! NAK, and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
+//! NAK, on a gap in READ responses (at once, once per gap), and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
 //!
 //! Responder: accepts request packets strictly in PSN order; a duplicate is re-acknowledged (a
 //! duplicate READ is answered again), a gap is NAKed once. SENDs land in posted receives, WRITEs
@@ -142,6 +142,10 @@ pub(crate) struct QpCtx {
     /// Waiting for an outstanding READ to complete before fetching the next WQE: a FENCE, or
     /// the queue's `max_rd_atomic` limit of READs in flight.
     read_blocked: bool,
+    /// A gap in READ responses (or in the responses behind an incomplete READ) was seen and
+    /// the READ asked again from its first missing segment: later out-of-order responses of
+    /// the same gap ask nothing more. Cleared by progress and by the retransmission timer.
+    read_gap_asked: bool,
     pub wire_blocked: bool,
     /// Listed in the device's to-flush list.
     pub pending_flush: bool,
@@ -228,6 +232,7 @@ impl QpCtx {
             rnr_until: 0,
             reads_outstanding: 0,
             read_blocked: false,
+            read_gap_asked: false,
             wire_blocked: false,
             pending_flush: false,
             listed: false,
@@ -269,6 +274,7 @@ impl QpCtx {
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
         self.nak_seq_sent = false;
+        self.read_gap_asked = false;
         self.set_state(QueueState::Ready);
     }
 
@@ -874,6 +880,7 @@ impl QpCtx {
         let cfg = &self.shared.config;
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
+        self.read_gap_asked = false;
         self.retx_deadline = if self.ops.is_empty() { NEVER } else { ctx.now.saturating_add(self.timeout) };
         if let Some(front) = self.ops.front() {
             let from = self.resume_psn(front);
@@ -1016,8 +1023,14 @@ impl QpCtx {
             if front.contains(hdr.psn) {
                 break;
             }
-            if front.wqe.op.reads_back() || psn_diff(front.last_psn(), hdr.psn) > 0 {
+            if psn_diff(front.last_psn(), hdr.psn) > 0 {
                 return; // stale response
+            }
+            if front.wqe.op.reads_back() {
+                // A response past an incomplete READ or atomic: its responses were lost.
+                let missing = self.resume_psn(front);
+                self.read_gap(ctx, missing);
+                return;
             }
             let op = self.ops.pop_front().expect("front exists");
             self.send_cqe(&op.wqe, op.len, Status::Success);
@@ -1030,8 +1043,13 @@ impl QpCtx {
             self.fail_front(ctx, Status::BadResponse);
             return;
         }
-        if psn_offset(hdr.psn, op.first_psn) != op.resp_got {
-            return; // a duplicate or a gap: go-back-N recovers
+        let offset = psn_offset(hdr.psn, op.first_psn);
+        if offset != op.resp_got {
+            if offset > op.resp_got {
+                // A gap: the segments between were lost.
+                self.read_gap(ctx, psn_add(op.first_psn, op.resp_got));
+            }
+            return; // a duplicate, or the gap asked again
         }
         let off = u64::from(op.resp_got) * u64::from(ctx.mtu);
         // The expected segment: FIRST (at the start, or where a re-request restarted), MIDDLE,
@@ -1070,6 +1088,26 @@ impl QpCtx {
         self.on_progress(ctx);
     }
 
+    /// A READ or atomic response arrived past `missing`, the first response not received: the
+    /// ones between were lost, and responses come in order, so they will not come. As IBA's
+    /// requester does on an out-of-sequence READ response (and rxe's completer): ask again from
+    /// `missing` at once rather than wait for the retransmission timer, once per gap (the rest
+    /// of the responses already in flight behind the gap ask nothing more), spending one retry.
+    fn read_gap(&mut self, ctx: &mut Ctx<'_>, missing: u32) {
+        if self.read_gap_asked {
+            return;
+        }
+        self.read_gap_asked = true;
+        ctx.stats.read_gaps += 1;
+        if trace::is_enabled() {
+            self.trace("read gap", &[("qpn", self.qpn().into()), ("psn", missing.into())]);
+        }
+        if self.spend_retry(ctx) {
+            self.send_psn = missing;
+            self.wire_blocked = false;
+        }
+    }
+
     /// An atomic ACK: the old value of the word the atomic at `hdr.psn` worked on.
     pub(crate) fn on_atomic_ack(&mut self, ctx: &mut Ctx<'_>, hdr: &PacketHeader) {
         if self.state != QueueState::Ready {
@@ -1084,8 +1122,14 @@ impl QpCtx {
             if front.contains(hdr.psn) {
                 break;
             }
-            if front.wqe.op.reads_back() || psn_diff(front.last_psn(), hdr.psn) > 0 {
-                return; // stale, or past an incomplete READ: the timer asks again
+            if psn_diff(front.last_psn(), hdr.psn) > 0 {
+                return; // stale
+            }
+            if front.wqe.op.reads_back() {
+                // Past an incomplete READ or atomic: its responses were lost.
+                let missing = self.resume_psn(front);
+                self.read_gap(ctx, missing);
+                return;
             }
             let op = self.ops.pop_front().expect("front exists");
             self.send_cqe(&op.wqe, op.len, Status::Success);
@@ -1128,6 +1172,7 @@ impl QpCtx {
             return;
         }
         self.retry_left -= 1;
+        self.read_gap_asked = false;
         let front = self.ops[0];
         self.send_psn = self.resume_psn(&front);
         self.wire_blocked = false;

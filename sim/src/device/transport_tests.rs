@@ -21,12 +21,18 @@ struct Rig {
 }
 
 fn rig(cfg: QueueConfig) -> Rig {
+    rig_with(cfg, cfg)
+}
+
+/// As [`rig`], the peer queue made with `peer_cfg` (its `max_dest_rd_atomic` is the requester's
+/// peer depth).
+fn rig_with(cfg: QueueConfig, peer_cfg: QueueConfig) -> Rig {
     let fabric = Fabric::new(Engine::Stepped { seed: 3 });
     let (a, b) = (fabric.add_nic(), fabric.add_nic());
     let cq = a.create_cq(64).unwrap();
     let mut q = a.create_queue(&cfg, &cq, &cq).unwrap();
     let cqb = b.create_cq(64).unwrap();
-    let peer = b.create_queue(&cfg, &cqb, &cqb).unwrap(); // stays in RESET: ignores packets
+    let peer = b.create_queue(&peer_cfg, &cqb, &cqb).unwrap(); // stays in RESET: ignores packets
     q.connect(&peer.info()).unwrap();
     let first = q.info().psn;
     let target =
@@ -475,4 +481,138 @@ fn rnr_waits_spend_no_transport_retries() {
     assert_eq!(ca.poll(&mut wc).unwrap(), 3);
     assert!(wc[..3].iter().all(|c| c.status == Status::Success), "{:?}", &wc[..3]);
     assert_eq!(cb.poll(&mut wc).unwrap(), 3, "all three SENDs landed");
+}
+
+/// The peer's READ depth bounds the requester too: with its own `max_rd_atomic` 4 and a peer
+/// whose `max_dest_rd_atomic` is 2 (rxe replays a duplicate READ only inside that window, so a
+/// third READ in flight could never be asked again), the wire carries two READ requests, and
+/// one more only once one completes.
+#[test]
+fn reads_in_flight_stop_at_the_peers_read_depth() {
+    let cfg = QueueConfig::default();
+    assert!(cfg.max_rd_atomic >= 4, "the requester alone would allow more than the peer");
+    let mut peer_cfg = cfg;
+    peer_cfg.max_dest_rd_atomic = 2;
+    let mut r = rig_with(cfg, peer_cfg);
+    let remote = r.target.remote();
+    let sges: Vec<[Sge; 1]> = (0..4).map(|i| [r.local.sge(i * 64, 64).unwrap()]).collect();
+    let wrs: Vec<SendWr<'_>> =
+        (0..4).map(|i| SendWr::send(i as u64, &sges[i]).with_op(SendOp::Read(remote.at(0)))).collect();
+    r.q.post_send(&wrs).unwrap();
+    r.fabric.run_until_idle();
+    assert_eq!(r.a.stats().tx_packets, 2, "two READ requests, the peer's depth");
+    r.read_response(r.psn(0), true, true, 64);
+    assert_eq!(r.completions(), [(0, Status::Success)]);
+    assert_eq!(r.a.stats().tx_packets, 3, "one more READ request once one completed");
+    r.read_response(r.psn(1), true, true, 64);
+    r.read_response(r.psn(2), true, true, 64);
+    assert_eq!(r.completions(), [(1, Status::Success), (2, Status::Success)]);
+    assert_eq!(r.a.stats().tx_packets, 4);
+}
+
+/// A READ response lost in the middle of a multi-segment READ: the next segment reveals the
+/// gap, and the requester asks again from the missing segment at once (IBA's out-of-sequence
+/// READ response, rxe's completer), without waiting for its retransmission timer; the rest of
+/// the responses already in flight behind the gap ask nothing more.
+#[test]
+fn a_gap_in_read_responses_asks_again_at_once_and_once() {
+    let mut r = rig(QueueConfig::default());
+    let sge = [r.local.sge(0, 3 * 4096).unwrap()];
+    r.q.post_send(&[SendWr::send(1, &sge).with_op(SendOp::Read(r.target.remote().at(0)))]).unwrap();
+    r.fabric.run_until_idle();
+    assert_eq!(r.a.stats().tx_packets, 1);
+    r.read_response(r.psn(0), true, false, 4096);
+    // Segment 1 is lost; segment 2 arrives. No time passes: no timer can fire.
+    r.read_response(r.psn(2), false, true, 4096);
+    assert_eq!(r.a.stats().tx_packets, 2, "the READ asked again from segment 1 at once");
+    assert_eq!(r.a.stats().timeouts, 0);
+    assert_eq!(r.a.stats().read_gaps, 1);
+    // A duplicate of the response behind the gap asks nothing more.
+    r.read_response(r.psn(2), false, true, 4096);
+    assert_eq!(r.a.stats().tx_packets, 2, "once per gap");
+    // The answer to the new request (segments 1 and 2, a READ of its own) completes the READ.
+    r.read_response(r.psn(1), true, false, 4096);
+    r.read_response(r.psn(2), false, true, 4096);
+    assert_eq!(r.completions(), [(1, Status::Success)]);
+    assert_eq!(r.a.stats().read_gaps, 1);
+}
+
+/// A READ whose every response was lost, behind it a second READ whose response arrives: the
+/// first READ's responses will never come (responses are in order), so it is asked again at
+/// once, and the second's response alone completes nothing out of order.
+#[test]
+fn a_response_past_an_unanswered_read_asks_it_again_at_once() {
+    let mut r = rig(QueueConfig::default());
+    let remote = r.target.remote();
+    let sges: Vec<[Sge; 1]> = (0..2).map(|i| [r.local.sge(i * 64, 64).unwrap()]).collect();
+    let wrs: Vec<SendWr<'_>> =
+        (0..2).map(|i| SendWr::send(i as u64, &sges[i]).with_op(SendOp::Read(remote.at(0)))).collect();
+    r.q.post_send(&wrs).unwrap();
+    r.fabric.run_until_idle();
+    assert_eq!(r.a.stats().tx_packets, 2);
+    r.read_response(r.psn(1), true, true, 64);
+    assert_eq!(r.completions(), []);
+    // Go-back-N from the first READ: both requests again, no timer.
+    assert_eq!(r.a.stats().tx_packets, 4, "{:?}", r.a.stats());
+    assert_eq!(r.a.stats().timeouts, 0);
+    r.read_response(r.psn(0), true, true, 64);
+    r.read_response(r.psn(1), true, true, 64);
+    assert_eq!(r.completions(), [(0, Status::Success), (1, Status::Success)]);
+}
+
+/// READs of many segments over a seeded lossy wire: every READ completes with the peer's bytes,
+/// and the lost responses in the middle of a READ are asked again at once — the repairs by gap
+/// outnumber the timeouts (the timer is left for what no later response reveals: a lost last
+/// segment, a lost request).
+#[test]
+fn reads_over_a_lossy_wire_repair_gaps_without_the_timer() {
+    use crate::{FabricConfig, FaultPlan};
+    for seed in 1..=4u64 {
+        let faults = FaultPlan { drop_ppm: 20_000, seed, ..FaultPlan::NONE };
+        let fabric =
+            Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(Engine::Stepped { seed }) });
+        let (a, b) = (fabric.add_nic(), fabric.add_nic());
+        let mut cfg = QueueConfig::default();
+        cfg.timeout = AckTimeout::at_least(std::time::Duration::from_millis(1));
+        let (mut ca, cb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+        let mut qa = a.create_queue(&cfg, &ca, &ca).unwrap();
+        let mut qb = b.create_queue(&cfg, &cb, &cb).unwrap();
+        let (ia, ib) = (qa.info(), qb.info());
+        qa.connect(&ib).unwrap();
+        qb.connect(&ia).unwrap();
+        const LEN: usize = 16 * 4096;
+        let src = b.register(LEN, Access::REMOTE_READ).unwrap();
+        // SAFETY: the region is LEN bytes, registered above and alive; nothing else touches it.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(src.as_ptr(), LEN) };
+        for (i, x) in bytes.iter_mut().enumerate() {
+            *x = (i * 7 + 3) as u8;
+        }
+        let dst = a.register(LEN, Access::LOCAL_WRITE).unwrap();
+        let mut done = 0;
+        for round in 0..16u64 {
+            // SAFETY: as above, for dst.
+            unsafe { std::ptr::write_bytes(dst.as_ptr(), 0, LEN) };
+            qa.post_send(&[
+                SendWr::send(round, &[dst.sge(0, LEN).unwrap()]).with_op(SendOp::Read(src.remote().at(0)))
+            ])
+            .unwrap();
+            let mut wc = [Completion::default(); 4];
+            let mut got = None;
+            for _ in 0..10_000 {
+                fabric.run_until_idle();
+                if ca.poll(&mut wc).unwrap() == 1 {
+                    got = Some(wc[0].status);
+                    break;
+                }
+                fabric.advance(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(got, Some(Status::Success), "seed {seed} round {round}: {:?}", a.stats());
+            // SAFETY: as above.
+            assert_eq!(unsafe { std::slice::from_raw_parts(dst.as_ptr(), LEN) }, &bytes[..]);
+            done += 1;
+        }
+        assert_eq!(done, 16);
+        let s = a.stats();
+        assert!(s.read_gaps > s.timeouts, "seed {seed}: {s:?}");
+    }
 }
