@@ -14,8 +14,11 @@
 //!   each datagram's ICRC and headers, turns it into a [`PacketHeader`] and puts it in the NIC's
 //!   inbox, then notifies the NIC as the in-process wire does (the NIC's own user picks it up at
 //!   its next poll, or the receive thread runs the device when that user sleeps on an event fd).
-//!   Malformed datagrams and datagrams from addresses no queue is connected to are counted
-//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped.
+//!   Malformed datagrams are counted ([`UdpStats`], merged into `NicStats::rx_malformed`) and
+//!   dropped. RoCEv2-shaped datagrams from an address no queue of the NIC is connected to are
+//!   dropped right there, before their ICRC is computed or anything is queued or copied
+//!   (`NicStats::rx_ignored`): a flood of them costs the NIC about what junk costs, and never
+//!   fills the inbox ahead of its peers' packets.
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
@@ -68,6 +71,9 @@ pub(crate) struct UdpStats {
     pub malformed: AtomicU64,
     /// Datagrams the socket would not take (its buffer was full): lost, as on a network.
     pub send_dropped: AtomicU64,
+    /// RoCEv2-shaped datagrams from an address no queue of the NIC is connected to: dropped
+    /// before their ICRC is computed or anything is queued (`NicStats::rx_ignored`).
+    pub strangers: AtomicU64,
 }
 
 /// The send batch: up to [`BATCH`] encoded datagrams waiting for `flush`.
@@ -473,6 +479,7 @@ impl WirePort for UdpPort {
     fn stats(&self) -> WireStats {
         WireStats {
             rx_malformed: self.stats.malformed.load(AtOrd::Relaxed),
+            rx_ignored: self.stats.strangers.load(AtOrd::Relaxed),
             tx_dropped: self.stats.send_dropped.load(AtOrd::Relaxed),
             tx_wakeups: 0,
         }
@@ -566,19 +573,37 @@ fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
                 }
                 continue;
             }
+            if let Err(e) = roce_shaped(dgram) {
+                port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                if bypass_hal::trace::is_enabled() {
+                    trace_malformed(n.addr(), from, len, e);
+                }
+                continue;
+            }
+            let (src, standard) = match last_peer {
+                Some((a, id, std)) if a == from => (id, std),
+                _ => {
+                    let (id, std) = port.lookup(from);
+                    // Only a peer is remembered: a peer keeps its id for the NIC's life, while
+                    // a stranger may become a peer when a queue connects to it.
+                    if id != UNKNOWN_PEER {
+                        last_peer = Some((from, id, std));
+                    }
+                    (id, std)
+                }
+            };
+            if src == UNKNOWN_PEER {
+                // No queue of this NIC is connected to the sender, so its frame would reach
+                // none: dropped before the ICRC is computed or the frame queued, so a flood of
+                // them cannot fill the inbox ahead of the peers' packets (issue 30, defect 10).
+                port.stats.strangers.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
             let ep = Endpoints {
                 src_ip: from.ip().octets(),
                 dst_ip: local.ip().octets(),
                 src_port: from.port(),
                 dst_port: local.port(),
-            };
-            let (src, standard) = match last_peer {
-                Some((a, id, std)) if a == from => (id, std),
-                _ => {
-                    let (id, std) = port.lookup(from);
-                    last_peer = Some((from, id, std));
-                    (id, std)
-                }
             };
             let decoded =
                 if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
@@ -617,6 +642,20 @@ fn trace_malformed(nic: u32, from: SocketAddrV4, len: usize, e: roce::FrameError
     let _ = e;
     let args = [("from_port", from.port().into()), ("len", len.into())];
     bypass_hal::trace::instant(bypass_hal::trace::Track::Nic(nic), "malformed frame dropped", &args);
+}
+
+/// Whether a datagram can be a RoCEv2 packet at all (a known opcode and room for its headers
+/// and ICRC): what is checked before the sender is looked up, so noise from anywhere counts as
+/// malformed, and only RoCEv2-shaped frames from strangers as ignored.
+fn roce_shaped(dgram: &[u8]) -> Result<(), roce::FrameError> {
+    let Some(&b) = dgram.first() else {
+        return Err(roce::FrameError::TooShort { len: 0, need: roce::BTH_LEN + roce::ICRC_LEN });
+    };
+    let need = roce::Opcode::from_byte(b)?.header_len() + roce::ICRC_LEN;
+    if dgram.len() < need {
+        return Err(roce::FrameError::TooShort { len: dgram.len(), need });
+    }
+    Ok(())
 }
 
 /// The IPv4-mapped GID of an IPv4 address (`::ffff:a.b.c.d`).

@@ -159,6 +159,8 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
 pub(crate) struct WireStats {
     /// Frames that were not valid RoCEv2 packets of ours, dropped (`NicStats::rx_malformed`).
     pub rx_malformed: u64,
+    /// Frames from senders no queue is connected to, dropped unread (`NicStats::rx_ignored`).
+    pub rx_ignored: u64,
     /// Packets the wire would not take and lost (`NicStats::tx_wire_dropped`).
     pub tx_dropped: u64,
     /// Wake-ups issued to sleeping receivers (`NicStats::tx_wakeups`).

@@ -827,6 +827,9 @@ impl WirePort for L2Wire {
     fn stats(&self) -> WireStats {
         WireStats {
             rx_malformed: self.stats.malformed.load(Ordering::Relaxed),
+            // RoCEv2 frames from an address no queue is connected to, dropped in `drain` before
+            // they reach the device. Frames for other hosts (`not_ours`) are not counted here.
+            rx_ignored: self.stats.unknown_peer.load(Ordering::Relaxed),
             tx_dropped: self.stats.tx_dropped.load(Ordering::Relaxed),
             tx_wakeups: 0,
         }

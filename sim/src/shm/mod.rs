@@ -483,6 +483,9 @@ mod port {
         fn stats(&self) -> WireStats {
             WireStats {
                 rx_malformed: self.malformed.load(Ordering::Relaxed),
+                // Frames are read in place, from processes attached to the region; the device
+                // counts those from a producer no queue is connected to.
+                rx_ignored: 0,
                 tx_dropped: 0,
                 tx_wakeups: self.wakes_sent.load(Ordering::Relaxed),
             }
