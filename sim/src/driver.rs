@@ -85,6 +85,7 @@ impl SimNic {
         if let Some(p) = self.nic.wire_port.get() {
             let w = p.stats();
             s.rx_malformed += w.rx_malformed;
+            s.rx_ignored += w.rx_ignored;
             s.tx_wire_dropped += w.tx_dropped;
             s.tx_wakeups += w.tx_wakeups;
         }

@@ -10,16 +10,20 @@
 //!   packet into the NIC's send batch (the payload gathered from host memory straight into its
 //!   place in the datagram), and [`UdpLink::flush`] hands the batch to the kernel in one
 //!   `sendmmsg`. A socket buffer that is full drops the datagram, as a congested network would.
-//! - **Receiving**: a thread per NIC sleeps in `recvmmsg` (it takes a burst per call), checks
-//!   each datagram's ICRC and headers, turns it into a [`PacketHeader`] and puts it in the NIC's
-//!   inbox, then notifies the NIC as the in-process wire does (the NIC's own user picks it up at
-//!   its next poll, or the receive thread runs the device when that user sleeps on an event fd).
-//!   Malformed datagrams and datagrams from addresses no queue is connected to are counted
-//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped.
+//! - **Receiving** is the device's: while the NIC's user polls its CQs, each poll reads the
+//!   socket (a non-blocking `recvmmsg` of up to a batch, [`UdpPort::drain`], under the device
+//!   lock, so there is one reader at a time and packets are handled in the socket's order),
+//!   checks each datagram's ICRC and headers and hands it to the device straight from the receive
+//!   buffer. A thread per NIC covers a user that does not poll: it reads nothing itself, but when
+//!   the polls stop (or a CQ is armed, a device thread parks, `connect` waits for a pong) it
+//!   waits on the socket and has the device run on each arrival. Malformed datagrams are counted
+//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
+//!   from addresses no queue is connected to are dropped before their ICRC is computed
+//!   (`NicStats::rx_ignored`).
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
-//!   datagram answered by its receive thread, not by a queue) and fails with the reason when it
+//!   datagram answered by its device, not by a queue) and fails with the reason when it
 //!   does not answer, rather than "connecting" and timing out later.
 //! - **Standard RoCEv2 peers** (Linux's rxe, a hardware NIC): a peer `QueueInfo` with an IPv4
 //!   GID and `lid` 0 — what a verbs queue reports on RoCE — is one. Such a NIC receives only on
@@ -32,6 +36,7 @@
 //!   for path-MTU discovery, and Linux sends ID 0 on unconnected DF datagrams), which is what
 //!   their ICRC is computed over. docs/sim.md, "Interoperating with a real RoCEv2 NIC".
 
+use crate::eventfd::EventFd;
 use crate::packet::{PacketHeader, ANY_QPN};
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints, Link};
@@ -40,8 +45,8 @@ use bypass_hal::QueueInfo;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering as AtOrd};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -55,8 +60,15 @@ const PING: [u8; 8] = *b"BYPSPING";
 const PONG: [u8; 8] = *b"BYPSPONG";
 /// How long `connect` waits for the peer NIC's pong (each of three pings).
 const PING_WAIT: Duration = Duration::from_millis(300);
-/// How often a receive thread with nothing to do looks whether its NIC is gone.
-const RX_IDLE_CHECK: Duration = Duration::from_millis(100);
+/// How long the receive thread sleeps between looks while the NIC's user polls (the polls read
+/// the socket; the thread only checks that they go on).
+const TICK: Duration = Duration::from_millis(1);
+/// The receive thread's longest sleep while it watches the socket (it then looks whether the
+/// NIC is gone).
+const LONG_SLEEP: Duration = Duration::from_millis(100);
+/// epoll tokens: the socket, the receive thread's bell.
+const SOCK_TOKEN: u64 = 0;
+const BELL_TOKEN: u64 = 1;
 /// The source id of packets from an address no queue of the NIC is connected to: no queue has
 /// it as its peer, so such packets are counted as ignored and dropped.
 const UNKNOWN_PEER: u32 = u32::MAX;
@@ -68,6 +80,17 @@ pub(crate) struct UdpStats {
     pub malformed: AtomicU64,
     /// Datagrams the socket would not take (its buffer was full): lost, as on a network.
     pub send_dropped: AtomicU64,
+    /// RoCEv2-looking datagrams from an address no queue of the NIC is connected to: dropped
+    /// before their ICRC is computed or anything is copied (`NicStats::rx_ignored`).
+    pub strangers: AtomicU64,
+}
+
+/// The receive batch `drain` reads datagrams into: touched only under the NIC's device lock.
+struct RxBatch {
+    bufs: Vec<Box<[u8]>>,
+    addrs: [libc::sockaddr_in; BATCH],
+    /// The last source looked up: its address, source id, and whether it is a standard peer.
+    last_peer: Option<(SocketAddrV4, u32, bool)>,
 }
 
 /// The send batch: up to [`BATCH`] encoded datagrams waiting for `flush`.
@@ -89,6 +112,21 @@ pub(crate) struct UdpPort {
     /// `<ip>:4791`). Their datagrams come from any source port.
     standard: RwLock<HashMap<Ipv4Addr, u32>>,
     tx: Mutex<TxBatch>,
+    rx: Mutex<RxBatch>,
+    /// Reads asked for: raised by every poll of the NIC's CQs and by the receive thread when
+    /// datagrams arrive while it watches the socket. Packets may wait (`pending`) while it
+    /// differs from `took`.
+    want: AtomicU64,
+    /// The value of `want` read by the last `drain` that found the socket empty, before it read.
+    took: AtomicU64,
+    /// Wakes the receive thread: a CQ was armed, `connect` waits for a pong, or shutdown.
+    bell: EventFd,
+    /// The receive thread's wait set: the socket (edge-triggered) and `bell`.
+    epoll: OwnedFd,
+    /// The receive thread sleeps on its tick, not watching the socket (`attention` rings).
+    ticking: AtomicBool,
+    /// `connect`s waiting for a pong: the receive thread watches the socket meanwhile.
+    pinging: AtomicU32,
     pub stats: UdpStats,
     /// Outstanding pings of `connect`'s reachability check: (nonce, answered). Only pongs to
     /// these are kept, so a stranger's pongs cannot grow it.
@@ -129,7 +167,6 @@ impl UdpPort {
         }
         let sock = UdpSocket::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("the UDP wire cannot bind {addr}: {e}")))?;
-        sock.set_read_timeout(Some(RX_IDLE_CHECK))?;
         // DF on every datagram, never fragmented by this host: Linux then sends IPv4 ID 0 (an
         // unconnected socket), the header the ICRC is computed over, which a standard RoCEv2 peer
         // checks. A datagram over the path MTU fails to send (counted, then retransmitted and
@@ -157,12 +194,36 @@ impl UdpPort {
             dests: [zero; BATCH],
             n: 0,
         };
+        // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
+        let addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
+        let rx = RxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect(),
+            addrs,
+            last_peer: None,
+        };
+        let bell = EventFd::new()?;
+        // SAFETY: epoll_create1 has no memory-safety preconditions; the result is checked.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` is a fresh descriptor that nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_add(&epoll, sock.as_raw_fd(), (libc::EPOLLIN | libc::EPOLLET) as u32, SOCK_TOKEN)?;
+        epoll_add(&epoll, bell.raw(), libc::EPOLLIN as u32, BELL_TOKEN)?;
         Ok(UdpPort {
             sock,
             local,
             peers: RwLock::new((Vec::new(), HashMap::new())),
             standard: RwLock::new(HashMap::new()),
             tx: Mutex::new(tx),
+            rx: Mutex::new(rx),
+            want: AtomicU64::new(0),
+            took: AtomicU64::new(0),
+            bell,
+            epoll,
+            ticking: AtomicBool::new(false),
+            pinging: AtomicU32::new(0),
             stats: UdpStats::default(),
             pongs: Mutex::new(Vec::new()),
             pong_cv: Condvar::new(),
@@ -173,10 +234,158 @@ impl UdpPort {
         })
     }
 
-    /// Wakes the receive thread (an empty datagram to itself), so that it sees a shutdown at once
-    /// rather than at its next idle check.
-    pub(crate) fn wake(&self) {
-        let _ = self.sock.send_to(&[], self.local);
+    /// The receive thread's sleep: up to `wait`, woken by its bell and, if `watch`, by datagrams
+    /// arriving on the socket (edge-triggered: an arrival wakes it once, even if earlier ones are
+    /// still unread). True if datagrams arrived.
+    fn wait(&self, wait: Duration, watch: bool) -> bool {
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut arrived = false;
+        if watch {
+            // SAFETY: an all-zero epoll_event is a valid plain C struct.
+            let mut evs: [libc::epoll_event; 2] = unsafe { std::mem::zeroed() };
+            // SAFETY: the kernel writes at most 2 events into `evs`, which lives in this frame.
+            let r = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 2, ms) };
+            for e in evs.iter().take(r.max(0) as usize) {
+                arrived |= { e.u64 } == SOCK_TOKEN;
+            }
+        } else {
+            let mut pfd = libc::pollfd { fd: self.bell.raw(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        }
+        let _ = self.bell.drain();
+        arrived
+    }
+
+    /// The device's receive path, run under the NIC's device lock, so there is one reader at a
+    /// time and packets are handled in the order the socket holds them: takes up to a batch of
+    /// datagrams without waiting, answers pings, drops junk and strangers' frames, and hands each
+    /// packet to `recv` straight from the receive buffer (no copy through the inbox). A batch
+    /// that is not full means the socket was empty: the reads asked for before are done.
+    fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+        let want = self.want.load(AtOrd::Acquire);
+        let mut guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = &mut *guard;
+        let size = self.mtu as usize + OVERHEAD;
+        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid plain C struct.
+        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..BATCH {
+            iovs[i] = libc::iovec { iov_base: rx.bufs[i].as_mut_ptr().cast(), iov_len: size };
+            msgs[i].msg_hdr.msg_name = (&mut rx.addrs[i] as *mut libc::sockaddr_in).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every mmsghdr points at a live sockaddr_in, iovec and buffer (in `rx`, locked,
+        // or this frame), sized as declared; the kernel writes at most that much and does not
+        // wait (MSG_DONTWAIT).
+        let r = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            // Empty (EAGAIN), or an error a read would meet again; EINTR: look again.
+            if r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                self.took.store(want, AtOrd::Release);
+            }
+            return;
+        }
+        let got = r as usize;
+        let local = self.local;
+        for (i, m) in msgs.iter().enumerate().take(got) {
+            let len = m.msg_len as usize;
+            let a = rx.addrs[i];
+            let from =
+                SocketAddrV4::new(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port));
+            if len > size || m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
+            let dgram = &rx.bufs[i][..len];
+            if dgram.len() == 16 && (dgram[..8] == PING || dgram[..8] == PONG) {
+                self.ping_pong(dgram, from);
+                continue;
+            }
+            if let Err(e) = roce_shaped(dgram) {
+                self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                if bypass_hal::trace::is_enabled() {
+                    trace_malformed(nic, from, len, e);
+                }
+                continue;
+            }
+            let (src, standard) = match rx.last_peer {
+                Some((a, id, std)) if a == from => (id, std),
+                _ => {
+                    let (id, std) = self.lookup(from);
+                    rx.last_peer = Some((from, id, std));
+                    (id, std)
+                }
+            };
+            if src == UNKNOWN_PEER {
+                // No queue of this NIC is connected to the sender: its frame would reach none.
+                // Dropped before the ICRC is computed or a byte is copied, so a flood of them
+                // costs little more than reading it (issue 30, defect 10).
+                self.stats.strangers.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
+            let ep = Endpoints {
+                src_ip: from.ip().octets(),
+                dst_ip: local.ip().octets(),
+                src_port: from.port(),
+                dst_port: local.port(),
+            };
+            let decoded =
+                if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
+            let frame = match decoded {
+                Ok(f) => f,
+                Err(e) => {
+                    self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                    if bypass_hal::trace::is_enabled() {
+                        trace_malformed(nic, from, len, e);
+                    }
+                    continue;
+                }
+            };
+            let ctx = roce::RxContext {
+                src_nic: src,
+                dst_nic: nic,
+                src_qpn: ANY_QPN,
+                near_psn: frame.psn,
+                offset: 0,
+                write: None,
+            };
+            recv(&frame.to_header(&ctx), frame.payload);
+        }
+        if got < BATCH {
+            self.took.store(want, AtOrd::Release);
+        }
+    }
+
+    /// Answers a ping; records a pong that `connect` waits for (others are junk).
+    #[cold]
+    fn ping_pong(&self, dgram: &[u8], from: SocketAddrV4) {
+        if dgram[..8] == PING {
+            let mut pong = [0u8; 16];
+            pong[..8].copy_from_slice(&PONG);
+            pong[8..].copy_from_slice(&dgram[8..]);
+            let _ = self.sock.send_to(&pong, from);
+            return;
+        }
+        let nonce = u64::from_le_bytes(dgram[8..16].try_into().expect("8 bytes"));
+        let mut pongs = self.pongs.lock().unwrap_or_else(|e| e.into_inner());
+        match pongs.iter_mut().find(|(n, _)| *n == nonce) {
+            Some(p) => {
+                p.1 = true;
+                self.pong_cv.notify_all();
+            }
+            None => drop(self.stats.malformed.fetch_add(1, AtOrd::Relaxed)),
+        }
     }
 
     /// The source id of peer `addr`, assigned on first use.
@@ -245,6 +454,10 @@ impl UdpPort {
         msg[..8].copy_from_slice(&PING);
         msg[8..].copy_from_slice(&nonce.to_le_bytes());
         self.pongs.lock().unwrap_or_else(|e| e.into_inner()).push((nonce, false));
+        // The pong is read by the device; have the receive thread watch the socket meanwhile
+        // (this thread, which may be the NIC's only poller, waits here).
+        self.pinging.fetch_add(1, AtOrd::SeqCst);
+        self.bell.signal();
         let answered = (|| {
             for _ in 0..3 {
                 if let Err(e) = self.sock.send_to(&msg, peer) {
@@ -266,6 +479,7 @@ impl UdpPort {
             Ok(false)
         })();
         self.pongs.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(n, _)| n != nonce);
+        self.pinging.fetch_sub(1, AtOrd::SeqCst);
         if answered? {
             return Ok(());
         }
@@ -470,16 +684,52 @@ impl WirePort for UdpPort {
         Ok(Some(handle))
     }
 
+    /// The device reads the socket itself ([`drain`](UdpPort::drain)).
+    fn polled(&self) -> bool {
+        true
+    }
+
+    /// A read was asked for (a poll, or an arrival the receive thread saw) since the socket was
+    /// last found empty: two loads.
+    #[inline]
+    fn pending(&self) -> bool {
+        self.want.load(AtOrd::Acquire) != self.took.load(AtOrd::Relaxed)
+    }
+
+    /// Whether datagrams wait cannot be told without a system call, so every poll asks for a
+    /// read, as a busy-polling socket program does.
+    #[inline]
+    fn poll(&self) -> bool {
+        self.want.fetch_add(1, AtOrd::AcqRel);
+        true
+    }
+
+    fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+        UdpPort::drain(self, nic, recv)
+    }
+
+    /// Rings the receive thread if it sleeps on its tick, so that it watches the socket from now
+    /// on. Off the hot path: only event-mode users arm CQs.
+    fn attention(&self) {
+        // Dekker with the receive thread: it stores `ticking`, then reads the armed count; the
+        // caller raised the armed count before this fence.
+        std::sync::atomic::fence(AtOrd::SeqCst);
+        if self.ticking.load(AtOrd::Relaxed) {
+            self.bell.signal();
+        }
+    }
+
     fn stats(&self) -> WireStats {
         WireStats {
             rx_malformed: self.stats.malformed.load(AtOrd::Relaxed),
+            rx_ignored: self.stats.strangers.load(AtOrd::Relaxed),
             tx_dropped: self.stats.send_dropped.load(AtOrd::Relaxed),
             tx_wakeups: 0,
         }
     }
 
     fn shut_down(&self) {
-        self.wake();
+        self.bell.signal();
     }
 
     fn socket_addr(&self) -> Option<SocketAddrV4> {
@@ -487,127 +737,64 @@ impl WirePort for UdpPort {
     }
 }
 
-/// Body of a NIC's UDP receive thread: takes bursts of datagrams off the socket, answers pings,
-/// decodes packets into the NIC's inbox and notifies the NIC. Ends when the NIC is gone or its
+/// Body of a NIC's UDP receive thread. It never reads a datagram itself: reading is the
+/// device's, under the device lock ([`UdpPort::drain`]). It makes sure someone reads when the
+/// NIC's user does not:
+///
+/// - while the user polls the NIC's CQs (each poll reads the socket), it sleeps on a tick and
+///   only checks that the polls go on;
+/// - when they stop, or the user is about to sleep (a CQ is armed, a Threaded device thread
+///   parked), or `connect` waits for a pong, it has the device take what arrived meanwhile,
+///   then waits on the socket (edge-triggered) and has the device run on every arrival — on this
+///   thread with the Inline engine, on the device thread with the Threaded one.
+///
+/// It also runs due timers for an engine without threads. Ends when the NIC is gone or its
 /// fabric shuts down.
 fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
-    let size = port.mtu as usize + OVERHEAD;
-    let mut bufs: Vec<Box<[u8]>> = (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect();
-    // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
-    let mut addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid plain C struct.
-    let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-    let mut iovs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
-    let local = port.local;
-    let mut last_peer: Option<(SocketAddrV4, u32, bool)> = None;
+    // The increments of `want` this thread made; the others are the user's polls.
+    let mut own = 0u64;
+    let mut last_polls = 0u64;
+    let mut watching = false;
     loop {
-        match nic.upgrade() {
-            Some(n) if !n.is_shut_down() => {}
-            _ => return,
-        }
-        for i in 0..BATCH {
-            iovs[i] = libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: size };
-            msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_in).cast();
-            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            msgs[i].msg_len = 0;
-        }
-        // SAFETY: every mmsghdr points at a live sockaddr_in, iovec and buffer of this thread,
-        // sized as declared; the kernel writes at most that much. The socket's receive timeout
-        // bounds the wait.
-        let r = unsafe {
-            libc::recvmmsg(
-                port.sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                BATCH as u32,
-                libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
-            )
-        };
         let Some(n) = nic.upgrade() else { return };
         if n.is_shut_down() {
             return;
         }
-        if r <= 0 {
-            // The timeout (or EINTR): run timers that fell due while the NIC's user was not
-            // polling, then look again whether the NIC is still there.
-            n.idle();
-            continue;
+        let polls = port.want.load(AtOrd::Acquire).wrapping_sub(own);
+        let polled = polls != last_polls;
+        last_polls = polls;
+        let watch = !polled || n.sleepy() || port.pinging.load(AtOrd::Acquire) > 0;
+        if watch && !watching {
+            // Nobody will read soon: take what arrived since the last poll now; from here on the
+            // socket's readiness says when to look again.
+            own = own.wrapping_add(1);
+            port.want.fetch_add(1, AtOrd::AcqRel);
+            n.take_now();
         }
-        let mut delivered = false;
-        for i in 0..r as usize {
-            let len = msgs[i].msg_len as usize;
-            let from = SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(addrs[i].sin_addr.s_addr)),
-                u16::from_be(addrs[i].sin_port),
-            );
-            let dgram = &bufs[i][..len.min(size)];
-            if len > size || msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+        watching = watch;
+        n.idle(); // timers that fell due while the user was not polling
+        if watch {
+            let wait = match n.next_timer() {
+                None => LONG_SLEEP,
+                Some(d) => d.clamp(Duration::from_micros(50), LONG_SLEEP),
+            };
+            drop(n);
+            if port.wait(wait, true) {
+                let Some(n) = nic.upgrade() else { return };
+                own = own.wrapping_add(1);
+                port.want.fetch_add(1, AtOrd::AcqRel);
+                n.take_now();
+            }
+        } else {
+            port.ticking.store(true, AtOrd::SeqCst);
+            // A CQ armed after `sleepy` was read found `ticking` false and rang no bell.
+            if n.armed() || port.pinging.load(AtOrd::SeqCst) > 0 {
+                port.ticking.store(false, AtOrd::Relaxed);
                 continue;
             }
-            if dgram.len() == 16 && dgram[..8] == PING {
-                let mut pong = [0u8; 16];
-                pong[..8].copy_from_slice(&PONG);
-                pong[8..].copy_from_slice(&dgram[8..]);
-                let _ = port.sock.send_to(&pong, from);
-                continue;
-            }
-            if dgram.len() == 16 && dgram[..8] == PONG {
-                let nonce = u64::from_le_bytes(dgram[8..].try_into().expect("8 bytes"));
-                let mut pongs = port.pongs.lock().unwrap_or_else(|e| e.into_inner());
-                match pongs.iter_mut().find(|(n, _)| *n == nonce) {
-                    Some(p) => {
-                        p.1 = true;
-                        port.pong_cv.notify_all();
-                    }
-                    None => drop(port.stats.malformed.fetch_add(1, AtOrd::Relaxed)),
-                }
-                continue;
-            }
-            let ep = Endpoints {
-                src_ip: from.ip().octets(),
-                dst_ip: local.ip().octets(),
-                src_port: from.port(),
-                dst_port: local.port(),
-            };
-            let (src, standard) = match last_peer {
-                Some((a, id, std)) if a == from => (id, std),
-                _ => {
-                    let (id, std) = port.lookup(from);
-                    last_peer = Some((from, id, std));
-                    (id, std)
-                }
-            };
-            let decoded =
-                if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
-            let frame = match decoded {
-                Ok(f) => f,
-                Err(e) => {
-                    port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
-                    if bypass_hal::trace::is_enabled() {
-                        trace_malformed(n.addr(), from, len, e);
-                    }
-                    continue;
-                }
-            };
-            let rx = roce::RxContext {
-                src_nic: src,
-                dst_nic: n.addr(),
-                src_qpn: ANY_QPN,
-                near_psn: frame.psn,
-                offset: 0,
-                write: None,
-            };
-            let hdr = frame.to_header(&rx);
-            if !n.deliver(&hdr, frame.payload) {
-                return; // the fabric shut down
-            }
-            delivered = true;
-        }
-        if delivered {
-            n.end_burst();
+            drop(n);
+            port.wait(TICK, false);
+            port.ticking.store(false, AtOrd::Relaxed);
         }
     }
 }
@@ -617,6 +804,30 @@ fn trace_malformed(nic: u32, from: SocketAddrV4, len: usize, e: roce::FrameError
     let _ = e;
     let args = [("from_port", from.port().into()), ("len", len.into())];
     bypass_hal::trace::instant(bypass_hal::trace::Track::Nic(nic), "malformed frame dropped", &args);
+}
+
+/// Whether a datagram is shaped like a RoCEv2 packet the sim handles (a known RC opcode and room
+/// for its headers and ICRC), or why not: cheap, before the sender is looked up; the ICRC is
+/// checked later, for known senders only.
+fn roce_shaped(dgram: &[u8]) -> Result<(), roce::FrameError> {
+    let Some(&b) = dgram.first() else {
+        return Err(roce::FrameError::TooShort { len: 0, need: roce::BTH_LEN + roce::ICRC_LEN });
+    };
+    let need = roce::Opcode::from_byte(b)?.header_len() + roce::ICRC_LEN;
+    if dgram.len() < need {
+        return Err(roce::FrameError::TooShort { len: dgram.len(), need });
+    }
+    Ok(())
+}
+
+/// Adds `fd` to the epoll set `ep` for `events`, tagged `token`.
+fn epoll_add(ep: &OwnedFd, fd: libc::c_int, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both descriptors are live; the kernel copies `ev` from this frame.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// The IPv4-mapped GID of an IPv4 address (`::ffff:a.b.c.d`).

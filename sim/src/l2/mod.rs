@@ -829,6 +829,9 @@ impl WirePort for L2Wire {
             rx_malformed: self.stats.malformed.load(Ordering::Relaxed),
             tx_dropped: self.stats.tx_dropped.load(Ordering::Relaxed),
             tx_wakeups: 0,
+            // Frames for other hosts are dropped after the L2/L3 header check and are not
+            // counted; a RoCEv2 frame for us goes to the device, which drops a stranger's.
+            rx_ignored: 0,
         }
     }
 

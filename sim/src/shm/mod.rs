@@ -483,6 +483,7 @@ mod port {
         fn stats(&self) -> WireStats {
             WireStats {
                 rx_malformed: self.malformed.load(Ordering::Relaxed),
+                rx_ignored: 0,
                 tx_dropped: 0,
                 tx_wakeups: self.wakes_sent.load(Ordering::Relaxed),
             }
