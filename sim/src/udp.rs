@@ -46,7 +46,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering as AtOrd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering as AtOrd};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,19 @@ const TICK: Duration = Duration::from_millis(1);
 /// The receive thread's longest sleep while it watches the socket (it then looks whether the
 /// NIC is gone).
 const LONG_SLEEP: Duration = Duration::from_millis(100);
+/// The shortest time between two reads of the socket by polls while several threads poll the
+/// NIC (see `UdpPort::poll`).
+const CROWDED_READ_GAP: Duration = Duration::from_micros(3);
+/// How long a NIC counts as polled by several threads after two of them asked for reads in turn.
+const CROWDED_HOLD: Duration = Duration::from_millis(1);
+
+/// A token naming the calling thread (the address of a thread-local), never 0.
+#[inline]
+fn thread_token() -> usize {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
 /// epoll tokens: the socket, the receive thread's bell.
 const SOCK_TOKEN: u64 = 0;
 const BELL_TOKEN: u64 = 1;
@@ -119,6 +132,15 @@ pub(crate) struct UdpPort {
     want: AtomicU64,
     /// The value of `want` read by the last `drain` that found the socket empty, before it read.
     took: AtomicU64,
+    /// When (ns after `epoch`) a poll may next ask for a read (see `poll`). It also tells the
+    /// receive thread that the user polls (it moves).
+    next_read: AtomicU64,
+    /// The thread whose poll asked for the last read (a token: see `thread_token`).
+    last_reader: AtomicUsize,
+    /// Until when (ns after `epoch`) the NIC counts as polled by several threads at once, and
+    /// its polls read the socket at most once per [`CROWDED_READ_GAP`].
+    crowded_until: AtomicU64,
+    epoch: Instant,
     /// Wakes the receive thread: a CQ was armed, `connect` waits for a pong, or shutdown.
     bell: EventFd,
     /// The receive thread's wait set: the socket (edge-triggered) and `bell`.
@@ -220,6 +242,10 @@ impl UdpPort {
             rx: Mutex::new(rx),
             want: AtomicU64::new(0),
             took: AtomicU64::new(0),
+            next_read: AtomicU64::new(0),
+            last_reader: AtomicUsize::new(0),
+            crowded_until: AtomicU64::new(0),
+            epoch: Instant::now(),
             bell,
             epoll,
             ticking: AtomicBool::new(false),
@@ -696,10 +722,36 @@ impl WirePort for UdpPort {
         self.want.load(AtOrd::Acquire) != self.took.load(AtOrd::Relaxed)
     }
 
-    /// Whether datagrams wait cannot be told without a system call, so every poll asks for a
-    /// read, as a busy-polling socket program does.
+    /// Whether datagrams wait cannot be told without a system call, so a poll asks for a read,
+    /// as a busy-polling socket program does: every poll while one thread polls the NIC, and
+    /// once per [`CROWDED_READ_GAP`] for all of them together while several do (a client and
+    /// its server in one process on one NIC, a worker group beside a self-polling caller).
+    /// Reads on every poll of every thread would keep each spinning thread in system calls
+    /// most of the time, with its CQ locked: with more spinners than cores, the one that has
+    /// to answer gets the CPU late (the C library's one-process round trips went from ~0.1 to
+    /// 0.2-0.8 ms) and a caller finds its send CQ held by a worker that was preempted there.
     #[inline]
     fn poll(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let next = self.next_read.load(AtOrd::Relaxed);
+        if now < next {
+            return self.pending();
+        }
+        let me = thread_token();
+        if self.last_reader.load(AtOrd::Relaxed) != me {
+            self.last_reader.store(me, AtOrd::Relaxed);
+            self.crowded_until.store(now + CROWDED_HOLD.as_nanos() as u64, AtOrd::Relaxed);
+        }
+        let gap = if now < self.crowded_until.load(AtOrd::Relaxed) {
+            CROWDED_READ_GAP.as_nanos() as u64
+        } else {
+            0
+        };
+        // `now + 1` at least, so that `next_read` moves on every read a poll asks for.
+        let until = now + gap.max(1);
+        if self.next_read.compare_exchange(next, until, AtOrd::Relaxed, AtOrd::Relaxed).is_err() {
+            return self.pending(); // another poller asked just now
+        }
         self.want.fetch_add(1, AtOrd::AcqRel);
         true
     }
@@ -751,8 +803,6 @@ impl WirePort for UdpPort {
 /// It also runs due timers for an engine without threads. Ends when the NIC is gone or its
 /// fabric shuts down.
 fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
-    // The increments of `want` this thread made; the others are the user's polls.
-    let mut own = 0u64;
     let mut last_polls = 0u64;
     let mut watching = false;
     loop {
@@ -760,14 +810,14 @@ fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
         if n.is_shut_down() {
             return;
         }
-        let polls = port.want.load(AtOrd::Acquire).wrapping_sub(own);
+        // Moved by the user's polls only.
+        let polls = port.next_read.load(AtOrd::Relaxed);
         let polled = polls != last_polls;
         last_polls = polls;
         let watch = !polled || n.sleepy() || port.pinging.load(AtOrd::Acquire) > 0;
         if watch && !watching {
             // Nobody will read soon: take what arrived since the last poll now; from here on the
             // socket's readiness says when to look again.
-            own = own.wrapping_add(1);
             port.want.fetch_add(1, AtOrd::AcqRel);
             n.take_now();
         }
@@ -781,7 +831,6 @@ fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
             drop(n);
             if port.wait(wait, true) {
                 let Some(n) = nic.upgrade() else { return };
-                own = own.wrapping_add(1);
                 port.want.fetch_add(1, AtOrd::AcqRel);
                 n.take_now();
             }
