@@ -10,11 +10,13 @@
 //!   packet into the NIC's send batch (the payload gathered from host memory straight into its
 //!   place in the datagram), and [`UdpLink::flush`] hands the batch to the kernel in one
 //!   `sendmmsg`. A socket buffer that is full drops the datagram, as a congested network would.
-//! - **Receiving** is the device's: while the NIC's user polls its CQs, each poll reads the
-//!   socket (a non-blocking `recvmmsg` of up to a batch, [`UdpPort::drain`], under the device
-//!   lock, so there is one reader at a time and packets are handled in the socket's order),
-//!   checks each datagram's ICRC and headers and hands it to the device straight from the receive
-//!   buffer. A thread per NIC covers a user that does not poll: it reads nothing itself, but when
+//! - **Receiving** is the device's: while the NIC's user polls its CQs, its polls read the
+//!   socket (every poll while one thread polls the NIC, once per [`CROWDED_READ_GAP`] for all
+//!   while several do: `UdpPort::poll`), a non-blocking `recvmmsg` of up to a batch
+//!   ([`UdpPort::drain`], under the device lock, so there is one reader at a time and packets
+//!   are handled in the socket's order), checks each datagram's ICRC and headers and hands it
+//!   to the device straight from the receive buffer. A thread per NIC covers a user that does
+//!   not poll: it reads nothing itself, but when
 //!   the polls stop (or a CQ is armed, a device thread parks, `connect` waits for a pong) it
 //!   waits on the socket and has the device run on each arrival. Malformed datagrams are counted
 //!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
@@ -793,7 +795,7 @@ impl WirePort for UdpPort {
 /// device's, under the device lock ([`UdpPort::drain`]). It makes sure someone reads when the
 /// NIC's user does not:
 ///
-/// - while the user polls the NIC's CQs (each poll reads the socket), it sleeps on a tick and
+/// - while the user polls the NIC's CQs (the polls read the socket), it sleeps on a tick and
 ///   only checks that the polls go on;
 /// - when they stop, or the user is about to sleep (a CQ is armed, a Threaded device thread
 ///   parked), or `connect` waits for a pong, it has the device take what arrived meanwhile,

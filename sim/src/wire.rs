@@ -127,7 +127,9 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     /// A CQ of the NIC is being polled: whether the device should run now to take packets from
     /// the port. Called on every poll: cheap, lock-free. A port that can tell only by a system
     /// call (a socket) answers true and makes [`pending`](Self::pending) true until its next
-    /// [`drain`](Self::drain) has looked, so each poll reads it once.
+    /// [`drain`](Self::drain) has looked, so the poll reads it; it may answer as
+    /// [`pending`](Self::pending) instead when a read was asked for just now (the UDP port asks
+    /// at most once per few microseconds while several threads poll the NIC).
     #[inline]
     fn poll(&self) -> bool {
         self.pending()

@@ -280,7 +280,11 @@ fn a_flood_from_a_stranger_does_not_stall_a_live_connection() {
     // (20,000 KiB frames, more than the NIC's 8 MiB receive buffer) and goes on beside the flood.
     let deadline = Instant::now() + Duration::from_secs(60);
     while sent.load(Ordering::Relaxed) < 20_000 {
-        assert!(Instant::now() < deadline, "the flood did not start: {} frames", sent.load(Ordering::Relaxed));
+        assert!(
+            Instant::now() < deadline,
+            "the flood did not start: {} frames",
+            sent.load(Ordering::Relaxed)
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     exchange(&fabric, &a, &b, &mut p, 100, 2000);
