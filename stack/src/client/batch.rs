@@ -7,6 +7,8 @@
 //! the load the same way). What changes is the posting: the staged calls are grouped by queue
 //! at the flush, and each queue gets its calls as one post list, in the order they were started.
 
+#![forbid(unsafe_code)]
+
 use super::{Channel, ChannelInner};
 use crate::client::delivery::{CallFuture, Callback, Oneshot, Sink};
 use crate::control::MAX_QUEUES;

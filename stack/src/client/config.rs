@@ -1,6 +1,8 @@
 //! A channel's configuration ([`ChannelConfig`]: validated against the device, the window
 //! fitted to the memory limit) and the per-call choices ([`CallOptions`]).
 
+#![forbid(unsafe_code)]
+
 use super::*;
 
 /// How a [`Channel`] is set up.

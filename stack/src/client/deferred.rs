@@ -10,6 +10,8 @@
 //! they were finished. Blocking calls and futures are woken on the loop as usual: waking runs no
 //! application code but the future's waker.
 
+#![forbid(unsafe_code)]
+
 use crate::client::delivery::Sink;
 use crate::conn::liveness::CloseReason;
 use crate::wire::FunctionId;

@@ -8,6 +8,8 @@
 //! A blocking caller reuses a few `Oneshot`s per thread (and the response `Vec` it swaps with the
 //! caller's), so a steady loop of blocking calls allocates nothing.
 
+#![forbid(unsafe_code)]
+
 use crate::sync::lock;
 use crate::RpcError;
 use std::cell::RefCell;

@@ -5,6 +5,8 @@
 //! aside too, and so are the callbacks of calls a look finished ([`super::deferred`]): the loop
 //! runs no application code.
 
+#![forbid(unsafe_code)]
+
 use super::{CallOptions, ChannelInner};
 use crate::client::delivery::{self, Oneshot, Sink};
 use crate::conn::liveness::{CloseReason, Keepalive, Silence};

@@ -49,6 +49,8 @@
 //!   READ on a channel whose queues may have no READ outstanding
 //!   (`ChannelConfig::queue_config.max_rd_atomic` 0, or the device's cap 0).
 
+#![forbid(unsafe_code)]
+
 use super::{ChannelInner, Pending, NO_DEADLINE};
 use crate::client::delivery::CallFuture;
 use crate::client::delivery::Sink;

@@ -8,6 +8,8 @@
 //! the next attempt first reads (and skips) the answers to the exchanges it gave up on; only a
 //! frame that is none of those, or a stream cut in the middle of a frame, ends the connection.
 
+#![forbid(unsafe_code)]
+
 use super::ChannelInner;
 use crate::conn::liveness::CloseReason;
 use crate::conn::recovery::{Budget, Recovery};

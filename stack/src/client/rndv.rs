@@ -36,6 +36,16 @@
 //! its regions are dropped (deregistered) at once, not reused, so a late transfer fails at the
 //! NIC instead of landing in another call's buffer.
 
+// This file still holds `unsafe` (so it allows what its parent module denies), for the
+// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
+// states why it holds there):
+// - `RndvMem::bytes`/`bytes_mut`: the region is registered for remote access and its key is sent
+//   to the peer, so "no READ/WRITE can touch it" is protocol state (our READ completed, the peer
+//   answered the call), not something a borrow of `RndvMem` can express; a typestate that only
+//   hands out views after the transfer's completion (and `&mut RndvMem` for the writable one) is the
+//   way, but every post of a rendezvous work request would have to go through it.
+#![allow(unsafe_code)]
+
 use super::{ChannelInner, LocalRange};
 use crate::conn::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
 use crate::core::tx_ctx::{CallMode, TxHandle};

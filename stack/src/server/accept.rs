@@ -1,6 +1,8 @@
 //! Accepting clients: the server's accept loop (non-blocking handshakes, a bound on those in
 //! progress) and opening a connection for a client the handshake admitted.
 
+#![forbid(unsafe_code)]
+
 use super::*;
 
 /// How long a server shutdown or an application's close of a connection waits, at most, for

@@ -6,6 +6,8 @@
 //! holding one of its requests); the shared receive pool is counted from the server's start.
 //! A client past either limit is refused in the handshake, with a reason naming the field.
 
+#![forbid(unsafe_code)]
+
 use super::*;
 use std::sync::atomic::AtomicUsize;
 

@@ -1,5 +1,7 @@
 //! A server's configuration ([`ServerConfig`], [`RecvBuffers`]), validated against the device.
 
+#![forbid(unsafe_code)]
+
 use super::*;
 
 /// How a [`Server`] is set up.

@@ -1,6 +1,8 @@
 //! Connection events on the server: the new-connection and break callbacks, and the
 //! [`Connection`] handle they (and [`Request::connection`](crate::Request::connection)) give.
 
+#![forbid(unsafe_code)]
+
 use super::Conn;
 use crate::conn::liveness::CloseReason;
 use crate::hal::Device;

@@ -1,5 +1,7 @@
 //! The function table: function id → [`Handler`].
 
+#![forbid(unsafe_code)]
+
 use super::*;
 
 /// A request handler. It owns the [`Request`]: reply before returning, or move it to another

@@ -23,6 +23,10 @@
 //! posted together at the end of the pass, one doorbell per queue; a reply from another thread
 //! first posts whatever the worker collected for that queue, so an ACK never trails its response.
 
+// Every file of this module forbids `unsafe` except the few that still need one of conn/'s
+// unsafe buffer views (they say why); new files are covered by this deny.
+#![deny(unsafe_code)]
+
 use crate::conn::endpoint::Endpoint;
 use crate::conn::liveness::{self, CloseReason, Keepalive, Live};
 use crate::conn::shared_pool::{self, SharedPool};

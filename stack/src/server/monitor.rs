@@ -17,6 +17,8 @@
 //! break callback and its rendezvous memory's release (a custom allocator) never run on the
 //! loop.
 
+#![forbid(unsafe_code)]
+
 use super::Conn;
 use crate::conn::liveness::{CloseReason, Keepalive, Silence};
 use crate::conn::recovery::{Budget, Recovery};

@@ -2,6 +2,8 @@
 //! watch resets its end of the queue and answers (aside from the control loop, on a short-lived
 //! thread).
 
+#![forbid(unsafe_code)]
+
 use super::Conn;
 use crate::control::{QueueReset, QueueResetDone};
 use crate::hal::{Device, QueueInfo};
