@@ -151,8 +151,16 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     pub(super) fn poll_send(&self) -> usize {
+        self.poll_send_with(false)
+    }
+
+    /// [`poll_send`](Self::poll_send); with `wait`, a thread polling the send CQ is waited for
+    /// rather than passed by: what a caller about to register a new chunk of send buffers does,
+    /// so a poller preempted with the CQ's lock does not make it register one (the completions
+    /// it would have reaped were already there).
+    pub(super) fn poll_send_with(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let done = self.ep.poll_send(&mut wc);
+        let done = self.ep.poll_send(&mut wc, wait);
         for c in done {
             self.ep.unsignaled_before(c, |p| self.on_send(p));
             self.on_send(c);

@@ -111,7 +111,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         let mut spins = 0u32;
         loop {
             // Reap before a new chunk of send buffers is registered on the call path.
-            if self.ep.tx_would_grow() && self.poll_send() > 0 {
+            if self.ep.tx_would_grow() && self.poll_send_with(true) > 0 {
                 continue;
             }
             if let Some(h) = self.ep.get_tx(opts.mode, 0)? {

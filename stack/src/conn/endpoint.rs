@@ -769,12 +769,17 @@ impl<D: Device + Clone> Endpoint<D> {
         !self.closed.swap(true, Ordering::AcqRel)
     }
 
-    /// Polls the send CQ if no other thread is polling it. Before the CQ's lock is given back,
-    /// each polled send's successor in its batch (if any) is cut off from it: a send with a
-    /// completion of its own ends the run the next completion may walk back over (see the
-    /// module docs and [`Endpoint::unsignaled_before`]).
-    pub(crate) fn poll_send<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
-        let Ok(mut cq) = self.send_cq.try_lock() else { return &[] };
+    /// Polls the send CQ if no other thread is polling it (or, with `wait`, after that thread
+    /// is done). Before the CQ's lock is given back, each polled send's successor in its batch
+    /// (if any) is cut off from it: a send with a completion of its own ends the run the next
+    /// completion may walk back over (see the module docs and [`Endpoint::unsignaled_before`]).
+    pub(crate) fn poll_send<'a>(
+        &self,
+        out: &'a mut [MaybeUninit<Completion>],
+        wait: bool,
+    ) -> &'a [Completion] {
+        let guard = if wait { Some(lock(&self.send_cq)) } else { self.send_cq.try_lock().ok() };
+        let Some(mut cq) = guard else { return &[] };
         // A CQ overflow means the device dropped completions: the queues behind it cannot be
         // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
         let done = cq.poll_uninit(out).unwrap_or(&[]);
@@ -950,7 +955,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut wc = [std::mem::MaybeUninit::uninit(); 8];
         loop {
-            let done = ep.poll_send(&mut wc);
+            let done = ep.poll_send(&mut wc, false);
             if done.is_empty() {
                 return seen;
             }

@@ -191,7 +191,7 @@ impl<D: Device + Clone> Conn<D> {
         let mut refused = false;
         loop {
             // Reap before a new chunk of send buffers is registered on the reply path.
-            if self.ep.tx_would_grow() && self.poll_send() > 0 {
+            if self.ep.tx_would_grow() && self.poll_send_with(true) > 0 {
                 continue;
             }
             let got = if refused {
@@ -248,8 +248,14 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     pub(super) fn poll_send(&self) -> usize {
+        self.poll_send_with(false)
+    }
+
+    /// [`poll_send`](Self::poll_send); with `wait`, a thread polling the send CQ is waited for
+    /// rather than passed by (before a new chunk of send buffers would be registered).
+    pub(super) fn poll_send_with(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let done = self.ep.poll_send(&mut wc);
+        let done = self.ep.poll_send(&mut wc, wait);
         for c in done {
             self.ep.unsignaled_before(c, |p| {
                 let _ = self.ep.tx.complete(TxHandle::from_u64(p.wr_id), Event::SendCqe);
