@@ -59,12 +59,12 @@ use crate::hal::{
 use crate::limits::{MAX_REPOST_BATCH, MIN_MSG_SIZE};
 use crate::sync::lock;
 use crate::RpcError;
-
-/// `run_prev` of a send that no unsignaled send precedes in its batch.
-const NO_RUN: u64 = u64::MAX;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// `run_prev` of a send that no unsignaled send precedes in its batch.
+const NO_RUN: u64 = u64::MAX;
 
 /// Send contexts whose buffers are registered together (see the module docs).
 pub(crate) const SEND_CHUNK: usize = 8;
