@@ -89,6 +89,12 @@ impl Rig {
 
     fn recovered(&self, n: u64) {
         self.until(&format!("recovery {n}"), || {
+            // A channel that closed will not recover: say why at once rather than at the limit.
+            assert!(
+                !self.channel.is_closed(),
+                "closed while waiting for recovery {n}: {:?}",
+                self.channel.close_reason()
+            );
             let s = self.channel.stats();
             s.recoveries >= n && s.ready_queues == self.channel.queues()
         });
