@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::helpers::poll_once;
 use common::ids::{fid, ECHO, HOLD};
-use common::rig::{lock, Log, Rig, SERVER_NAME, STEPPED, WAIT_LIMIT};
+use common::rig::{lock, Log, Rig, Setup, SERVER_NAME, STEPPED, WAIT_LIMIT};
 
 /// Answers the length of its arguments (8 bytes, little-endian).
 const LEN: FunctionId = fid(30);
@@ -261,52 +261,14 @@ fn one_sided_above_max_msg_size_is_refused_at_the_call(engine: sim::Engine) {
 /// response the server WRITEs into the caller's buffer. (Connecting is allowed: a client that
 /// never sends large arguments may have no responder resources.)
 fn rendezvous_arguments_need_responder_resources(engine: sim::Engine) {
-    let rig = Rig::build(engine, |s| {
-        s.channel.queue_config.max_dest_rd_atomic = 0;
-        s.functions.register(MAKE, |req| {
-            let n = req.max_response();
-            let _ = req.reply(&(0..n).map(|i| i as u8).collect::<Vec<u8>>());
-        });
-    });
-    let forced = CallOptions { rendezvous: true, ..Default::default() };
-    for (what, args) in [("forced", vec![1u8; 100]), ("too large to be eager", vec![2u8; 256 << 10])] {
-        match rig.channel.call_future(&forced, LEN, &args) {
-            Err(RpcError::InvalidArgument(t)) => {
-                assert!(t.contains("max_dest_rd_atomic"), "{engine:?}: {what}: {t}")
-            }
-            Err(e) => panic!("{engine:?}: {what}: {e:?}"),
-            Ok(_) => panic!("{engine:?}: {what}: a rendezvous call the server cannot READ was started"),
-        }
-    }
-    queue_untouched(&rig);
-    rig.echo(&CallOptions::default(), b"eager");
-    let big = CallOptions { max_response: 100_000, ..Default::default() };
-    let (rsp, _) = rig.call(&big, MAKE, b"").expect("a large response written by the server");
-    assert_eq!(rsp.len(), 100_000, "{engine:?}");
-    assert!(rsp.iter().enumerate().all(|(i, &b)| b == i as u8), "{engine:?}");
-    queue_untouched(&rig);
-    rig.drain();
+    rendezvous_refused(engine, |s| s.channel.queue_config.max_dest_rd_atomic = 0, &["max_dest_rd_atomic"]);
 }
 
 /// Issue 30, defect 11, the client's requester side. With `queue_config.max_rd_atomic = 0` no
 /// READ may be outstanding (a READ would wait forever on hardware): a one-sided READ is refused
 /// at the call, naming the field; WRITEs work.
 fn reads_need_an_initiator_depth(engine: sim::Engine) {
-    let rig = Rig::build(engine, |s| s.channel.queue_config.max_rd_atomic = 0);
-    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let exposed = hal::Device::register(&rig.snic, 4096, rights).expect("register the server's region");
-    let remote = exposed.remote();
-    let local = Arc::new(hal::Device::register(&rig.cnic, 4096, Access::LOCAL_WRITE).expect("register"));
-    let range = [LocalRange::whole(&local)];
-    match rig.channel.read_future(&range, &remote, 0, &OpOptions::default()) {
-        Err(RpcError::InvalidArgument(t)) => assert!(t.contains("max_rd_atomic"), "{engine:?}: {t}"),
-        Err(e) => panic!("{engine:?}: {e:?}"),
-        Ok(_) => panic!("{engine:?}: a READ with no initiator depth was started"),
-    }
-    let w = rig.channel.write_future(&range, &remote, 0, &OpOptions::default()).expect("a WRITE");
-    op_outcome(&rig, "the WRITE", w).expect("the WRITE");
-    queue_untouched(&rig);
-    rig.drain();
+    read_refused(engine, |s| s.channel.queue_config.max_rd_atomic = 0, &["max_rd_atomic"]);
 }
 
 /// Issue 30, defect 11, the server's side, as the client sees it. A server whose queues serve no
@@ -315,27 +277,7 @@ fn reads_need_an_initiator_depth(engine: sim::Engine) {
 /// call, naming the server's field, instead of being NAKed by the server's NIC and failing the
 /// queue. WRITEs, which need no READ resources, work.
 fn reads_need_the_servers_responder_resources(engine: sim::Engine) {
-    let rig = Rig::build(engine, |s| s.server.queue_config.max_dest_rd_atomic = 0);
-    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let exposed = hal::Device::register(&rig.snic, 4096, rights).expect("register the server's region");
-    let remote = exposed.remote();
-    let local = Arc::new(hal::Device::register(&rig.cnic, 4096, Access::LOCAL_WRITE).expect("register"));
-    let range = [LocalRange::whole(&local)];
-    match rig.channel.read_future(&range, &remote, 0, &OpOptions::default()) {
-        Err(RpcError::InvalidArgument(t)) => {
-            assert!(t.contains("server") && t.contains("max_dest_rd_atomic"), "{engine:?}: {t}")
-        }
-        Err(e) => panic!("{engine:?}: {e:?}"),
-        Ok(f) => panic!(
-            "{engine:?}: a READ the server cannot serve was started: {:?}",
-            op_outcome(&rig, "the READ", f)
-        ),
-    }
-    let w = rig.channel.write_future(&range, &remote, 0, &OpOptions::default()).expect("a WRITE");
-    op_outcome(&rig, "the WRITE", w).expect("the WRITE");
-    queue_untouched(&rig);
-    rig.echo(&CallOptions::default(), b"still serving");
-    rig.drain();
+    read_refused(engine, |s| s.server.queue_config.max_dest_rd_atomic = 0, &["server", "max_dest_rd_atomic"]);
 }
 
 /// Issue 30, defect 11: a server whose queues issue no READ
@@ -344,8 +286,16 @@ fn reads_need_the_servers_responder_resources(engine: sim::Engine) {
 /// call whose arguments would go by rendezvous is refused at the call, naming the server's
 /// field; eager calls and large responses (the server WRITEs them) work.
 fn rendezvous_arguments_need_the_servers_initiator_depth(engine: sim::Engine) {
+    rendezvous_refused(engine, |s| s.server.queue_config.max_rd_atomic = 0, &["server", "max_rd_atomic"]);
+}
+
+/// A rig set up by `zero` (a READ depth at 0 on one side): a call whose arguments would go by
+/// rendezvous (forced, or too large to be eager) is refused at the call with an error naming
+/// every word of `names`, the queue untouched; eager calls and a large response (the server
+/// WRITEs it) still work, and nothing reached the server's rendezvous path.
+fn rendezvous_refused(engine: sim::Engine, zero: impl FnOnce(&mut Setup), names: &[&str]) {
     let rig = Rig::build(engine, |s| {
-        s.server.queue_config.max_rd_atomic = 0;
+        zero(s);
         s.functions.register(MAKE, |req| {
             let n = req.max_response();
             let _ = req.reply(&(0..n).map(|i| i as u8).collect::<Vec<u8>>());
@@ -355,13 +305,13 @@ fn rendezvous_arguments_need_the_servers_initiator_depth(engine: sim::Engine) {
     for (what, args) in [("forced", vec![1u8; 100]), ("too large to be eager", vec![2u8; 256 << 10])] {
         match rig.channel.call_future(&forced, LEN, &args) {
             Err(RpcError::InvalidArgument(t)) => {
-                assert!(t.contains("server") && t.contains("max_rd_atomic"), "{engine:?}: {what}: {t}")
+                assert!(names.iter().all(|n| t.contains(n)), "{engine:?}: {what}: {t}")
             }
             Err(e) => panic!("{engine:?}: {what}: {e:?}"),
             Ok(mut f) => {
                 rig.until("the call", || f.is_done());
                 panic!(
-                    "{engine:?}: {what}: a rendezvous call the server cannot READ was started: {:?}",
+                    "{engine:?}: {what}: a rendezvous call that needs a READ at depth 0 was started: {:?}",
                     poll_once(&mut f)
                 )
             }
@@ -375,6 +325,31 @@ fn rendezvous_arguments_need_the_servers_initiator_depth(engine: sim::Engine) {
     assert!(rsp.iter().enumerate().all(|(i, &b)| b == i as u8), "{engine:?}");
     queue_untouched(&rig);
     assert_eq!(rig.server.rndv_stats().refused, 0, "{engine:?}: nothing reached the server");
+    rig.drain();
+}
+
+/// A rig set up by `zero` (a READ depth at 0 on one side): a one-sided READ of the server's
+/// region is refused at the call with an error naming every word of `names`; a WRITE, which
+/// needs no READ resources, works; the queue is untouched and the channel still serves calls.
+fn read_refused(engine: sim::Engine, zero: impl FnOnce(&mut Setup), names: &[&str]) {
+    let rig = Rig::build(engine, zero);
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let exposed = hal::Device::register(&rig.snic, 4096, rights).expect("register the server's region");
+    let remote = exposed.remote();
+    let local = Arc::new(hal::Device::register(&rig.cnic, 4096, Access::LOCAL_WRITE).expect("register"));
+    let range = [LocalRange::whole(&local)];
+    match rig.channel.read_future(&range, &remote, 0, &OpOptions::default()) {
+        Err(RpcError::InvalidArgument(t)) => assert!(names.iter().all(|n| t.contains(n)), "{engine:?}: {t}"),
+        Err(e) => panic!("{engine:?}: {e:?}"),
+        Ok(f) => panic!(
+            "{engine:?}: a READ that needs a READ depth of 0 was started: {:?}",
+            op_outcome(&rig, "the READ", f)
+        ),
+    }
+    let w = rig.channel.write_future(&range, &remote, 0, &OpOptions::default()).expect("a WRITE");
+    op_outcome(&rig, "the WRITE", w).expect("the WRITE");
+    queue_untouched(&rig);
+    rig.echo(&CallOptions::default(), b"still serving");
     rig.drain();
 }
 
