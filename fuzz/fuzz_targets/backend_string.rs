@@ -3,10 +3,13 @@
 //!
 //! The fuzz build has the simulator only (no verbs, no URMA: a made-up `urma:...,lib=<path>`
 //! would dlopen whatever that path is), so the grammar is the simulator's rows of the table in
-//! `stack/src/backend.rs`: `sim`, `sim:inline`, `sim:threaded`, each optionally followed by `+shm`
-//! or `+udp://IPv4:PORT`. Besides "never panics": `open` succeeds exactly for those strings, says
-//! why for every other one (a UDP address it refuses, it names), and describes what it opened
-//! with the wire it was asked for.
+//! `stack/src/backend.rs`: `sim`, `sim:inline`, `sim:threaded`, each optionally followed by `+shm`,
+//! `+udp://IPv4:PORT` or `+l2:pair` (with an optional `,loss_ppm=N`, N below a million). Besides
+//! "never panics": `open` succeeds exactly for those strings, says why for every other one (a UDP
+//! address it refuses, it names), and describes what it opened with the wire it was asked for.
+//!
+//! `+packet://IFNAME` is a backend string too but is never opened here: it opens a raw socket on
+//! a real interface of the host, not something a fuzz loop may do.
 //!
 //! A valid `+shm` string is checked through `WireConfig::parse` and not opened: opening a
 //! shared-memory fabric scans `/dev/shm` for stale segments, too slow for a fuzz loop (opening
@@ -30,6 +33,7 @@ fn expected(spec: &str) -> Option<WireConfig> {
     match wire {
         None => Some(WireConfig::InProcess),
         Some("shm") => Some(WireConfig::Shm),
+        Some(w) if w.starts_with("l2:") => l2_pair(&w["l2:".len()..]),
         Some(w) => {
             let addr = w.strip_prefix("udp://")?.parse::<std::net::SocketAddrV4>().ok()?;
             Some(WireConfig::Udp(addr))
@@ -37,8 +41,27 @@ fn expected(spec: &str) -> Option<WireConfig> {
     }
 }
 
+/// `pair` followed by any number of `,loss_ppm=N` (the last one counts), N a `u32` below a
+/// million: the in-memory cable's grammar (`bypass_sim::l2`).
+fn l2_pair(rest: &str) -> Option<WireConfig> {
+    let mut opts = rest.split(',');
+    if opts.next() != Some("pair") {
+        return None;
+    }
+    for opt in opts {
+        let ppm = opt.strip_prefix("loss_ppm=")?.parse::<u32>().ok()?;
+        if ppm >= 1_000_000 {
+            return None;
+        }
+    }
+    Some(WireConfig::L2)
+}
+
 fuzz_target!(|data: &[u8]| {
     let Ok(spec) = std::str::from_utf8(data) else { return };
+    if spec.split_once('+').is_some_and(|(_, w)| w.starts_with("packet://")) {
+        return;
+    }
     let want = expected(spec);
     if want == Some(WireConfig::Shm) {
         let wire = spec.split_once('+').map(|(_, w)| w).unwrap_or_default();
@@ -52,6 +75,7 @@ fuzz_target!(|data: &[u8]| {
                 WireConfig::Udp(at) => {
                     assert!(text.contains(&at.to_string()), "{spec:?} described as {text:?}")
                 }
+                WireConfig::L2 => assert!(text.contains("L2 wire"), "{spec:?} described as {text:?}"),
                 _ => assert!(text.contains("in this process"), "{spec:?} described as {text:?}"),
             }
         }
