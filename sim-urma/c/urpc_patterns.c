@@ -22,6 +22,10 @@
  *   ack_floor     jettys with URPC's err_timeout 2 (16.4 us); the client process is stopped for
  *                 40 ms while the server's SEND is in flight, and the SEND still succeeds (the
  *                 byte wires raise the ACK timeout to a floor, as hardware timers have one)
+ *   peer_stall    as ack_floor, the client stopped for 500 ms: longer than the eight ACK timeouts
+ *                 (7 retries x 16.8 ms at the floor, ~134 ms) a fixed timer allows; the SEND
+ *                 still succeeds (on the byte wires each timeout without progress doubles the
+ *                 next wait, as a host may deschedule a process for that long)
  *
  * Every wait is bounded. Exit status 0 means every check passed.
  */
@@ -347,7 +351,7 @@ static int eid_v4(void)
 
 /* ------------------------------------------------------------------ two processes */
 
-enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED, ACK_FLOOR };
+enum scen { SHARED_JFR, RC_TJETTY, EVENT_QUEUED, ACK_FLOOR, PEER_STALL };
 
 static enum scen parse(const char *s)
 {
@@ -358,6 +362,10 @@ static enum scen parse(const char *s)
     if (strcmp(s, "ack_floor") == 0) {
         g_err_timeout = 2; /* URPC's: 4.096 us x 2^2 = 16.4 us */
         return ACK_FLOOR;
+    }
+    if (strcmp(s, "peer_stall") == 0) {
+        g_err_timeout = 2;
+        return PEER_STALL;
     }
     CHECK(strcmp(s, "event_queued") == 0, "unknown scenario %s", s);
     return EVENT_QUEUED;
@@ -408,18 +416,21 @@ static int server(enum scen sc)
             seen[on]++;
         }
         CHECK(seen[0] == 1 && seen[1] == 1, "one message on each jetty");
-    } else if (sc == ACK_FLOOR) {
-        /* The client process (its simulated device included) sleeps 40 ms while our SEND is in
-         * flight: a 16.4 us ACK timeout would run out its retries long before it wakes. */
+    } else if (sc == ACK_FLOOR || sc == PEER_STALL) {
+        /* The client process (its simulated device included) sleeps 40 ms (ack_floor) or 500 ms
+         * (peer_stall) while our SEND is in flight: a 16.4 us ACK timeout would run out its
+         * retries long before it wakes, and so would eight fixed 16.8 ms ones. */
         int32_t pid = 0;
         xfer(fd, &pid, sizeof pid, 0);
         CHECK(kill(pid, SIGSTOP) == 0, "SIGSTOP the client: %s", strerror(errno));
         CHECK(post_send(&s, 1, NULL, "while you slept", 9) == URMA_SUCCESS, "post SEND");
-        usleep(40000);
+        usleep(sc == ACK_FLOOR ? 40000 : 500000);
         CHECK(kill(pid, SIGCONT) == 0, "SIGCONT the client: %s", strerror(errno));
         urma_cr_t cr = poll_one(s.send_jfc, "the SEND");
         CHECK(cr.status == URMA_CR_SUCCESS,
-              "SEND status %d (9: ACK timeout; err_timeout 2 was not raised to the byte wire's floor)", cr.status);
+              "SEND status %d (9: ACK timeout; %s)", cr.status,
+              sc == ACK_FLOOR ? "err_timeout 2 was not raised to the byte wire's floor"
+                              : "the retransmission timer gave up while the peer was stopped");
     } else {
         /* rc_tjetty: name the other connection's target; event_queued: the bound one. */
         urma_target_jetty_t *tj = sc == RC_TJETTY ? s.peer[0] : s.peer[1];
@@ -460,7 +471,7 @@ static int client(int port, enum scen sc)
                   (unsigned long long)cr.user_ctx, cr.status);
         }
         sync_byte(fd, 0);
-    } else if (sc == ACK_FLOOR) {
+    } else if (sc == ACK_FLOOR || sc == PEER_STALL) {
         int32_t pid = (int32_t)getpid();
         xfer(fd, &pid, sizeof pid, 1);
         sync_byte(fd, 0);

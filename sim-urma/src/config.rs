@@ -10,6 +10,8 @@
 //! | `engine=inline` / `engine=threaded` | who runs the simulated device (see `docs/sim.md`) | `inline` |
 //! | `devices=N` | how many devices, `bypass_sim0` .. `bypass_sim{N-1}` (1..=16) | 2 |
 //! | `ack_timeout_floor=N` | the least ACK timeout a jetty gets, as an `err_timeout` exponent (4.096 µs × 2^N, 0..=31) | 12 (16.8 ms) on `shm` and `udp`, 0 on `inproc` |
+//! | `ack_timeout_backoff=N` | the longest a retransmission wait grows to, as an exponent (4.096 µs × 2^N, 1..=31); `0` or `off`: every wait is the ACK timeout | 18 (1.07 s) on `shm` and `udp`, off on `inproc` |
+//! | `stats` | print each device's counters (packets, retransmissions, timeouts, RNR NAKs, queue errors) to stderr at `urma_uninit` or process exit | off |
 //!
 //! **ACK timeout floor.** A jetty's `err_timeout` asks for an ACK timeout of 4.096 µs × 2^N (URPC
 //! asks N = 2, 16.4 µs). Hardware honours such a value only down to its timer granularity (rxe
@@ -18,6 +20,17 @@
 //! and a 16 µs timeout then retransmits until the retry count runs out (URPC's first request
 //! failed with an ACK timeout in one run of eleven over UDP). So on those wires a smaller
 //! `err_timeout` is raised to the floor; `ack_timeout_floor=0` gives the exact value back.
+//!
+//! **ACK timeout backoff.** The floor does not cover a process the host stops for longer than
+//! the whole retry budget: seven retransmissions at a fixed 16.8 ms give up after ~134 ms, and a
+//! loaded 2-vCPU host deschedules a process (its simulated device with it) for longer than that
+//! (UMDK's perftest QPS and `urma_sample -m 0 -e` failed so over UDP). On the byte wires each
+//! timeout without progress therefore doubles the next wait, up to 2^18 × 4.096 µs = 1.07 s, and
+//! an acknowledgement that makes progress brings it back (`bypass_sim::FabricConfig::
+//! ack_timeout_backoff`): a jetty then gives up after ~3.2 s without an answer instead of
+//! ~134 ms. Real UB and RDMA NICs do not need this — hardware is not descheduled — so it models
+//! the simulator's host, not UDMA. `ack_timeout_backoff=0` turns it off (with
+//! `ack_timeout_floor=0`, the timer is exactly the hardware's: the jetty's `err_timeout`, fixed).
 
 use bypass_sim::{Engine, WireConfig};
 
@@ -27,6 +40,10 @@ pub const ENV: &str = "BYPASS_SIM_URMA";
 /// The default ACK timeout floor on the byte wires: 4.096 µs × 2^12 = 16.8 ms (see the module
 /// docs).
 pub const BYTE_WIRE_ACK_TIMEOUT_FLOOR: u8 = 12;
+
+/// The default cap of the retransmission backoff on the byte wires: 4.096 µs × 2^18 = 1.07 s
+/// (see the module docs).
+pub const BYTE_WIRE_ACK_TIMEOUT_BACKOFF: u8 = 18;
 
 /// Most devices one process may configure.
 pub const MAX_DEVICES: usize = 16;
@@ -42,11 +59,22 @@ pub struct Config {
     pub devices: usize,
     /// `ack_timeout_floor=`, if given: the least `err_timeout` exponent a jetty gets.
     pub ack_timeout_floor: Option<u8>,
+    /// `ack_timeout_backoff=`, if given: the cap exponent, 0 for off.
+    pub ack_timeout_backoff: Option<u8>,
+    /// `stats`: print the devices' counters at `urma_uninit` or exit.
+    pub stats: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { wire: WireConfig::InProcess, engine: Engine::Inline, devices: 2, ack_timeout_floor: None }
+        Config {
+            wire: WireConfig::InProcess,
+            engine: Engine::Inline,
+            devices: 2,
+            ack_timeout_floor: None,
+            ack_timeout_backoff: None,
+            stats: false,
+        }
     }
 }
 
@@ -85,12 +113,23 @@ impl Config {
                         "{ENV}: ack_timeout_floor={n:?} must be an err_timeout exponent in 0..=31 (4.096 us x 2^N)"
                     )
                 })?);
+            } else if let Some(n) = part.strip_prefix("ack_timeout_backoff=") {
+                let cap = if n == "off" { Some(0) } else { n.parse::<u8>().ok().filter(|n| *n <= 31) };
+                c.ack_timeout_backoff = Some(cap.ok_or_else(|| {
+                    format!(
+                        "{ENV}: ack_timeout_backoff={n:?} must be the longest wait as an exponent in 1..=31 \
+                         (4.096 us x 2^N), or 0 / off for none"
+                    )
+                })?);
+            } else if part == "stats" {
+                c.stats = true;
             } else if part == "inproc" {
                 c.wire = WireConfig::InProcess;
             } else {
                 c.wire = WireConfig::parse(part).map_err(|e| {
                     format!(
-                        "{ENV}: {e}; or inproc, engine=inline|threaded, devices=N, ack_timeout_floor=N (comma-separated)"
+                        "{ENV}: {e}; or inproc, engine=inline|threaded, devices=N, ack_timeout_floor=N, \
+                         ack_timeout_backoff=N|off, stats (comma-separated)"
                     )
                 })?;
             }
@@ -107,6 +146,17 @@ impl Config {
         })
     }
 
+    /// The retransmission backoff's cap ([`bypass_sim::FabricConfig::ack_timeout_backoff`]):
+    /// the one asked for, else [`BYTE_WIRE_ACK_TIMEOUT_BACKOFF`] on the shared-memory and UDP
+    /// wires and none in process; `None` when off.
+    pub fn ack_timeout_backoff(&self) -> Option<std::time::Duration> {
+        let cap = self.ack_timeout_backoff.unwrap_or(match self.wire {
+            WireConfig::Udp(_) | WireConfig::Shm => BYTE_WIRE_ACK_TIMEOUT_BACKOFF,
+            _ => 0,
+        });
+        (cap != 0).then(|| bypass_hal::AckTimeout::from_exponent(cap)).flatten().and_then(|t| t.duration())
+    }
+
     /// One line for logs.
     pub fn describe(&self) -> String {
         let wire = match self.wire {
@@ -114,8 +164,12 @@ impl Config {
             WireConfig::Shm => "shm".into(),
             _ => "inproc".into(),
         };
+        let backoff = match self.ack_timeout_backoff() {
+            Some(cap) => format!("doubling up to {cap:?}"),
+            None => "fixed".into(),
+        };
         format!(
-            "{} device(s) on the {wire} wire, engine {:?}, ACK timeout floor 2^{} x 4.096 us",
+            "{} device(s) on the {wire} wire, engine {:?}, ACK timeout floor 2^{} x 4.096 us, {backoff}",
             self.devices,
             self.engine,
             self.ack_timeout_floor()
@@ -142,5 +196,16 @@ mod tests {
         assert_eq!(Config::parse("udp://127.0.0.1:0,ack_timeout_floor=0").unwrap().ack_timeout_floor(), 0);
         assert_eq!(Config::parse("ack_timeout_floor=14").unwrap().ack_timeout_floor(), 14);
         assert!(Config::parse("ack_timeout_floor=32").unwrap_err().contains("0..=31"));
+        let cap = |s: &str| Config::parse(s).unwrap().ack_timeout_backoff();
+        assert_eq!(cap("inproc"), None);
+        assert_eq!(cap("shm"), Some(std::time::Duration::from_nanos(4096 << 18)));
+        assert_eq!(cap("udp://127.0.0.1:0"), cap("shm"));
+        assert_eq!(cap("shm,ack_timeout_backoff=0"), None);
+        assert_eq!(cap("shm,ack_timeout_backoff=off"), None);
+        assert_eq!(cap("ack_timeout_backoff=10"), Some(std::time::Duration::from_nanos(4096 << 10)));
+        assert!(Config::parse("ack_timeout_backoff=32").unwrap_err().contains("1..=31"));
+        assert!(Config::parse("ack_timeout_backoff=on").unwrap_err().contains("0 / off"));
+        assert!(!Config::parse("shm").unwrap().stats);
+        assert!(Config::parse("shm,stats").unwrap().stats);
     }
 }

@@ -48,6 +48,53 @@ impl Dev {
 struct Runtime {
     _fabric: Fabric,
     devs: Vec<Arc<Dev>>,
+    /// `stats` was configured: print the devices' counters when the runtime goes.
+    stats: bool,
+}
+
+impl Runtime {
+    /// The `stats` option: one line per device to stderr (not the log callback: it is for the
+    /// person running the program, whatever the program does with liburma's log).
+    fn print_stats(&self) {
+        use std::io::Write;
+        if !self.stats {
+            return;
+        }
+        let mut err = std::io::stderr().lock();
+        for d in &self.devs {
+            let s = d.nic.stats();
+            let _ = writeln!(
+                err,
+                "liburma (bypass-sim) stats {}: tx_packets {} rx_packets {} retransmits {} timeouts {} \
+                 rnr_naks_sent {} rnr_naks_received {} seq_naks_received {} duplicates {} queue_errors {} \
+                 datagrams_dropped {} tx_wire_busy {}",
+                d.name(),
+                s.tx_packets,
+                s.rx_packets,
+                s.retransmits,
+                s.timeouts,
+                s.rnr_naks_sent,
+                s.rnr_naks_received,
+                s.seq_naks_received,
+                s.duplicates,
+                s.queue_errors,
+                s.datagrams_dropped,
+                s.tx_wire_busy
+            );
+        }
+    }
+}
+
+/// `atexit` hook of the `stats` option: prints the counters of a runtime `urma_uninit` did not
+/// end.
+extern "C" fn print_stats_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Ok(rt) = RT.try_lock() {
+            if let Some(rt) = &*rt {
+                rt.print_stats();
+            }
+        }
+    });
 }
 
 static RT: Mutex<Option<Runtime>> = Mutex::new(None);
@@ -123,9 +170,12 @@ pub unsafe extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
         let uasid = if conf.is_null() { 0 } else { unsafe { ffi::read_in(conf, "conf")? }.uasid };
         let uasid = if uasid != 0 { uasid } else { std::process::id().max(1) };
         let cfg = Config::from_env().map_err(|e| fail(URMA_FAIL, e))?;
-        let fabric =
-            Fabric::try_with_config(FabricConfig { wire: cfg.wire, ..FabricConfig::new(cfg.engine) })
-                .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
+        let fabric = Fabric::try_with_config(FabricConfig {
+            wire: cfg.wire,
+            ack_timeout_backoff: cfg.ack_timeout_backoff(),
+            ..FabricConfig::new(cfg.engine)
+        })
+        .map_err(|e| fail(URMA_FAIL, format!("{}: {e}", crate::config::ENV)))?;
         let mut devs = Vec::with_capacity(cfg.devices);
         for i in 0..cfg.devices {
             let nic = fabric.try_add_nic().map_err(|e| {
@@ -139,7 +189,14 @@ pub unsafe extern "C" fn urma_init(conf: *mut abi::UrmaInitAttr) -> UrmaStatus {
             devs.push(dev);
         }
         crate::log::log(crate::log::INFO, &format!("initialised: {}", cfg.describe()));
-        *rt = Some(Runtime { _fabric: fabric, devs });
+        if cfg.stats {
+            static AT_EXIT: std::sync::Once = std::sync::Once::new();
+            // SAFETY: registers a plain `extern "C" fn()` that catches its own panics.
+            AT_EXIT.call_once(|| unsafe {
+                libc::atexit(print_stats_at_exit);
+            });
+        }
+        *rt = Some(Runtime { _fabric: fabric, devs, stats: cfg.stats });
         Ok(())
     })
 }
@@ -155,6 +212,7 @@ pub unsafe extern "C" fn urma_uninit() -> UrmaStatus {
         for d in &rt.devs {
             registry::remove::<Dev, _>(Kind::Device, Arc::as_ptr(d));
         }
+        rt.print_stats();
         Ok(())
     })
 }

@@ -94,3 +94,17 @@ fn urpc_err_timeout_is_raised_to_the_byte_wire_floor_shm() {
 fn urpc_err_timeout_is_raised_to_the_byte_wire_floor_udp() {
     two_processes("ack_floor", "udp://127.0.0.1:0", "udp");
 }
+
+/// The client process is stopped (SIGSTOP) for 500 ms while the server's SEND is in flight:
+/// longer than the ~134 ms that eight fixed ACK timeouts at the byte wires' floor allow. The
+/// requester's timer backs off (each timeout without progress doubles the next wait) and the
+/// SEND completes once the client runs again, instead of failing with an ACK timeout.
+#[test]
+fn a_peer_stopped_longer_than_the_retry_budget_is_waited_for_shm() {
+    two_processes("peer_stall", "shm", "shm");
+}
+
+#[test]
+fn a_peer_stopped_longer_than_the_retry_budget_is_waited_for_udp() {
+    two_processes("peer_stall", "udp://127.0.0.1:0", "udp");
+}

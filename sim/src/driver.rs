@@ -301,6 +301,7 @@ impl SimNic {
             Box::new(QpCtx::new(shared.clone(), send_cq.shared.clone(), recv_cq.shared.clone(), responder));
         qp.datagram = datagram;
         qp.reliable = service == Service::ReliableDatagram;
+        qp.set_backoff_cap(self.nic.fabric.config.ack_timeout_backoff);
         dev.install(qp);
         drop(dev);
         for cq in [&send_cq.shared, &recv_cq.shared] {

@@ -76,6 +76,13 @@ pub struct FabricConfig {
     pub faults: FaultPlan,
     /// What carries packets between the NICs.
     pub wire: WireConfig,
+    /// Retransmission-timer backoff for the reliable services (RC and RM): `None` (the default)
+    /// keeps every wait at the queue's ACK timeout, as the hal contract and rxe do; `Some(cap)`
+    /// doubles the wait after each timeout that found no progress, up to `cap` (never below the
+    /// queue's own timeout), back to the timeout once an acknowledgement makes progress. For
+    /// fabrics whose NICs are processes a loaded host may deschedule for longer than
+    /// `retry_count` fixed timeouts (see docs/sim.md, "Retransmission backoff").
+    pub ack_timeout_backoff: Option<std::time::Duration>,
 }
 
 impl FabricConfig {
@@ -102,6 +109,7 @@ impl FabricConfig {
             },
             faults: FaultPlan::NONE,
             wire: WireConfig::InProcess,
+            ack_timeout_backoff: None,
         }
     }
 }

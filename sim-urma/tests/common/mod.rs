@@ -115,14 +115,16 @@ pub fn server_and_client(
     let s = wait_bounded(server, Duration::from_secs(30), "the server");
     so.read_to_string(&mut rest).unwrap();
     let cs = String::from_utf8_lossy(&c.stdout);
+    let client_ok = c.status.success() && cs.contains("client: all checks passed");
+    let server_ok = s.status.success() && rest.contains("server: all checks passed");
+    // Both sides' output on any failure: one side failing often shows as the other's
+    // "peer closed", and the cause is in the first one's.
     assert!(
-        c.status.success() && cs.contains("client: all checks passed"),
-        "{what} client on {wire}:\n{cs}\n{}",
-        String::from_utf8_lossy(&c.stderr)
-    );
-    assert!(
-        s.status.success() && rest.contains("server: all checks passed"),
-        "{what} server on {wire}:\n{rest}\n{}",
+        client_ok && server_ok,
+        "{what} on {wire}: client {}, server {}\nclient:\n{cs}\n{}\nserver:\n{rest}\n{}",
+        if client_ok { "passed" } else { "FAILED" },
+        if server_ok { "passed" } else { "FAILED" },
+        String::from_utf8_lossy(&c.stderr),
         String::from_utf8_lossy(&s.stderr)
     );
 }

@@ -5,6 +5,9 @@
 //! and completes messages in order as acknowledgements and READ responses arrive. Lost or refused
 //! packets are resent go-back-N style: on a timeout (up to `retry_count` times), on a sequence
 //! NAK, on a gap in READ responses (at once, once per gap), and after the peer's RNR wait on an RNR NAK (up to `rnr_retry` times; 7 = forever).
+//! The timer waits the queue's ACK timeout, or, when the fabric backs off
+//! (`FabricConfig::ack_timeout_backoff`), twice the last wait after a timeout without progress,
+//! up to the cap, until progress.
 //!
 //! Responder: accepts request packets strictly in PSN order; a duplicate is re-acknowledged (a
 //! duplicate READ is answered again), a gap is NAKed once. SENDs land in posted receives, WRITEs
@@ -122,6 +125,11 @@ pub(crate) struct QpCtx {
     pub state: QueueState,
     pub remote: Option<Remote>,
     timeout: Nanos,
+    /// The retransmission timer's next wait: `timeout`, doubled by each timeout without progress
+    /// when the fabric backs off (`backoff_cap` non-zero), back to `timeout` on progress.
+    retx_wait: Nanos,
+    /// The longest `retx_wait` may grow to (`FabricConfig::ack_timeout_backoff`); 0: no backoff.
+    backoff_cap: Nanos,
     min_rnr: Nanos,
     // Requester.
     sq_fetch: u32,
@@ -219,6 +227,8 @@ impl QpCtx {
             remote: None,
             // Exponent 0 is "no timer", as on verbs: the deadline saturates at NEVER.
             timeout: cfg.timeout.duration().map_or(NEVER, |d| d.as_nanos() as Nanos),
+            retx_wait: cfg.timeout.duration().map_or(NEVER, |d| d.as_nanos() as Nanos),
+            backoff_cap: 0,
             min_rnr: cfg.min_rnr_timer.duration().as_nanos() as Nanos,
             sq_fetch: 0,
             ops: VecDeque::with_capacity(shared.sq.depth() as usize),
@@ -258,6 +268,20 @@ impl QpCtx {
         self.shared.qpn
     }
 
+    /// Backs the retransmission timer off up to `cap` (see `FabricConfig::ack_timeout_backoff`);
+    /// `None`: every wait is the ACK timeout.
+    pub(crate) fn set_backoff_cap(&mut self, cap: Option<std::time::Duration>) {
+        self.backoff_cap = cap.map_or(0, |d| (d.as_nanos() as Nanos).max(1));
+    }
+
+    /// A timeout found no progress: with backoff, the next wait is twice this one, at most the
+    /// cap (and never shorter than the queue's own timeout).
+    fn back_off(&mut self) {
+        if self.backoff_cap != 0 {
+            self.retx_wait = self.retx_wait.saturating_mul(2).min(self.backoff_cap.max(self.timeout));
+        }
+    }
+
     /// RESET → READY with the peer's info.
     pub(crate) fn connect(&mut self, peer: &QueueInfo, wire: Arc<dyn Wire>, peer_nic: u32) {
         let cfg = self.shared.config;
@@ -273,6 +297,7 @@ impl QpCtx {
         self.reads_answered.clear();
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
+        self.retx_wait = self.timeout;
         self.nak_seq_sent = false;
         self.read_gap_asked = false;
         self.set_state(QueueState::Ready);
@@ -788,6 +813,28 @@ impl QpCtx {
                 _ => remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf)),
             }
         };
+        if !self.transmitted(ctx, result) {
+            return false;
+        }
+        if psn_diff(psn, self.sent_high) < 0 {
+            ctx.stats.retransmits += 1;
+            if trace::is_enabled() {
+                self.trace("retransmit", &[("qpn", self.qpn().into()), ("psn", psn.into())]);
+            }
+        } else {
+            self.sent_high = next;
+        }
+        self.send_psn = next;
+        if self.retx_deadline == NEVER {
+            self.retx_deadline = ctx.now.saturating_add(self.retx_wait);
+        }
+        true
+    }
+
+    /// Accounts for a request packet handed to the wire; false when the wire was full (`Busy`):
+    /// the queue then waits for room and sends the same packet again (a NIC does not drop its
+    /// own send queue). Otherwise the queue's wire is flushed at the end of the device pass.
+    fn transmitted(&mut self, ctx: &mut Ctx<'_>, result: Transmit) -> bool {
         match result {
             Transmit::Busy => {
                 self.wire_blocked = true;
@@ -800,18 +847,6 @@ impl QpCtx {
         if !self.pending_flush {
             self.pending_flush = true;
             ctx.to_flush.push(self.qpn());
-        }
-        if psn_diff(psn, self.sent_high) < 0 {
-            ctx.stats.retransmits += 1;
-            if trace::is_enabled() {
-                self.trace("retransmit", &[("qpn", self.qpn().into()), ("psn", psn.into())]);
-            }
-        } else {
-            self.sent_high = next;
-        }
-        self.send_psn = next;
-        if self.retx_deadline == NEVER {
-            self.retx_deadline = ctx.now.saturating_add(self.timeout);
         }
         true
     }
@@ -881,6 +916,7 @@ impl QpCtx {
         self.retry_left = cfg.retry_count;
         self.rnr_left = cfg.rnr_retry;
         self.read_gap_asked = false;
+        self.retx_wait = self.timeout;
         self.retx_deadline = if self.ops.is_empty() { NEVER } else { ctx.now.saturating_add(self.timeout) };
         if let Some(front) = self.ops.front() {
             let from = self.resume_psn(front);
@@ -1176,13 +1212,15 @@ impl QpCtx {
         let front = self.ops[0];
         self.send_psn = self.resume_psn(&front);
         self.wire_blocked = false;
-        self.retx_deadline = ctx.now.saturating_add(self.timeout);
+        self.back_off();
+        self.retx_deadline = ctx.now.saturating_add(self.retx_wait);
         ctx.stats.timeouts += 1;
         if trace::is_enabled() {
             let args = [
                 ("qpn", self.qpn().into()),
                 ("psn", self.send_psn.into()),
                 ("retries_left", self.retry_left.into()),
+                ("next_wait_ns", self.retx_wait.into()),
             ];
             self.trace("timeout", &args);
         }

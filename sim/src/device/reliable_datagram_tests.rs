@@ -149,3 +149,48 @@ fn an_unanswered_message_completes_with_retry_exceeded_after_retry_count_retrans
     assert_eq!((a.nic.stats().timeouts, a.nic.stats().retransmits), (3, 2));
     assert_eq!(a.q.state(), QueueState::Error);
 }
+
+/// Retransmission backoff on the reliable datagram service too (`FabricConfig::
+/// ack_timeout_backoff`): across a cut link an unanswered message waits the timeout, then twice
+/// that, then four times (the cap here), each wait without an answer doubling the next; once
+/// the link heals the retransmission is answered, and the next message waits the timeout again.
+#[test]
+fn reliable_datagram_timeouts_back_off_while_unanswered() {
+    let t = QueueConfig::default().timeout.duration().unwrap();
+    let fabric = Fabric::with_config(FabricConfig {
+        ack_timeout_backoff: Some(t * 4),
+        faults: FaultPlan { controls: true, ..FaultPlan::NONE },
+        ..FabricConfig::new(Engine::Stepped { seed: 6 })
+    });
+    let (mut a, mut b) = (end_with(&fabric, true, 7), end_with(&fabric, true, 7));
+    post_recvs(&mut b, 8);
+    let to_b = a.q.add_dest(&b.q.info()).unwrap();
+    b.q.add_dest(&a.q.info()).unwrap(); // b's route back, for its ACKs
+    let s = [a.mem.sge(0, 8).unwrap()];
+    // Cut for 10.5 timeouts: the timeouts fall at 1, 3, 7 and 11 timeouts (waits t, 2t, 4t, 4t),
+    // so the fourth retransmission, at 11, crosses the healed link.
+    fabric.cut_link(a.nic.addr(), b.nic.addr(), Some(t * 21 / 2)).unwrap();
+    // When (in eighths of t from now) timeouts fire over the next `eighths` eighths.
+    let timeouts_at = |a: &End, eighths: u32| {
+        let base = a.nic.stats().timeouts;
+        let mut at = Vec::new();
+        for i in 1..=eighths {
+            fabric.advance(t / 8);
+            fabric.run_until_idle();
+            if a.nic.stats().timeouts - base > at.len() as u64 {
+                at.push(i);
+            }
+        }
+        at
+    };
+    a.q.post_datagrams(&[SendWr::send(1, &s)], &[to_b]).unwrap();
+    fabric.run_until_idle();
+    assert_eq!(timeouts_at(&a, 8 * 12), [8, 24, 56, 88], "{:?}", a.nic.stats());
+    let done: Vec<_> = poll(&mut a).iter().map(|(c, _)| (c.wr_id, c.status)).collect();
+    assert_eq!(done, [(1, Status::Success)], "answered once the link healed");
+    // Progress: the next message's first wait is the timeout again.
+    fabric.cut_link(a.nic.addr(), b.nic.addr(), None).unwrap();
+    a.q.post_datagrams(&[SendWr::send(2, &s)], &[to_b]).unwrap();
+    fabric.run_until_idle();
+    assert_eq!(timeouts_at(&a, 8 * 4), [8, 24], "after progress: t, then 2t");
+}

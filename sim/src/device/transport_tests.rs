@@ -27,7 +27,12 @@ fn rig(cfg: QueueConfig) -> Rig {
 /// As [`rig`], the peer queue made with `peer_cfg` (its `max_dest_rd_atomic` is the requester's
 /// peer depth).
 fn rig_with(cfg: QueueConfig, peer_cfg: QueueConfig) -> Rig {
-    let fabric = Fabric::new(Engine::Stepped { seed: 3 });
+    rig_on(crate::FabricConfig::new(Engine::Stepped { seed: 3 }), cfg, peer_cfg)
+}
+
+/// As [`rig_with`], on a fabric made with `fabric_cfg`.
+fn rig_on(fabric_cfg: crate::FabricConfig, cfg: QueueConfig, peer_cfg: QueueConfig) -> Rig {
+    let fabric = Fabric::with_config(fabric_cfg);
     let (a, b) = (fabric.add_nic(), fabric.add_nic());
     let cq = a.create_cq(64).unwrap();
     let mut q = a.create_queue(&cfg, &cq, &cq).unwrap();
@@ -614,5 +619,71 @@ fn reads_over_a_lossy_wire_repair_gaps_without_the_timer() {
         assert_eq!(done, 16);
         let s = a.stats();
         assert!(s.read_gaps > s.timeouts, "seed {seed}: {s:?}");
+    }
+}
+
+impl Rig {
+    /// Moves the clock `wait` on and asserts that the retransmission timer fires exactly then:
+    /// not a nanosecond before (no timeout, nothing resent), and at `wait` (one more timeout).
+    fn expect_timeout_after(&self, wait: std::time::Duration, what: &str) {
+        let before = self.a.stats();
+        self.fabric.advance(wait - std::time::Duration::from_nanos(1));
+        self.fabric.run_until_idle();
+        assert_eq!(self.a.stats().timeouts, before.timeouts, "{what}: the timer fired before {wait:?}");
+        assert_eq!(self.a.stats().retransmits, before.retransmits, "{what}: resent before {wait:?}");
+        self.fabric.advance(std::time::Duration::from_nanos(1));
+        self.fabric.run_until_idle();
+        assert_eq!(self.a.stats().timeouts, before.timeouts + 1, "{what}: no timeout at {wait:?}");
+        assert_eq!(self.a.stats().retransmits, before.retransmits + 1, "{what}: nothing resent at {wait:?}");
+    }
+}
+
+/// Retransmission backoff (`FabricConfig::ack_timeout_backoff`, for wires whose NICs are
+/// processes a host may deschedule): each timeout without progress doubles the next wait, up
+/// to the cap; an ACK that makes progress brings it back to the queue's timeout; the retry
+/// budget is spent as before, only over a longer time. Without the option every wait is the
+/// timeout, as the hal contract and rxe have it.
+#[test]
+fn timeout_backoff_doubles_each_wait_without_progress() {
+    let t_exp = 8; // 4.096 us x 2^8 = 1.048576 ms
+    let mut cfg = QueueConfig::default();
+    cfg.timeout = AckTimeout::from_exponent(t_exp).unwrap();
+    cfg.retry_count = 4;
+    let t = cfg.timeout.duration().unwrap();
+    let backoff = crate::FabricConfig {
+        ack_timeout_backoff: Some(t * 4),
+        ..crate::FabricConfig::new(Engine::Stepped { seed: 3 })
+    };
+    let mut r = rig_on(backoff, cfg, cfg);
+    let sge = r.local.sge(0, 8).unwrap();
+    r.q.post_send(&[SendWr::send(1, &[sge])]).unwrap();
+    r.fabric.run_until_idle();
+    assert_eq!(r.a.stats().tx_packets, 1);
+    r.expect_timeout_after(t, "first wait");
+    r.expect_timeout_after(t * 2, "second wait, doubled");
+    // The peer answers: progress, and the next message's wait is the timeout again.
+    r.respond(r.psn(0), Syndrome::Ack);
+    assert_eq!(r.completions(), [(1, Status::Success)]);
+    r.q.post_send(&[SendWr::send(2, &[sge])]).unwrap();
+    r.fabric.run_until_idle();
+    r.expect_timeout_after(t, "after progress");
+    r.expect_timeout_after(t * 2, "doubled");
+    r.expect_timeout_after(t * 4, "doubled again");
+    r.expect_timeout_after(t * 4, "at the cap");
+    // Four retries spent: the next timeout, one cap later, fails the message.
+    r.fabric.advance(t * 4 - std::time::Duration::from_nanos(1));
+    r.fabric.run_until_idle();
+    assert_eq!(r.completions(), []);
+    r.fabric.advance(std::time::Duration::from_nanos(1));
+    r.fabric.run_until_idle();
+    assert_eq!(r.completions(), [(2, Status::RetryExceeded)]);
+    assert_eq!(r.q.state(), QueueState::Error);
+
+    // The default: no backoff, every wait is the timeout.
+    let mut r = rig(cfg);
+    r.q.post_send(&[SendWr::send(1, &[r.local.sge(0, 8).unwrap()])]).unwrap();
+    r.fabric.run_until_idle();
+    for k in 0..3 {
+        r.expect_timeout_after(t, &format!("fixed wait {k}"));
     }
 }

@@ -41,7 +41,9 @@
 //!   response. So a queue's messages arrive and complete in posting order whatever their
 //!   targets, and nothing is reordered by a lossy wire.
 //! - **Retried.** A message unanswered after the queue's ACK timeout is sent again with its PSN,
-//!   `retry_count` times, then completes with `RetryExceeded` and the queue goes to ERROR.
+//!   `retry_count` times, then completes with `RetryExceeded` and the queue goes to ERROR. With
+//!   the fabric's backoff (`FabricConfig::ack_timeout_backoff`) each unanswered wait doubles the
+//!   next, as on RC.
 //! - **RNR.** A SEND (or WRITE with immediate) finding no receive posted gets an RNR NAK; the
 //!   sender waits the responder's RNR time and sends again (`rnr_retry` times, 7 = forever),
 //!   then `RnrRetryExceeded`. Nothing is dropped silently.
@@ -69,6 +71,7 @@ impl QpCtx {
         self.send_psn = psn;
         self.next_psn = psn;
         self.sent_high = psn;
+        self.retx_wait = self.timeout;
         self.set_state(QueueState::Ready);
     }
 
@@ -161,19 +164,8 @@ impl QpCtx {
             };
             remote.wire.transmit(&hdr, &mut |buf: &mut [u8]| gather(&segs[..n], buf))
         };
-        match result {
-            Transmit::Busy => {
-                // A full wire holds the packet back (a NIC does not drop its own send queue).
-                self.wire_blocked = true;
-                ctx.stats.tx_wire_busy += 1;
-                return false;
-            }
-            Transmit::Sent => ctx.stats.tx_packets += 1,
-            Transmit::Dropped => ctx.stats.tx_dropped += 1,
-        }
-        if !self.pending_flush {
-            self.pending_flush = true;
-            ctx.to_flush.push(self.shared.qpn);
+        if !self.transmitted(ctx, result) {
+            return false;
         }
         let psn = self.next_psn;
         self.next_psn = psn_add(self.next_psn, 1);
@@ -184,7 +176,10 @@ impl QpCtx {
             // Wait for the answer (the READ's response; a reliable message's ACK).
             self.ops.push_back(super::Op { wqe, len: wqe.len, first_psn: psn, npkts: 1, resp_got: 0 });
             self.read_blocked = true;
-            self.retx_deadline = ctx.now.saturating_add(self.timeout);
+            // Reliable: the wait grows while retransmissions go unanswered (see `back_off`); a
+            // datagram READ is never asked again, so its one wait is the timeout.
+            self.retx_deadline =
+                ctx.now.saturating_add(if self.reliable { self.retx_wait } else { self.timeout });
         } else {
             self.send_cqe(&wqe, wqe.len, Status::Success);
         }
@@ -204,6 +199,7 @@ impl QpCtx {
                 return self.fail_front(ctx, Status::RetryExceeded);
             }
             self.retry_left -= 1;
+            self.back_off();
             return self.resend_front(ctx);
         }
         if let Some(op) = self.ops.pop_front() {
@@ -233,6 +229,7 @@ impl QpCtx {
         self.retx_deadline = super::NEVER;
         self.retry_left = self.shared.config.retry_count;
         self.rnr_left = self.shared.config.rnr_retry;
+        self.retx_wait = self.timeout;
     }
 
     /// Reliable: the answer (ACK or NAK) to this queue's outstanding message.
