@@ -28,6 +28,8 @@
 //! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_rpc-… --test-threads=1
 //! ```
 
+pub mod either;
+
 /// The environment variable naming the device under test.
 pub const ENV_VAR: &str = "BYPASS_HW";
 
