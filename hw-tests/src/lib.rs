@@ -29,6 +29,10 @@
 //! ```
 
 pub mod either;
+#[cfg(feature = "verbs")]
+pub mod rxe_link;
+pub mod shell;
+pub mod vfio_topology;
 
 /// The environment variable naming the device under test.
 pub const ENV_VAR: &str = "BYPASS_HW";
