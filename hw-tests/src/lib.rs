@@ -28,6 +28,12 @@
 //! hw-tests/vm/run env BYPASS_HW=verbs:rxe0 target/release/deps/verbs_rpc-… --test-threads=1
 //! ```
 
+pub mod either;
+#[cfg(feature = "verbs")]
+pub mod rxe_link;
+pub mod shell;
+pub mod vfio_topology;
+
 /// The environment variable naming the device under test.
 pub const ENV_VAR: &str = "BYPASS_HW";
 

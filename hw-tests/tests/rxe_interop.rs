@@ -45,6 +45,9 @@
 use bypass::{CallMode, CallOptions, Channel, ChannelConfig, FunctionId, Functions, Server, ServerConfig};
 use bypass_hal::verbs::VerbsDevice;
 use bypass_hal::*;
+use bypass_hw_tests::rxe_link::{self, should_run};
+use bypass_hw_tests::shell::{sh, sh_quiet};
+use bypass_hw_tests::vfio_topology::VfioTopology;
 use bypass_sim::{Engine, Fabric, FabricConfig, SimNic, WireConfig};
 use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd;
@@ -57,60 +60,11 @@ const RXE: &str = "rxe1";
 const RXE_IP: &str = "10.77.0.1";
 const SIM_IP: &str = "10.77.0.2";
 const NETNS: &str = "sim";
-/// The VFIO NIC's address (NIC B, the kernel's, is `BYPASS_VFIO_PEER_IP`, 10.29.0.2/24).
-const VFIO_IP: &str = "10.29.0.1";
 /// veth's and virtio-net's MTU is 1500: rxe's active MTU is 1024 (the largest IB MTU ≤ 1500 −
 /// 80), and both ends of a connection must segment alike.
 const MTU: u32 = 1024;
 /// Every wait in the test: the guest is emulated (TCG) and slow, and a lossy link retransmits.
 const WAIT: Duration = Duration::from_secs(60);
-
-/// Runs a setup command; panics with its output if it fails.
-#[track_caller]
-fn sh(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e} (iproute2 installed?)"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Runs a command whose failure does not matter (tearing down what may not exist).
-fn sh_quiet(args: &[&str]) {
-    let _ = Command::new(args[0]).args(&args[1..]).output();
-}
-
-/// Waits (bounded) until `cond` holds, polling every few milliseconds.
-#[track_caller]
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-/// Whether this run should build the network: `BYPASS_HW` names a Soft-RoCE device and we are
-/// root. `None` after printing why not.
-fn should_run(test: &str) -> Option<()> {
-    let spec = bypass_hw_tests::verbs::requested_spec(test)?;
-    if !spec.starts_with("rxe") {
-        bypass_hw_tests::skip(test, &format!("BYPASS_HW=verbs:{spec} is no Soft-RoCE device (verbs:rxe0)"));
-        return None;
-    }
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        bypass_hw_tests::skip(test, "needs root to make a network namespace (run it in hw-tests/vm/run)");
-        return None;
-    }
-    Some(())
-}
 
 /// What the simulated NIC stands on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,9 +73,8 @@ enum SimOn {
     Udp,
     /// The L2 wire on an AF_PACKET socket on veth1 (netns `sim`).
     Packet,
-    /// The L2 wire on the VFIO NIC at this PCI address (`vfio:` backend); rxe on NIC B, the
-    /// kernel netdev with this name and address.
-    Vfio { nic: String, netdev: String, peer_ip: Ipv4Addr },
+    /// The L2 wire on the VFIO NIC (NIC A, `vfio:` backend); rxe on NIC B, the kernel's.
+    Vfio(VfioTopology),
 }
 
 impl SimOn {
@@ -129,45 +82,20 @@ impl SimOn {
     fn rxe_netdev(&self) -> &str {
         match self {
             SimOn::Udp | SimOn::Packet => "veth0",
-            SimOn::Vfio { netdev, .. } => netdev,
+            SimOn::Vfio(t) => &t.netdev,
         }
     }
 
     fn rxe_ip(&self) -> Ipv4Addr {
         match self {
             SimOn::Udp | SimOn::Packet => RXE_IP.parse().unwrap(),
-            SimOn::Vfio { peer_ip, .. } => *peer_ip,
+            SimOn::Vfio(t) => t.peer_ip,
         }
     }
 
     fn veth(&self) -> bool {
-        !matches!(self, SimOn::Vfio { .. })
+        !matches!(self, SimOn::Vfio(_))
     }
-}
-
-/// The VFIO topology of `hw-tests/vm/run --vfio`, or `None` (after printing why `test` skips):
-/// the PCI address of NIC A (`BYPASS_VFIO_NIC`), and NIC B's kernel netdev, found by its MAC
-/// (`BYPASS_VFIO_PEER_MAC`), with its address (`BYPASS_VFIO_PEER_IP`).
-fn vfio_topology(test: &str) -> Option<SimOn> {
-    let Ok(nic) = std::env::var("BYPASS_VFIO_NIC") else {
-        bypass_hw_tests::skip(test, "BYPASS_VFIO_NIC is unset (run it under hw-tests/vm/run --vfio)");
-        return None;
-    };
-    let mac = std::env::var("BYPASS_VFIO_PEER_MAC").expect("BYPASS_VFIO_PEER_MAC with BYPASS_VFIO_NIC");
-    let peer_ip = std::env::var("BYPASS_VFIO_PEER_IP").expect("BYPASS_VFIO_PEER_IP with BYPASS_VFIO_NIC");
-    let peer_ip: Ipv4Addr = peer_ip.parse().expect("BYPASS_VFIO_PEER_IP is an IPv4 address");
-    let netdev = std::fs::read_dir("/sys/class/net")
-        .expect("/sys/class/net")
-        .filter_map(Result::ok)
-        .find(|e| {
-            std::fs::read_to_string(e.path().join("address"))
-                .is_ok_and(|a| a.trim().eq_ignore_ascii_case(&mac))
-        })
-        .unwrap_or_else(|| panic!("no kernel netdev has NIC B's MAC {mac}"))
-        .file_name()
-        .to_string_lossy()
-        .into_owned();
-    Some(SimOn::Vfio { nic, netdev, peer_ip })
 }
 
 /// The network, rxe1 and the simulated NIC; torn down (qdiscs, rxe1, veth, namespace) on drop,
@@ -195,19 +123,8 @@ impl Net {
             sh(&["ip", "-n", NETNS, "link", "set", "veth1", "up"]);
             sh(&["ip", "-n", NETNS, "link", "set", "lo", "up"]);
         }
-        sh(&["rdma", "link", "add", RXE, "type", "rxe", "netdev", on.rxe_netdev()]);
-        let port = format!("/sys/class/infiniband/{RXE}/ports/1");
-        wait_until("rxe1 port 1 ACTIVE", || {
-            std::fs::read_to_string(format!("{port}/state")).is_ok_and(|s| s.contains("ACTIVE"))
-        });
-        // The GID of rxe1's address appears once the address is up; the device picks it at open.
         let rxe_ip = on.rxe_ip();
-        let o = rxe_ip.octets();
-        let gid = format!("0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}", o[0], o[1], o[2], o[3]);
-        wait_until(&format!("rxe1's GID ::ffff:{rxe_ip}"), || {
-            (0..16)
-                .any(|i| std::fs::read_to_string(format!("{port}/gids/{i}")).is_ok_and(|g| g.trim() == gid))
-        });
+        rxe_link::add(RXE, on.rxe_netdev(), rxe_ip, WAIT);
         let rxe = VerbsDevice::open_spec(&format!("{RXE},mtu={MTU}"))
             .unwrap_or_else(|e| panic!("cannot open {RXE}: {e}"));
         assert_eq!(rxe.gid().1, rxe_ip.to_ipv6_mapped().octets(), "rxe1 uses the GID of {rxe_ip} (RoCE v2)");
@@ -232,8 +149,8 @@ impl Net {
                 let spec = format!("sim+packet://veth1,ip={SIM_IP}/24");
                 sim_backend(in_netns(NETNS, || bypass::Backend::open(&spec)), &spec)
             }
-            SimOn::Vfio { nic, .. } => {
-                let spec = format!("vfio:{nic},ip={VFIO_IP}/24");
+            SimOn::Vfio(t) => {
+                let spec = t.backend();
                 sim_backend(bypass::Backend::open(&spec), &spec)
             }
         };
@@ -283,19 +200,7 @@ impl Drop for Net {
         if std::thread::panicking() {
             // What both sides counted, for the failure's report.
             eprintln!("rxe_interop: the sim NIC at the failure: {:?}", self.sim.stats());
-            let dir = format!("/sys/class/infiniband/{RXE}/ports/1/hw_counters");
-            let mut counters: Vec<String> = std::fs::read_dir(&dir)
-                .into_iter()
-                .flatten()
-                .filter_map(Result::ok)
-                .filter_map(|e| {
-                    let v = std::fs::read_to_string(e.path()).ok()?;
-                    let v = v.trim();
-                    (v != "0").then(|| format!("{}={v}", e.file_name().to_string_lossy()))
-                })
-                .collect();
-            counters.sort();
-            eprintln!("rxe_interop: {RXE}'s non-zero counters: {}", counters.join(" "));
+            eprintln!("rxe_interop: {RXE}'s non-zero counters: {}", rxe_link::nonzero_counters(RXE));
         }
         // SAFETY: each field is dropped exactly once, here, and never used afterwards.
         unsafe {
@@ -332,7 +237,7 @@ impl Capture {
                 c.args(["netns", "exec", NETNS, "dumpcap"]);
                 (c, "veth1")
             }
-            SimOn::Vfio { netdev, .. } => (Command::new("dumpcap"), netdev.as_str()),
+            SimOn::Vfio(t) => (Command::new("dumpcap"), t.netdev.as_str()),
         };
         let mut child = cmd
             .args(["-i", ifname, "-P", "-w", path])
@@ -451,6 +356,12 @@ fn config() -> QueueConfig {
     c.rnr_retry = 7;
     c.min_rnr_timer = RnrTimer::at_least(Duration::from_millis(10));
     c
+}
+
+/// Waits (bounded by [`WAIT`]) until `cond` holds.
+#[track_caller]
+fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    bypass_hw_tests::shell::wait_until(what, WAIT, cond)
 }
 
 /// One end of a connection.
@@ -954,6 +865,6 @@ fn vfio_nic_and_rxe_exchange_rc_traffic_rpc_and_retransmissions() {
         bypass_hw_tests::skip(test, "built without the feature vfio (--features verbs,vfio)");
         return;
     }
-    let Some(on) = vfio_topology(test) else { return };
-    exercise(Net::up(on), "1%", false, test);
+    let Some(t) = VfioTopology::from_env(test) else { return };
+    exercise(Net::up(SimOn::Vfio(t)), "1%", false, test);
 }
