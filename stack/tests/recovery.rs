@@ -195,6 +195,81 @@ fn budget_exhaustion_closes_the_channel(engine: Engine) {
     assert_eq!(rig.channel.stats().recoveries, 2);
 }
 
+/// A flushed completion of a queue's earlier life, handled only after the queue was recovered,
+/// is not a new failure. Stepped, so the order is exact: a receive CQ holds a response and then
+/// the flushes of a queue that a remote access error failed; the test thread polls one batch of
+/// them and, inside the response's callback, waits until another thread has recovered the queue.
+/// The rest of that batch (flushes of the old life) must then leave the new life alone: before
+/// the fix they failed the recovered queue again, which spent the budget and closed the channel
+/// (the ASan flake of `budget_exhaustion_closes_the_channel`, where a slow poller did the same).
+#[test]
+fn a_stale_flush_is_no_new_failure() {
+    use std::sync::mpsc;
+    let policy = Recovery { attempts: 1, window: Duration::from_secs(3600), ..Recovery::default() };
+    let mut rig = Rig::new(common::rig::STEPPED, 1, policy);
+    let (rsp, _) = rig.call(&CallOptions::default(), REGION, b"").expect("region");
+    let remote = RemoteRegion::decode(&rsp).expect("descriptor");
+    let mut src = hal::Device::register(&rig.cnic, 16, Access::LOCAL_WRITE).expect("register");
+    src.write(0, &[9; 16]).expect("fill");
+    let src = Arc::new(src);
+    // From here on only this test's own polls take the channel's completions.
+    rig.rig.poll_channel = false;
+
+    let (entered_tx, entered) = mpsc::channel::<Result<Vec<u8>, RpcError>>();
+    let (go_tx, go) = mpsc::channel::<()>();
+    rig.channel
+        .call_callback(&CallOptions::default(), ECHO, b"first", move |r| {
+            entered_tx.send(r.map(<[u8]>::to_vec)).unwrap();
+            go.recv_timeout(common::rig::WAIT_LIMIT).expect("the queue to be recovered meanwhile");
+        })
+        .expect("start");
+    rig.until("the echo to be served", || rig.hits() == 1);
+    rig.fabric.run_until_idle(); // the response is in the receive CQ, unpolled
+    let mut bad = rig
+        .channel
+        .write_future(&[LocalRange::whole(&src)], &remote, REGION_LEN as u64 - 8, &OpOptions::default())
+        .expect("start the bad write");
+    // The server's NIC refuses it: the client's queue goes to ERROR and its receives are flushed
+    // into the receive CQ behind the response.
+    rig.fabric.run_until_idle();
+
+    let rig_ref = &rig;
+    let outcome = std::thread::scope(|s| {
+        let recoverer = s.spawn(move || {
+            let rig = rig_ref;
+            let outcome = entered.recv_timeout(common::rig::WAIT_LIMIT).expect("the callback to run");
+            // The write's error completion fails the queue; the control loop recovers it while
+            // this thread drives the fabric, the server and the send CQ.
+            rig.channel.poll_send_completions();
+            rig.until("recovery 1", || {
+                rig.channel.poll_send_completions();
+                let s = rig.channel.stats();
+                s.recoveries >= 1 && s.ready_queues == 1
+            });
+            go_tx.send(()).unwrap();
+            outcome
+        });
+        // One batch: the response (its callback waits for the recovery), then old flushes.
+        assert!(rig.channel.poll_responses() > 1, "the response and flushes in one batch");
+        recoverer.join().unwrap()
+    });
+    let s = rig.channel.stats();
+    assert_eq!(
+        (s.ready_queues, s.recoveries, rig.channel.close_reason()),
+        (1, 1, None),
+        "an old life's flush failed the recovered queue"
+    );
+    assert_eq!(outcome.expect("the echo"), b"first");
+    rig.rig.poll_channel = true;
+    rig.until("the bad write to end", || bad.is_done());
+    assert!(matches!(common::helpers::poll_once(&mut bad), Some(Err(RpcError::RemoteAccess(_)))));
+    rig.rig.echo(&CallOptions::default(), b"after");
+    rig.settle();
+    assert!(!rig.channel.is_closed(), "{:?}", rig.channel.close_reason());
+    assert_eq!(rig.channel.stats().recoveries, 1);
+    assert!(rig.breaks.lock().unwrap().is_empty());
+}
+
 #[test]
 fn recovery_config_is_validated_by_name() {
     let fabric = Fabric::new(Engine::Inline);

@@ -749,7 +749,7 @@ impl<D: Device + Clone> Channel<D> {
         if queue >= self.queues() {
             return Err(RpcError::InvalidArgument(format!("queue {queue} of {}", self.queues())));
         }
-        self.inner.queue_failed(queue, hal::Status::Flushed);
+        self.inner.queue_failed(queue, hal::Status::Flushed, None);
         Ok(())
     }
 
