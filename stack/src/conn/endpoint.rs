@@ -85,8 +85,8 @@ pub(crate) struct QueueSlot<Q> {
     drained: AtomicU8,
     /// The queue's life: incremented by each recovery, so work of an earlier life is told apart.
     pub(crate) epoch: AtomicU32,
-    /// Per CQ (send, receive): its failed-poll count when the current life began (see
-    /// [`Polled`]). Written and read under `q`'s lock.
+    /// Per CQ (send, receive): its failed-poll count when the current life began, at the
+    /// queue's last reset (see [`Polled`]). Written and read under `q`'s lock.
     life_from: [AtomicU64; 2],
 }
 
@@ -94,13 +94,14 @@ pub(crate) struct QueueSlot<Q> {
 /// its CQ that returned a failed completion, this one included (counted under the CQ's lock).
 ///
 /// A failed completion (an error, or a flush) of queue `q` is from an earlier life of `q` when
-/// its batch was polled before `q`'s current life began. That happens: a poller takes a batch
-/// of flushes, and before it handles them the queue is drained (by other pollers: the drain
-/// waits for its markers, which come after every flush, not for the threads holding them),
-/// reset, re-exchanged and reconnected. Such a flush is not a failure of the new life
-/// ([`Endpoint::fail_queue_polled`]). Recovery reconnects a queue only after it saw the drain
-/// markers, so every batch that held a completion of the old life was polled, and counted,
-/// before the count it records; a failure of the new life is polled after, and counts higher.
+/// its batch was polled before `q`'s current life began (at its reset). That happens: a poller
+/// takes a batch of flushes, and before it handles them the queue is drained (by other
+/// pollers: the drain waits for its markers, which come after every flush, not for the threads
+/// holding them), reset, re-exchanged and perhaps reconnected. Such a flush is not a failure of
+/// the queue's current life ([`Endpoint::fail_queue_polled`]). Recovery resets a queue only
+/// after it saw the drain markers, so every batch that held a completion of the old life was
+/// polled, and counted, before the count it records; a failure of the new life is polled after
+/// the queue is connected again, and counts higher.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Polled {
     cq: usize,
@@ -615,9 +616,20 @@ impl<D: Device + Clone> Endpoint<D> {
 
     /// Moves queue `q` to RESET (it must be drained: a reset discards what it holds) and
     /// returns its new [`QueueInfo`].
+    ///
+    /// Its next life begins here as far as failed completions go (see [`Polled`]): the queue
+    /// was drained, so every batch that held a completion of the old life has been polled and
+    /// counted, and it holds no completion of the next life before it is connected. A flush of
+    /// the old life handled from now on, while the queue is reset and re-exchanged or after it
+    /// is connected again, is stale: it must neither move the reset queue to ERROR (its connect
+    /// would fail) nor fail the new life.
     pub(crate) fn reset_queue(&self, q: usize) -> Result<QueueInfo, RpcError> {
-        let mut queue = lock(&self.queues[q].q);
+        let slot = &self.queues[q];
+        let mut queue = lock(&slot.q);
         queue.reset()?;
+        for (from, polls) in slot.life_from.iter().zip(&self.failed_polls) {
+            from.store(polls.load(Ordering::Acquire), Ordering::Relaxed);
+        }
         Ok(queue.info())
     }
 
@@ -626,11 +638,6 @@ impl<D: Device + Clone> Endpoint<D> {
     pub(crate) fn reconnect_queue(&self, q: usize, peer: &QueueInfo) -> Result<(), RpcError> {
         let slot = &self.queues[q];
         let mut queue = lock(&slot.q);
-        // The queue was drained: every batch that held a completion of its old life has been
-        // polled and counted (see `Polled`), and it holds none of the next life before this.
-        for (from, polls) in slot.life_from.iter().zip(&self.failed_polls) {
-            from.store(polls.load(Ordering::Acquire), Ordering::Relaxed);
-        }
         queue.connect(peer)?;
         let mut parked = lock(&slot.parked);
         {
