@@ -455,10 +455,96 @@ fn a_slow_recovery_exchange_is_retried_within_the_budget(engine: sim::Engine) {
     assert_eq!(channel.stats().protocol_errors, 0);
 }
 
+// ---- a partial recovery answer ----
+
+/// A TCP proxy between a channel and its server that forwards every control frame, except that
+/// of the server's first queue reset answer it sends only the first half, and nothing after:
+/// a server that stalls in the middle of an answer. Counts the halves sent in `halves`.
+fn half_answer_proxy(server: std::net::SocketAddr, halves: Arc<AtomicUsize>) -> std::net::SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else { return };
+        let upstream = TcpStream::connect(server).expect("connect to the server");
+        let (mut c_in, mut c_out) = (client.try_clone().unwrap(), client);
+        let (mut s_in, mut s_out) = (upstream.try_clone().unwrap(), upstream);
+        let up = std::thread::spawn(move || {
+            while let Some(f) = read_frame(&mut c_in) {
+                if s_out.write_all(&f).is_err() {
+                    break;
+                }
+            }
+            let _ = s_out.shutdown(Shutdown::Both);
+        });
+        let mut stalled = false;
+        // Ends when the channel closes (the upstream side then shuts the server's stream).
+        while let Some(f) = read_frame(&mut s_in) {
+            if stalled {
+                continue;
+            }
+            if f[4] == 5 {
+                stalled = true;
+                if c_out.write_all(&f[..f.len() / 2]).is_err() {
+                    break;
+                }
+                halves.fetch_add(1, Ordering::SeqCst);
+            } else if c_out.write_all(&f).is_err() {
+                break;
+            }
+        }
+        let _ = c_out.shutdown(Shutdown::Both);
+        let _ = up.join();
+    });
+    addr
+}
+
+/// Sixteen channels (as many as the process's control loop has aside threads) whose server
+/// sends half of a queue reset answer and stops: they wait for the rest (until their recovery
+/// timeout, 25 s here) without holding a thread another channel needs, so a bystander
+/// channel's queue recovery (and the server's side of it) is done at once. Before the fix each
+/// of them read its answer with a blocking read on an aside thread, and the bystander's
+/// recovery waited for their timeouts.
+fn a_partial_recovery_answer_holds_no_shared_thread(engine: sim::Engine) {
+    const STALLED: usize = 16;
+    let rig = Rig::new(engine);
+    let policy =
+        Recovery { attempts: 3, window: Duration::from_secs(3600), timeout: Duration::from_secs(25) };
+    let halves = Arc::new(AtomicUsize::new(0));
+    let stalled: Vec<_> = (0..STALLED)
+        .map(|_| {
+            let proxy = half_answer_proxy(rig.server.local_addr(), halves.clone());
+            let config = ChannelConfig { recovery: Some(policy), ..ChannelConfig::new(SERVER_NAME) };
+            let channel = Channel::connect(&rig.cnic, proxy, config).expect("connect through the proxy");
+            channel.fail_queue(0).expect("fail queue 0");
+            channel
+        })
+        .collect();
+    rig.until("half answers on half of the stalled channels", || {
+        halves.load(Ordering::SeqCst) >= STALLED / 2
+    });
+    let start = Instant::now();
+    rig.channel.fail_queue(0).expect("fail the bystander's queue");
+    rig.until("the bystander's recovery", || {
+        let s = rig.channel.stats();
+        rig.channel.is_closed() || (s.recoveries == 1 && s.ready_queues == 1)
+    });
+    let took = start.elapsed();
+    assert!(!rig.channel.is_closed(), "{engine:?}: {:?}", rig.channel.close_reason());
+    assert!(took < Duration::from_secs(10), "{engine:?}: the bystander's recovery took {took:?}");
+    rig.echo(&CallOptions::default(), b"after");
+    for (i, c) in stalled.iter().enumerate() {
+        assert!(!c.is_closed(), "{engine:?}: stalled channel {i} closed: {:?}", c.close_reason());
+        assert_eq!(c.stats().recoveries, 0);
+    }
+}
+
 /// Recovery runs on real time and real threads: the real engines only.
 mod recovery {
     use super::*;
-    common::per_engine!(a_slow_recovery_exchange_is_retried_within_the_budget);
+    common::per_engine!(
+        a_slow_recovery_exchange_is_retried_within_the_budget,
+        a_partial_recovery_answer_holds_no_shared_thread,
+    );
 }
 
 common::per_engine!(

@@ -131,6 +131,8 @@ fn queue_resets_past_the_budget_are_refused(engine: Engine) {
         let done = peer.reset(seq);
         let reason = done.result.expect_err("past the budget");
         assert!(reason.contains("ServerConfig.max_queue_resets"), "{reason}");
+        // One sentence a person reads: no runs of blanks left by a broken line continuation.
+        assert!(!reason.contains("  ") && !reason.contains('\n'), "{reason:?}");
     }
     assert_eq!(server.connections(), 1);
     // Another connection has a budget of its own.

@@ -9,6 +9,7 @@
 use bypass::sim::{Engine, Fabric, SimNic};
 use bypass::*;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -193,6 +194,166 @@ fn budget_exhaustion_closes_the_channel(engine: Engine) {
     drop(rig.held.lock().unwrap().drain(..));
     rig.until("the server to drop the connection", || rig.server.connections() == 0);
     assert_eq!(rig.channel.stats().recoveries, 2);
+}
+
+/// A TCP proxy between a channel and its server that forwards every control frame at once and
+/// counts the client's queue resets (frame type 4) it passed on.
+fn counting_proxy(server: std::net::SocketAddr, resets: Arc<AtomicUsize>) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut frame = vec![0u8; 12];
+        s.read_exact(&mut frame).ok()?;
+        let body = u32::from_le_bytes(frame[8..12].try_into().unwrap()) as usize;
+        frame.resize(12 + body, 0);
+        s.read_exact(&mut frame[12..]).ok()?;
+        Some(frame)
+    }
+    fn pipe(mut from: TcpStream, mut to: TcpStream, resets: Option<Arc<AtomicUsize>>) {
+        while let Some(f) = read_frame(&mut from) {
+            if to.write_all(&f).is_err() {
+                break;
+            }
+            if let (Some(r), 4) = (&resets, f[4]) {
+                r.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let _ = to.shutdown(Shutdown::Both);
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else { return };
+        let upstream = TcpStream::connect(server).expect("connect to the server");
+        let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+        let up = std::thread::spawn(move || pipe(client, upstream, Some(resets)));
+        pipe(u2, c2, None);
+        let _ = up.join();
+    });
+    addr
+}
+
+/// When the old life's flushes are handled in [`a_stale_flush_is_no_new_failure`].
+#[derive(Debug, Clone, Copy)]
+enum Late {
+    /// While the queue is reset and its exchange with the server is under way.
+    DuringTheExchange,
+    /// After the queue was connected again.
+    AfterTheRecovery,
+}
+
+/// A flushed completion of a queue's earlier life, handled late, is not a new failure. Stepped,
+/// so the order is exact: a receive CQ holds a response and then the flushes of a queue that a
+/// remote access error failed; the test thread polls one batch of them and, inside the
+/// response's callback, waits while another thread has the queue recovered, up to the reset
+/// being sent (`DuringTheExchange`) or to the end (`AfterTheRecovery`). The rest of that batch
+/// (flushes of the old life) must then leave the queue alone. Before the fix they moved the
+/// reset queue to ERROR, so that its connect failed ("connect needs RESET"), or failed the new
+/// life; either spent the budget and closed the channel. This is the ASan flake of
+/// `budget_exhaustion_closes_the_channel` (a slow poller did the same, during the exchange).
+fn a_stale_flush_is_no_new_failure(late: Late) {
+    use std::sync::mpsc;
+    let policy = Recovery { attempts: 1, window: Duration::from_secs(3600), ..Recovery::default() };
+    let mut rig = Rig::new(common::rig::STEPPED, 1, policy);
+    let resets = Arc::new(AtomicUsize::new(0));
+    let proxy = counting_proxy(rig.server.local_addr(), resets.clone());
+    let config = ChannelConfig {
+        recovery: Some(policy),
+        keepalive: None,
+        ..ChannelConfig::new(common::rig::SERVER_NAME)
+    };
+    let ch = Channel::connect(&rig.cnic, proxy, config).expect("connect through the proxy");
+    let rsp = rig.call_on(&ch, &CallOptions::default(), REGION, b"").expect("region");
+    let remote = RemoteRegion::decode(&rsp).expect("descriptor");
+    let mut src = hal::Device::register(&rig.cnic, 16, Access::LOCAL_WRITE).expect("register");
+    src.write(0, &[9; 16]).expect("fill");
+    let src = Arc::new(src);
+    // From here on only this test's own polls take the channels' completions.
+    rig.rig.poll_channel = false;
+
+    let (entered_tx, entered) = mpsc::channel::<Result<Vec<u8>, RpcError>>();
+    let (go_tx, go) = mpsc::channel::<()>();
+    ch.call_callback(&CallOptions::default(), ECHO, b"first", move |r| {
+        entered_tx.send(r.map(<[u8]>::to_vec)).unwrap();
+        go.recv_timeout(common::rig::WAIT_LIMIT).expect("the queue's recovery to get far enough");
+    })
+    .expect("start");
+    rig.until("the echo to be served", || rig.hits() == 1);
+    rig.fabric.run_until_idle(); // the response is in the receive CQ, unpolled
+    let mut bad = ch
+        .write_future(&[LocalRange::whole(&src)], &remote, REGION_LEN as u64 - 8, &OpOptions::default())
+        .expect("start the bad write");
+    // The server's NIC refuses it: the client's queue goes to ERROR and its receives are flushed
+    // into the receive CQ behind the response.
+    rig.fabric.run_until_idle();
+
+    let (rig_ref, ch_ref, resets_ref) = (&rig, &ch, &resets);
+    let outcome = std::thread::scope(|s| {
+        let recoverer = s.spawn(move || {
+            let (rig, ch, resets) = (rig_ref, ch_ref, resets_ref);
+            let outcome = entered.recv_timeout(common::rig::WAIT_LIMIT).expect("the callback to run");
+            // The write's error completion fails the queue; the control loop recovers it.
+            ch.poll_send_completions();
+            match late {
+                Late::DuringTheExchange => {
+                    // The reset is sent after the queue was reset; the server is not driven,
+                    // so it cannot answer yet.
+                    let start = std::time::Instant::now();
+                    while resets.load(Ordering::SeqCst) == 0 {
+                        assert!(start.elapsed() < common::rig::WAIT_LIMIT, "the queue reset was never sent");
+                        rig.fabric.run_until_idle();
+                        ch.poll_send_completions();
+                        std::thread::yield_now();
+                    }
+                }
+                Late::AfterTheRecovery => rig.until("recovery 1", || {
+                    ch.poll_send_completions();
+                    let s = ch.stats();
+                    s.recoveries >= 1 && s.ready_queues == 1
+                }),
+            }
+            go_tx.send(()).unwrap();
+            outcome
+        });
+        // One batch: the response (its callback waits), then old flushes.
+        assert!(ch.poll_responses() > 1, "the response and flushes in one batch");
+        recoverer.join().unwrap()
+    });
+    rig.until("the recovery to end", || {
+        ch.poll_send_completions();
+        let s = ch.stats();
+        ch.is_closed() || (s.recoveries >= 1 && s.ready_queues == 1)
+    });
+    let s = ch.stats();
+    assert_eq!(
+        (s.ready_queues, s.recoveries, ch.close_reason()),
+        (1, 1, None),
+        "{late:?}: an old life's flush failed the recovered queue"
+    );
+    assert_eq!(outcome.expect("the echo"), b"first");
+    rig.until("the bad write to end", || {
+        ch.poll();
+        bad.is_done()
+    });
+    assert!(matches!(common::helpers::poll_once(&mut bad), Some(Err(RpcError::RemoteAccess(_)))));
+    assert_eq!(rig.call_on(&ch, &CallOptions::default(), ECHO, b"after").expect("echo after"), b"after");
+    for _ in 0..8 {
+        rig.pump();
+        ch.poll();
+    }
+    assert!(!ch.is_closed(), "{late:?}: {:?}", ch.close_reason());
+    assert_eq!(ch.stats().recoveries, 1);
+    assert_eq!(resets.load(Ordering::SeqCst), 1, "{late:?}: one queue reset");
+}
+
+#[test]
+fn a_stale_flush_during_the_exchange_is_no_new_failure() {
+    a_stale_flush_is_no_new_failure(Late::DuringTheExchange);
+}
+
+#[test]
+fn a_stale_flush_after_the_recovery_is_no_new_failure() {
+    a_stale_flush_is_no_new_failure(Late::AfterTheRecovery);
 }
 
 #[test]

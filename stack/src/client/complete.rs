@@ -13,6 +13,7 @@
 #![allow(unsafe_code)]
 
 use super::*;
+use crate::conn::endpoint::Polled;
 use std::mem::MaybeUninit;
 
 impl<D: Device + Clone> ChannelInner<D> {
@@ -140,12 +141,12 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// that is (see [`collect_arrived`](Self::collect_arrived)).
     pub(super) fn poll_recv(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let (done, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
+        let (done, polled, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
         if !done.is_empty() {
             self.live.mark_heard();
         }
         for c in done {
-            self.on_recv(c);
+            self.on_recv(c, polled);
         }
         done.len()
     }
@@ -160,15 +161,15 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// it would have reaped were already there).
     pub(super) fn poll_send_with(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let done = self.ep.poll_send(&mut wc, wait);
+        let (done, polled) = self.ep.poll_send(&mut wc, wait);
         for c in done {
-            self.ep.unsignaled_before(c, |p| self.on_send(p));
-            self.on_send(c);
+            self.ep.unsignaled_before(c, |p| self.on_send(p, polled));
+            self.on_send(c, polled);
         }
         done.len()
     }
 
-    pub(super) fn on_recv(&self, c: &Completion) {
+    pub(super) fn on_recv(&self, c: &Completion, polled: Polled) {
         if !self.ep.is_buf(c.wr_id) {
             if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
@@ -182,8 +183,8 @@ impl<D: Device + Clone> ChannelInner<D> {
         let buf = c.wr_id as u32;
         let q = self.ep.queue_of_buf(buf);
         if !c.status.is_ok() {
-            self.queue_failed(q, c.status);
-            // Kept for the queue's recovery.
+            self.queue_failed(q, c.status, Some(polled));
+            // Kept for the queue's recovery (or re-posted, if it was recovered meanwhile).
             return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; we re-post it only after the last use of
@@ -297,7 +298,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         self.counters.stale.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn on_send(&self, c: &Completion) {
+    pub(super) fn on_send(&self, c: &Completion, polled: Polled) {
         if !c.status.is_ok() {
             if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, false);
@@ -331,7 +332,7 @@ impl<D: Device + Clone> ChannelInner<D> {
             if c.status == hal::Status::Flushed { FailReason::Flushed } else { FailReason::SendError };
         let _ = self.ep.tx.fail(h, reason);
         if let Some(q) = self.ep.queue_index(c.qpn) {
-            self.queue_failed(q, c.status);
+            self.queue_failed(q, c.status, Some(polled));
         }
     }
 
@@ -424,9 +425,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         n
     }
 
-    pub(super) fn queue_failed(&self, q: usize, status: hal::Status) {
-        let was_ready = self.ep.queues[q].ready.swap(false, Ordering::AcqRel);
-        self.ep.fail_queue(q);
+    /// Queue `q` failed with `status`, seen in a completion of the batch `polled` (None: not
+    /// seen in a completion). A completion from an earlier life of the queue, polled before a
+    /// recovery and handled after it, is no failure of the queue's current life: ignored.
+    pub(super) fn queue_failed(&self, q: usize, status: hal::Status, polled: Option<Polled>) {
+        let Some(was_ready) = self.ep.fail_queue_polled(q, polled) else { return };
         // The queue answers no READ or WRITE any more: timed-out calls' memory can go.
         self.rndv_release_queue(q);
         if !was_ready {

@@ -380,8 +380,9 @@ impl<D: Device + Clone> Channel<D> {
             deferred: deferred::DeferredList::default(),
         });
         let weak = Arc::downgrade(&inner);
-        crate::control::reactor::watch(Box::new(monitor::ChannelWatch::new(stream, weak, keepalive)))
-            .map_err(control::ControlError::from)?;
+        let watch =
+            monitor::ChannelWatch::new(stream, weak, keepalive).map_err(control::ControlError::from)?;
+        crate::control::reactor::watch(Box::new(watch)).map_err(control::ControlError::from)?;
         Ok(Channel { inner })
     }
 
@@ -749,7 +750,7 @@ impl<D: Device + Clone> Channel<D> {
         if queue >= self.queues() {
             return Err(RpcError::InvalidArgument(format!("queue {queue} of {}", self.queues())));
         }
-        self.inner.queue_failed(queue, hal::Status::Flushed);
+        self.inner.queue_failed(queue, hal::Status::Flushed, None);
         Ok(())
     }
 

@@ -1,17 +1,20 @@
 //! A channel's watch in the process's control loop ([`crate::control::reactor`]): the control stream's
 //! closure (or any byte the server sends unasked) closes the channel; keepalive looks run on
 //! the loop's timers (see [`crate::conn::liveness`]); failed queues are recovered aside, on a
-//! short-lived thread that owns the stream meanwhile (see [`crate::conn::recovery`]). Closing is done
+//! short-lived thread that owns the stream meanwhile, except for reading the server's answers,
+//! which the loop does as their bytes arrive (see [`super::recovery`]). Closing is done
 //! aside too, and so are the callbacks of calls a look finished ([`super::deferred`]): the loop
 //! runs no application code.
 
 #![forbid(unsafe_code)]
 
+use super::recovery::{Answer, Progress};
 use super::{CallOptions, ChannelInner};
 use crate::client::delivery::{self, Oneshot, Sink};
 use crate::conn::liveness::{CloseReason, Keepalive, Silence};
 use crate::control::reactor::{Step, Watch};
-use crate::control::{ControlIo, ControlStream};
+use crate::control::session::{ReadStep, SessionFrame};
+use crate::control::{ControlError, ControlIo, ControlStream};
 use crate::core::tx_ctx::CallMode;
 use crate::hal::Device;
 use crate::wire::FunctionId;
@@ -36,14 +39,21 @@ pub(super) struct ChannelWatch<D: Device + Clone> {
     ka: Option<KeepaliveState>,
     /// The loop found the channel over, for this reason: it is closed aside.
     closing: Option<CloseReason>,
+    /// Queue recovery: the exchange whose answer the loop reads.
+    recovery: Progress,
 }
 
+/// Most frames one readiness event reads before the loop moves on to other connections.
+const FRAMES_PER_LOOK: usize = 8;
+
 impl<D: Device + Clone> ChannelWatch<D> {
+    /// Watches `stream` (made non-blocking here: the loop reads it) for `channel`.
     pub(super) fn new(
         stream: ControlStream,
         channel: Weak<ChannelInner<D>>,
         keepalive: Option<Keepalive>,
-    ) -> Self {
+    ) -> std::io::Result<Self> {
+        stream.tcp().set_nonblocking(true)?;
         let now = Instant::now();
         let ka = keepalive.map(|keepalive| KeepaliveState {
             keepalive,
@@ -52,7 +62,7 @@ impl<D: Device + Clone> ChannelWatch<D> {
             last_polls: u32::MAX,
             next_look: now + keepalive.tick(),
         });
-        ChannelWatch { stream, channel, ka, closing: None }
+        Ok(ChannelWatch { stream, channel, ka, closing: None, recovery: Progress::default() })
     }
 
     /// The channel, unless it is gone or closed (then the loop stops watching it).
@@ -98,18 +108,57 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
     }
 
     fn on_readable(&mut self) -> Step {
-        if self.open().is_none() {
-            return Step::Done;
+        let Some(inner) = self.open() else { return Step::Done };
+        if self.recovery.awaiting.is_none() {
+            // End of stream, an error, or bytes nobody asked for: the connection is over.
+            return self.close_aside(CloseReason::PeerClosed);
         }
-        // End of stream, an error, or bytes nobody asked for (answers to our own requests are
-        // read where they are awaited, aside): the connection is over.
-        self.close_aside(CloseReason::PeerClosed)
+        for _ in 0..FRAMES_PER_LOOK {
+            match self.recovery.reader.read(&mut self.stream) {
+                ReadStep::Pending => return Step::Keep,
+                ReadStep::Closed => {
+                    inner.answer_lost(&mut self.recovery, ControlError::Closed);
+                    return Step::Aside;
+                }
+                ReadStep::Frame(Ok(SessionFrame::QueueResetDone(a))) => {
+                    match inner.answer_read(&mut self.recovery, a) {
+                        Answer::Skipped => {}
+                        Answer::Arrived | Answer::Unexpected => return Step::Aside,
+                    }
+                }
+                ReadStep::Frame(Ok(other)) => {
+                    let e = ControlError::Malformed(format!("a {other:?} sent to a client"));
+                    inner.answer_lost(&mut self.recovery, e);
+                    return Step::Aside;
+                }
+                ReadStep::Frame(Err(e)) => {
+                    inner.answer_lost(&mut self.recovery, e);
+                    return Step::Aside;
+                }
+            }
+        }
+        // More frames wait (see the server's watch): bytes inside a TLS session would not wake
+        // the loop, so a trip aside (which does nothing) hands the channel back to be read.
+        if self.stream.buffered() > 0 {
+            Step::Aside
+        } else {
+            Step::Keep
+        }
     }
 
     fn on_timer(&mut self, now: Instant) -> Step {
         let Some(inner) = self.open() else { return Step::Done };
+        if self.recovery.awaiting.as_ref().is_some_and(|w| now >= w.deadline) {
+            inner.answer_late(&mut self.recovery);
+            return Step::Aside;
+        }
         if let Some(k) = self.ka.as_mut() {
-            if now >= k.next_look {
+            if self.recovery.awaiting.is_some() {
+                // A queue is down by our own doing while its exchange lasts (bounded by the
+                // recovery timeout): its silence is not the server's.
+                k.silence.restart(now);
+                k.next_look = now + k.keepalive.tick();
+            } else if now >= k.next_look {
                 k.next_look = now + k.keepalive.tick();
                 if inner.keepalive_look(k, now) {
                     return self.close_aside(CloseReason::KeepaliveTimeout);
@@ -121,14 +170,19 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
 
     fn on_wake(&mut self) -> Step {
         let Some(inner) = self.channel.upgrade() else { return Step::Done };
-        if inner.recovery.pending() && !inner.ep.is_closed() {
+        // One exchange at a time: other queues wait for the one in progress.
+        if inner.recovery.pending() && !inner.ep.is_closed() && self.recovery.awaiting.is_none() {
             return Step::Aside;
         }
         self.after(&inner)
     }
 
     fn deadline(&self) -> Option<Instant> {
-        self.ka.as_ref().map(|k| k.next_look)
+        let answer = self.recovery.awaiting.as_ref().map(|w| w.deadline);
+        match (self.ka.as_ref().map(|k| k.next_look), answer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn aside(&mut self) -> bool {
@@ -141,7 +195,7 @@ impl<D: Device + Clone + 'static> Watch for ChannelWatch<D> {
         if inner.ep.is_closed() {
             return false;
         }
-        if inner.recover_pending(&mut self.stream) {
+        if inner.recover_pending(&mut self.stream, &mut self.recovery) {
             if let Some(k) = self.ka.as_mut() {
                 // The data path was down meanwhile, by our own doing: silence counts from now.
                 let now = Instant::now();

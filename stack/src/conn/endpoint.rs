@@ -85,7 +85,32 @@ pub(crate) struct QueueSlot<Q> {
     drained: AtomicU8,
     /// The queue's life: incremented by each recovery, so work of an earlier life is told apart.
     pub(crate) epoch: AtomicU32,
+    /// Per CQ (send, receive): its failed-poll count when the current life began, at the
+    /// queue's last reset (see [`Polled`]). Written and read under `q`'s lock.
+    life_from: [AtomicU64; 2],
 }
+
+/// When a batch of completions was polled, in terms of the queues' lives: the count of polls of
+/// its CQ that returned a failed completion, this one included (counted under the CQ's lock).
+///
+/// A failed completion (an error, or a flush) of queue `q` is from an earlier life of `q` when
+/// its batch was polled before `q`'s current life began (at its reset). That happens: a poller
+/// takes a batch of flushes, and before it handles them the queue is drained (by other
+/// pollers: the drain waits for its markers, which come after every flush, not for the threads
+/// holding them), reset, re-exchanged and perhaps reconnected. Such a flush is not a failure of
+/// the queue's current life ([`Endpoint::fail_queue_polled`]). Recovery resets a queue only
+/// after it saw the drain markers, so every batch that held a completion of the old life was
+/// polled, and counted, before the count it records; a failure of the new life is polled after
+/// the queue is connected again, and counts higher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Polled {
+    cq: usize,
+    seq: u64,
+}
+
+/// [`Polled::cq`] of the send CQ and of the receive CQ.
+const SEND: usize = 0;
+const RECV: usize = 1;
 
 #[derive(Default)]
 struct Deferred {
@@ -132,6 +157,9 @@ pub(crate) struct Endpoint<D: Device> {
     /// took them ([`Endpoint::poll_recv_tracked`]; the client counts them so that a close can
     /// wait for replies another thread took from the CQ but has not delivered yet).
     recv_in_flight: AtomicU32,
+    /// Per CQ (send, receive): polls that returned a failed completion (see [`Polled`]). Only
+    /// changed with the CQ's lock held.
+    failed_polls: [AtomicU64; 2],
     /// Bytes registered for the send and receive buffers so far.
     registered: AtomicU64,
     /// Set for good when the connection closes (before its queues are failed), so a post that
@@ -222,6 +250,7 @@ impl<D: Device + Clone> Endpoint<D> {
                 parked: Mutex::new(Vec::with_capacity(s.recv_depth as usize)),
                 drained: AtomicU8::new(0),
                 epoch: AtomicU32::new(0),
+                life_from: [AtomicU64::new(0), AtomicU64::new(0)],
             });
         }
         let tx =
@@ -258,6 +287,7 @@ impl<D: Device + Clone> Endpoint<D> {
             max_send_sge: config.max_send_sge as usize,
             recv_empty_polls: AtomicU64::new(0),
             recv_in_flight: AtomicU32::new(0),
+            failed_polls: [AtomicU64::new(0), AtomicU64::new(0)],
             closed: AtomicBool::new(false),
         };
         // The slab hands out context 0 first: its chunk is there from the start.
@@ -426,7 +456,7 @@ impl<D: Device + Clone> Endpoint<D> {
         let mut wc = [MaybeUninit::uninit(); MAX_REPOST_BATCH];
         let mut total = 0;
         loop {
-            let done = self.poll_recv(&mut wc);
+            let (done, _) = self.poll_recv(&mut wc);
             let n = done.len();
             for c in done {
                 if pool.is_buf(c.wr_id) {
@@ -586,9 +616,20 @@ impl<D: Device + Clone> Endpoint<D> {
 
     /// Moves queue `q` to RESET (it must be drained: a reset discards what it holds) and
     /// returns its new [`QueueInfo`].
+    ///
+    /// Its next life begins here as far as failed completions go (see [`Polled`]): the queue
+    /// was drained, so every batch that held a completion of the old life has been polled and
+    /// counted, and it holds no completion of the next life before it is connected. A flush of
+    /// the old life handled from now on, while the queue is reset and re-exchanged or after it
+    /// is connected again, is stale: it must neither move the reset queue to ERROR (its connect
+    /// would fail) nor fail the new life.
     pub(crate) fn reset_queue(&self, q: usize) -> Result<QueueInfo, RpcError> {
-        let mut queue = lock(&self.queues[q].q);
+        let slot = &self.queues[q];
+        let mut queue = lock(&slot.q);
         queue.reset()?;
+        for (from, polls) in slot.life_from.iter().zip(&self.failed_polls) {
+            from.store(polls.load(Ordering::Acquire), Ordering::Relaxed);
+        }
         Ok(queue.info())
     }
 
@@ -777,12 +818,13 @@ impl<D: Device + Clone> Endpoint<D> {
         &self,
         out: &'a mut [MaybeUninit<Completion>],
         wait: bool,
-    ) -> &'a [Completion] {
+    ) -> (&'a [Completion], Polled) {
         let guard = if wait { Some(lock(&self.send_cq)) } else { self.send_cq.try_lock().ok() };
-        let Some(mut cq) = guard else { return &[] };
+        let Some(mut cq) = guard else { return (&[], self.polled(SEND, false)) };
         // A CQ overflow means the device dropped completions: the queues behind it cannot be
         // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
         let done = cq.poll_uninit(out).unwrap_or(&[]);
+        let polled = self.polled(SEND, done.iter().any(|c| !c.status.is_ok()));
         for c in done.iter().filter(|c| !c.status.is_ok()) {
             // Only a failed or flushed send can have a successor in its batch: a successful
             // completion is a signaled send's, the last of its batch or a lone one.
@@ -792,19 +834,32 @@ impl<D: Device + Clone> Endpoint<D> {
                 self.run_prev[TxHandle::from_u64(next).index as usize].store(NO_RUN, Ordering::Relaxed);
             }
         }
-        done
+        (done, polled)
     }
 
     /// Polls the receive CQ if no other thread is polling it.
-    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> &'a [Completion] {
-        let Ok(mut cq) = self.recv_cq.try_lock() else { return &[] };
+    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> (&'a [Completion], Polled) {
+        let Ok(mut cq) = self.recv_cq.try_lock() else { return (&[], self.polled(RECV, false)) };
         // As in `poll_send`.
         let done = cq.poll_uninit(out).unwrap_or(&[]);
         if done.is_empty() && self.is_shared() {
             // Under the CQ's lock, so the count orders the polls (see `drain`).
             self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
         }
-        done
+        (done, self.polled(RECV, done.iter().any(|c| !c.status.is_ok())))
+    }
+
+    /// The [`Polled`] of a batch just polled from CQ `cq`, whose lock the caller holds (else
+    /// `failed` is false): a batch with a failed completion is counted.
+    fn polled(&self, cq: usize, failed: bool) -> Polled {
+        let polls = &self.failed_polls[cq];
+        let mut seq = polls.load(Ordering::Relaxed);
+        if failed {
+            // Only changed under the CQ's lock: no read-modify-write needed.
+            seq += 1;
+            polls.store(seq, Ordering::Release);
+        }
+        Polled { cq, seq }
     }
 
     /// Polls the receive CQ like [`poll_recv`](Self::poll_recv) (or waiting for its lock, with
@@ -816,15 +871,16 @@ impl<D: Device + Clone> Endpoint<D> {
         &self,
         out: &'a mut [MaybeUninit<Completion>],
         wait: bool,
-    ) -> (&'a [Completion], InFlight<'_>) {
+    ) -> (&'a [Completion], Polled, InFlight<'_>) {
         let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
-        let Some(mut cq) = guard else { return (&[], InFlight(None)) };
+        let Some(mut cq) = guard else { return (&[], self.polled(RECV, false), InFlight(None)) };
         let done = cq.poll_uninit(out).unwrap_or(&[]);
         if done.is_empty() {
-            return (done, InFlight(None));
+            return (done, self.polled(RECV, false), InFlight(None));
         }
+        let polled = self.polled(RECV, done.iter().any(|c| !c.status.is_ok()));
         self.recv_in_flight.fetch_add(1, Ordering::AcqRel);
-        (done, InFlight(Some(&self.recv_in_flight)))
+        (done, polled, InFlight(Some(&self.recv_in_flight)))
     }
 
     /// Whether completions taken by [`poll_recv_tracked`](Self::poll_recv_tracked) are still
@@ -834,13 +890,28 @@ impl<D: Device + Clone> Endpoint<D> {
     }
 
     /// Marks queue `q` failed and moves it to ERROR (which flushes what it still holds).
-    pub(crate) fn fail_queue(&self, q: usize) {
+    /// Returns whether it was READY until now.
+    pub(crate) fn fail_queue(&self, q: usize) -> bool {
+        self.fail_queue_polled(q, None).unwrap_or(false)
+    }
+
+    /// [`fail_queue`](Self::fail_queue) for a failed completion of queue `q` from the batch
+    /// `polled` (None: a failure not seen in a completion): does nothing and returns `None` if
+    /// that completion is from an earlier life of the queue (see [`Polled`]), which a recovery
+    /// has already drained and which says nothing about the queue's current life.
+    pub(crate) fn fail_queue_polled(&self, q: usize, polled: Option<Polled>) -> Option<bool> {
         let slot = &self.queues[q];
-        slot.ready.store(false, Ordering::Release);
+        // Under the queue's lock, as `reconnect_queue` starts a life: a life does not begin
+        // between the judgment and the failure.
         let mut queue = lock(&slot.q);
+        if polled.is_some_and(|p| p.seq <= slot.life_from[p.cq].load(Ordering::Relaxed)) {
+            return None;
+        }
+        let was_ready = slot.ready.swap(false, Ordering::AcqRel);
         if queue.state() != QueueState::Error {
             let _ = queue.set_error();
         }
+        Some(was_ready)
     }
 
     /// Number of queues still READY.
@@ -955,7 +1026,7 @@ mod tests {
         let mut seen = Vec::new();
         let mut wc = [std::mem::MaybeUninit::uninit(); 8];
         loop {
-            let done = ep.poll_send(&mut wc, false);
+            let (done, _) = ep.poll_send(&mut wc, false);
             if done.is_empty() {
                 return seen;
             }

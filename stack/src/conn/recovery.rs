@@ -1,7 +1,8 @@
 //! Queue recovery: a queue that went to ERROR is brought back.
 //!
 //! The client drives it (the channel's watch in the control loop, which owns the control
-//! stream, runs it aside on a short-lived thread); the server answers. For queue `q`:
+//! stream, runs it aside on a short-lived thread, and reads the server's answer on the loop
+//! itself, as its bytes arrive); the server answers. For queue `q`:
 //!
 //! 1. **Fail** (already done when the failure was seen): the queue is marked not READY and moved
 //!    to ERROR; the calls outstanding on it fail once with [`RpcError::Queue`](crate::RpcError::Queue)

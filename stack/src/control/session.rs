@@ -26,17 +26,14 @@
 //! protocol error: the reader closes the connection.
 //!
 //! All reading and writing of the stream after the handshake goes through this module, so that a
-//! different stream (TLS) changes only it: the client's blocking `read_frame` and `write_frame`
-//! (its recovery exchange, aside), the server's `SessionReader` (frames read on the control
-//! loop as their bytes arrive, never blocking) and `write_frame_now` (an answer the socket must
-//! take at once).
+//! different stream (TLS) changes only it: `SessionReader` (frames read on the control loop as
+//! their bytes arrive, never blocking: the server's queue resets and the client's answers to
+//! them) and `write_frame_now` (a frame the socket must take at once).
 
 use super::{
-    build_frame, malformed, open_frame, put_str, ControlError, Deadline, MsgType, CONTROL_VERSION,
-    MAX_REASON_LEN,
+    build_frame, malformed, open_frame, put_str, ControlError, MsgType, CONTROL_VERSION, MAX_REASON_LEN,
 };
 use bypass_hal::QueueInfo;
-use std::time::Duration;
 
 /// The client asks the server to reset its end of queue `queue` and connect it to `info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,17 +134,6 @@ impl super::Body<'_> {
         self.take(used, "queue info")?;
         Ok(info)
     }
-}
-
-/// Reads one session frame within `timeout`. End of stream is [`ControlError::Closed`]; another
-/// version, a type that is not a session frame, or bytes that do not parse are
-/// [`ControlError::Malformed`] or [`ControlError::VersionMismatch`].
-pub(crate) fn read_frame(
-    stream: &mut impl super::ControlIo,
-    timeout: Duration,
-) -> Result<SessionFrame, ControlError> {
-    let (header, frame) = super::read_frame(stream, Deadline::after(timeout))?;
-    decode(header, &frame)
 }
 
 /// What [`SessionReader::read`] reached.
@@ -267,15 +253,6 @@ pub(crate) fn write_frame_now(stream: &mut impl super::ControlIo, frame: &[u8]) 
             Err(e) => return Err(super::from_io(e)),
         }
     }
-}
-
-/// Writes one whole frame within `timeout`.
-pub(crate) fn write_frame(
-    stream: &mut impl super::ControlIo,
-    frame: &[u8],
-    timeout: Duration,
-) -> Result<(), ControlError> {
-    super::write_by(stream, frame, Deadline::after(timeout))
 }
 
 #[cfg(all(test, not(loom)))]

@@ -19,6 +19,7 @@
 #![allow(unsafe_code)]
 
 use super::*;
+use crate::conn::endpoint::Polled;
 use std::mem::MaybeUninit;
 
 thread_local! {
@@ -255,7 +256,7 @@ impl<D: Device + Clone> Conn<D> {
     /// rather than passed by (before a new chunk of send buffers would be registered).
     pub(super) fn poll_send_with(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let done = self.ep.poll_send(&mut wc, wait);
+        let (done, polled) = self.ep.poll_send(&mut wc, wait);
         for c in done {
             self.ep.unsignaled_before(c, |p| {
                 let _ = self.ep.tx.complete(TxHandle::from_u64(p.wr_id), Event::SendCqe);
@@ -276,7 +277,7 @@ impl<D: Device + Clone> Conn<D> {
                 };
                 let _ = self.ep.tx.fail(tx, reason);
                 if let Some(q) = self.ep.queue_index(c.qpn) {
-                    self.queue_failed(q);
+                    self.queue_failed(q, Some(polled));
                 }
             }
         }
@@ -298,13 +299,13 @@ impl<D: Device + Clone> Conn<D> {
 
     pub(super) fn poll(self: &Arc<Self>) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
-        let done = self.ep.poll_recv(&mut wc);
+        let (done, polled) = self.ep.poll_recv(&mut wc);
         let n = done.len();
         if n > 0 {
             self.live.mark_heard();
             let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
             for c in done {
-                self.on_recv(c);
+                self.on_recv(c, polled);
             }
             for q in 0..self.grants.len() {
                 self.flush_grants(q);
@@ -329,7 +330,7 @@ impl<D: Device + Clone> Conn<D> {
         self.ep.tx_mostly_free() && self.rndv.is_quiet() && !self.ep.is_closed()
     }
 
-    pub(super) fn on_recv(self: &Arc<Self>, c: &Completion) {
+    pub(super) fn on_recv(self: &Arc<Self>, c: &Completion, polled: Polled) {
         if !self.ep.is_buf(c.wr_id) {
             if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
@@ -343,8 +344,8 @@ impl<D: Device + Clone> Conn<D> {
             return self.ep.repost(buf);
         };
         if !c.status.is_ok() {
-            self.queue_failed(queue);
-            // Kept for the queue's recovery.
+            self.queue_failed(queue, Some(polled));
+            // Kept for the queue's recovery (or re-posted, if it was recovered meanwhile).
             return self.ep.park(buf);
         }
         // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
@@ -455,10 +456,12 @@ impl<D: Device + Clone> Conn<D> {
         let _ = request.reply(&[]);
     }
 
-    /// A queue failed. The connection stays open even with no queue left: the client recovers
-    /// its queues (a queue reset on the control stream) or closes the connection.
-    pub(super) fn queue_failed(&self, q: usize) {
-        self.ep.fail_queue(q);
+    /// A queue failed, seen in a completion of the batch `polled`. The connection stays open
+    /// even with no queue left: the client recovers its queues (a queue reset on the control
+    /// stream) or closes the connection. A completion from an earlier life of the queue (polled
+    /// before the client had it recovered, handled after) is ignored: it fails nothing.
+    pub(super) fn queue_failed(&self, q: usize, polled: Option<Polled>) {
+        let _ = self.ep.fail_queue_polled(q, polled);
     }
 
     pub(super) fn close(&self) {

@@ -112,7 +112,9 @@ impl<D: Device + Clone> ConnWatch<D> {
             seq: r.seq,
             queue: r.queue,
             result: Err(format!(
-                "refused: this connection asked for more queue resets than the server allows ({} per                  {:?}: ServerConfig.max_queue_resets per queue); a queue that keeps failing needs its                  cause fixed",
+                "refused: this connection asked for more queue resets than the server allows ({} per \
+                 {:?}: ServerConfig.max_queue_resets per queue); a queue that keeps failing needs its \
+                 cause fixed",
                 self.policy.attempts, self.policy.window
             )),
         };
