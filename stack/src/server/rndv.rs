@@ -21,16 +21,6 @@
 //! A READ or WRITE that fails fails its queue (RC); its request is answered HDR_ERR (which
 //! cannot reach the client on the failed queue) and every byte it held is freed.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `RndvMem::bytes`/`bytes_mut`: the region is registered for remote access and its key is sent
-//   to the peer, so "no READ/WRITE can touch it" is protocol state (our READ completed, the peer
-//   answered the call), not something a borrow of `RndvMem` can express; a typestate that only
-//   hands out views after the transfer's completion (and `&mut RndvMem` for the writable one) is the
-//   way, but every post of a rendezvous work request would have to go through it.
-#![allow(unsafe_code)]
-
 use super::{bump, Conn, Request};
 use crate::conn::bufs::{TxToken, Unposted};
 use crate::conn::rndv::{chunk_size, chunks, RegionPool, RndvAllocator, RndvMem};
@@ -113,9 +103,8 @@ pub(crate) struct ReqRndv<R: 'static> {
 impl<R: MemoryRegion + 'static> ReqRndv<R> {
     fn args(&self) -> &[u8] {
         match &self.mem {
-            // SAFETY: the handler runs only after every READ into `mem` completed, and nothing
-            // writes it afterwards except through `args_mut`, which takes `&mut Request`.
-            Some(m) => unsafe { m.bytes(self.total) },
+            // The request is reachable (here) only once every READ into `mem` completed.
+            Some(m) => m.bytes(self.total),
             None => &[],
         }
     }
@@ -259,10 +248,8 @@ impl<D: Device + Clone> Request<D> {
     pub fn args_mut(&mut self) -> Option<&mut [u8]> {
         let r = self.rndv.as_mut()?;
         let total = r.total;
-        let m = r.mem.as_ref()?;
-        // SAFETY: every READ into `m` completed before the handler got the request; `&mut self`
-        // excludes every other reference to the bytes, and no WRITE reads them until a reply.
-        Some(unsafe { m.bytes_mut(total) })
+        // Every READ into the memory completed before the handler got the request.
+        Some(r.mem.as_mut()?.bytes_mut(total))
     }
 
     /// The size of the client's response buffer, if it named one (the most a rendezvous
@@ -293,9 +280,7 @@ impl<D: Device + Clone> Request<D> {
                 Ok(len)
             });
         };
-        // SAFETY: as in `args_mut`; the memory is ours alone now.
-        let data = unsafe { mem.bytes(len) };
-        let r = self.reply_status(Status::Success, data);
+        let r = self.reply_status(Status::Success, mem.bytes(len));
         drop(mem);
         r
     }
@@ -348,15 +333,15 @@ pub(super) fn reply_large<D: Device + Clone>(
             } else {
                 None
             };
-            let Some(mem) = mem else {
+            let Some(mut mem) = mem else {
                 bump(&conn.counters.rndv.refused);
                 let _ = req.reply_status(Status::ServerDecline, &[]);
                 return Err(RpcError::WouldBlock(
                     "no rendezvous memory for the response (ServerConfig.rndv_memory_limit)",
                 ));
             };
-            // SAFETY: freshly allocated, not posted anywhere: ours alone.
-            unsafe { mem.bytes_mut(len) }.copy_from_slice(data);
+            // Freshly allocated, not posted anywhere yet.
+            mem.copy_in(data);
             mem
         }
     };
