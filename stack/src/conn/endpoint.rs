@@ -13,7 +13,7 @@
 //!   contexts are all genuinely in flight, not merely waiting for a completion nobody polled.
 //!   The slab hands out the most recently freed context first, so an idle or lightly loaded
 //!   connection keeps using the first chunk and never registers the rest: its send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
-//!   live context writes its buffer; the context is released only after the send completion, so
+//!   live context's [`TxToken`] writes its buffer; the context is released only after the send completion, so
 //!   the NIC never reads a buffer that is being rewritten.
 //! - **receive buffers**, one of two ways:
 //!   - *own* (the client always; a server on a device without shared receive queues, or
@@ -26,8 +26,8 @@
 //!     queue is the one its qpn names. An idle connection then costs no receive buffers at all.
 //!
 //!   Either way a buffer is either posted or owned by exactly one party (the poller that took
-//!   its completion, or a server [`Request`](crate::Request)), which gives it back when done:
-//!   re-posted to its queue, or to the shared pool.
+//!   its completion, or a server [`Request`](crate::Request)), which holds its [`RecvBuf`] and
+//!   gives it back when done: re-posted to its queue, or to the shared pool.
 //!
 //! **Selective signaling.** A batch of sends posted with one doorbell ([`Endpoint::post_sends`])
 //! asks for a completion only for its last send: a queue completes its sends in order, so that
