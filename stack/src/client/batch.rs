@@ -49,7 +49,7 @@ pub(super) struct Staging {
 
 impl Default for Staging {
     fn default() -> Self {
-        Staging { items: [const { None }; MAX_STAGED], n: 0, per_queue: [0; MAX_QUEUES] }
+        Staging { items: std::array::from_fn(|_| None), n: 0, per_queue: [0; MAX_QUEUES] }
     }
 }
 
