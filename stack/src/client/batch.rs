@@ -11,6 +11,7 @@
 
 use super::{Channel, ChannelInner};
 use crate::client::delivery::{CallFuture, Callback, Oneshot, Sink};
+use crate::conn::bufs::{SendList, TxToken};
 use crate::control::MAX_QUEUES;
 use crate::core::tx_ctx::{CallMode, TxHandle};
 use crate::hal::Device;
@@ -24,7 +25,8 @@ use std::sync::Arc;
 /// mask [`Staging::flush`] walks).
 pub(super) const MAX_STAGED: usize = 64;
 
-/// A started call whose request waits in a batch (or failed to post).
+/// A started call whose request waits in a batch (or failed to post). Its send context's token
+/// travels beside it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Staged {
     pub h: TxHandle,
@@ -39,7 +41,7 @@ pub(super) struct Staged {
 /// The requests a batch holds, in the order they were started, for any of the channel's queues.
 #[derive(Debug)]
 pub(super) struct Staging {
-    items: [Option<Staged>; MAX_STAGED],
+    items: [Option<(Staged, TxToken)>; MAX_STAGED],
     n: usize,
     /// Per queue, how many of `items` are for it (at most [`MAX_REPOST_BATCH`]: one post list).
     per_queue: [u8; MAX_QUEUES],
@@ -47,7 +49,7 @@ pub(super) struct Staging {
 
 impl Default for Staging {
     fn default() -> Self {
-        Staging { items: [None; MAX_STAGED], n: 0, per_queue: [0; MAX_QUEUES] }
+        Staging { items: std::array::from_fn(|_| None), n: 0, per_queue: [0; MAX_QUEUES] }
     }
 }
 
@@ -63,8 +65,8 @@ impl Staging {
 
     /// Adds a started call's request. Posts everything staged once a queue has a full post list
     /// ([`MAX_REPOST_BATCH`]) or the batch is full ([`MAX_STAGED`]).
-    pub(super) fn push<D: Device + Clone>(&mut self, ch: &ChannelInner<D>, s: Staged) {
-        self.items[self.n] = Some(s);
+    pub(super) fn push<D: Device + Clone>(&mut self, ch: &ChannelInner<D>, s: Staged, tx: TxToken) {
+        self.items[self.n] = Some((s, tx));
         self.n += 1;
         let on_q = &mut self.per_queue[s.q];
         *on_q += 1;
@@ -85,39 +87,37 @@ impl Staging {
         // Bit i: items[i] is still to post (or to end).
         let mut left = if n == MAX_STAGED { u64::MAX } else { (1u64 << n) - 1 };
         while left != 0 {
-            let Some(first) = self.items[left.trailing_zeros() as usize] else { break };
+            let Some((first, _)) = &self.items[left.trailing_zeros() as usize] else { break };
             let q = first.q;
             self.per_queue[q] = 0;
             let life = ch.ep.queues[q].epoch.load(Ordering::Acquire);
-            // Queue q's calls, in the order they were started: (context, length) and their index.
-            let mut list = [(first.h, 0u32); MAX_REPOST_BATCH];
-            let mut at = [0u8; MAX_REPOST_BATCH];
-            let mut live = 0;
+            // Queue q's calls, in the order they were started: their sends, and the calls.
+            let mut list = SendList::default();
+            let mut calls = [None; MAX_REPOST_BATCH];
             let mut rest = left;
             while rest != 0 {
                 let i = rest.trailing_zeros() as usize;
                 rest &= rest - 1;
-                let Some(s) = self.items[i].filter(|s| s.q == q) else { continue };
+                let Some((s, tx)) = self.items[i].take_if(|(s, _)| s.q == q) else { continue };
                 left &= !(1u64 << i);
                 if s.life != life {
-                    if let Some(p) = ch.unpost(&s) {
+                    if let Some(p) = ch.unpost(&s, tx) {
                         // Not claimed by the failure after all (it cannot have been posted): end it.
                         ch.deliver(p, Err(RpcError::Queue(crate::hal::Status::Flushed)));
                     }
                     continue;
                 }
-                debug_assert!(live < MAX_REPOST_BATCH, "push posts a queue's full list at once");
-                list[live] = (s.h, s.len);
-                at[live] = i as u8;
-                live += 1;
+                // `push` posts a queue's full list at once, so this one has room.
+                calls[list.len()] = Some(s);
+                list.push(tx, s.len);
             }
-            if live == 0 {
+            if list.is_empty() {
                 continue;
             }
-            if let Err(e) = ch.ep.post_sends(q, &list[..live]) {
-                for &i in &at[..live] {
-                    let Some(s) = self.items[usize::from(i)] else { continue };
-                    if let Some(p) = ch.unpost(&s) {
+            if let Err(e) = ch.ep.post_sends(q, &mut list) {
+                // `calls[..n]` are the list's calls, in its order.
+                for ((tx, _), s) in list.drain().zip(calls.iter().flatten()) {
+                    if let Some(p) = ch.unpost(s, tx) {
                         ch.deliver(p, Err(same_error(&e)));
                     }
                 }

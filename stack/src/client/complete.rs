@@ -2,17 +2,8 @@
 //! completion of a call (each reported to its send context, which says when the call is done),
 //! delivering the outcome exactly once, timeouts, a failed queue, and closing the channel.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `Endpoint::recv_bytes`: a received buffer is owned by the poller from its completion until it is
-//   re-posted, but the buffer travels as a bare `u32` taken from a `Completion`'s wr_id (both `Copy`)
-//   and `repost`/`park` take that `u32` from several owners (the poller, a server `Request`, the
-//   shared pool), so nothing stops a re-post while a view lives. A safe view needs a non-`Clone`
-//   receive token minted by conn/'s poll path, borrowed by the view and consumed by re-post/park.
-#![allow(unsafe_code)]
-
 use super::*;
+use crate::conn::bufs::{RecvBuf, TxToken};
 use crate::conn::endpoint::Polled;
 use std::mem::MaybeUninit;
 
@@ -77,7 +68,7 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// that path delivered). Its context, request id and credit are released either way — the
     /// credit only while the queue is still in the life the call was started in (a recovery
     /// refilled the credits of the new one).
-    pub(super) fn unpost(&self, s: &batch::Staged) -> Option<Pending> {
+    pub(super) fn unpost(&self, s: &batch::Staged, tx: TxToken) -> Option<Pending> {
         let claimed = self.ep.tx.claim_completion(s.h) == Ok(true);
         if claimed {
             drop(self.rndv_take(s.h));
@@ -86,7 +77,7 @@ impl<D: Device + Clone> ChannelInner<D> {
         if s.mode != CallMode::EarlyRsp {
             self.table.cancel(s.req_id);
         }
-        let _ = self.ep.tx.fail(s.h, FailReason::SendError);
+        let _ = self.ep.discard_tx(tx);
         if self.ep.queues[s.q].epoch.load(Ordering::Acquire) == s.life {
             let _ = self.credits[s.q].give(1);
         }
@@ -94,8 +85,8 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     /// Releases a context that was never posted, and its credit.
-    pub(super) fn abandon(&self, h: TxHandle, q: usize) {
-        let _ = self.ep.tx.fail(h, FailReason::SendError);
+    pub(super) fn abandon(&self, tx: TxToken, q: usize) {
+        let _ = self.ep.discard_tx(tx);
         let _ = self.credits[q].give(1);
     }
 
@@ -142,13 +133,14 @@ impl<D: Device + Clone> ChannelInner<D> {
     pub(super) fn poll_recv(&self, wait: bool) -> usize {
         let mut wc = [MaybeUninit::uninit(); POLL_BATCH];
         let (done, polled, _in_flight) = self.ep.poll_recv_tracked(&mut wc, wait);
+        let n = done.len();
         if !done.is_empty() {
             self.live.mark_heard();
         }
-        for c in done {
-            self.on_recv(c, polled);
+        for (c, buf) in done {
+            self.on_recv(c, buf, polled);
         }
-        done.len()
+        n
     }
 
     pub(super) fn poll_send(&self) -> usize {
@@ -169,8 +161,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         done.len()
     }
 
-    pub(super) fn on_recv(&self, c: &Completion, polled: Polled) {
-        if !self.ep.is_buf(c.wr_id) {
+    /// A receive completion, and the buffer it hands over if it names one of ours; `polled`
+    /// says when its batch was polled (a failure from a queue's earlier life fails nothing).
+    pub(super) fn on_recv(&self, c: &Completion, buf: Option<RecvBuf>, polled: Polled) {
+        let Some(buf) = buf else {
             if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
             }
@@ -179,17 +173,14 @@ impl<D: Device + Clone> ChannelInner<D> {
                 &format_args!("a receive completion with unknown wr_id {}", c.wr_id),
             );
             return;
-        }
-        let buf = c.wr_id as u32;
-        let q = self.ep.queue_of_buf(buf);
+        };
+        let q = self.ep.queue_of_buf(buf.index());
         if !c.status.is_ok() {
             self.queue_failed(q, c.status, Some(polled));
             // Kept for the queue's recovery (or re-posted, if it was recovered meanwhile).
             return self.ep.park(buf);
         }
-        // SAFETY: the completion hands `buf` to us; we re-post it only after the last use of
-        // `bytes` below.
-        let bytes = unsafe { self.ep.recv_bytes(buf, c.byte_len as usize) };
+        let bytes = self.ep.recv_bytes(&buf, c.byte_len as usize);
         match wire::parse(bytes) {
             Ok(Parsed::Response(r)) if r.header.channel == self.channel_id => self.on_response(q, &r),
             Ok(Parsed::Ack(a)) if a.channel == self.channel_id => {

@@ -16,9 +16,9 @@
 //! ACK, the send completion, a timeout, a queue failure, the connection closing — first claims
 //! the call's context ([`crate::core::tx_ctx::TxSlab::claim_completion`]); only the winner delivers.
 
-// Every file of this module forbids `unsafe` except the few that still need one of conn/'s
-// unsafe buffer views (they say why); new files are covered by this deny.
-#![deny(unsafe_code)]
+// No `unsafe` here: the buffer views this module uses are conn/'s safe ones (their ownership
+// is carried by `conn::bufs`'s tokens and by `RndvMem`).
+#![forbid(unsafe_code)]
 
 use crate::client::delivery::{Oneshot, Sink};
 use crate::conn::endpoint::Endpoint;

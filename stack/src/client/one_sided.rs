@@ -54,7 +54,8 @@
 use super::{ChannelInner, Pending, NO_DEADLINE};
 use crate::client::delivery::CallFuture;
 use crate::client::delivery::Sink;
-use crate::core::tx_ctx::{CallMode, FailReason, TxHandle};
+use crate::conn::bufs::Unposted;
+use crate::core::tx_ctx::{CallMode, TxHandle};
 use crate::hal::{self, Access, Device, MemoryRegion, RemoteRegion, SendOp, Sge};
 use crate::sync::lock;
 use crate::wire::FunctionId;
@@ -253,7 +254,8 @@ impl<D: Device + Clone> ChannelInner<D> {
         if let Some(what) = blocking {
             self.refuse_to_block(what)?;
         }
-        let h = self.take_tx(&call_opts, deadline)?;
+        let tx = self.take_tx(&call_opts, deadline)?;
+        let h = tx.handle();
         {
             let mut held = lock(&self.held[h.index as usize]);
             for (slot, l) in held.iter_mut().zip(local) {
@@ -276,15 +278,15 @@ impl<D: Device + Clone> ChannelInner<D> {
             OpKind::Read => SendOp::Read(raddr),
             OpKind::Write => SendOp::Write(raddr),
         };
-        if let Err(e) = self.ep.post_op(q, h.to_u64() | ONE_SIDED_TAG, op, &sges[..local.len()]) {
+        if let Err(Unposted { tx, error }) = self.ep.post_op(q, tx, ONE_SIDED_TAG, op, &sges[..local.len()]) {
             // Nothing was posted: undo, unless another path (close, queue failure) claimed the
             // operation meanwhile and delivered its outcome.
             let claimed = self.ep.tx.claim_completion(h) == Ok(true);
             let pending = if claimed { self.take_pending(h) } else { None };
             self.release_held(h.index);
-            let _ = self.ep.tx.fail(h, FailReason::SendError);
+            let _ = self.ep.discard_tx(tx);
             drop(pending);
-            return if claimed { Err(e) } else { Ok(()) };
+            return if claimed { Err(error) } else { Ok(()) };
         }
         if deadline != NO_DEADLINE {
             slot.deadline.store(deadline, Ordering::SeqCst);

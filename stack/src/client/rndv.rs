@@ -36,16 +36,6 @@
 //! its regions are dropped (deregistered) at once, not reused, so a late transfer fails at the
 //! NIC instead of landing in another call's buffer.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `RndvMem::bytes`/`bytes_mut`: the region is registered for remote access and its key is sent
-//   to the peer, so "no READ/WRITE can touch it" is protocol state (our READ completed, the peer
-//   answered the call), not something a borrow of `RndvMem` can express; a typestate that only
-//   hands out views after the transfer's completion (and `&mut RndvMem` for the writable one) is the
-//   way, but every post of a rendezvous work request would have to go through it.
-#![allow(unsafe_code)]
-
 use super::{ChannelInner, LocalRange};
 use crate::conn::rndv::{token_of, RegionPool, RndvAllocator, RndvMem};
 use crate::core::tx_ctx::{CallMode, TxHandle};
@@ -120,10 +110,9 @@ impl<R: MemoryRegion + 'static> CallRndv<R> {
         if written > self.response_cap || !inline.is_empty() {
             return Err(malformed());
         }
-        // SAFETY: the server posted its WRITEs into this buffer before the RSP, and RC delivers
-        // the RSP only after they were placed; nothing writes the buffer any more (the server is
-        // done with this call), and the buffer is ours until `self` drops.
-        Ok(unsafe { mem.bytes(written) })
+        // The server posted its WRITEs into this buffer before the RSP, and RC delivers the RSP
+        // only after they were placed: the server is done with it (see `RndvMem`).
+        Ok(mem.bytes(written))
     }
 
     /// The call ended without a response: the server may still be moving data.
@@ -357,10 +346,10 @@ impl<D: Device + Clone> ChannelInner<D> {
                 // response only after it has READ every argument (it replies once its READs
                 // completed), so the response may overwrite the argument copy. That halves the
                 // memory (and the page faults) of large echo-like calls.
-                let mem = RndvMem::allocate(&self.rndv.alloc, len.max(cap))
+                let mut mem = RndvMem::allocate(&self.rndv.alloc, len.max(cap))
                     .ok_or(RpcError::WouldBlock("could not register memory for the rendezvous arguments"))?;
-                // SAFETY: freshly allocated and not posted: ours alone.
-                unsafe { mem.bytes_mut(len) }.copy_from_slice(bytes);
+                // Freshly allocated, not named in any descriptor yet.
+                mem.copy_in(bytes);
                 let base = mem.region().addr() + mem.offset() as u64;
                 let tok = token(mem.region())?;
                 for (o, l) in crate::conn::rndv::chunks(len, MAX_DESC_BYTES) {

@@ -2,18 +2,8 @@
 //! to block), writing the request into the context's buffer and posting it, then arming the
 //! call's deadline.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `Endpoint::send_buf`: a send context's buffer is owned by whoever holds the context until it is
-//   posted, but the context travels as a `TxHandle`, which is `Copy` (it is also the wr_id the
-//   device reports back and the key of every slab event), so a copy could be posted while a view of
-//   the buffer still lives. A safe view needs a non-`Copy` token minted only by `Endpoint::get_tx`,
-//   borrowed `&mut` by the view and consumed by the post, the abandon and the server's deferred-post
-//   outbox; threading it through the ~60 get/post/abandon sites was not done in issue 26's time.
-#![allow(unsafe_code)]
-
 use super::*;
+use crate::conn::bufs::{TxToken, Unposted};
 
 impl<D: Device + Clone> ChannelInner<D> {
     pub(super) fn pick_queue(&self, named: Option<usize>) -> Result<usize, RpcError> {
@@ -107,15 +97,15 @@ impl<D: Device + Clone> ChannelInner<D> {
     /// send CQ (a response can overtake its request's send completion), so an empty slab, or
     /// one whose registered contexts are all in use ([`Endpoint::tx_would_grow`]), first reaps
     /// them; with `wait_for_credit` it keeps reaping until one is free or the deadline.
-    pub(super) fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxHandle, RpcError> {
+    pub(super) fn take_tx(&self, opts: &CallOptions, deadline: u64) -> Result<TxToken, RpcError> {
         let mut spins = 0u32;
         loop {
             // Reap before a new chunk of send buffers is registered on the call path.
             if self.ep.tx_would_grow() && self.poll_send_with(true) > 0 {
                 continue;
             }
-            if let Some(h) = self.ep.get_tx(opts.mode, 0)? {
-                return Ok(h);
+            if let Some(tx) = self.ep.get_tx(opts.mode, 0)? {
+                return Ok(tx);
             }
             if self.poll_send() > 0 {
                 continue;
@@ -173,20 +163,21 @@ impl<D: Device + Clone> ChannelInner<D> {
             st.before_start(self, q);
         }
         self.take_credit(q, opts, deadline)?;
-        let h = match self.take_tx(opts, deadline) {
-            Ok(h) => h,
+        let mut tx = match self.take_tx(opts, deadline) {
+            Ok(tx) => tx,
             Err(e) => {
                 let _ = self.credits[q].give(1);
                 return Err(e);
             }
         };
+        let h = tx.handle();
         let req_id = if opts.mode == CallMode::EarlyRsp {
             self.table.take_id()
         } else {
             match self.table.allocate(h.to_u64()) {
                 Ok(id) => id,
                 Err(_) => {
-                    self.abandon(h, q);
+                    self.abandon(tx, q);
                     return Err(RpcError::WouldBlock("the request table is full"));
                 }
             }
@@ -202,7 +193,7 @@ impl<D: Device + Clone> ChannelInner<D> {
                     if opts.mode != CallMode::EarlyRsp {
                         self.table.cancel(req_id);
                     }
-                    self.abandon(h, q);
+                    self.abandon(tx, q);
                     return Err(e);
                 }
             }
@@ -220,16 +211,14 @@ impl<D: Device + Clone> ChannelInner<D> {
             channel: self.channel_id,
             function_defined: 0,
         };
-        // SAFETY: `h` is live and ours and not posted yet; nothing else references its buffer.
-        let buf = unsafe { self.ep.send_buf(h) };
-        let len = match wire::encode_request(buf, &header, descs, inline) {
+        let len = match wire::encode_request(self.ep.send_buf(&mut tx), &header, descs, inline) {
             Ok(len) => len,
             Err(e) => {
                 drop(self.rndv_take(h));
                 if opts.mode != CallMode::EarlyRsp {
                     self.table.cancel(req_id);
                 }
-                self.abandon(h, q);
+                self.abandon(tx, q);
                 return Err(RpcError::InvalidArgument(format!("cannot encode the request: {e}")));
             }
         };
@@ -251,13 +240,13 @@ impl<D: Device + Clone> ChannelInner<D> {
         let staged = batch::Staged { h, len: len as u32, q, req_id, mode: opts.mode, life };
         if let Some(st) = staging {
             self.armed(function, h, deadline);
-            st.push(self, staged);
+            st.push(self, staged, tx);
             return Ok(());
         }
-        if let Err(e) = self.ep.post_send(q, h, len) {
+        if let Err(Unposted { tx, error: e }) = self.ep.post_send(q, tx, len) {
             // Nothing was posted. If no other path (close, queue failure) claimed the call in
             // the meantime, undo it and report the error here; else that path delivered.
-            return match self.unpost(&staged) {
+            return match self.unpost(&staged, tx) {
                 Some(pending) => {
                     if trace::is_enabled() {
                         trace_call_end(&pending, false);

@@ -13,7 +13,7 @@
 //!   contexts are all genuinely in flight, not merely waiting for a completion nobody polled.
 //!   The slab hands out the most recently freed context first, so an idle or lightly loaded
 //!   connection keeps using the first chunk and never registers the rest: its send buffers cost `SEND_CHUNK × msg_size`, not the whole send depth's worth. Whoever holds a
-//!   live context writes its buffer; the context is released only after the send completion, so
+//!   live context's [`TxToken`] writes its buffer; the context is released only after the send completion, so
 //!   the NIC never reads a buffer that is being rewritten.
 //! - **receive buffers**, one of two ways:
 //!   - *own* (the client always; a server on a device without shared receive queues, or
@@ -26,8 +26,8 @@
 //!     queue is the one its qpn names. An idle connection then costs no receive buffers at all.
 //!
 //!   Either way a buffer is either posted or owned by exactly one party (the poller that took
-//!   its completion, or a server [`Request`](crate::Request)), which gives it back when done:
-//!   re-posted to its queue, or to the shared pool.
+//!   its completion, or a server [`Request`](crate::Request)), which holds its [`RecvBuf`] and
+//!   gives it back when done: re-posted to its queue, or to the shared pool.
 //!
 //! **Selective signaling.** A batch of sends posted with one doorbell ([`Endpoint::post_sends`])
 //! asks for a completion only for its last send: a queue completes its sends in order, so that
@@ -49,9 +49,10 @@
 //! uses `try_lock`: if another thread is polling, it is delivering for everyone, so the caller
 //! moves on. Uncontended, a mutex is one compare-exchange to take and one to give back.
 
+use crate::conn::bufs::{Received, RecvBuf, SendList, TxToken, Unposted};
 use crate::conn::shared_pool::SharedPool;
 use crate::conn::sizes::{validate_sizes, Sizes};
-use crate::core::tx_ctx::{CallMode, FailReason, TxHandle, TxSlab};
+use crate::core::tx_ctx::{CallMode, FailReason, Outcome, TxError, TxHandle, TxSlab};
 use crate::hal::{
     Access, Completion, CompletionQueue, CqOpcode, Device, MemoryRegion, Queue, QueueInfo, QueueState,
     RecvWr, SendOp, SendWr, Sge, Status, WrFlags,
@@ -347,23 +348,23 @@ impl<D: Device + Clone> Endpoint<D> {
     /// registered; `Ok(None)` when every context is in use. The first use of a chunk of
     /// [`SEND_CHUNK`] contexts registers it (once for the endpoint's life); an error doing so
     /// is returned and the context goes back.
-    pub(crate) fn get_tx(&self, mode: CallMode, token: u64) -> Result<Option<TxHandle>, RpcError> {
+    pub(crate) fn get_tx(&self, mode: CallMode, token: u64) -> Result<Option<TxToken>, RpcError> {
         let Some(h) = self.tx.get(mode, token) else { return Ok(None) };
         if let Err(e) = self.send_chunk(h.index as usize) {
             let _ = self.tx.fail(h, FailReason::SendError);
             return Err(e);
         }
-        Ok(Some(h))
+        Ok(Some(TxToken::mint(h)))
     }
 
     /// A free send context whose send buffer is already registered, or `None` (every context
     /// in use, or the one the slab would hand out belongs to a chunk not registered yet: it goes
     /// back). What a caller waits for once the device refused to register a chunk
     /// ([`Endpoint::get_tx`] failed): the endpoint then makes do with the contexts it has.
-    pub(crate) fn get_registered_tx(&self, mode: CallMode, token: u64) -> Option<TxHandle> {
+    pub(crate) fn get_registered_tx(&self, mode: CallMode, token: u64) -> Option<TxToken> {
         let h = self.tx.get(mode, token)?;
         if self.send_chunks[h.index as usize / SEND_CHUNK].get().is_some() {
-            return Some(h);
+            return Some(TxToken::mint(h));
         }
         let _ = self.tx.fail(h, FailReason::SendError);
         None
@@ -420,7 +421,7 @@ impl<D: Device + Clone> Endpoint<D> {
         }
     }
 
-    /// The queue receive completion `c` (of a buffer: [`Endpoint::is_buf`]) came on: the
+    /// The queue receive completion `c` (of a buffer: one that handed over a [`RecvBuf`]) came on: the
     /// buffer's queue, or on the shared path the queue its qpn names. On the shared path it also
     /// counts the completion for the pool's statistics.
     #[inline]
@@ -434,12 +435,12 @@ impl<D: Device + Clone> Endpoint<D> {
         }
     }
 
-    /// Whether `buf` names a receive buffer of this endpoint (or of its shared pool).
+    /// The `wr_id`s below this name the receive buffers (own, or the shared pool's).
     #[inline]
-    pub(crate) fn is_buf(&self, wr_id: u64) -> bool {
+    fn buf_bound(&self) -> u64 {
         match &self.recv {
-            RecvBufs::Own { depth, .. } => wr_id < (self.queues.len() as u64) * u64::from(*depth),
-            RecvBufs::Shared(pool) => pool.is_buf(wr_id),
+            RecvBufs::Own { depth, .. } => (self.queues.len() as u64) * u64::from(*depth),
+            RecvBufs::Shared(pool) => u64::from(pool.buffers()),
         }
     }
 
@@ -458,10 +459,10 @@ impl<D: Device + Clone> Endpoint<D> {
         loop {
             let (done, _) = self.poll_recv(&mut wc);
             let n = done.len();
-            for c in done {
-                if pool.is_buf(c.wr_id) {
+            for (_, buf) in done {
+                if let Some(buf) = buf {
                     pool.note_taken();
-                    pool.give_back(c.wr_id as u32);
+                    pool.give_back(buf.spend());
                     total += 1;
                 }
             }
@@ -485,14 +486,20 @@ impl<D: Device + Clone> Endpoint<D> {
     /// the peer's window, so the peer never finds the queue empty). On a failed queue the buffer
     /// simply stays with us: nothing will be received there any more. On the shared path the
     /// buffer goes back to the pool, whatever became of the queue it came on.
-    pub(crate) fn repost(&self, buf: u32) {
+    pub(crate) fn repost(&self, buf: RecvBuf) {
+        self.repost_at(buf.spend());
+    }
+
+    /// [`repost`](Self::repost) of buffer `buf`, which the caller owned (its [`RecvBuf`] was
+    /// spent).
+    fn repost_at(&self, buf: u32) {
         let (region, batch_len) = match &self.recv {
             RecvBufs::Own { region, batch, .. } => (region, *batch),
             RecvBufs::Shared(pool) => return pool.give_back(buf),
         };
         let slot = &self.queues[self.queue_of_buf(buf)];
         if !slot.ready.load(Ordering::Acquire) {
-            return self.park(buf);
+            return self.park_at(buf);
         }
         let mut batch = [0u32; MAX_REPOST_BATCH];
         let n = {
@@ -520,14 +527,19 @@ impl<D: Device + Clone> Endpoint<D> {
         if lock(&slot.q).post_recv(&wrs[..n]).is_err() {
             slot.ready.store(false, Ordering::Release);
             for &b in &batch[..n] {
-                self.park(b);
+                self.park_at(b);
             }
         }
     }
 
     /// Keeps receive buffer `buf` for re-posting when its queue is recovered; if the queue is
     /// READY again by now, re-posts it at once. On the shared path it goes back to the pool.
-    pub(crate) fn park(&self, buf: u32) {
+    pub(crate) fn park(&self, buf: RecvBuf) {
+        self.park_at(buf.spend());
+    }
+
+    /// [`park`](Self::park) of buffer `buf`, which the caller owned.
+    fn park_at(&self, buf: u32) {
         if let RecvBufs::Shared(pool) = &self.recv {
             return pool.give_back(buf);
         }
@@ -535,7 +547,7 @@ impl<D: Device + Clone> Endpoint<D> {
         let mut parked = lock(&slot.parked);
         if slot.ready.load(Ordering::Acquire) {
             drop(parked);
-            return self.repost(buf);
+            return self.repost_at(buf);
         }
         parked.push(buf);
     }
@@ -654,44 +666,61 @@ impl<D: Device + Clone> Endpoint<D> {
         Ok(())
     }
 
-    /// The first `len` bytes of receive buffer `buf`.
-    ///
-    /// # Safety
-    /// The caller owns `buf`: its completion was polled and it has not been re-posted, and it
-    /// keeps owning it while the returned slice lives.
-    pub(crate) unsafe fn recv_bytes(&self, buf: u32, len: usize) -> &[u8] {
+    /// The first `len` bytes (at most the message size) of received buffer `buf`, for as long as
+    /// `buf` is borrowed.
+    pub(crate) fn recv_bytes<'a>(&'a self, buf: &'a RecvBuf, len: usize) -> &'a [u8] {
         let region = match &self.recv {
             RecvBufs::Own { region, .. } => region,
-            // SAFETY: the caller owns `buf` (this function's contract, which is the pool's).
-            RecvBufs::Shared(pool) => return unsafe { pool.bytes(buf, len) },
+            RecvBufs::Shared(pool) => return pool.bytes(buf, len),
         };
         let len = len.min(self.msg_size);
-        let off = buf as usize * self.msg_size;
-        assert!(off + len <= region.len(), "receive buffer {buf} out of range");
-        // SAFETY: in bounds (asserted); the region has no remote access and the buffer is not
-        // posted (caller's contract), so neither the NIC nor anyone else writes these bytes
-        // while the slice lives. The region outlives `&self`.
+        let off = buf.index() as usize * self.msg_size;
+        assert!(off + len <= region.len(), "receive buffer {} out of range", buf.index());
+        // SAFETY: in bounds (asserted). `buf` is a `RecvBuf`, which only this endpoint's receive
+        // poll mints, once per completion of buffer `buf` (`Received`), and which is neither
+        // `Copy` nor `Clone`; the buffer goes back to its queue only when that `RecvBuf` is
+        // spent (`repost`, `park`), which cannot happen while it is borrowed here. So the
+        // buffer is not posted while the slice lives: the NIC does not write it, and no other
+        // owner exists to. The region has no remote access and outlives `&self`.
         unsafe { std::slice::from_raw_parts(region.as_ptr().add(off), len) }
     }
 
-    /// The send buffer of send context `tx`.
-    ///
-    /// # Safety
-    /// The caller holds the live context `tx`, has not posted it yet, and creates no other
-    /// reference to this buffer while the returned one lives.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn send_buf(&self, tx: TxHandle) -> &mut [u8] {
-        let (region, off) = self.send_slot(tx.index);
-        assert!(off + self.msg_size <= region.len(), "send buffer {} out of range", tx.index);
-        // SAFETY: in bounds (asserted). A context owns its buffer exclusively from `get` to its
-        // release, and the NIC reads it only between the post and the send completion, which
-        // comes before the release (caller's contract: not posted yet). The region has no
-        // remote access and outlives `&self`.
+    /// The send buffer (`msg_size` bytes) of send context `tx`, writable for as long as `tx` is
+    /// borrowed.
+    pub(crate) fn send_buf<'a>(&'a self, tx: &'a mut TxToken) -> &'a mut [u8] {
+        let (region, off) = self.send_slot(tx.handle().index);
+        assert!(off + self.msg_size <= region.len(), "send buffer {} out of range", tx.handle().index);
+        // SAFETY: in bounds (asserted). A `TxToken` is minted only by `get_tx` /
+        // `get_registered_tx`, from a context the slab has just handed out (LIVE, its send event
+        // pending), and is neither `Copy` nor `Clone`: it is the only way to this buffer. The
+        // context, and with it the buffer, can go to another call only once its send event is
+        // reported, which happens only for a posted send (from its send completion) or for a
+        // token given back (`discard_tx`): both spend the token, so neither can happen while it
+        // is borrowed `&mut` here. Until the post the NIC does not read the buffer. The region
+        // has no remote access and outlives `&self`.
         unsafe { std::slice::from_raw_parts_mut(region.as_ptr().add(off), self.msg_size) }
     }
 
+    /// Gives back a send context that was never posted (it is released: its send event and a
+    /// terminal one are reported at once, as for a send that failed).
+    pub(crate) fn discard_tx(&self, tx: TxToken) -> Result<Outcome, TxError> {
+        self.tx.fail(tx.spend(), FailReason::SendError)
+    }
+
     /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`.
-    pub(crate) fn post_send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
+    /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`. Spends
+    /// the token; if nothing was posted, it comes back with the error.
+    pub(crate) fn post_send(&self, q: usize, tx: TxToken, len: usize) -> Result<(), Unposted> {
+        match self.post_send_of(q, tx.handle(), len) {
+            Ok(()) => {
+                let _posted = tx.spend();
+                Ok(())
+            }
+            Err(error) => Err(Unposted { tx, error }),
+        }
+    }
+
+    fn post_send_of(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
         let slot = &self.queues[q];
         self.check_ready(q)?;
         let (region, off) = self.send_slot(tx.index);
@@ -703,18 +732,40 @@ impl<D: Device + Clone> Endpoint<D> {
         Ok(())
     }
 
-    /// Posts one signaled one-sided operation (READ or WRITE of `sges`) on queue `q`.
-    pub(crate) fn post_op(&self, q: usize, wr_id: u64, op: SendOp, sges: &[Sge]) -> Result<(), RpcError> {
-        self.check_ready(q)?;
-        let wr = SendWr { wr_id, op, sges, flags: WrFlags::SIGNALED };
-        lock(&self.queues[q].q).post_send(&[wr])?;
+    /// Posts one signaled one-sided operation (READ or WRITE of `sges`) on queue `q`, with send
+    /// context `tx` (whose buffer it does not use) and `wr_id` its handle with `tag` set. Spends
+    /// the token; if nothing was posted, it comes back with the error.
+    pub(crate) fn post_op(
+        &self,
+        q: usize,
+        tx: TxToken,
+        tag: u64,
+        op: SendOp,
+        sges: &[Sge],
+    ) -> Result<(), Unposted> {
+        let posted = self.check_ready(q).and_then(|()| {
+            let wr = SendWr { wr_id: tx.handle().to_u64() | tag, op, sges, flags: WrFlags::SIGNALED };
+            Ok(lock(&self.queues[q].q).post_send(&[wr])?)
+        });
+        match posted {
+            Ok(()) => {
+                let _posted = tx.spend();
+                Ok(())
+            }
+            Err(error) => Err(Unposted { tx, error }),
+        }
+    }
+
+    /// Posts the sends of `list` on queue `q` with one doorbell. All or nothing: on success the
+    /// list is empty (its tokens spent); on error it still holds every token, nothing posted.
+    /// Only the last send is signaled; the others are recorded as its run (see the module docs).
+    pub(crate) fn post_sends(&self, q: usize, list: &mut SendList) -> Result<(), RpcError> {
+        self.post_sends_of(q, list.items())?;
+        list.spent();
         Ok(())
     }
 
-    /// Posts several sends on queue `q` with one doorbell: `(context, length)` pairs, at most
-    /// [`MAX_REPOST_BATCH`]. All or nothing. Only the last is signaled; the others are recorded
-    /// as its run (see the module docs).
-    pub(crate) fn post_sends(&self, q: usize, items: &[(TxHandle, u32)]) -> Result<(), RpcError> {
+    fn post_sends_of(&self, q: usize, items: &[(TxHandle, u32)]) -> Result<(), RpcError> {
         let items = &items[..items.len().min(MAX_REPOST_BATCH)];
         self.check_ready(q)?;
         let mut sges = [Sge::new(0, 0, 0); MAX_REPOST_BATCH];
@@ -837,16 +888,21 @@ impl<D: Device + Clone> Endpoint<D> {
         (done, polled)
     }
 
-    /// Polls the receive CQ if no other thread is polling it.
-    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> (&'a [Completion], Polled) {
-        let Ok(mut cq) = self.recv_cq.try_lock() else { return (&[], self.polled(RECV, false)) };
+    /// Polls the receive CQ if no other thread is polling it. Each completion of a receive
+    /// buffer hands that buffer over as a [`RecvBuf`] (see [`Received`]); the [`Polled`] says
+    /// when the batch was polled.
+    pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> (Received<'a>, Polled) {
+        let Ok(mut cq) = self.recv_cq.try_lock() else {
+            return (self.received(&[]), self.polled(RECV, false));
+        };
         // As in `poll_send`.
         let done = cq.poll_uninit(out).unwrap_or(&[]);
         if done.is_empty() && self.is_shared() {
             // Under the CQ's lock, so the count orders the polls (see `drain`).
             self.recv_empty_polls.fetch_add(1, Ordering::AcqRel);
         }
-        (done, self.polled(RECV, done.iter().any(|c| !c.status.is_ok())))
+        let polled = self.polled(RECV, done.iter().any(|c| !c.status.is_ok()));
+        (self.received(done), polled)
     }
 
     /// The [`Polled`] of a batch just polled from CQ `cq`, whose lock the caller holds (else
@@ -862,6 +918,12 @@ impl<D: Device + Clone> Endpoint<D> {
         Polled { cq, seq }
     }
 
+    /// Completions just polled from the receive CQ, each yielded once with its buffer.
+    #[inline]
+    fn received<'a>(&self, done: &'a [Completion]) -> Received<'a> {
+        Received { done, bufs: self.buf_bound() }
+    }
+
     /// Polls the receive CQ like [`poll_recv`](Self::poll_recv) (or waiting for its lock, with
     /// `wait`), and counts a poll that returned completions as in flight until the returned
     /// guard is dropped: the caller keeps it while it handles them. The count is raised under
@@ -871,16 +933,18 @@ impl<D: Device + Clone> Endpoint<D> {
         &self,
         out: &'a mut [MaybeUninit<Completion>],
         wait: bool,
-    ) -> (&'a [Completion], Polled, InFlight<'_>) {
+    ) -> (Received<'a>, Polled, InFlight<'_>) {
         let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
-        let Some(mut cq) = guard else { return (&[], self.polled(RECV, false), InFlight(None)) };
+        let Some(mut cq) = guard else {
+            return (self.received(&[]), self.polled(RECV, false), InFlight(None));
+        };
         let done = cq.poll_uninit(out).unwrap_or(&[]);
         if done.is_empty() {
-            return (done, self.polled(RECV, false), InFlight(None));
+            return (self.received(done), self.polled(RECV, false), InFlight(None));
         }
         let polled = self.polled(RECV, done.iter().any(|c| !c.status.is_ok()));
         self.recv_in_flight.fetch_add(1, Ordering::AcqRel);
-        (done, polled, InFlight(Some(&self.recv_in_flight)))
+        (self.received(done), polled, InFlight(Some(&self.recv_in_flight)))
     }
 
     /// Whether completions taken by [`poll_recv_tracked`](Self::poll_recv_tracked) are still
@@ -971,22 +1035,25 @@ mod tests {
         assert_eq!(ep.registered(), recv + chunk, "the first chunk only");
         let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
         for _ in 0..100 {
-            let h = ep.get_tx(mode, 0).unwrap().expect("a context");
-            let _ = ep.tx.fail(h, FailReason::SendError);
+            let tx = ep.get_tx(mode, 0).unwrap().expect("a context");
+            let _ = ep.discard_tx(tx);
         }
         assert_eq!(ep.registered(), recv + chunk, "one context at a time reuses the first chunk");
-        let held: Vec<TxHandle> = (0..20).map(|_| ep.get_tx(mode, 0).unwrap().expect("a context")).collect();
+        let mut held: Vec<TxToken> =
+            (0..20).map(|_| ep.get_tx(mode, 0).unwrap().expect("a context")).collect();
         assert!(ep.get_tx(mode, 0).unwrap().is_none(), "20 contexts in all");
         assert_eq!(ep.registered(), recv + 20 * 256, "all three chunks (8 + 8 + 4 contexts)");
-        for (i, h) in held.iter().enumerate() {
-            // SAFETY: `h` is live, ours and never posted; no other reference to its buffer.
-            unsafe { ep.send_buf(*h) }.fill(i as u8);
+        for (i, tx) in held.iter_mut().enumerate() {
+            ep.send_buf(tx).fill(i as u8);
         }
-        for (i, h) in held.iter().enumerate() {
-            // SAFETY: as above; the previous borrow ended.
-            let buf = unsafe { ep.send_buf(*h) };
+        for (i, tx) in held.iter_mut().enumerate() {
+            let buf = ep.send_buf(tx);
             assert!(buf.iter().all(|&b| b == i as u8), "context {i}'s buffer is its own");
         }
+        for tx in held {
+            assert!(ep.discard_tx(tx).expect("live").is_released());
+        }
+        assert_eq!(ep.tx.in_use(), 0);
     }
 
     /// The callers' cue to reap send completions before a chunk is registered on the call path:
@@ -1006,7 +1073,7 @@ mod tests {
         }
         assert!(!ep.tx_would_grow(), "every chunk is registered: nothing left to grow");
         // One context back: the next one handed out is it, registered.
-        let _ = ep.tx.fail(held.pop().unwrap(), FailReason::SendError);
+        let _ = ep.discard_tx(held.pop().unwrap());
         assert!(!ep.tx_would_grow());
     }
 
@@ -1037,6 +1104,21 @@ mod tests {
         }
     }
 
+    /// Posts a batch of three 16-byte sends on queue 0 with one doorbell; their handles.
+    fn post_three(a: &Endpoint<bypass_sim::SimNic>) -> Vec<TxHandle> {
+        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
+        let mut list = SendList::default();
+        let mut hs = Vec::new();
+        for _ in 0..3 {
+            let tx = a.get_tx(mode, 0).unwrap().expect("a context");
+            hs.push(tx.handle());
+            list.push(tx, 16);
+        }
+        a.post_sends(0, &mut list).expect("post");
+        assert!(list.is_empty(), "a post spends the list's tokens");
+        hs
+    }
+
     /// Selective signaling: a batch of three sends makes one send completion (the last one's),
     /// and handling it reports the other two as sent, oldest first, so every context of the
     /// batch goes back to the slab exactly once.
@@ -1045,8 +1127,7 @@ mod tests {
         let fabric = Fabric::new(Engine::Stepped { seed: 31 });
         let (a, _b) = pair(&fabric);
         let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
-        let hs: Vec<TxHandle> = (0..3).map(|_| a.get_tx(mode, 0).unwrap().expect("a context")).collect();
-        a.post_sends(0, &hs.iter().map(|&h| (h, 16)).collect::<Vec<_>>()).expect("post");
+        let hs = post_three(&a);
         fabric.run_until_idle();
         let seen = reap(&a);
         let ok = crate::hal::Status::Success;
@@ -1057,8 +1138,9 @@ mod tests {
         }
         assert_eq!(a.tx.in_use(), 0);
         // A lone send after the batch retires nothing but itself.
-        let h = a.get_tx(mode, 0).unwrap().expect("a context");
-        a.post_send(1, h, 16).expect("post");
+        let tx = a.get_tx(mode, 0).unwrap().expect("a context");
+        let h = tx.handle();
+        a.post_send(1, tx, 16).expect("post");
         fabric.run_until_idle();
         assert_eq!(reap(&a), vec![(h.to_u64(), ok, true)]);
     }
@@ -1070,9 +1152,7 @@ mod tests {
     fn a_flushed_batch_reports_each_send_once() {
         let fabric = Fabric::new(Engine::Stepped { seed: 31 });
         let (a, _b) = pair(&fabric);
-        let mode = crate::core::tx_ctx::CallMode::EarlyRsp;
-        let hs: Vec<TxHandle> = (0..3).map(|_| a.get_tx(mode, 0).unwrap().expect("a context")).collect();
-        a.post_sends(0, &hs.iter().map(|&h| (h, 16)).collect::<Vec<_>>()).expect("post");
+        let hs = post_three(&a);
         a.fail_queue(0);
         fabric.run_until_idle();
         let seen = reap(&a);
@@ -1096,19 +1176,21 @@ mod tests {
             a.get_tx(crate::core::tx_ctx::CallMode::EarlyRsp, 0).expect("registered").expect("a context");
         a.check_ready(1).expect("queue 1 is READY");
         a.fail_queue(0);
-        match a.post_send(0, tx, 16) {
-            Err(RpcError::Queue(crate::hal::Status::Flushed)) => {}
+        let mut tx = match a.post_send(0, tx, 16) {
+            Err(Unposted { tx, error: RpcError::Queue(crate::hal::Status::Flushed) }) => tx,
             other => panic!("a post on a failed queue of an open connection: {other:?}"),
-        }
+        };
         assert!(a.check_ready(1).is_ok(), "the other queue is unaffected");
         assert!(a.mark_closed());
         assert!(!a.mark_closed(), "only the first close counts");
         a.fail_queue(1);
         for q in 0..2 {
-            match a.post_send(q, tx, 16) {
-                Err(RpcError::Closed) => {}
+            tx = match a.post_send(q, tx, 16) {
+                Err(Unposted { tx, error: RpcError::Closed }) => tx,
                 other => panic!("a post on queue {q} of a closed connection: {other:?}"),
-            }
+            };
         }
+        assert!(a.discard_tx(tx).expect("the unposted context is still live").is_released());
+        assert_eq!(a.tx.in_use(), 0, "nothing leaked");
     }
 }

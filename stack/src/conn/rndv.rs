@@ -185,6 +185,26 @@ impl<D: Device> RndvAllocator<D::Region> for RegionPool<D> {
 
 /// Rendezvous memory held by a call: given back to its allocator when dropped, and uncharged
 /// from the counter it was charged to.
+///
+/// **Views.** [`bytes`](Self::bytes), [`bytes_mut`](Self::bytes_mut) and
+/// [`copy_in`](Self::copy_in) borrow the `RndvMem`, which is the memory's one owner (neither
+/// `Copy` nor `Clone`). They are sound because of this invariant, which the stack keeps where it
+/// hands the memory to the NIC ([`region`](Self::region) and [`offset`](Self::offset) make the
+/// SGEs and descriptors): a transfer (a READ into it, a WRITE from it, the peer's access to the
+/// memory a descriptor names) runs only while its owner is held where no view is taken, and
+/// is over when the owner is reachable again —
+///
+/// - a server's READ target is in its request, which only the READ job holds until the last
+///   READ completed (`server/rndv.rs`; the handler gets the request after);
+/// - a WRITE's source is moved into its WRITE job and dropped there after the last WRITE
+///   completed;
+/// - a client call's argument and response memory is in the call's slot until the call's
+///   outcome: a response, which the server sends only after its last READ completed and after
+///   its WRITEs, which RC places before it; a call that ends otherwise (timeout, failure)
+///   poisons its memory and reads nothing from it.
+///
+/// What a peer does against the protocol with memory it was given a key to (keep writing after
+/// its response) no type can rule out, in this stack or any other RDMA user.
 pub(crate) struct RndvMem<R: 'static> {
     buf: Option<RndvBuf<R>>,
     alloc: Arc<dyn RndvAllocator<R>>,
@@ -242,30 +262,34 @@ impl<R: MemoryRegion + 'static> RndvMem<R> {
         self.buf().len
     }
 
-    /// The first `len` bytes.
-    ///
-    /// # Safety
-    /// No work request may be writing these bytes while the slice lives (none posted, or all
-    /// completed), and no `&mut` to them may exist.
-    pub(crate) unsafe fn bytes(&self, len: usize) -> &[u8] {
+    /// The first `len` bytes (at most the buffer's length), for as long as `self` is borrowed.
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
         let b = self.buf();
         let len = len.min(b.len);
-        // SAFETY: `offset + len` is inside the region (checked at allocation, `len <= b.len`);
-        // the region outlives `self`; the caller rules out concurrent writers.
+        // SAFETY: `offset + len` is inside the region (checked at allocation, `len <= b.len`) and
+        // the region outlives `self`. No transfer runs on the bytes while the slice lives, by
+        // the type's invariant (see `RndvMem`): a transfer runs only while the memory's owner
+        // holds it where no view is taken, and this view borrows the owner. No `&mut` to them
+        // exists: `bytes_mut` borrows `self` mutably.
         unsafe { std::slice::from_raw_parts(b.region.as_ptr().add(b.offset), len) }
     }
 
-    /// The first `len` bytes, writable.
-    ///
-    /// # Safety
-    /// No work request may be reading or writing these bytes while the slice lives, and no
-    /// other reference to them may exist.
-    #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn bytes_mut(&self, len: usize) -> &mut [u8] {
+    /// The first `len` bytes (at most the buffer's length), writable, for as long as `self` is
+    /// borrowed mutably.
+    pub(crate) fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
         let b = self.buf();
         let len = len.min(b.len);
-        // SAFETY: in bounds as in `bytes`; exclusive access is the caller's contract.
+        // SAFETY: in bounds and outlived by the region, as in `bytes`; no transfer runs on the
+        // bytes (the type's invariant, as in `bytes`), and `&mut self` excludes every other view.
         unsafe { std::slice::from_raw_parts_mut(b.region.as_ptr().add(b.offset), len) }
+    }
+
+    /// Copies `src` (at most the buffer's length) to the start of the memory: what a call's
+    /// arguments, or a response, are sent from.
+    pub(crate) fn copy_in(&mut self, src: &[u8]) {
+        let dst = self.bytes_mut(src.len());
+        let n = dst.len();
+        dst.copy_from_slice(&src[..n]);
     }
 }
 

@@ -18,6 +18,7 @@
 //! once than buffers are posted, the server's NIC answers RNR and the client's NIC retries
 //! (`rnr_retry = 7`, the default, retries forever; see docs/protocol.md §3 "Shared receive pool").
 
+use crate::conn::bufs::RecvBuf;
 use crate::hal::{Access, Device, MemoryRegion, RecvWr, Sge, SharedRecv};
 use crate::limits::MAX_REPOST_BATCH;
 use crate::sync::lock;
@@ -118,18 +119,18 @@ impl<D: Device> SharedPool<D> {
         self.dry.load(Ordering::Relaxed)
     }
 
-    /// The first `len` bytes of buffer `buf`.
-    ///
-    /// # Safety
-    /// The caller owns `buf` (its completion was polled, it was not given back yet) and keeps
-    /// owning it while the slice lives.
-    pub(crate) unsafe fn bytes(&self, buf: u32, len: usize) -> &[u8] {
+    /// The first `len` bytes (at most the message size) of buffer `buf`, for as long as `buf` is
+    /// borrowed.
+    pub(crate) fn bytes<'a>(&'a self, buf: &'a RecvBuf, len: usize) -> &'a [u8] {
         let len = len.min(self.msg_size);
-        let off = buf as usize * self.msg_size;
-        assert!(off + len <= self.region.len(), "shared receive buffer {buf} out of range");
-        // SAFETY: in bounds (asserted); the region has no remote access and the buffer is not
-        // posted (caller's contract), so neither the NIC nor another owner writes these bytes
-        // while the slice lives. The region outlives `&self`.
+        let off = buf.index() as usize * self.msg_size;
+        assert!(off + len <= self.region.len(), "shared receive buffer {} out of range", buf.index());
+        // SAFETY: in bounds (asserted). A `RecvBuf` of the pool is minted once per completion of
+        // its buffer, by the receive poll of an endpoint on this pool, and is neither `Copy` nor
+        // `Clone`; the buffer comes back here (`give_back`) only when that `RecvBuf` is spent,
+        // which cannot happen while it is borrowed. So the buffer is not posted while the slice
+        // lives: neither the NIC nor another owner writes these bytes. The region has no remote
+        // access and outlives `&self`.
         unsafe { std::slice::from_raw_parts(self.region.as_ptr().add(off), len) }
     }
 

@@ -2,23 +2,8 @@
 //! the handlers, the outbox that batches a worker pass's sends into one doorbell per queue, send
 //! completions, credit grants, and closing.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `Endpoint::send_buf`: a send context's buffer is owned by whoever holds the context until it is
-//   posted, but the context travels as a `TxHandle`, which is `Copy` (it is also the wr_id the
-//   device reports back and the key of every slab event), so a copy could be posted while a view of
-//   the buffer still lives. A safe view needs a non-`Copy` token minted only by `Endpoint::get_tx`,
-//   borrowed `&mut` by the view and consumed by the post, the abandon and the server's deferred-post
-//   outbox; threading it through the ~60 get/post/abandon sites was not done in issue 26's time.
-// - `Endpoint::recv_bytes`: a received buffer is owned by the poller from its completion until it is
-//   re-posted, but the buffer travels as a bare `u32` taken from a `Completion`'s wr_id (both `Copy`)
-//   and `repost`/`park` take that `u32` from several owners (the poller, a server `Request`, the
-//   shared pool), so nothing stops a re-post while a view lives. A safe view needs a non-`Clone`
-//   receive token minted by conn/'s poll path, borrowed by the view and consumed by re-post/park.
-#![allow(unsafe_code)]
-
 use super::*;
+use crate::conn::bufs::{RecvBuf, SendList, TxToken, Unposted};
 use crate::conn::endpoint::Polled;
 use std::mem::MaybeUninit;
 
@@ -30,16 +15,7 @@ thread_local! {
 }
 
 /// Sends collected during a worker pass.
-pub(super) struct Outbox {
-    pub(super) items: [(TxHandle, u32); MAX_REPOST_BATCH],
-    pub(super) len: usize,
-}
-
-impl Default for Outbox {
-    fn default() -> Self {
-        Outbox { items: [(TxHandle::from_u64(0), 0); MAX_REPOST_BATCH], len: 0 }
-    }
-}
+pub(super) type Outbox = SendList;
 
 /// One client's connection on the server.
 pub(crate) struct Conn<D: Device + Clone> {
@@ -70,7 +46,7 @@ pub(crate) struct Conn<D: Device + Clone> {
 impl<D: Device + Clone> Conn<D> {
     /// Re-posts receive buffer `buf` (of a request that came on queue `q`); with `grant`, its
     /// credit goes back in a credit grant.
-    pub(super) fn release(&self, q: usize, buf: u32, grant: bool) {
+    pub(super) fn release(&self, q: usize, buf: RecvBuf, grant: bool) {
         self.ep.repost(buf);
         if grant {
             self.grants[q].fetch_add(1, Ordering::AcqRel);
@@ -104,10 +80,8 @@ impl<D: Device + Clone> Conn<D> {
         q: usize,
         encode: impl FnOnce(&mut [u8]) -> Result<usize, wire::WireError>,
     ) -> Result<(), RpcError> {
-        let tx = self.acquire_tx()?;
-        // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
-        let out = unsafe { self.ep.send_buf(tx) };
-        let len = match encode(out) {
+        let mut tx = self.acquire_tx()?;
+        let len = match encode(self.ep.send_buf(&mut tx)) {
             Ok(len) => len,
             Err(e) => {
                 self.drop_tx(tx);
@@ -123,7 +97,7 @@ impl<D: Device + Clone> Conn<D> {
 
     /// Posts `tx` (its first `len` bytes) on queue `q`: at once, or at the end of the worker's
     /// pass if this thread is dispatching this connection. On error the context is released.
-    pub(super) fn send(&self, q: usize, tx: TxHandle, len: usize) -> Result<(), RpcError> {
+    pub(super) fn send(&self, q: usize, tx: TxToken, len: usize) -> Result<(), RpcError> {
         if self.ep.is_closed() {
             // Marked closed (`Server::connections` no longer counts it) but its queues may not
             // be failed yet: a post would still be taken, and the reply would report a success
@@ -135,14 +109,15 @@ impl<D: Device + Clone> Conn<D> {
             // What the worker collected for this queue (an ACK of this very request, perhaps)
             // goes first.
             self.flush_outbox(q);
-            return self.ep.post_send(q, tx, len).inspect_err(|_| self.drop_tx(tx));
+            return self.ep.post_send(q, tx, len).map_err(|Unposted { tx, error }| {
+                self.drop_tx(tx);
+                error
+            });
         }
         let full = {
             let mut out = lock(&self.outbox[q]);
-            let n = out.len;
-            out.items[n] = (tx, len as u32);
-            out.len += 1;
-            out.len == MAX_REPOST_BATCH
+            out.push(tx, len as u32);
+            out.is_full()
         };
         if full {
             self.flush_outbox(q);
@@ -151,33 +126,31 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     pub(super) fn flush_outbox(&self, q: usize) {
-        // Copies the array (256 bytes) out only when there is more than one send: most worker
+        // Copies the list (264 bytes) out only when there is more than one send: most worker
         // passes leave nothing (the reply was posted directly) or a single reply.
         let mut out = lock(&self.outbox[q]);
-        let (items, n) = match std::mem::take(&mut out.len) {
-            0 => return,
-            1 => {
-                let item = out.items[0];
-                drop(out);
-                let items = [item];
-                let posted = self.ep.post_send(q, item.0, item.1 as usize);
-                return self.flushed(posted, &items);
+        if out.len() <= 1 {
+            let Some((tx, len)) = out.pop() else { return };
+            drop(out);
+            if let Err(Unposted { tx, .. }) = self.ep.post_send(q, tx, len as usize) {
+                self.unposted(tx);
             }
-            n => (out.items, n),
-        };
+            return;
+        }
+        let mut list = std::mem::take(&mut *out);
         drop(out);
-        let posted = self.ep.post_sends(q, &items[..n]);
-        self.flushed(posted, &items[..n]);
-    }
-
-    /// After a flush: a failed post drops its contexts (nothing of them reached the device).
-    fn flushed(&self, posted: Result<(), RpcError>, items: &[(TxHandle, u32)]) {
-        if posted.is_err() {
-            for &(tx, _) in items {
-                self.drop_tx(tx);
-                bump(&self.counters.failed_replies);
+        if self.ep.post_sends(q, &mut list).is_err() {
+            for (tx, _) in list.drain() {
+                self.unposted(tx);
             }
         }
+    }
+
+    /// A send of a flush that was not posted: its context goes back (nothing of it reached the
+    /// device), counted as a failed reply.
+    fn unposted(&self, tx: TxToken) {
+        self.drop_tx(tx);
+        bump(&self.counters.failed_replies);
     }
 
     /// A send context; if all are in flight, collects send completions until one comes back.
@@ -187,7 +160,7 @@ impl<D: Device + Clone> Conn<D> {
     /// in flight, rather than fail a reply (whose client would then wait out its deadline for a
     /// response that never comes). Either way, what this thread's worker pass collected for the
     /// connection is posted first: those contexts come back only once posted.
-    pub(super) fn acquire_tx(&self) -> Result<TxHandle, RpcError> {
+    pub(super) fn acquire_tx(&self) -> Result<TxToken, RpcError> {
         let mut spins = 0u32;
         let mut refused = false;
         loop {
@@ -244,8 +217,8 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     /// Releases a context that was never posted.
-    pub(super) fn drop_tx(&self, tx: TxHandle) {
-        let _ = self.ep.tx.fail(tx, FailReason::SendError);
+    pub(super) fn drop_tx(&self, tx: TxToken) {
+        let _ = self.ep.discard_tx(tx);
     }
 
     pub(super) fn poll_send(&self) -> usize {
@@ -304,8 +277,8 @@ impl<D: Device + Clone> Conn<D> {
         if n > 0 {
             self.live.mark_heard();
             let outer = IN_DISPATCH.with(|d| d.replace(Arc::as_ptr(self) as usize));
-            for c in done {
-                self.on_recv(c, polled);
+            for (c, buf) in done {
+                self.on_recv(c, buf, polled);
             }
             for q in 0..self.grants.len() {
                 self.flush_grants(q);
@@ -330,14 +303,15 @@ impl<D: Device + Clone> Conn<D> {
         self.ep.tx_mostly_free() && self.rndv.is_quiet() && !self.ep.is_closed()
     }
 
-    pub(super) fn on_recv(self: &Arc<Self>, c: &Completion, polled: Polled) {
-        if !self.ep.is_buf(c.wr_id) {
+    /// A receive completion, and the buffer it hands over if it names one of ours; `polled`
+    /// says when its batch was polled (a failure from a queue's earlier life fails nothing).
+    pub(super) fn on_recv(self: &Arc<Self>, c: &Completion, buf: Option<RecvBuf>, polled: Polled) {
+        let Some(buf) = buf else {
             if let Some(q) = crate::conn::recovery::drain_queue(c.wr_id) {
                 return self.ep.mark_drained(q, true);
             }
             return self.protocol_error(&format_args!("a receive completion with unknown wr_id {}", c.wr_id));
-        }
-        let buf = c.wr_id as u32;
+        };
         let Some(queue) = self.ep.recv_queue(c) else {
             // A qpn of none of our queues (shared path): the buffer is ours all the same.
             self.protocol_error(&format_args!("a receive completion from unknown queue {}", c.qpn));
@@ -348,9 +322,7 @@ impl<D: Device + Clone> Conn<D> {
             // Kept for the queue's recovery (or re-posted, if it was recovered meanwhile).
             return self.ep.park(buf);
         }
-        // SAFETY: the completion hands `buf` to us; it is re-posted (by `release` or by the
-        // `Request` built below) only after `bytes` is last used.
-        let bytes = unsafe { self.ep.recv_bytes(buf, c.byte_len as usize) };
+        let bytes = self.ep.recv_bytes(&buf, c.byte_len as usize);
         let view = match wire::parse(bytes) {
             Ok(Parsed::Request(v)) if v.header.channel == self.channel_id => v,
             Ok(Parsed::Request(v)) => {
@@ -385,15 +357,25 @@ impl<D: Device + Clone> Conn<D> {
             }
         }
         let args = ((bytes.len() - view.args.len()) as u32, view.args.len() as u32);
+        // Copied out before the request takes the buffer (rendezvous only, which keeps them).
+        let descs = (header.arg_dma_count > 0).then(|| view.descriptors.iter().collect::<rndv::DescList>());
         let epoch = self.ep.queues[queue].epoch.load(Ordering::Acquire);
-        let request =
-            Request { conn: self.clone(), buf, queue, epoch, args, header, done: false, rndv: None };
+        let request = Request {
+            conn: self.clone(),
+            buf: Some(buf),
+            queue,
+            epoch,
+            args,
+            header,
+            done: false,
+            rndv: None,
+        };
         if probe {
             return self.on_probe(request);
         }
-        if header.arg_dma_count > 0 {
+        if let Some(descs) = descs {
             // Rendezvous: the handler runs once the arguments are pulled (`rndv.rs`).
-            return self.rndv_start(request, view.descriptors);
+            return self.rndv_start(request, descs);
         }
         self.dispatch(request);
         if traced_at != 0 && trace::is_enabled() {

@@ -2,23 +2,8 @@
 //! reply (inline or written to the client's buffer), and the SERVER_DECLINE of a request
 //! dropped unanswered.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `Endpoint::send_buf`: a send context's buffer is owned by whoever holds the context until it is
-//   posted, but the context travels as a `TxHandle`, which is `Copy` (it is also the wr_id the
-//   device reports back and the key of every slab event), so a copy could be posted while a view of
-//   the buffer still lives. A safe view needs a non-`Copy` token minted only by `Endpoint::get_tx`,
-//   borrowed `&mut` by the view and consumed by the post, the abandon and the server's deferred-post
-//   outbox; threading it through the ~60 get/post/abandon sites was not done in issue 26's time.
-// - `Endpoint::recv_bytes`: a received buffer is owned by the poller from its completion until it is
-//   re-posted, but the buffer travels as a bare `u32` taken from a `Completion`'s wr_id (both `Copy`)
-//   and `repost`/`park` take that `u32` from several owners (the poller, a server `Request`, the
-//   shared pool), so nothing stops a re-post while a view lives. A safe view needs a non-`Clone`
-//   receive token minted by conn/'s poll path, borrowed by the view and consumed by re-post/park.
-#![allow(unsafe_code)]
-
 use super::*;
+use crate::conn::bufs::RecvBuf;
 
 /// A request being handled. Read its arguments with [`Request::args`]; answer with
 /// [`Request::reply`] (or [`Request::reply_with`], [`Request::reply_status`]) on any thread.
@@ -26,7 +11,8 @@ use super::*;
 /// returned, and a client waiting for a response gets it only as a timeout.
 pub struct Request<D: Device + Clone> {
     pub(super) conn: Arc<Conn<D>>,
-    pub(super) buf: u32,
+    /// The receive buffer the request came in, until it is given back (once: `give_back`).
+    pub(super) buf: Option<RecvBuf>,
     pub(super) queue: usize,
     /// The queue's life it arrived in (a request of an earlier life gets no reply).
     pub(super) epoch: u32,
@@ -116,10 +102,18 @@ impl<D: Device + Clone> Request<D> {
     /// The inline arguments (after the descriptors) of the request message.
     pub fn inline_args(&self) -> &[u8] {
         let (off, len) = self.args;
-        // SAFETY: this request owns receive buffer `buf` until it is re-posted, which happens
-        // only when the request is consumed (reply or drop), after every borrow of `self` ends.
-        let bytes = unsafe { self.conn.ep.recv_bytes(self.buf, (off + len) as usize) };
-        &bytes[off as usize..]
+        // The buffer is given back only as the request is consumed (its reply, its drop).
+        let Some(buf) = &self.buf else { return &[] };
+        let bytes = self.conn.ep.recv_bytes(buf, (off + len) as usize);
+        bytes.get(off as usize..).unwrap_or(&[])
+    }
+
+    /// Gives the request's receive buffer back (the first call only), with its credit if
+    /// `grant`.
+    pub(super) fn give_back(&mut self, grant: bool) {
+        if let Some(buf) = self.buf.take() {
+            self.conn.release(self.queue, buf, grant);
+        }
     }
 
     /// Replies SUCCESS with `data`.
@@ -159,31 +153,29 @@ impl<D: Device + Clone> Request<D> {
         fill: impl FnOnce(&[u8], &mut [u8]) -> Result<usize, usize>,
     ) -> Result<(), RpcError> {
         self.done = true;
-        let conn = &self.conn;
         if self.stale() {
             // Its queue was recovered since: the client failed this call already, and the
             // buffer (but no credit) belongs to the queue's new life.
-            conn.release(self.queue, self.buf, false);
-            bump(&conn.counters.failed_replies);
+            self.give_back(false);
+            bump(&self.conn.counters.failed_replies);
             return Err(RpcError::Queue(hal::Status::Flushed));
         }
         if self.header.no_response {
-            conn.release(self.queue, self.buf, true);
+            self.give_back(true);
             return Ok(());
         }
-        let tx = match conn.acquire_tx() {
+        let mut tx = match self.conn.acquire_tx() {
             Ok(tx) => tx,
             Err(e) => {
-                conn.release(self.queue, self.buf, true);
-                bump(&conn.counters.failed_replies);
+                self.give_back(true);
+                bump(&self.conn.counters.failed_replies);
                 return Err(e);
             }
         };
+        let conn = &self.conn;
         let prefix = self.prefix_len();
         let limit = self.inline_max() + ResponseHeader::LEN;
-        // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
-        let out = unsafe { conn.ep.send_buf(tx) };
-        let out = &mut out[..limit + prefix];
+        let out = &mut conn.ep.send_buf(&mut tx)[..limit + prefix];
         let (header_bytes, body) = out.split_at_mut(ResponseHeader::LEN);
         // A rendezvous request's response starts with the written length: 0, the data is inline.
         let (prefix_bytes, body) = body.split_at_mut(prefix);
@@ -219,13 +211,18 @@ impl<D: Device + Clone> Request<D> {
             function_defined: self.header.function_defined,
             total_size: (ResponseHeader::LEN + prefix + len) as u32,
         };
+        let buf = self.buf.take();
         let sent = if let Err(e) = header.encode(header_bytes) {
-            conn.release(self.queue, self.buf, true);
+            if let Some(buf) = buf {
+                conn.release(self.queue, buf, true);
+            }
             conn.drop_tx(tx);
             Err(RpcError::InvalidArgument(format!("cannot encode the response: {e}")))
         } else {
             // The response returns the credit: the buffer must be posted again first.
-            conn.release(self.queue, self.buf, false);
+            if let Some(buf) = buf {
+                conn.release(self.queue, buf, false);
+            }
             if trace::is_enabled() {
                 let args = [
                     ("req_id", self.header.req_id.into()),
@@ -275,7 +272,7 @@ impl<D: Device + Clone> Drop for Request<D> {
         }
         bump(&self.conn.counters.dropped);
         let grant = !self.stale();
-        self.conn.release(self.queue, self.buf, grant);
+        self.give_back(grant);
     }
 }
 

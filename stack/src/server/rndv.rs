@@ -21,27 +21,12 @@
 //! A READ or WRITE that fails fails its queue (RC); its request is answered HDR_ERR (which
 //! cannot reach the client on the failed queue) and every byte it held is freed.
 
-// This file still holds `unsafe` (so it allows what its parent module denies), for the
-// buffer views whose ownership the types do not carry yet (each call site's `SAFETY:` comment
-// states why it holds there):
-// - `Endpoint::send_buf`: a send context's buffer is owned by whoever holds the context until it is
-//   posted, but the context travels as a `TxHandle`, which is `Copy` (it is also the wr_id the
-//   device reports back and the key of every slab event), so a copy could be posted while a view of
-//   the buffer still lives. A safe view needs a non-`Copy` token minted only by `Endpoint::get_tx`,
-//   borrowed `&mut` by the view and consumed by the post, the abandon and the server's deferred-post
-//   outbox; threading it through the ~60 get/post/abandon sites was not done in issue 26's time.
-// - `RndvMem::bytes`/`bytes_mut`: the region is registered for remote access and its key is sent
-//   to the peer, so "no READ/WRITE can touch it" is protocol state (our READ completed, the peer
-//   answered the call), not something a borrow of `RndvMem` can express; a typestate that only
-//   hands out views after the transfer's completion (and `&mut RndvMem` for the writable one) is the
-//   way, but every post of a rendezvous work request would have to go through it.
-#![allow(unsafe_code)]
-
 use super::{bump, Conn, Request};
+use crate::conn::bufs::{TxToken, Unposted};
 use crate::conn::rndv::{chunk_size, chunks, RegionPool, RndvAllocator, RndvMem};
-use crate::core::tx_ctx::{CallMode, TxHandle};
+use crate::core::tx_ctx::CallMode;
 use crate::hal::{self, Device, MemoryRegion, RemoteAddr, RemoteKey, SendOp, Sge};
-use crate::wire::{self, Descriptors, DmaDescriptor, ResponseHeader, Status, RNDV_PREFIX_LEN};
+use crate::wire::{self, DmaDescriptor, ResponseHeader, Status, RNDV_PREFIX_LEN};
 use crate::RpcError;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -118,9 +103,8 @@ pub(crate) struct ReqRndv<R: 'static> {
 impl<R: MemoryRegion + 'static> ReqRndv<R> {
     fn args(&self) -> &[u8] {
         match &self.mem {
-            // SAFETY: the handler runs only after every READ into `mem` completed, and nothing
-            // writes it afterwards except through `args_mut`, which takes `&mut Request`.
-            Some(m) => unsafe { m.bytes(self.total) },
+            // The request is reachable (here) only once every READ into `mem` completed.
+            Some(m) => m.bytes(self.total),
             None => &[],
         }
     }
@@ -177,7 +161,7 @@ pub(crate) struct ConnRndv<D: Device + Clone> {
 }
 
 /// The descriptors of a request, copied out of its receive buffer.
-type DescList = Vec<DmaDescriptor>;
+pub(super) type DescList = Vec<DmaDescriptor>;
 
 impl<D: Device + Clone> ConnRndv<D> {
     pub(crate) fn new(
@@ -264,10 +248,8 @@ impl<D: Device + Clone> Request<D> {
     pub fn args_mut(&mut self) -> Option<&mut [u8]> {
         let r = self.rndv.as_mut()?;
         let total = r.total;
-        let m = r.mem.as_ref()?;
-        // SAFETY: every READ into `m` completed before the handler got the request; `&mut self`
-        // excludes every other reference to the bytes, and no WRITE reads them until a reply.
-        Some(unsafe { m.bytes_mut(total) })
+        // Every READ into the memory completed before the handler got the request.
+        Some(r.mem.as_mut()?.bytes_mut(total))
     }
 
     /// The size of the client's response buffer, if it named one (the most a rendezvous
@@ -298,9 +280,7 @@ impl<D: Device + Clone> Request<D> {
                 Ok(len)
             });
         };
-        // SAFETY: as in `args_mut`; the memory is ours alone now.
-        let data = unsafe { mem.bytes(len) };
-        let r = self.reply_status(Status::Success, data);
+        let r = self.reply_status(Status::Success, mem.bytes(len));
         drop(mem);
         r
     }
@@ -353,15 +333,15 @@ pub(super) fn reply_large<D: Device + Clone>(
             } else {
                 None
             };
-            let Some(mem) = mem else {
+            let Some(mut mem) = mem else {
                 bump(&conn.counters.rndv.refused);
                 let _ = req.reply_status(Status::ServerDecline, &[]);
                 return Err(RpcError::WouldBlock(
                     "no rendezvous memory for the response (ServerConfig.rndv_memory_limit)",
                 ));
             };
-            // SAFETY: freshly allocated, not posted anywhere: ours alone.
-            unsafe { mem.bytes_mut(len) }.copy_from_slice(data);
+            // Freshly allocated, not posted anywhere yet.
+            mem.copy_in(data);
             mem
         }
     };
@@ -372,7 +352,7 @@ pub(super) fn reply_large<D: Device + Clone>(
     let sges: Result<Vec<Sge>, _> =
         parts.iter().map(|&(o, l)| mem.region().sge(mem.offset() + o, l)).collect();
     let Ok(sges) = sges else {
-        conn.release(req.queue, req.buf, true);
+        req.give_back(true);
         return Err(RpcError::InvalidArgument("rendezvous response out of its buffer".into()));
     };
     let job = Arc::new(WriteJob {
@@ -390,7 +370,7 @@ pub(super) fn reply_large<D: Device + Clone>(
         written: len as u32,
     });
     // The response returns the credit: the request's buffer goes back first.
-    conn.release(req.queue, req.buf, false);
+    req.give_back(false);
     {
         let mut st = lock(&rndv.queues[q]);
         for (&(o, _), sge) in parts.iter().zip(sges) {
@@ -407,9 +387,8 @@ pub(super) fn reply_large<D: Device + Clone>(
 
 impl<D: Device + Clone> Conn<D> {
     /// A request with DMA descriptors arrived (its ACK, if asked for, is already on its way).
-    pub(super) fn rndv_start(&self, mut request: Request<D>, descriptors: Descriptors<'_>) {
+    pub(super) fn rndv_start(&self, mut request: Request<D>, mut descs: DescList) {
         bump(&self.counters.rndv.requests);
-        let mut descs: DescList = descriptors.iter().collect();
         let response = if request.header.response_descriptor { descs.pop() } else { None };
         let bad = |why: &str| -> Option<String> { Some(why.to_string()) };
         let problem = if request.header.response_descriptor && response.is_none() {
@@ -582,7 +561,10 @@ impl<D: Device + Clone> Conn<D> {
                     break;
                 }
                 let Ok(Some(tx)) = self.ep.get_tx(CallMode::EarlyRsp, 0) else { break };
-                let Some(op) = st.fifo.pop_front() else { break };
+                let Some(op) = st.fifo.pop_front() else {
+                    self.drop_tx(tx);
+                    break;
+                };
                 rndv.pending.fetch_sub(1, Ordering::AcqRel);
                 match op {
                     Op::Rsp { job } => {
@@ -594,10 +576,11 @@ impl<D: Device + Clone> Conn<D> {
                     Op::Read { ref sge, ref remote, .. } | Op::Write { ref sge, ref remote, .. } => {
                         let (sge, remote) = (*sge, *remote);
                         let kind = if is_read { SendOp::Read(remote) } else { SendOp::Write(remote) };
-                        *lock(&rndv.slots[tx.index as usize]) = Some(op);
-                        if self.ep.post_op(q, tx.to_u64() | RNDV_TAG, kind, &[sge]).is_err() {
+                        let index = tx.handle().index as usize;
+                        *lock(&rndv.slots[index]) = Some(op);
+                        if let Err(Unposted { tx, .. }) = self.ep.post_op(q, tx, RNDV_TAG, kind, &[sge]) {
                             self.drop_tx(tx);
-                            if let Some(op) = lock(&rndv.slots[tx.index as usize]).take() {
+                            if let Some(op) = lock(&rndv.slots[index]).take() {
                                 if let Some(d) = abandon(op) {
                                     done.push(d);
                                 }
@@ -621,9 +604,8 @@ impl<D: Device + Clone> Conn<D> {
         }
     }
 
-    fn send_rndv_rsp(&self, q: usize, tx: TxHandle, job: &WriteJob<D>) -> bool {
-        // SAFETY: `tx` is live, ours, not posted; no other reference to its buffer exists.
-        let out = unsafe { self.ep.send_buf(tx) };
+    fn send_rndv_rsp(&self, q: usize, mut tx: TxToken, job: &WriteJob<D>) -> bool {
+        let out = self.ep.send_buf(&mut tx);
         if job.header.encode(out).is_err() {
             self.drop_tx(tx);
             return false;
