@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::conn::bufs::{RecvBuf, TxToken};
-use crate::conn::endpoint::Polled;
+use crate::conn::polled::Polled;
 use std::mem::MaybeUninit;
 
 impl<D: Device + Clone> ChannelInner<D> {

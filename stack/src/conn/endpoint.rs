@@ -50,6 +50,7 @@
 //! moves on. Uncontended, a mutex is one compare-exchange to take and one to give back.
 
 use crate::conn::bufs::{Received, RecvBuf, SendList, TxToken, Unposted};
+use crate::conn::polled::{Polled, RECV, SEND};
 use crate::conn::shared_pool::SharedPool;
 use crate::conn::sizes::{validate_sizes, Sizes};
 use crate::core::tx_ctx::{CallMode, FailReason, Outcome, TxError, TxHandle, TxSlab};
@@ -90,28 +91,6 @@ pub(crate) struct QueueSlot<Q> {
     /// queue's last reset (see [`Polled`]). Written and read under `q`'s lock.
     life_from: [AtomicU64; 2],
 }
-
-/// When a batch of completions was polled, in terms of the queues' lives: the count of polls of
-/// its CQ that returned a failed completion, this one included (counted under the CQ's lock).
-///
-/// A failed completion (an error, or a flush) of queue `q` is from an earlier life of `q` when
-/// its batch was polled before `q`'s current life began (at its reset). That happens: a poller
-/// takes a batch of flushes, and before it handles them the queue is drained (by other
-/// pollers: the drain waits for its markers, which come after every flush, not for the threads
-/// holding them), reset, re-exchanged and perhaps reconnected. Such a flush is not a failure of
-/// the queue's current life ([`Endpoint::fail_queue_polled`]). Recovery resets a queue only
-/// after it saw the drain markers, so every batch that held a completion of the old life was
-/// polled, and counted, before the count it records; a failure of the new life is polled after
-/// the queue is connected again, and counts higher.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Polled {
-    cq: usize,
-    seq: u64,
-}
-
-/// [`Polled::cq`] of the send CQ and of the receive CQ.
-const SEND: usize = 0;
-const RECV: usize = 1;
 
 #[derive(Default)]
 struct Deferred {
@@ -707,7 +686,6 @@ impl<D: Device + Clone> Endpoint<D> {
         self.tx.fail(tx.spend(), FailReason::SendError)
     }
 
-    /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`.
     /// Posts the first `len` bytes of `tx`'s send buffer as a signaled SEND on queue `q`. Spends
     /// the token; if nothing was posted, it comes back with the error.
     pub(crate) fn post_send(&self, q: usize, tx: TxToken, len: usize) -> Result<(), Unposted> {

@@ -7,6 +7,7 @@
 pub(crate) mod bufs;
 pub(crate) mod endpoint;
 pub(crate) mod liveness;
+pub(crate) mod polled;
 pub(crate) mod recovery;
 pub(crate) mod rndv;
 pub(crate) mod shared_pool;

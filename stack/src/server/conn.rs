@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::conn::bufs::{RecvBuf, SendList, TxToken, Unposted};
-use crate::conn::endpoint::Polled;
+use crate::conn::polled::Polled;
 use std::mem::MaybeUninit;
 
 thread_local! {
