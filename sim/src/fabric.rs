@@ -185,12 +185,18 @@ impl FabricShared {
         self.with_faults(link, src, src_qpn, dst)
     }
 
-    /// `wire` behind a fault wire when the fabric has a fault plan (seeded per link).
+    /// `wire` behind a fault wire when the fabric has a fault plan (seeded per link). NIC `src`
+    /// (the sender) runs the wire's delayed packets as one of its timers.
     pub(crate) fn with_faults(&self, wire: Arc<dyn Wire>, src: u32, src_qpn: u32, dst: u32) -> Arc<dyn Wire> {
         if self.config.faults.is_none() {
             return wire;
         }
-        Arc::new(FaultWire::new(wire, self.faults.clone(), src, src_qpn, dst))
+        let timer =
+            self.nics.read().unwrap_or_else(|e| e.into_inner()).get(src as usize).map(|n| n.delays.clone());
+        // A link is made by its sending NIC, which is on the fabric; were it not, its delayed
+        // packets would go with its next packet or burst end only.
+        let timer = timer.unwrap_or_default();
+        FaultWire::new(wire, self.faults.clone(), timer, src, src_qpn, dst)
     }
 
     /// A NIC that waited for inbox room at another NIC may go on.

@@ -16,13 +16,13 @@
 //! (a flip in a bit the ICRC and the receiver both ignore) is delivered as sent if it decodes to
 //! the same packet, and counted as missed (and dropped) otherwise.
 
-use crate::clock::{Clock, Nanos};
+use crate::clock::{Clock, Nanos, NEVER};
 use crate::packet::{PacketHeader, PacketKind};
 use crate::roce::{self, Endpoints, Frame};
 use crate::wire::{Transmit, Wire};
 use bypass_hal::trace::{self, Track};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 /// What to do to packets, in parts per million of packets on each link.
@@ -41,8 +41,10 @@ pub struct FaultPlan {
     /// the send completion of its own request.
     pub ack_drop_ppm: u32,
     /// Packets held for a seeded time of up to [`delay_max`](Self::delay_max) on the fabric's
-    /// clock (virtual with the Stepped engine), then delivered with the first packet or burst
-    /// end of their link at or after that time.
+    /// clock (virtual with the Stepped engine), then delivered at that time: the sending NIC's
+    /// engine runs it as a timer, as it runs a retransmission timer, so a delayed packet arrives
+    /// when due even on a link that sends nothing more (or before the next packet of its link,
+    /// if that comes first).
     pub delay_ppm: u32,
     /// The longest delay of a delayed packet.
     pub delay_max: Duration,
@@ -291,6 +293,92 @@ impl FaultControl {
     }
 }
 
+/// The timer of one sending NIC's delayed packets: which of its fault wires hold some, and when
+/// the first is due. The NIC folds [`due`](Self::due) into the deadline it publishes, so each
+/// engine runs [`release`](Self::release) when that time comes, exactly as it runs a queue's
+/// retransmission timer: an Inline poller or `Fabric::progress`, a Threaded device thread
+/// parked until then, a Stepped `Fabric::step` once virtual time reaches it (a unit of its own,
+/// so the seeded scheduler orders it among the others and a run replays).
+#[derive(Debug)]
+pub(crate) struct DelayTimer {
+    /// Earliest due time of a listed wire's delayed packets ([`NEVER`]: none). It may be early
+    /// (a release then finds nothing due and recomputes it), never late.
+    next: AtomicU64,
+    /// A due packet found its wire full: nothing is due until the receiver makes room (the
+    /// wire's waiter mark kicks this NIC, which calls [`unblock`](Self::unblock)).
+    blocked: AtomicBool,
+    /// Wires holding delayed packets, each once (a wire dropped meanwhile is pruned at the next
+    /// release; its packets were lost with its queue).
+    wires: Mutex<Vec<Weak<FaultWire>>>,
+}
+
+impl Default for DelayTimer {
+    fn default() -> Self {
+        DelayTimer {
+            next: AtomicU64::new(NEVER),
+            blocked: AtomicBool::new(false),
+            wires: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl DelayTimer {
+    /// When [`release`](Self::release) must run next ([`NEVER`]: nothing held, or held behind a
+    /// full wire).
+    pub(crate) fn due(&self) -> Nanos {
+        if self.blocked.load(Ordering::Acquire) {
+            return NEVER;
+        }
+        self.next.load(Ordering::Acquire)
+    }
+
+    /// The NIC was told a wire it waited on has room: a release may get through again.
+    pub(crate) fn unblock(&self) {
+        if self.blocked.load(Ordering::Relaxed) {
+            self.blocked.store(false, Ordering::Release);
+        }
+    }
+
+    /// A packet was delayed on `wire` until `due` (`wire` given if it is not listed yet).
+    fn add(&self, wire: Option<Weak<FaultWire>>, due: Nanos) {
+        let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = wire {
+            wires.push(w);
+        }
+        self.next.fetch_min(due, Ordering::AcqRel);
+    }
+
+    /// Delivers every delayed packet due at `now` on each listed wire (in due order per link)
+    /// and flushes those wires; returns whether any packet was delivered. Wires left with no
+    /// delayed packet are unlisted; the next due time is recomputed from those left.
+    pub(crate) fn release(&self, now: Nanos) -> bool {
+        let mut wires = self.wires.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut next, mut delivered, mut busy) = (NEVER, false, false);
+        wires.retain(|w| {
+            let Some(wire) = w.upgrade() else { return false };
+            let r = wire.release_timed(now);
+            delivered |= r.delivered;
+            busy |= r.busy;
+            next = next.min(r.next);
+            r.next != NEVER
+        });
+        self.next.store(next, Ordering::Release);
+        if busy {
+            self.blocked.store(true, Ordering::Release);
+        }
+        delivered
+    }
+}
+
+/// What releasing one wire's due packets did.
+struct Released {
+    delivered: bool,
+    /// A due packet found the wire full and waits.
+    busy: bool,
+    /// When its first remaining delayed packet is due ([`NEVER`]: none left).
+    next: Nanos,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Blocked {
     Cut,
@@ -315,8 +403,11 @@ struct LinkState {
     rng: u64,
     /// The packet held back for reordering.
     held: Option<(PacketHeader, Vec<u8>)>,
-    /// Packets held for a time: when each is due, in the order they were held.
+    /// Packets held for a time and when each is due, earliest first (packets due at the same
+    /// time in the order they were held).
     delayed: Vec<(Nanos, PacketHeader, Vec<u8>)>,
+    /// The link is on its NIC's [`DelayTimer`] list.
+    listed: bool,
     /// Where the current packet's payload is materialized.
     buf: Vec<u8>,
     /// Where a corrupted packet is encoded.
@@ -341,6 +432,10 @@ fn trace_fault(what: &'static str, hdr: &PacketHeader) {
 pub(crate) struct FaultWire {
     inner: Arc<dyn Wire>,
     control: Arc<FaultControl>,
+    /// The sending NIC's timer for delayed packets.
+    timer: Arc<DelayTimer>,
+    /// This wire, for the timer's list.
+    this: Weak<FaultWire>,
     /// The link's two ends (NIC addresses; on a byte wire, `dst` is the peer's source id).
     src: u32,
     dst: u32,
@@ -380,23 +475,34 @@ fn corrupt(hdr: &PacketHeader, payload: &[u8], bit: u64, frame: &mut Vec<u8>) ->
 }
 
 impl FaultWire {
-    /// Wraps `inner`, the link from NIC `src` (queue `src_qpn`) to `dst`.
+    /// Wraps `inner`, the link from NIC `src` (queue `src_qpn`) to `dst`; `timer` is NIC `src`'s
+    /// timer for delayed packets.
     pub(crate) fn new(
         inner: Arc<dyn Wire>,
         control: Arc<FaultControl>,
+        timer: Arc<DelayTimer>,
         src: u32,
         src_qpn: u32,
         dst: u32,
-    ) -> Self {
+    ) -> Arc<Self> {
         let link_seed = u64::from(src) << 40 ^ u64::from(src_qpn) << 16 ^ u64::from(dst);
         let state = LinkState {
             rng: control.plan().seed ^ link_seed.wrapping_mul(0xA24B_AED4_963E_E407),
             held: None,
             delayed: Vec::new(),
+            listed: false,
             buf: Vec::new(),
             frame: Vec::new(),
         };
-        FaultWire { inner, control, src, dst, state: Mutex::new(state) }
+        Arc::new_cyclic(|this| FaultWire {
+            inner,
+            control,
+            timer,
+            this: this.clone(),
+            src,
+            dst,
+            state: Mutex::new(state),
+        })
     }
 
     fn deliver(&self, hdr: &PacketHeader, payload: &[u8]) -> Transmit {
@@ -414,35 +520,60 @@ impl FaultWire {
         }
     }
 
-    /// Delivers the delayed packets that are due (in the order they were held; one that finds
-    /// the wire busy, and those after it, wait for the next chance).
-    fn release_due(&self, st: &mut LinkState) {
+    /// Delivers the delayed packets that are due, earliest due first (packets due at the same
+    /// time in the order they were held); one that finds the wire busy, and those after it, wait
+    /// for the next chance. Returns whether it delivered any and whether one found the wire busy.
+    fn release_due(&self, st: &mut LinkState) -> (bool, bool) {
         if st.delayed.is_empty() {
-            return;
+            return (false, false);
         }
         let now = self.control.clock.now();
-        let mut kept = 0;
+        let mut sent = 0;
         let mut busy = false;
-        for i in 0..st.delayed.len() {
-            let due = st.delayed[i].0 <= now;
-            if due && !busy {
-                let (_, h, p) = &st.delayed[i];
-                busy = self.deliver(h, p) == Transmit::Busy;
-                if !busy {
-                    continue;
-                }
+        for (due, h, p) in &st.delayed {
+            if *due > now {
+                break;
             }
-            st.delayed.swap(kept, i);
-            kept += 1;
+            if self.deliver(h, p) == Transmit::Busy {
+                busy = true;
+                break;
+            }
+            sent += 1;
         }
-        st.delayed.truncate(kept);
+        st.delayed.drain(..sent);
+        (sent > 0, busy)
+    }
+
+    /// The sending NIC's delay timer fired: delivers what is due on this link and flushes it
+    /// (nothing else may come to end the burst). A cut link or dead NIC loses the due packets, as
+    /// it loses every packet that reaches it.
+    fn release_timed(&self, now: Nanos) -> Released {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut delivered, mut busy) = (false, false);
+        if let Some(why) = self.control.blocked(self.src, self.dst) {
+            let counters = &self.control.counters;
+            let before = st.delayed.len();
+            st.delayed.retain(|d| d.0 > now);
+            for _ in st.delayed.len()..before {
+                bump(if why == Blocked::Cut { &counters.cut_dropped } else { &counters.dead_dropped });
+            }
+        } else {
+            (delivered, busy) = self.release_due(&mut st);
+        }
+        let next = st.delayed.first().map_or(NEVER, |d| d.0);
+        st.listed = next != NEVER;
+        drop(st);
+        if delivered {
+            self.inner.flush(false);
+        }
+        Released { delivered, busy, next }
     }
 }
 
 impl Wire for FaultWire {
     fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let st = &mut *st;
+        let mut guard = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let st = &mut *guard;
         let plan = self.control.plan();
         let counters = &self.control.counters;
         st.buf.resize(hdr.payload_len as usize, 0);
@@ -523,12 +654,20 @@ impl Wire for FaultWire {
             fill(&mut copy);
             let max = plan.delay_max.as_nanos().min(u128::from(u64::MAX)) as u64;
             let wait = if max == 0 { 0 } else { splitmix(&mut st.rng) % (max + 1) };
-            st.delayed.push((self.control.clock.now().saturating_add(wait), *hdr, copy));
+            let due = self.control.clock.now().saturating_add(wait);
+            // Kept in due order (after those due at the same time).
+            let at = st.delayed.partition_point(|d| d.0 <= due);
+            st.delayed.insert(at, (due, *hdr, copy));
+            let list = !std::mem::replace(&mut st.listed, true);
             bump(&counters.packets);
             bump(&counters.delayed);
             if trace::is_enabled() {
                 trace_fault("delayed", hdr);
             }
+            // The timer's lock is never taken with a link's state held (its release takes them
+            // the other way round).
+            std::mem::drop(guard);
+            self.timer.add(list.then(|| self.this.clone()), due);
             return Transmit::Sent;
         }
         fill(&mut st.buf);
@@ -599,5 +738,108 @@ mod tests {
             }
             assert!(caught > harmless * 4, "most flips are caught: {caught} caught, {harmless} harmless");
         }
+    }
+
+    /// A wire that records what reaches it, and when (on a virtual clock), and can be full.
+    struct Recorder {
+        clock: Arc<Clock>,
+        got: Mutex<Vec<(u32, Nanos)>>,
+        full: AtomicBool,
+        flushes: AtomicU64,
+    }
+
+    impl Wire for Recorder {
+        fn transmit(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> Transmit {
+            if self.full.load(Ordering::Relaxed) {
+                return Transmit::Busy;
+            }
+            fill(&mut vec![0; hdr.payload_len as usize]);
+            self.got.lock().unwrap().push((hdr.psn, self.clock.now()));
+            Transmit::Sent
+        }
+        fn flush(&self, _eager: bool) {
+            self.flushes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A link that delays every packet by up to 1 ms, in front of a recorder, on a virtual clock.
+    fn delaying_link() -> (Arc<Clock>, Arc<Recorder>, Arc<DelayTimer>, Arc<FaultWire>) {
+        let clock = Arc::new(Clock::Virtual(Default::default()));
+        let plan = FaultPlan {
+            delay_ppm: 1_000_000,
+            delay_max: Duration::from_millis(1),
+            seed: 9,
+            ..FaultPlan::NONE
+        };
+        let control = Arc::new(FaultControl::new(plan, clock.clone()));
+        let rec = Arc::new(Recorder {
+            clock: clock.clone(),
+            got: Mutex::new(Vec::new()),
+            full: AtomicBool::new(false),
+            flushes: AtomicU64::new(0),
+        });
+        let timer = Arc::new(DelayTimer::default());
+        let wire = FaultWire::new(rec.clone(), control, timer.clone(), 1, 2, 3);
+        (clock, rec, timer, wire)
+    }
+
+    fn send(wire: &FaultWire, psn: u32) {
+        let hdr = PacketHeader { src_nic: 1, dst_nic: 3, psn, payload_len: 8, ..PacketHeader::default() };
+        assert_eq!(wire.transmit(&hdr, &mut |b: &mut [u8]| b.fill(psn as u8)), Transmit::Sent);
+    }
+
+    /// The due times of the packets the link holds, by sequence number.
+    fn due_times(wire: &FaultWire) -> Vec<(u32, Nanos)> {
+        wire.state.lock().unwrap().delayed.iter().map(|(due, h, _)| (h.psn, *due)).collect()
+    }
+
+    /// Delayed packets on a link that sends nothing more are delivered by their NIC's timer at
+    /// their due times, earliest due first, each burst flushed; the timer then has nothing left.
+    #[test]
+    fn delayed_packets_leave_at_their_due_times_in_due_order_on_an_idle_link() {
+        let (clock, rec, timer, wire) = delaying_link();
+        for psn in 0..6 {
+            send(&wire, psn);
+        }
+        let mut want = due_times(&wire);
+        assert_eq!(want.len(), 6, "every packet is delayed");
+        want.sort_by_key(|&(psn, due)| (due, psn));
+        assert!(want.windows(2).any(|w| w[0].0 > w[1].0), "the seed makes some overtake others: {want:?}");
+        assert!(rec.got.lock().unwrap().is_empty());
+        // Run the timer as an engine does: when it is due, and only then.
+        while timer.due() != NEVER {
+            let due = timer.due();
+            assert!(due >= clock.now());
+            clock.advance(due - clock.now());
+            let flushes = rec.flushes.load(Ordering::Relaxed);
+            assert!(timer.release(clock.now()), "a release at the due time {due} delivers");
+            assert_eq!(rec.flushes.load(Ordering::Relaxed), flushes + 1, "the burst is flushed");
+        }
+        assert_eq!(*rec.got.lock().unwrap(), want, "each at its due time, in due order");
+        assert!(timer.wires.lock().unwrap().is_empty(), "the idle link is off the timer's list");
+    }
+
+    /// A due packet that finds its wire full stays held, its timer stops asking until the wire
+    /// has room (no spinning on a full receiver), and it leaves once the NIC is told so. A
+    /// packet sent on the link after a delayed one fell due follows it.
+    #[test]
+    fn a_delayed_packet_behind_a_full_wire_waits_for_room_then_leaves_first() {
+        let (clock, rec, timer, wire) = delaying_link();
+        send(&wire, 1);
+        let [(_, due)] = due_times(&wire)[..] else { panic!("one packet held") };
+        clock.advance(due + 1);
+        rec.full.store(true, Ordering::Relaxed);
+        assert!(!timer.release(clock.now()), "nothing gets onto a full wire");
+        assert_eq!(timer.due(), NEVER, "the timer waits for room, not for time");
+        assert_eq!(due_times(&wire), vec![(1, due)], "the packet is still held");
+        rec.full.store(false, Ordering::Relaxed);
+        timer.unblock();
+        assert_eq!(timer.due(), due, "room again: the packet is due");
+        // The next packet of the link (delayed itself) is sent before the timer runs: the due
+        // one goes first.
+        send(&wire, 2);
+        assert_eq!(rec.got.lock().unwrap()[..], [(1, clock.now())]);
+        let [(2, due2)] = due_times(&wire)[..] else { panic!("packet 2 held") };
+        assert!(timer.due() <= due2);
     }
 }

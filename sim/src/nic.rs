@@ -6,6 +6,7 @@ use crate::clock::{Nanos, NEVER};
 use crate::device::{Bells, DeviceState, Unit};
 use crate::events::AsyncEvents;
 use crate::fabric::FabricShared;
+use crate::fault::DelayTimer;
 use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
 use crate::wire::{Port, Wire, WirePort};
 use bypass_hal::trace::{self, Track};
@@ -45,6 +46,9 @@ pub(crate) struct Nic {
     pub polled_port: OnceLock<Arc<dyn WirePort>>,
     /// The NIC was killed (`Fabric::kill_nic`): its control path fails.
     pub killed: AtomicBool,
+    /// Packets its fault wires hold for a time (`FaultPlan::delay_ppm`), delivered when due as
+    /// a timer of this NIC.
+    pub delays: Arc<DelayTimer>,
 }
 
 impl Nic {
@@ -69,6 +73,7 @@ impl Nic {
             wire_port: OnceLock::new(),
             polled_port: OnceLock::new(),
             killed: AtomicBool::new(false),
+            delays: Arc::new(DelayTimer::default()),
         }
     }
 
@@ -178,16 +183,31 @@ impl Nic {
         }
     }
 
+    /// The earliest of the device's timers and the delayed packets' release.
+    fn next_deadline(&self, dev: &DeviceState) -> Nanos {
+        dev.deadline().min(self.delays.due())
+    }
+
+    /// A wire this NIC waited on has room: blocked queues and delayed packets may go.
+    fn take_unblocked(&self, dev: &mut DeviceState) {
+        if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
+            dev.unblock();
+            self.delays.unblock();
+        }
+    }
+
     /// Runs every ready unit and publishes the next deadline. The caller holds the device lock.
     pub(crate) fn run_all(&self, dev: &mut DeviceState) {
         let traced = if trace::is_enabled() { trace_run_begin() } else { None };
-        if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
-            dev.unblock();
-        }
+        self.take_unblocked(dev);
         let now = self.now();
+        // Delayed packets due by now leave before what this run sends.
+        if self.delays.due() <= now {
+            self.delays.release(now);
+        }
         let rx = self.polled_port.get().map(|p| &**p);
         dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
-        self.publish_deadline(dev.deadline());
+        self.publish_deadline(self.next_deadline(dev));
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         if let Some(t) = traced {
             self.trace_run(t, now, "all");
@@ -198,8 +218,11 @@ impl Nic {
     pub(crate) fn run_unit(&self, dev: &mut DeviceState, unit: Unit) -> bool {
         let traced = if trace::is_enabled() { trace_run_begin() } else { None };
         let now = self.now();
-        let did = dev.run_unit(unit, now, &self.port, &mut |w| self.fabric.kick_waiter(w));
-        self.publish_deadline(dev.deadline());
+        let did = match unit {
+            Unit::Delayed => self.delays.release(now),
+            _ => dev.run_unit(unit, now, &self.port, &mut |w| self.fabric.kick_waiter(w)),
+        };
+        self.publish_deadline(self.next_deadline(dev));
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         if let Some(t) = traced {
             let name = match unit {
@@ -207,6 +230,7 @@ impl Nic {
                 Unit::Tx => "Tx",
                 Unit::Send(_) => "Send",
                 Unit::Timer(_) => "Timer",
+                Unit::Delayed => "Delayed",
             };
             self.trace_run(t, now, name);
         }
@@ -229,11 +253,13 @@ impl Nic {
 
     /// The units ready now (the Stepped engine). The caller holds the device lock.
     pub(crate) fn ready_units(&self, dev: &mut DeviceState, tag: usize, out: &mut Vec<(usize, Unit)>) {
-        if self.unblocked.load(Ordering::Relaxed) && self.unblocked.swap(false, Ordering::AcqRel) {
-            dev.unblock();
-        }
+        self.take_unblocked(dev);
         let inbox_has = self.port.maybe_nonempty();
-        dev.ready_units(&self.bells, inbox_has, self.now(), tag, out);
+        let now = self.now();
+        dev.ready_units(&self.bells, inbox_has, now, tag, out);
+        if self.delays.due() <= now {
+            out.push((tag, Unit::Delayed));
+        }
     }
 }
 

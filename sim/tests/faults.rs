@@ -434,3 +434,93 @@ fn delayed_packets_arrive_on_a_real_time_engine() {
         assert!(fabric.fault_stats().delayed > 0);
     }
 }
+
+/// A Stepped pair whose every packet is delayed by up to `delay_max`, with an ACK timeout of
+/// 50 ms (far beyond any delay), on a fabric whose inboxes hold `inbox_depth` packets.
+fn delaying_pair(delay_max: Duration, inbox_depth: u32) -> Pair {
+    let plan = FaultPlan { delay_ppm: 1_000_000, delay_max, seed: 11, ..FaultPlan::NONE };
+    let fabric = Fabric::with_config(FabricConfig {
+        faults: plan,
+        inbox_depth,
+        ..FabricConfig::new(Engine::Stepped { seed: 3 })
+    });
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let mut cfg = QueueConfig::default();
+    cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(50));
+    cfg.retry_count = 7;
+    let mk = |nic: &bypass_sim::SimNic| {
+        let cq = nic.create_cq(256).unwrap();
+        Side { q: nic.create_queue(&cfg, &cq, &cq).unwrap(), cq }
+    };
+    let (mut a, mut b) = (mk(&na), mk(&nb));
+    let (ia, ib) = (a.q.info(), b.q.info());
+    a.q.connect(&ib).unwrap();
+    b.q.connect(&ia).unwrap();
+    Pair { fabric, na, nb, a, b }
+}
+
+/// Steps the fabric in 10 µs slices of virtual time until `cq` has a completion; returns it and
+/// the virtual time it was seen at (panics after 200 virtual ms).
+fn completion_at(fabric: &Fabric, cq: &mut SimCq) -> (Completion, Duration) {
+    let mut wc = [Completion::default(); 1];
+    while fabric.now() < Duration::from_millis(200) {
+        fabric.run_until_idle();
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return (wc[0], fabric.now());
+        }
+        fabric.advance(Duration::from_micros(10));
+    }
+    panic!("no completion within 200 virtual ms");
+}
+
+/// A delayed packet on a link that has nothing more to send arrives when its delay is up, as on
+/// a real network, not when the requester's retransmission timer makes the link speak again:
+/// the SEND is received within `delay_max`, its (delayed) ACK completes it within another, and
+/// no timer fired. (The fault wire used to deliver a delayed packet only with the next packet or
+/// burst end of its link: here the receive came at the 50 ms timeout, with a retransmission.)
+#[test]
+fn a_delayed_packet_on_an_idle_link_arrives_when_due_not_at_the_retransmission_timeout() {
+    let max = Duration::from_millis(2);
+    let slice = Duration::from_micros(10);
+    let mut p = delaying_pair(max, 256);
+    let inbox = p.nb.register(64, Access::LOCAL_WRITE).unwrap();
+    p.b.q.post_recv(&[RecvWr { wr_id: 1, sges: &[inbox.sge(0, 64).unwrap()] }]).unwrap();
+    p.a.q.post_send(&[SendWr::send(2, &[]).with_op(SendOp::Send)]).unwrap();
+    let (recv, received) = completion_at(&p.fabric, &mut p.b.cq);
+    assert_eq!((recv.wr_id, recv.status), (1, Status::Success));
+    assert!(received <= max + slice, "the SEND arrived at {received:?}, its delay is at most {max:?}");
+    let (sent, acked) = completion_at(&p.fabric, &mut p.a.cq);
+    assert_eq!((sent.wr_id, sent.status), (2, Status::Success));
+    assert!(acked <= received + max + slice, "the ACK arrived at {acked:?}, {received:?} + at most {max:?}");
+    assert_eq!((p.na.stats().timeouts, p.na.stats().retransmits), (0, 0), "no timer was needed");
+    assert_eq!(p.fabric.fault_stats().delayed, 2, "the SEND and its ACK were both delayed");
+}
+
+/// Delayed packets that find the receiver's inbox full wait for room, then go, without the
+/// requester's timer: 24 WRITEs, every packet delayed, all complete in order within a few
+/// virtual milliseconds and no 50 ms timeout fires. With delays of 0 and a one-packet inbox,
+/// every packet leaves through the delay timer in order, and once the sender has nothing left
+/// to send only the room the receiver makes releases the rest (before that room woke the delay
+/// timer, WRITE 8 completed at the 67 ms timeout). With delays up to 1 ms and a 4-packet inbox,
+/// packets also arrive out of order, and the gaps are NAKed and resent (that is what delay is
+/// for; with this seed no gap needs the timer).
+#[test]
+fn delayed_packets_behind_a_full_inbox_go_when_it_has_room_not_at_the_timeout() {
+    for (max, depth) in [(Duration::ZERO, 1), (Duration::from_millis(1), 4)] {
+        let mut p = delaying_pair(max, depth);
+        let dst = p.nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        let wrs: Vec<SendWr> =
+            (0..24).map(|i| SendWr::send(i, &[]).with_op(SendOp::Write(dst.remote().at(0)))).collect();
+        p.a.q.post_send(&wrs).unwrap();
+        for i in 0..24 {
+            let (c, at) = completion_at(&p.fabric, &mut p.a.cq);
+            assert_eq!((c.wr_id, c.status), (i, Status::Success), "delays up to {max:?}, at {at:?}");
+            assert!(at < Duration::from_millis(20), "delays up to {max:?}: WRITE {i} completed at {at:?} ");
+        }
+        assert_eq!(p.na.stats().timeouts, 0, "delays up to {max:?}: {:?}", p.na.stats());
+        assert!(p.fabric.fault_stats().delayed >= 24, "{:?}", p.fabric.fault_stats());
+        if max.is_zero() {
+            assert_eq!(p.na.stats().retransmits, 0, "in order: nothing to resend");
+        }
+    }
+}

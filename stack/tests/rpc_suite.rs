@@ -12,6 +12,17 @@ struct SimEnv {
     fabric: Fabric,
     server: SimNic,
     client: SimNic,
+    /// See [`Env::ack_timeout`]: longer than the default, except on the lossy cable.
+    ack_timeout: Option<bypass::hal::AckTimeout>,
+}
+
+/// The ACK timeout of the environments' queues: every engine here runs in real time, and a
+/// device or test thread the host starves (CI at load 50 and more) must not exhaust the 8 tries
+/// of the 134 ms default (about 1 s); at 537 ms (exponent 17) they last about 4 s. The lossy
+/// cable keeps the default: its lost frames are repaired by the timer, and each repair would
+/// cost four times as long.
+fn real_time_ack_timeout() -> Option<bypass::hal::AckTimeout> {
+    bypass::hal::AckTimeout::from_exponent(17)
 }
 
 impl SimEnv {
@@ -30,13 +41,14 @@ impl SimEnv {
         let (ports, _) = bypass_sim::l2::pair::pair_attachments(cfg).unwrap();
         let fabric = Fabric::try_with_l2(FabricConfig::new(engine), ports).unwrap();
         let (server, client) = (fabric.add_nic(), fabric.add_nic());
-        SimEnv { fabric, server, client }
+        let ack_timeout = if loss_ppm == 0 { real_time_ack_timeout() } else { None };
+        SimEnv { fabric, server, client, ack_timeout }
     }
 
     fn with_wire(engine: Engine, wire: WireConfig) -> Self {
         let fabric = Fabric::with_config(FabricConfig { wire, ..FabricConfig::new(engine) });
         let (server, client) = (fabric.add_nic(), fabric.add_nic());
-        SimEnv { fabric, server, client }
+        SimEnv { fabric, server, client, ack_timeout: real_time_ack_timeout() }
     }
 }
 
@@ -57,6 +69,9 @@ impl Env for SimEnv {
     }
     fn advance(&self, d: Duration) {
         std::thread::sleep(d);
+    }
+    fn ack_timeout(&self) -> Option<bypass::hal::AckTimeout> {
+        self.ack_timeout
     }
 }
 

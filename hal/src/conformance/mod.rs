@@ -13,7 +13,9 @@
 //! assert timing. They are written so that a slow device (a real NIC under load, or Soft-RoCE)
 //! passes as long as it is correct: waits are bounded by generous budgets of (virtual or real) time.
 
-use crate::{Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueState, Status};
+use crate::{
+    AckTimeout, Completion, CompletionQueue, Device, MemoryRegion, Queue, QueueConfig, QueueState, Status,
+};
 use std::time::Duration;
 
 mod scenarios;
@@ -37,6 +39,16 @@ pub trait Env {
     /// (rxe). See [`crate::CompletionQueue::arm`].
     fn arm_signals_queued_completions(&self) -> bool {
         false
+    }
+    /// The ACK timeout of the scenarios' queues where a scenario leaves it at
+    /// `QueueConfig::default()`'s (scenarios that need a timeout of their own set it); `None`
+    /// keeps the default. For environments whose devices run on threads a loaded host can starve
+    /// for longer than `retry_count` default timeouts (the simulator's real-time engines on a
+    /// shared CI machine): a longer timeout keeps a starved thread from exhausting the retry
+    /// budget, at the price of slower repairs of lost packets. Virtual-time environments need
+    /// none.
+    fn ack_timeout(&self) -> Option<AckTimeout> {
+        None
     }
 }
 

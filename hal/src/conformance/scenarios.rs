@@ -1406,11 +1406,17 @@ fn caps<E: Env>(env: &E) -> DeviceCaps {
 }
 
 /// `cfg` clamped to what both devices support; queue depths leave room for the CQs of depth + 1
-/// that [`side`] creates.
+/// that [`side`] creates. A default ACK timeout becomes the environment's
+/// ([`Env::ack_timeout`]), if it has one.
 fn fit<E: Env>(env: &E, cfg: QueueConfig) -> QueueConfig {
     let c = caps(env);
     let depth = c.max_queue_depth.min(c.max_cq_depth.saturating_sub(1));
+    let timeout = match env.ack_timeout() {
+        Some(t) if cfg.timeout == QueueConfig::default().timeout => t,
+        _ => cfg.timeout,
+    };
     QueueConfig {
+        timeout,
         send_depth: cfg.send_depth.min(depth),
         recv_depth: cfg.recv_depth.min(depth),
         max_send_sge: cfg.max_send_sge.min(c.max_send_sge),

@@ -113,6 +113,9 @@ pub(crate) enum Unit {
     Send(u32),
     /// Retransmission timer of a queue.
     Timer(u32),
+    /// Release of the NIC's delayed packets that are due (the fault plan's delay; run by the
+    /// NIC, not the device state: `Nic::run_unit`).
+    Delayed,
 }
 
 /// What a queue method needs from the rest of the device.
@@ -575,6 +578,7 @@ impl DeviceState {
                     due
                 })
                 .unwrap_or(false),
+            Unit::Delayed => false,
         }
     }
 

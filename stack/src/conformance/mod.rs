@@ -62,6 +62,24 @@ pub trait Env {
     fn progress(&self);
     /// Lets `d` of time pass (a sleep, on real-time devices).
     fn advance(&self, d: Duration);
+    /// The ACK timeout of the queues of the scenarios' servers and channels (unless a scenario
+    /// sets its own); `None` keeps `QueueConfig::default()`'s. For environments whose devices run
+    /// on threads a loaded host can starve for longer than `retry_count` default timeouts (the
+    /// simulator's real-time engines on a shared CI machine): a longer timeout keeps a starved
+    /// thread from exhausting the retry budget and closing the channel, at the price of slower
+    /// repairs of lost packets.
+    fn ack_timeout(&self) -> Option<crate::hal::AckTimeout> {
+        None
+    }
+}
+
+/// A channel configuration for the suite's server, with the environment's ACK timeout.
+fn channel_config<E: Env>(env: &E) -> ChannelConfig {
+    let mut c = ChannelConfig::new(SERVER_NAME);
+    if let Some(t) = env.ack_timeout() {
+        c.queue_config.timeout = t;
+    }
+    c
 }
 
 /// The longest any single wait of a scenario may take (real time) before it gives up.
@@ -283,7 +301,10 @@ impl<'e, E: Env> Rig<'e, E> {
         });
         let mut scfg = ServerConfig::new(SERVER_NAME);
         scfg.workers = 1;
-        let mut ccfg = ChannelConfig::new(SERVER_NAME);
+        if let Some(t) = env.ack_timeout() {
+            scfg.queue_config.timeout = t;
+        }
+        let mut ccfg = channel_config(env);
         tweak(&mut ccfg, &mut scfg);
         assert!(scfg.workers >= 1, "the suite's servers poll by themselves: workers >= 1");
         let window = ccfg.window.min(scfg.max_window);

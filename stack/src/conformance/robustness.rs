@@ -6,9 +6,9 @@
 
 use super::{
     payload, Env, Log, Rig, CALL_TIMEOUT, ECHO, HOLD, MISSING, PANIC, PANIC_AFTER_MOVE, PANIC_AFTER_REPLY,
-    PANIC_IN_FILL, SERVER_NAME,
+    PANIC_IN_FILL,
 };
-use crate::{CallMode, CallOptions, Channel, ChannelConfig, FunctionId, RpcError, Status};
+use crate::{CallMode, CallOptions, Channel, FunctionId, RpcError, Status};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -116,7 +116,7 @@ pub fn handler_panics_are_contained<E: Env>(env: &E) {
     let s = rig.server().stats();
     assert_eq!((s.dropped, s.failed_replies, s.protocol_errors), (0, 0, 0), "{s:?}");
     // And a new connection, which goes to the same (only) worker.
-    let ch2 = Channel::connect(env.client(), rig.server().local_addr(), ChannelConfig::new(SERVER_NAME))
+    let ch2 = Channel::connect(env.client(), rig.server().local_addr(), super::channel_config(env))
         .expect("a second channel");
     let full2 = ch2.stats().credits;
     assert_eq!(call_on(&ch2, &dflt, ECHO, b"new").expect("a new connection"), b"new");
