@@ -26,7 +26,7 @@ pub(crate) struct Conn<D: Device + Clone> {
     pub(super) functions: Arc<Functions<D>>,
     pub(super) counters: Arc<Counters>,
     pub(super) grants: Box<[AtomicU32]>,
-    pub(super) outbox: Box<[Mutex<Outbox>]>,
+    pub(super) outbox: Box<[SpinLock<Outbox>]>,
     pub(super) window: u32,
     pub(super) control: Mutex<Option<TcpStream>>,
     /// Keepalive state, close reason and the application's context.
