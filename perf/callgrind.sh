@@ -7,7 +7,11 @@
 # tear-down. The same difference taken per function (callgrind_annotate, self and inclusive)
 # gives the per-call breakdown; self costs are also summed per area (client, server, core, wire,
 # simulated NIC, ...), which splits the RPC layer's cost between client and server even though
-# both run on one thread.
+# both run on one thread. It also counts the locked read-modify-writes per iteration (x86
+# `lock`-prefixed instructions and `xchg` with memory, found in the binary's disassembly and
+# weighted by callgrind's per-instruction counts), in total and per function: each costs ~20
+# cycles or more where a plain instruction costs one, so they weigh in wall-clock time far more
+# than in the instruction count.
 #
 #   perf/callgrind.sh                      # build (release) and count everything
 #   BIN=/tmp/old-bypass-perf perf/callgrind.sh   # count another binary (before/after)
@@ -16,7 +20,8 @@
 #
 # Environment: BIN (binary; default target/release/bypass-perf, built if missing), N1, N2
 # (iterations, default 2000 and 12000), TOP (functions listed, default 25), OUT (directory for
-# the callgrind files, default a fresh temporary one, kept). Needs valgrind and python3.
+# the callgrind files, default a fresh temporary one, kept). Needs valgrind, python3 and
+# objdump/nm (binutils).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -41,7 +46,8 @@ mkdir -p "$OUT"
 
 run() { # level shape iters -> callgrind file
     local level=$1 shape=$2 n=$3 f="$OUT/$1-$2-$3.out"
-    valgrind --tool=callgrind --callgrind-out-file="$f" "$BIN" --level "$level" -t "$shape" -s 64 \
+    valgrind --tool=callgrind --dump-instr=yes --compress-pos=no --compress-strings=no \
+        --callgrind-out-file="$f" "$BIN" --level "$level" -t "$shape" -s 64 \
         -n "$n" --one-thread --no-bounce --no-progress --warmup 0 >"$f.log" 2>&1 ||
         { echo "callgrind.sh: $BIN --level $level -t $shape -n $n failed; see $f.log" >&2; exit 1; }
     echo "$f"
@@ -57,15 +63,68 @@ total() { # file -> total instructions
     callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ && !done { gsub(",", "", $1); print $1; done = 1 }'
 }
 
+locked() { # a.out b.out -> locked read-modify-writes per iteration: the total, then by function
+    python3 - "$BIN" "$1" "$2" $((N2 - N1)) "$TOP" <<'EOF'
+import collections, re, subprocess, sys
+binp, fa, fb, dn, top = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+obj = binp.split("/")[-1]
+
+def load(path):
+    # --dump-instr=yes --compress-pos=no --compress-strings=no: cost lines are "addr line count";
+    # the line after a calls= line is the call's inclusive cost, not an instruction's.
+    costs, fnof, ob, fn, skip, entry = collections.Counter(), {}, None, None, False, None
+    for line in open(path):
+        if skip:
+            skip = False
+        elif line.startswith("ob="):
+            ob = line[3:].strip()
+        elif line.startswith("fn="):
+            fn = line[3:].strip()
+        elif line.startswith("calls="):
+            skip = True
+        else:
+            m = re.match(r"^(0x[0-9a-f]+)\s+\d+\s+(\d+)", line)
+            if m and ob and ob.split("/")[-1] == obj:
+                a = int(m.group(1), 16)
+                costs[a] += int(m.group(2))
+                fnof[a] = fn
+                if fn == "main" and (entry is None or a < entry):
+                    entry = a
+    return costs, fnof, entry
+
+(ca, fa_, _), (cb, fb_, entry) = load(fa), load(fb)
+syms = subprocess.run(["nm", binp], capture_output=True, text=True).stdout.splitlines()
+main = next(int(l.split()[0], 16) for l in syms if l.endswith(" T main"))
+off = entry - main  # where the (position-independent) binary was loaded
+dis = subprocess.run(["objdump", "-d", "--no-show-raw-insn", binp], capture_output=True, text=True).stdout
+total, per = 0.0, collections.Counter()
+for l in dis.splitlines():
+    m = re.match(r"^\s*([0-9a-f]+):\s+(.*)$", l)
+    if not m or not (m.group(2).startswith("lock ") or re.match(r"xchg\w*\s.*\(", m.group(2))):
+        continue
+    a = int(m.group(1), 16) + off
+    d = (cb.get(a, 0) - ca.get(a, 0)) / dn
+    if d > 0:
+        total += d
+        per[fb_.get(a) or fa_.get(a) or "?"] += d
+print(f"{total:.1f}")
+for fn, v in per.most_common(top):
+    if v >= 0.1:
+        print(f"  {v:8.2f}  {fn[:150]}")
+EOF
+}
+
 report() { # shape
-    local shape=$1 level a b per
+    local shape=$1 level a b per lk
     declare -A perc
     for level in hal rpc; do
         a=$(run "$level" "$shape" "$N1")
         b=$(run "$level" "$shape" "$N2")
         per=$(( ($(total "$b") - $(total "$a")) / (N2 - N1) ))
         perc[$level]=$per
-        printf '%-4s %-4s %8d instructions per %s\n' "$level" "$shape" "$per" \
+        locked "$a" "$b" >"$OUT/$level-$shape.locked"
+        lk=$(head -1 "$OUT/$level-$shape.locked")
+        printf '%-4s %-4s %8d instructions, %5s locked read-modify-writes per %s\n' "$level" "$shape" "$per" "$lk" \
             "$([ "$shape" = lat ] && echo 'round trip' || echo 'message/call')"
         if [ "$level" = rpc ]; then
             annotate "$a" no >"$OUT/rpc-$shape-a.self"; annotate "$b" no >"$OUT/rpc-$shape-b.self"
@@ -74,6 +133,9 @@ report() { # shape
     done
     printf 'rpc - hal: %d per call (rpc / hal = %s)\n' $(( perc[rpc] - perc[hal] )) \
         "$(python3 -c "print(f'{${perc[rpc]}/${perc[hal]}:.2f}')")"
+    echo
+    echo "  locked read-modify-writes per call of the rpc run, by function:"
+    tail -n +2 "$OUT/rpc-$shape.locked"
     python3 - "$OUT/rpc-$shape" $((N2 - N1)) "$TOP" <<'EOF'
 import re, sys
 base, dn, top = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -7,6 +7,7 @@ use bypass::sim::{Engine, Fabric};
 use bypass::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 mod common;
 use common::helpers;
@@ -233,4 +234,49 @@ fn calls_staged_across_a_queue_recovery_end_once_and_never_run() {
         assert_eq!(helpers::poll_once(&mut f).expect("done").expect("echo"), vec![0xE0 + i]);
     }
     assert_eq!(channel.stats().tx_in_use, 0);
+}
+
+/// The calls staged between two flushes share one clock reading (the first one's): their
+/// deadlines count from it. A flush starts a new reading. Stepped engine (virtual clock); the
+/// server is never polled, so no call is answered and each ends by its deadline alone.
+#[test]
+fn a_flush_rounds_calls_share_one_clock_reading_for_their_deadlines() {
+    let fabric = Fabric::new(Engine::Stepped { seed: 0xBA7C_0005 });
+    let (snic, cnic) = (fabric.add_nic(), fabric.add_nic());
+    let config = ServerConfig { workers: 0, ..ServerConfig::new(NAME) };
+    let server = Server::bind(&snic, "127.0.0.1:0", config, echo_functions(ECHO)).expect("bind");
+    let channel = Channel::connect(&cnic, server.local_addr(), ChannelConfig::new(NAME)).expect("connect");
+    let opts = CallOptions { timeout: Some(Duration::from_millis(100)), ..CallOptions::default() };
+    let out: Outcomes = Arc::default();
+    let ended = |i: u8| out.lock().unwrap().iter().any(|(j, _)| *j == i);
+    // Timeouts are checked every 32nd poll.
+    let check = || {
+        for _ in 0..64 {
+            channel.poll();
+        }
+    };
+
+    let mut batch = channel.batch();
+    batch.call_callback(&opts, ECHO, &[0; 8], record(&out, 0)).expect("stage call 0");
+    fabric.advance(Duration::from_millis(60));
+    // Staged 60 ms after call 0, in the same flush round: its deadline is call 0's.
+    batch.call_callback(&opts, ECHO, &[1; 8], record(&out, 1)).expect("stage call 1");
+    batch.flush();
+    // A new round reads the clock again: 60 ms now, deadline at 160 ms.
+    batch.call_callback(&opts, ECHO, &[2; 8], record(&out, 2)).expect("stage call 2");
+    batch.flush();
+
+    fabric.advance(Duration::from_millis(50)); // 110 ms: past 100, before 160
+    check();
+    assert!(ended(0) && ended(1), "calls 0 and 1 share the 100 ms deadline: {:?}", out.lock().unwrap());
+    assert!(!ended(2), "call 2's deadline (160 ms) has not come: {:?}", out.lock().unwrap());
+    fabric.advance(Duration::from_millis(60)); // 170 ms
+    check();
+    let got = out.lock().unwrap().clone();
+    assert_eq!(got.len(), 3, "{got:?}");
+    for (i, r) in got {
+        assert!(matches!(&r, Err(e) if e.contains("timed out") || e.contains("timeout")), "call {i}: {r:?}");
+    }
+    drop(batch);
+    drop(server);
 }

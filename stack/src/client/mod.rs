@@ -32,7 +32,7 @@ use crate::error::bad_field;
 use crate::hal::trace::{self, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
-use crate::sync::lock;
+use crate::sync::{lock, SpinLock};
 use crate::wire::{self, FunctionId, Parsed, RequestHeader, ResponseView};
 use crate::worker::Pollable;
 use crate::RpcError;
@@ -162,7 +162,7 @@ fn trace_call_end(p: &Pending, ok: bool) {
 }
 
 struct CallSlot {
-    pending: Mutex<Option<Pending>>,
+    pending: SpinLock<Option<Pending>>,
     /// The handle of the call that last used this slot (`TxHandle::to_u64`).
     handle: AtomicU64,
     /// Its deadline in device nanoseconds (`NO_DEADLINE`: none, or finished).
@@ -329,7 +329,7 @@ impl<D: Device + Clone> Channel<D> {
             .map_err(|e| RpcError::InvalidArgument(format!("request table: {e}")))?;
         let slots = (0..ep.tx.capacity())
             .map(|_| CallSlot {
-                pending: Mutex::new(None),
+                pending: SpinLock::new(None),
                 handle: AtomicU64::new(u64::MAX),
                 deadline: AtomicU64::new(NO_DEADLINE),
             })

@@ -25,13 +25,16 @@ impl<D: Device + Clone> ChannelInner<D> {
     }
 
     pub(super) fn deadline_of(&self, opts: &CallOptions) -> u64 {
+        self.deadline_from(opts, || self.ep.device.now())
+    }
+
+    /// The deadline of a call with `opts` started at the clock reading `now` gives (read only if
+    /// the call has a timeout).
+    pub(super) fn deadline_from(&self, opts: &CallOptions, now: impl FnOnce() -> Duration) -> u64 {
         match opts.timeout.or(self.config.timeout) {
             // Saturates: a timeout too large to add to the clock (`Duration::MAX`) is a deadline
             // that never comes, not an overflow.
-            Some(t) => self
-                .ep
-                .device
-                .now()
+            Some(t) => now()
                 .checked_add(t)
                 .map_or(NO_DEADLINE - 1, |d| d.as_nanos().min(u128::from(NO_DEADLINE - 1)) as u64),
             None => NO_DEADLINE,
@@ -152,7 +155,11 @@ impl<D: Device + Clone> ChannelInner<D> {
         if len > self.max_request {
             return Err(RpcError::TooLarge { len, max: self.max_request, header: RequestHeader::LEN });
         }
-        let deadline = self.deadline_of(opts);
+        // A batch's calls share one clock reading (see `CallBatch`).
+        let deadline = match staging.as_deref_mut() {
+            Some(st) => self.deadline_from(opts, || st.clock(self)),
+            None => self.deadline_of(opts),
+        };
         let q = self.pick_queue(opts.queue)?;
         // After the checks that need no waiting, so a blocking call gets the same errors for bad
         // arguments on every engine.

@@ -45,9 +45,11 @@
 //! Sends and receives complete on two separate completion queues, as in URPC (and as on
 //! hardware, the order between them is not defined): the send CQ and the receive CQ.
 //!
-//! Every queue and CQ is behind a mutex because the HAL's post and poll take `&mut self`. A poll
+//! Every queue and CQ is behind a lock because the HAL's post and poll take `&mut self`. A poll
 //! uses `try_lock`: if another thread is polling, it is delivering for everyone, so the caller
-//! moves on. Uncontended, a mutex is one compare-exchange to take and one to give back.
+//! moves on. The locks are [`SpinLock`]s: one compare-exchange to take, a plain store to give
+//! back (a std mutex gives back with a second locked instruction), and these sections come
+//! several times per call.
 
 use crate::conn::bufs::{Received, RecvBuf, SendList, TxToken, Unposted};
 use crate::conn::polled::{Polled, RECV, SEND};
@@ -59,7 +61,7 @@ use crate::hal::{
     RecvWr, SendOp, SendWr, Sge, Status, WrFlags,
 };
 use crate::limits::{MAX_REPOST_BATCH, MIN_MSG_SIZE};
-use crate::sync::lock;
+use crate::sync::{lock, SpinLock};
 use crate::RpcError;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -73,12 +75,12 @@ pub(crate) const SEND_CHUNK: usize = 8;
 
 /// One queue of an endpoint.
 pub(crate) struct QueueSlot<Q> {
-    pub(crate) q: Mutex<Q>,
+    pub(crate) q: SpinLock<Q>,
     pub(crate) qpn: u32,
     /// Cleared for good once the queue fails (an error completion, or a flush).
     pub(crate) ready: AtomicBool,
     /// Receive buffers given back but not re-posted yet (see [`Endpoint::repost`]).
-    deferred: Mutex<Deferred>,
+    deferred: SpinLock<Deferred>,
     /// Receive buffers kept while the queue is not READY (flushed, or given back meanwhile), to
     /// be re-posted when it is recovered ([`Endpoint::reconnect_queue`]). Its capacity is the
     /// receive depth: each buffer is in one place (posted, owned, deferred or here).
@@ -109,8 +111,8 @@ enum RecvBufs<D: Device> {
 
 pub(crate) struct Endpoint<D: Device> {
     pub(crate) device: D,
-    pub(crate) send_cq: Mutex<D::Cq>,
-    pub(crate) recv_cq: Mutex<D::Cq>,
+    pub(crate) send_cq: SpinLock<D::Cq>,
+    pub(crate) recv_cq: SpinLock<D::Cq>,
     pub(crate) queues: Box<[QueueSlot<D::Queue>]>,
     pub(crate) tx: TxSlab,
     /// The send buffers, [`SEND_CHUNK`] contexts' worth per region, each registered on first use.
@@ -224,9 +226,9 @@ impl<D: Device + Clone> Endpoint<D> {
             };
             queues.push(QueueSlot {
                 qpn: q.qpn(),
-                q: Mutex::new(q),
+                q: SpinLock::new(q),
                 ready: AtomicBool::new(false),
-                deferred: Mutex::default(),
+                deferred: SpinLock::default(),
                 parked: Mutex::new(Vec::with_capacity(s.recv_depth as usize)),
                 drained: AtomicU8::new(0),
                 epoch: AtomicU32::new(0),
@@ -253,8 +255,8 @@ impl<D: Device + Clone> Endpoint<D> {
         let ep = Endpoint {
             registered: AtomicU64::new(own_recv_bytes),
             device: device.clone(),
-            send_cq: Mutex::new(send_cq),
-            recv_cq: Mutex::new(recv_cq),
+            send_cq: SpinLock::new(send_cq),
+            recv_cq: SpinLock::new(recv_cq),
             queues: queues.into_boxed_slice(),
             tx,
             send_chunks,
@@ -848,7 +850,7 @@ impl<D: Device + Clone> Endpoint<D> {
         out: &'a mut [MaybeUninit<Completion>],
         wait: bool,
     ) -> (&'a [Completion], Polled) {
-        let guard = if wait { Some(lock(&self.send_cq)) } else { self.send_cq.try_lock().ok() };
+        let guard = if wait { Some(lock(&self.send_cq)) } else { self.send_cq.try_lock() };
         let Some(mut cq) = guard else { return (&[], self.polled(SEND, false)) };
         // A CQ overflow means the device dropped completions: the queues behind it cannot be
         // trusted any more. Sizes here make it impossible (CQ depth > everything postable).
@@ -870,7 +872,7 @@ impl<D: Device + Clone> Endpoint<D> {
     /// buffer hands that buffer over as a [`RecvBuf`] (see [`Received`]); the [`Polled`] says
     /// when the batch was polled.
     pub(crate) fn poll_recv<'a>(&self, out: &'a mut [MaybeUninit<Completion>]) -> (Received<'a>, Polled) {
-        let Ok(mut cq) = self.recv_cq.try_lock() else {
+        let Some(mut cq) = self.recv_cq.try_lock() else {
             return (self.received(&[]), self.polled(RECV, false));
         };
         // As in `poll_send`.
@@ -912,7 +914,7 @@ impl<D: Device + Clone> Endpoint<D> {
         out: &'a mut [MaybeUninit<Completion>],
         wait: bool,
     ) -> (Received<'a>, Polled, InFlight<'_>) {
-        let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock().ok() };
+        let guard = if wait { Some(lock(&self.recv_cq)) } else { self.recv_cq.try_lock() };
         let Some(mut cq) = guard else {
             return (self.received(&[]), self.polled(RECV, false), InFlight(None));
         };
@@ -968,7 +970,7 @@ impl<D: Device> Drop for Endpoint<D> {
         // requests still in its CQ) give their buffers back to the pool, which outlives us. The
         // queues are closed (in ERROR) by now and take no more receives.
         if let RecvBufs::Shared(pool) = &self.recv {
-            let cq = self.recv_cq.get_mut().unwrap_or_else(|e| e.into_inner());
+            let cq = self.recv_cq.get_mut();
             let mut wc = [Completion::default(); MAX_REPOST_BATCH];
             while let Ok(n @ 1..) = cq.poll(&mut wc) {
                 for c in &wc[..n] {

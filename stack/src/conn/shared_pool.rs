@@ -21,20 +21,19 @@
 use crate::conn::bufs::RecvBuf;
 use crate::hal::{Access, Device, MemoryRegion, RecvWr, Sge, SharedRecv};
 use crate::limits::MAX_REPOST_BATCH;
-use crate::sync::lock;
+use crate::sync::{lock, SpinLock};
 use crate::RpcError;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 pub(crate) struct SharedPool<D: Device> {
-    srq: Mutex<D::SharedRecv>,
+    srq: SpinLock<D::SharedRecv>,
     region: D::Region,
     msg_size: usize,
     buffers: u32,
     batch: usize,
     /// Buffers given back and not posted yet. Its capacity is the pool size, so it never
     /// reallocates: a buffer a failed post leaves here is retried with the next batch.
-    waiting: Mutex<Vec<u32>>,
+    waiting: SpinLock<Vec<u32>>,
     /// `waiting`'s length, read without its lock by [`SharedPool::note_taken`].
     waiting_len: AtomicUsize,
     /// Receives posted to the shared queue, ever.
@@ -53,12 +52,12 @@ impl<D: Device> SharedPool<D> {
         let srq = device.create_shared_recv(buffers, 1)?;
         let region = device.register(buffers as usize * msg_size, Access::LOCAL_WRITE)?;
         let pool = SharedPool {
-            srq: Mutex::new(srq),
+            srq: SpinLock::new(srq),
             region,
             msg_size,
             buffers,
             batch: (buffers as usize / 4).clamp(1, MAX_REPOST_BATCH),
-            waiting: Mutex::new(Vec::with_capacity(buffers as usize)),
+            waiting: SpinLock::new(Vec::with_capacity(buffers as usize)),
             waiting_len: AtomicUsize::new(0),
             posted: AtomicU64::new(0),
             taken: AtomicU64::new(0),

@@ -51,7 +51,7 @@ use bypass_hal::{MemoryRegion, Sge};
 use crate::core::free_list::FreeList;
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// Most buffers one pool holds (16 Mi).
 pub const MAX_BUFFERS: usize = 1 << 24;
@@ -146,6 +146,10 @@ pub struct BufPool<R: MemoryRegion> {
     /// Per buffer: `generation << 32 | FREE/HELD/POSTED`.
     slots: Box<[AtomicU64]>,
     free: FreeList,
+    /// Free buffers, a hint: incremented before a buffer's push on the free list and decremented
+    /// after its pop, so never below the true count and exact when no `get` or drop is in
+    /// progress.
+    available: AtomicUsize,
 }
 
 impl<R: MemoryRegion> fmt::Debug for BufPool<R> {
@@ -177,7 +181,7 @@ impl<R: MemoryRegion> BufPool<R> {
         }
         let free = FreeList::new(count).ok_or(PoolError::TooManyBuffers { count, max: MAX_BUFFERS })?;
         let slots = (0..count).map(|_| AtomicU64::new(pack(0, FREE))).collect();
-        Ok(BufPool { region, buf_size, slots, free })
+        Ok(BufPool { region, buf_size, slots, free, available: AtomicUsize::new(count) })
     }
 
     /// Number of buffers.
@@ -192,7 +196,7 @@ impl<R: MemoryRegion> BufPool<R> {
 
     /// Free buffers right now (a snapshot; exact when no `get` or drop is in progress).
     pub fn available(&self) -> usize {
-        self.free.len()
+        self.available.load(Ordering::Relaxed).min(self.capacity())
     }
 
     /// Buffers out of the pool right now — held as [`Buf`]s or posted as [`BufToken`]s (a
@@ -210,6 +214,7 @@ impl<R: MemoryRegion> BufPool<R> {
     /// Its contents are whatever its previous user left.
     pub fn get(&self) -> Option<Buf<'_, R>> {
         let index = self.free.pop()?;
+        self.available.fetch_sub(1, Ordering::Relaxed);
         // The free list only holds indices below capacity; `?` keeps this panic-free anyway.
         let slot = self.slots.get(index as usize)?;
         // Ours alone until dropped: off the free list, and `from_token` only moves POSTED slots.
@@ -267,6 +272,7 @@ impl<R: MemoryRegion> BufPool<R> {
             // Any token of this generation is stale from here on. The free list's push publishes
             // this store (and the user's writes) to the next `get`.
             slot.store(pack(generation.wrapping_add(1), FREE), Ordering::Relaxed);
+            self.available.fetch_add(1, Ordering::Relaxed);
             self.free.push(index);
         }
     }

@@ -22,18 +22,20 @@
 //! everything the pusher wrote before `push(i)` (the slot's data, a bumped generation) is visible
 //! to the popper. Pools rely on this instead of ordering their own slot fields.
 //!
-//! ## Length hint
+//! ## No length
 //!
-//! [`FreeList::len`] is a counter next to the head, incremented *before* a push's
-//! compare-exchange and decremented *after* a pop's, so it never underflows and is never below
-//! the true length. It is exact whenever no push or pop is in progress.
+//! The list keeps no count of its free indices: a pop and a push are one compare-exchange each
+//! and nothing more (a counter beside the head would add a locked read-modify-write to each, two
+//! per slot's round through a pool, on every call's send context). A pool that wants a count
+//! keeps its own ([`crate::core::buf_pool`] does; the tx_ctx slab counts handed-out and
+//! released contexts instead).
 //!
 //! Everything goes through the crate-internal `sync` shim, so loom models of the pools check this
 //! code too.
 
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
-use crate::sync::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// List terminator, in the head word and in `next`.
 const NIL: u32 = u32::MAX;
@@ -67,8 +69,6 @@ pub(crate) struct FreeList {
     next: Box<[AtomicU32]>,
     /// `tag << 32 | top index`.
     head: AtomicU64,
-    /// Length hint; see the module documentation.
-    len: AtomicUsize,
 }
 
 impl FreeList {
@@ -83,13 +83,7 @@ impl FreeList {
             .map(|below| AtomicU32::new(if below < capacity { below as u32 } else { NIL }))
             .collect();
         let top = if capacity == 0 { NIL } else { 0 };
-        Some(FreeList { next, head: AtomicU64::new(pack(0, top)), len: AtomicUsize::new(capacity) })
-    }
-
-    /// Free indices right now: exact when no push or pop is in progress, otherwise possibly a
-    /// little high (never low, never above the capacity).
-    pub(crate) fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed).min(self.next.len())
+        Some(FreeList { next, head: AtomicU64::new(pack(0, top)) })
     }
 
     /// Takes the most recently pushed free index, or `None` if the list is empty. Acquires what
@@ -110,10 +104,7 @@ impl FreeList {
             #[cfg(loom)]
             let new = if mutation::enabled(Mutant::FreeListNoTag) { pack(tag_of(head), next) } else { new };
             match self.head.compare_exchange(head, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    self.len.fetch_sub(1, Ordering::Relaxed);
-                    return Some(index);
-                }
+                Ok(_) => return Some(index),
                 Err(actual) => head = actual,
             }
         }
@@ -124,7 +115,6 @@ impl FreeList {
     pub(crate) fn push(&self, index: u32) {
         debug_assert!((index as usize) < self.next.len(), "free-list push of {index} out of range");
         let Some(link) = self.next.get(index as usize) else { return };
-        self.len.fetch_add(1, Ordering::Relaxed);
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             link.store(index_of(head), Ordering::Relaxed);
@@ -156,22 +146,19 @@ mod tests {
     #[test]
     fn pops_in_index_order_then_lifo() {
         let l = list(4);
-        assert_eq!(l.len(), 4);
         let got: Vec<u32> = std::iter::from_fn(|| l.pop()).collect();
         assert_eq!(got, [0, 1, 2, 3]);
-        assert_eq!((l.pop(), l.len()), (None, 0));
+        assert_eq!(l.pop(), None);
         l.push(2);
         l.push(0);
         l.push(3);
-        assert_eq!(l.len(), 3);
         assert_eq!([l.pop(), l.pop(), l.pop(), l.pop()], [Some(3), Some(0), Some(2), None]);
-        assert_eq!(l.len(), 0);
     }
 
     #[test]
     fn capacity_limits() {
         let empty = list(0);
-        assert_eq!((empty.pop(), empty.len()), (None, 0));
+        assert_eq!(empty.pop(), None);
         let one = list(1);
         assert_eq!((one.pop(), one.pop()), (Some(0), None));
         one.push(0);
@@ -184,7 +171,7 @@ mod tests {
     fn out_of_range_push_is_ignored() {
         let l = list(2);
         l.push(7);
-        assert_eq!((l.len(), l.pop(), l.pop(), l.pop()), (2, Some(0), Some(1), None));
+        assert_eq!((l.pop(), l.pop(), l.pop()), (Some(0), Some(1), None));
     }
 
     #[test]
@@ -204,7 +191,6 @@ mod tests {
                 let k = rng.below(held.len());
                 l.push(held.swap_remove(k));
             }
-            assert_eq!(l.len() + held.len(), 16);
         }
         held.drain(..).for_each(|i| l.push(i));
         let mut all: Vec<u32> = std::iter::from_fn(|| l.pop()).collect();
@@ -257,7 +243,6 @@ mod tests {
             pops += t.join().expect("thread panicked").unwrap_or_else(|e| panic!("seed {SEED:#x}: {e}"));
         }
         assert!(pops > 0);
-        assert_eq!(l.len(), CAPACITY);
         let mut all: Vec<u32> = std::iter::from_fn(|| l.pop()).collect();
         all.sort_unstable();
         assert_eq!(all, (0..CAPACITY as u32).collect::<Vec<u32>>());

@@ -49,7 +49,7 @@
 
 #[cfg(loom)]
 use crate::sync::mutation::{self, Mutant};
-use crate::sync::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// URPC's default table size.
 pub const DEFAULT_CAPACITY: usize = 1024;
@@ -152,7 +152,6 @@ pub struct ReqTable {
     slots: Box<[ReqSlot]>,
     mask: u32,
     next_id: AtomicU32,
-    outstanding: AtomicUsize,
     counters: Counters,
 }
 
@@ -186,7 +185,6 @@ impl ReqTable {
             // capacity <= MAX_CAPACITY < 2^32, so the mask fits.
             mask: (capacity - 1) as u32,
             next_id: AtomicU32::new(first_id),
-            outstanding: AtomicUsize::new(0),
             counters: Counters {
                 allocated: AtomicU64::new(0),
                 full: AtomicU64::new(0),
@@ -205,8 +203,18 @@ impl ReqTable {
     }
 
     /// Requests allocated and neither completed nor cancelled.
+    ///
+    /// Counted as allocated less taken (completed and cancelled), not with a counter of its own:
+    /// that would cost each call two more locked read-modify-writes (one at `allocate`, one at
+    /// the take) on top of the `allocated` and `completed` counts it keeps anyway. The takes are
+    /// read first (Acquire, pairing with their Release increments): a take counted there was of
+    /// a request whose allocation is then counted too, so the difference is never negative.
+    /// Like any snapshot of a table in use it may be stale by the time it is read; it is exact
+    /// when the table is quiescent.
     pub fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::Relaxed)
+        let c = &self.counters;
+        let taken = c.completed.load(Ordering::Acquire) + c.cancelled.load(Ordering::Acquire);
+        c.allocated.load(Ordering::Relaxed).saturating_sub(taken) as usize
     }
 
     /// A snapshot of the counters (each read individually; exact when the table is quiescent).
@@ -255,8 +263,8 @@ impl ReqTable {
             // state as no longer BUSY with the previous id (the seqlock pairing in `peek`).
             fence(Ordering::Release);
             slot.value.store(value, Ordering::Relaxed);
-            // Count before publishing, so a (bogus) early take can never underflow the count.
-            self.outstanding.fetch_add(1, Ordering::Relaxed);
+            // Count before publishing, so a take counted in `outstanding` was of an allocation
+            // counted there too.
             self.counters.allocated.fetch_add(1, Ordering::Relaxed);
             // Release: publishes the value to whoever sees BUSY(req_id).
             slot.state.store(pack(req_id, BUSY), Ordering::Release);
@@ -273,7 +281,8 @@ impl ReqTable {
     pub fn complete(&self, req_id: u32) -> Option<u64> {
         match self.take(req_id, COMPLETED) {
             Ok(value) => {
-                self.counters.completed.fetch_add(1, Ordering::Relaxed);
+                // Release: see `outstanding`.
+                self.counters.completed.fetch_add(1, Ordering::Release);
                 Some(value)
             }
             Err(miss) => {
@@ -318,7 +327,8 @@ impl ReqTable {
     /// as late.
     pub fn cancel(&self, req_id: u32) -> Option<u64> {
         let value = self.take(req_id, CANCELLED).ok()?;
-        self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+        // Release: see `outstanding`.
+        self.counters.cancelled.fetch_add(1, Ordering::Release);
         Some(value)
     }
 
@@ -354,7 +364,6 @@ impl ReqTable {
             }
             let value = slot.value.load(Ordering::Relaxed);
             slot.state.store(pack(id, COMPLETED), Ordering::Release);
-            self.outstanding.fetch_sub(1, Ordering::Relaxed);
             return Ok(value);
         }
         loop {
@@ -372,10 +381,7 @@ impl ReqTable {
             let value = slot.value.load(Ordering::Relaxed);
             // AcqRel: release orders our value read before the next allocator's value write.
             match slot.state.compare_exchange(cur, pack(req_id, done), Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    self.outstanding.fetch_sub(1, Ordering::Relaxed);
-                    return Ok(value);
-                }
+                Ok(_) => return Ok(value),
                 Err(actual) => cur = actual,
             }
         }

@@ -275,7 +275,7 @@ impl<D: Device + Clone> ServerInner<D> {
             functions: self.functions.clone(),
             counters: self.counters.clone(),
             grants: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            outbox: (0..n).map(|_| Mutex::default()).collect(),
+            outbox: (0..n).map(|_| SpinLock::default()).collect(),
             control: Mutex::new(None),
             window,
             live,

@@ -26,7 +26,7 @@ pub(crate) struct Conn<D: Device + Clone> {
     pub(super) functions: Arc<Functions<D>>,
     pub(super) counters: Arc<Counters>,
     pub(super) grants: Box<[AtomicU32]>,
-    pub(super) outbox: Box<[Mutex<Outbox>]>,
+    pub(super) outbox: Box<[SpinLock<Outbox>]>,
     pub(super) window: u32,
     pub(super) control: Mutex<Option<TcpStream>>,
     /// Keepalive state, close reason and the application's context.
@@ -57,6 +57,11 @@ impl<D: Device + Clone> Conn<D> {
     }
 
     pub(super) fn flush_grants(&self, q: usize) {
+        // Every worker pass flushes, and most have nothing to grant: a load says so without a
+        // locked swap. A grant added after this load is flushed by its adder or the next pass.
+        if self.grants[q].load(Ordering::Acquire) == 0 {
+            return;
+        }
         let n = self.grants[q].swap(0, Ordering::AcqRel);
         if n == 0 {
             return;

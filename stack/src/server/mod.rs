@@ -38,7 +38,7 @@ use crate::hal::trace::{self, Arg, Track};
 use crate::hal::{self, Completion, CompletionQueue, Device, QueueConfig};
 use crate::limits::{DEFAULT_SHARED_RECV_BUFFERS, MAX_SHARED_RECV_BUFFERS};
 use crate::limits::{MAX_REPOST_BATCH, MAX_WINDOW, MIN_MSG_SIZE};
-use crate::sync::lock;
+use crate::sync::{lock, SpinLock};
 use crate::wire::{self, AckHeader, FunctionId, Parsed, RequestHeader, ResponseHeader, Status};
 use crate::worker::{PollMode, Pollable, WorkerConfig, WorkerGroup};
 use crate::RpcError;
@@ -169,7 +169,7 @@ fn status_name(s: Status) -> &'static str {
 
 /// The server's open connections, copy-on-write (see [`ServerInner::conns`]). A connection
 /// takes itself out when it closes ([`Conn::close_with`]).
-type ConnList<D> = Mutex<Arc<Vec<Arc<Conn<D>>>>>;
+type ConnList<D> = SpinLock<Arc<Vec<Arc<Conn<D>>>>>;
 
 struct ServerInner<D: Device + Clone> {
     device: D,
@@ -266,7 +266,7 @@ impl<D: Device + Clone> Server<D> {
             config,
             pool,
             functions: Arc::new(functions),
-            conns: Arc::new(Mutex::new(Arc::new(Vec::new()))),
+            conns: Arc::new(SpinLock::new(Arc::new(Vec::new()))),
             admission: Arc::new(admission),
             counters: Arc::new(Counters::default()),
             next_channel: AtomicU32::new(1),
