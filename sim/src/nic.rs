@@ -83,6 +83,13 @@ impl Nic {
         self.polled_port.get().is_some_and(|p| p.pending())
     }
 
+    /// A CQ of this NIC is polled: whether its wire port wants the device to run
+    /// ([`WirePort::poll`]).
+    #[inline]
+    pub(crate) fn port_poll(&self) -> bool {
+        self.polled_port.get().is_some_and(|p| p.poll())
+    }
+
     /// Attaches the NIC's wire port (once, when the NIC is added).
     pub(crate) fn attach(&self, port: Arc<dyn WirePort>) {
         if port.polled() {

@@ -85,6 +85,9 @@ pub struct NicStats {
     /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
     /// it sleeps (the only system call on that wire's send path).
     pub tx_wakeups: u64,
+    /// UDP wire: `sendmmsg` calls that put this NIC's datagrams on the wire (each takes a batch;
+    /// plain ACKs held back for the next packet ride in its call).
+    pub tx_wire_sends: u64,
     /// Datagrams (UM) a datagram queue dropped: no receive posted, a receive too short, the
     /// queue not READY, or not a single-packet SEND. Never retried: the sender does not know.
     pub datagrams_dropped: u64,
