@@ -671,6 +671,17 @@ impl UdpPort {
         }
     }
 
+    /// Several threads began to poll the NIC: wakes the receive thread, which reads from now on.
+    #[cold]
+    fn crowded_onset(&self) {
+        self.bell.signal();
+    }
+
+    /// Several threads poll the NIC (see `poll`): the receive thread reads.
+    fn crowded(&self) -> bool {
+        self.epoch.elapsed().as_nanos() as u64 <= self.crowded_until.load(AtOrd::Relaxed)
+    }
+
     #[cold]
     fn send_held_acks(&self, now: u64) {
         let mut tx = if now == u64::MAX {
@@ -791,13 +802,16 @@ impl WirePort for UdpPort {
     }
 
     /// Whether datagrams wait cannot be told without a system call, so a poll asks for a read,
-    /// as a busy-polling socket program does: every poll while one thread polls the NIC, and
-    /// once per [`CROWDED_READ_GAP`] for all of them together while several do (a client and
-    /// its server in one process on one NIC, a worker group beside a self-polling caller).
-    /// Reads on every poll of every thread would keep each spinning thread in system calls
-    /// most of the time, with its CQ locked: with more spinners than cores, the one that has
-    /// to answer gets the CPU late (the C library's one-process round trips went from ~0.1 to
-    /// 0.2-0.8 ms) and a caller finds its send CQ held by a worker that was preempted there.
+    /// as a busy-polling socket program does — while one thread polls the NIC. While several do
+    /// (a client and its server in one process on one NIC, as the C library's `TCP` type runs
+    /// them: the caller, the client's worker and the server's worker), polls read nothing and
+    /// the receive thread reads on arrivals, as it does for a sleeping user. Reading from every
+    /// poll of every thread kept each spinning thread in system calls most of the time, with
+    /// the device lock held (61 `recvmmsg` per call of `capi_bench`, against 2.7 by the thread,
+    /// even with reads spaced 3 µs apart for all pollers together): with more spinning threads
+    /// than cores the one that had to answer got the CPU late, and calls took ~25 % longer
+    /// than with the thread (docs/BENCHMARKS.md). Who polls is looked at once per
+    /// [`CROWDED_READ_GAP`] while several do.
     #[inline]
     fn poll(&self) -> bool {
         let now = self.epoch.elapsed().as_nanos() as u64;
@@ -809,17 +823,18 @@ impl WirePort for UdpPort {
         let me = thread_token();
         if self.last_reader.load(AtOrd::Relaxed) != me {
             self.last_reader.store(me, AtOrd::Relaxed);
-            self.crowded_until.store(now + CROWDED_HOLD.as_nanos() as u64, AtOrd::Relaxed);
+            if self.crowded_until.swap(now + CROWDED_HOLD.as_nanos() as u64, AtOrd::Relaxed) <= now {
+                // Several threads poll from now on: the receive thread must take over reading.
+                self.crowded_onset();
+            }
         }
-        let gap = if now < self.crowded_until.load(AtOrd::Relaxed) {
-            CROWDED_READ_GAP.as_nanos() as u64
-        } else {
-            0
-        };
-        // `now + 1` at least, so that `next_read` moves on every read a poll asks for.
+        let crowded = now < self.crowded_until.load(AtOrd::Relaxed);
+        let gap = if crowded { CROWDED_READ_GAP.as_nanos() as u64 } else { 0 };
+        // `now + 1` at least, so that `next_read` moves on every poll that gets here (it tells
+        // the receive thread that the user polls).
         let until = now + gap.max(1);
-        if self.next_read.compare_exchange(next, until, AtOrd::Relaxed, AtOrd::Relaxed).is_err() {
-            return self.pending(); // another poller asked just now
+        if self.next_read.compare_exchange(next, until, AtOrd::Relaxed, AtOrd::Relaxed).is_err() || crowded {
+            return self.pending(); // another poller asked just now, or the thread reads
         }
         self.handoff.ask();
         true
@@ -884,7 +899,7 @@ fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
         let polls = port.next_read.load(AtOrd::Relaxed);
         let polled = polls != last_polls;
         last_polls = polls;
-        let watch = !polled || n.sleepy() || port.pinging.load(AtOrd::Acquire) > 0;
+        let watch = !polled || port.crowded() || n.sleepy() || port.pinging.load(AtOrd::Acquire) > 0;
         if watch != watching {
             // Flushes hold ACKs back only while someone polls (and sends them when due). The
             // flag is written before the batch is looked at under its lock, so a flush either

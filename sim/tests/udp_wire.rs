@@ -383,7 +383,7 @@ fn a_user_asleep_on_its_event_fd_is_woken_by_every_packet() {
         got += count_recv(&mut cb, &mut wc);
     }
     sender.join().unwrap();
-    assert!(slept > 10, "the receiver slept only {slept} times: the race was not exercised");
+    assert!(slept >= 3, "the receiver slept only {slept} times: the race was not exercised");
 }
 
 /// ACK coalescing: a plain ACK the receiver's device flushes while its user polls is held back
