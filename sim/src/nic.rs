@@ -193,9 +193,13 @@ impl Nic {
         }
         let now = self.now();
         let rx = self.polled_port.get().map(|p| &**p);
-        dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
+        let cut = dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(dev.deadline());
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        if cut {
+            // Packets still wait at the port: go round (`run_inline` swaps the flag again).
+            self.work.store(true, Ordering::SeqCst);
+        }
         if let Some(t) = traced {
             self.trace_run(t, now, "all");
         }
