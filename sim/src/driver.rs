@@ -89,6 +89,7 @@ impl SimNic {
             s.rx_ignored += w.rx_ignored;
             s.tx_wire_dropped += w.tx_dropped;
             s.tx_wakeups += w.tx_wakeups;
+            s.tx_wire_sends += w.tx_sends;
         }
         s
     }

@@ -9,7 +9,6 @@
 use crate::clock::{Clock, NEVER};
 use crate::fabric::FabricShared;
 use crate::nic::Nic;
-use crate::packet::PacketHeader;
 use crate::sync::Ordering;
 use crate::wire::WireHost;
 use std::time::Duration;
@@ -107,7 +106,7 @@ impl Nic {
                 if !self.polled.load(Ordering::Relaxed) {
                     self.polled.store(true, Ordering::Relaxed);
                 }
-                if self.work.load(Ordering::Relaxed) || self.port_pending() {
+                if self.port_poll() || self.work.load(Ordering::Relaxed) {
                     self.work.store(true, Ordering::SeqCst);
                     self.run_inline();
                 }
@@ -119,7 +118,10 @@ impl Nic {
             let d = self.deadline.load(Ordering::Relaxed);
             d != NEVER && d <= self.now()
         };
-        if due || self.work.load(Ordering::Relaxed) || self.port_pending() {
+        // The port is asked on every poll, even when other work makes the device run anyway: a
+        // socket port counts the polls to know its user is polling (and reads only when asked).
+        let port = self.port_poll();
+        if due || port || self.work.load(Ordering::Relaxed) {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
         }
@@ -160,10 +162,9 @@ impl Nic {
         }
     }
 
-    /// A sender finished a burst to this NIC (the in-process wire's flush), or a wire port's
-    /// thread delivered one. With the Inline engine the receiving device normally runs on its
-    /// own user's thread, at that user's next poll or doorbell, so each thread mostly touches
-    /// only its own NIC. The caller runs it right here instead when the receiver's user is going
+    /// A sender finished a burst to this NIC (the in-process wire's flush). With the Inline
+    /// engine the receiving device normally runs on its own user's thread, at that user's next
+    /// poll or doorbell, so each thread mostly touches only its own NIC. The caller runs it right here instead when the receiver's user is going
     /// to sleep on an event fd (one of its CQs is armed) or the sender's own user is (`eager`).
     /// A receiver whose user simply is not polling is picked up by `Fabric::progress` or by idle
     /// pollers.
@@ -187,40 +188,8 @@ impl Nic {
 }
 
 impl WireHost for Nic {
-    fn addr(&self) -> u32 {
-        self.addr
-    }
-
     fn is_shut_down(&self) -> bool {
         self.fabric.is_shut_down()
-    }
-
-    fn deliver(&self, hdr: &PacketHeader, payload: &[u8]) -> bool {
-        // The inbox is full: let the device drain it, then try again (the port's own buffer
-        // holds what arrives meanwhile, and overflows as a congested port would).
-        let mut spins = 0u32;
-        while !self.port.push_external(hdr, &mut |b: &mut [u8]| b.copy_from_slice(payload)) {
-            self.on_burst(false);
-            spins += 1;
-            if spins % 64 == 0 {
-                std::thread::yield_now();
-            }
-            if self.fabric.is_shut_down() {
-                return false;
-            }
-        }
-        true
-    }
-
-    fn end_burst(&self) {
-        self.on_burst(false);
-        // A NIC acknowledges what it receives whether or not its application is polling, as
-        // hardware does: if the NIC's user has not taken the burst by the time this thread had
-        // its turn, run the device here (a user that polls takes it first).
-        if self.fabric.config.engine == Engine::Inline {
-            std::thread::yield_now();
-            self.run_if_flagged();
-        }
     }
 
     fn idle(&self) {

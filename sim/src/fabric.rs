@@ -83,6 +83,10 @@ pub struct FabricConfig {
     /// fabrics whose NICs are processes a loaded host may deschedule for longer than
     /// `retry_count` fixed timeouts (see docs/sim.md, "Retransmission backoff").
     pub ack_timeout_backoff: Option<std::time::Duration>,
+    /// UDP wire: how long a flush may hold plain ACKs back, while the NIC's user polls, so that
+    /// they leave in one `sendmmsg` with the next packet the NIC sends (docs/sim.md, "The UDP
+    /// wire"; default 20 µs, far below any ACK timeout in use). `Duration::ZERO`: never.
+    pub ack_hold: std::time::Duration,
 }
 
 impl FabricConfig {
@@ -110,6 +114,7 @@ impl FabricConfig {
             faults: FaultPlan::NONE,
             wire: WireConfig::InProcess,
             ack_timeout_backoff: None,
+            ack_hold: std::time::Duration::from_micros(20),
         }
     }
 }
@@ -439,6 +444,7 @@ impl Fabric {
             nic: addr,
             mtu: shared.config.mtu,
             depth: shared.config.inbox_depth,
+            ack_hold: shared.config.ack_hold,
             pcap: shared.pcap.clone(),
             l2: if shared.config.wire == WireConfig::L2 {
                 shared.l2_ports.lock().unwrap_or_else(|e| e.into_inner()).pop_front()

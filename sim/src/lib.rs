@@ -58,6 +58,7 @@ mod eventfd;
 mod events;
 mod fabric;
 mod fault;
+mod handoff;
 mod inbox;
 mod inproc;
 pub mod l2;
@@ -91,6 +92,44 @@ pub mod loom_api {
     use std::sync::Arc;
 
     pub use crate::sync::mutation;
+
+    /// The UDP wire's receive handoff (`sim/src/handoff.rs`): reads asked for by polls and the
+    /// receive thread, done by the device; the receive thread's tick against a user arming a CQ.
+    #[derive(Debug, Default)]
+    pub struct UdpHandoff(crate::handoff::RxHandoff);
+
+    impl UdpHandoff {
+        /// A poll, or the receive thread on an arrival, asks for a read.
+        pub fn ask(&self) {
+            self.0.ask()
+        }
+
+        /// A read is asked for and not done.
+        pub fn pending(&self) -> bool {
+            self.0.pending()
+        }
+
+        /// The device reads: `read` returns true if it found the socket empty.
+        pub fn read(&self, read: impl FnOnce() -> bool) {
+            self.0.read(|| (read(), ()))
+        }
+
+        /// The receive thread is about to tick without watching the socket; `armed` loads the
+        /// NIC's armed count. True if it may.
+        pub fn may_tick(&self, armed: impl FnOnce() -> bool) -> bool {
+            self.0.may_tick(armed)
+        }
+
+        /// The tick is over.
+        pub fn end_tick(&self) {
+            self.0.end_tick()
+        }
+
+        /// A CQ was armed: true if the thread must be rung.
+        pub fn attention(&self) -> bool {
+            self.0.attention()
+        }
+    }
 
     /// The shared-memory wire's ring and doorbell protocol (`RingCtl`, `Bell`, `push`, `pop`,
     /// `wake_needed`, `prepare_sleep`, ...), over loom atomics.

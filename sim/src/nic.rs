@@ -88,6 +88,13 @@ impl Nic {
         self.polled_port.get().is_some_and(|p| p.pending())
     }
 
+    /// A CQ of this NIC is polled: whether its wire port wants the device to run
+    /// ([`WirePort::poll`]).
+    #[inline]
+    pub(crate) fn port_poll(&self) -> bool {
+        self.polled_port.get().is_some_and(|p| p.poll())
+    }
+
     /// Attaches the NIC's wire port (once, when the NIC is added).
     pub(crate) fn attach(&self, port: Arc<dyn WirePort>) {
         if port.polled() {
@@ -206,9 +213,13 @@ impl Nic {
             self.delays.release(now);
         }
         let rx = self.polled_port.get().map(|p| &**p);
-        dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
+        let cut = dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
         self.publish_deadline(self.next_deadline(dev));
         dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        if cut {
+            // Packets still wait at the port: go round (`run_inline` swaps the flag again).
+            self.work.store(true, Ordering::SeqCst);
+        }
         if let Some(t) = traced {
             self.trace_run(t, now, "all");
         }

@@ -110,6 +110,12 @@ pub mod mutation {
         /// `source::Life::enter` checks the alive bit with a load and counts the reader with a
         /// second read-modify-write (a deregistration between the two frees memory under a copy).
         SourceCheckThenEnter = 111,
+        /// `handoff::RxHandoff::read` reads `want` after the socket read, not before (an ask
+        /// made for a datagram that arrived after the read is marked done: the lost read).
+        UdpWantAfterRead = 112,
+        /// `handoff::RxHandoff::may_tick` skips the SeqCst fence between raising `ticking` and
+        /// reading the armed count (the lost wake-up of a user going to sleep).
+        UdpNoFenceBeforeArmedCheck = 113,
     }
 
     pub use bypass_hal::mutation::Guard;

@@ -10,19 +10,20 @@
 //!   packet into the NIC's send batch (the payload gathered from host memory straight into its
 //!   place in the datagram), and [`UdpLink::flush`] hands the batch to the kernel in one
 //!   `sendmmsg`. A socket buffer that is full drops the datagram, as a congested network would.
-//! - **Receiving**: a thread per NIC sleeps in `recvmmsg` (it takes a burst per call), checks
-//!   each datagram's ICRC and headers, turns it into a [`PacketHeader`] and puts it in the NIC's
-//!   inbox, then notifies the NIC as the in-process wire does (the NIC's own user picks it up at
-//!   its next poll, or the receive thread runs the device when that user sleeps on an event fd).
-//!   Malformed datagrams are counted ([`UdpStats`], merged into `NicStats::rx_malformed`) and
-//!   dropped. RoCEv2-shaped datagrams from an address no queue of the NIC is connected to are
-//!   dropped right there, before their ICRC is computed or anything is queued or copied
-//!   (`NicStats::rx_ignored`): a flood of them costs the NIC about what junk costs, and never
-//!   fills the inbox ahead of its peers' packets.
+//! - **Receiving** is the device's: while the NIC's user polls its CQs, each poll reads the
+//!   socket (a non-blocking `recvmmsg` of up to a batch, [`UdpPort::drain`], under the device
+//!   lock, so there is one reader at a time and packets are handled in the socket's order),
+//!   checks each datagram's ICRC and headers and hands it to the device straight from the receive
+//!   buffer. A thread per NIC covers a user that does not poll: it reads nothing itself, but when
+//!   the polls stop (or a CQ is armed, a device thread parks, `connect` waits for a pong) it
+//!   waits on the socket and has the device run on each arrival. Malformed datagrams are counted
+//!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
+//!   from addresses no queue is connected to are dropped before their ICRC is computed
+//!   (`NicStats::rx_ignored`).
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
-//!   datagram answered by its receive thread, not by a queue) and fails with the reason when it
+//!   datagram answered by its device, not by a queue) and fails with the reason when it
 //!   does not answer, rather than "connecting" and timing out later.
 //! - **Standard RoCEv2 peers** (Linux's rxe, a hardware NIC): a peer `QueueInfo` with an IPv4
 //!   GID and `lid` 0 — what a verbs queue reports on RoCE — is one. Such a NIC receives only on
@@ -35,7 +36,9 @@
 //!   for path-MTU discovery, and Linux sends ID 0 on unconnected DF datagrams), which is what
 //!   their ICRC is computed over. docs/sim.md, "Interoperating with a real RoCEv2 NIC".
 
-use crate::packet::{PacketHeader, ANY_QPN};
+use crate::eventfd::EventFd;
+use crate::handoff::RxHandoff;
+use crate::packet::{PacketHeader, PacketKind, Syndrome, ANY_QPN};
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints, Link};
 use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
@@ -43,8 +46,8 @@ use bypass_hal::QueueInfo;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering as AtOrd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering as AtOrd};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -58,8 +61,28 @@ const PING: [u8; 8] = *b"BYPSPING";
 const PONG: [u8; 8] = *b"BYPSPONG";
 /// How long `connect` waits for the peer NIC's pong (each of three pings).
 const PING_WAIT: Duration = Duration::from_millis(300);
-/// How often a receive thread with nothing to do looks whether its NIC is gone.
-const RX_IDLE_CHECK: Duration = Duration::from_millis(100);
+/// How long the receive thread sleeps between looks while the NIC's user polls (the polls read
+/// the socket; the thread only checks that they go on).
+const TICK: Duration = Duration::from_millis(1);
+/// The receive thread's longest sleep while it watches the socket (it then looks whether the
+/// NIC is gone).
+const LONG_SLEEP: Duration = Duration::from_millis(100);
+/// The shortest time between two reads of the socket by polls while several threads poll the
+/// NIC (see `UdpPort::poll`).
+const CROWDED_READ_GAP: Duration = Duration::from_micros(3);
+/// How long a NIC counts as polled by several threads after two of them asked for reads in turn.
+const CROWDED_HOLD: Duration = Duration::from_millis(1);
+
+/// A token naming the calling thread (the address of a thread-local), never 0.
+#[inline]
+fn thread_token() -> usize {
+    thread_local!(static TOKEN: u8 = const { 0 });
+    TOKEN.with(|t| t as *const u8 as usize)
+}
+
+/// epoll tokens: the socket, the receive thread's bell.
+const SOCK_TOKEN: u64 = 0;
+const BELL_TOKEN: u64 = 1;
 /// The source id of packets from an address no queue of the NIC is connected to: no queue has
 /// it as its peer, so such packets are counted as ignored and dropped.
 const UNKNOWN_PEER: u32 = u32::MAX;
@@ -71,9 +94,19 @@ pub(crate) struct UdpStats {
     pub malformed: AtomicU64,
     /// Datagrams the socket would not take (its buffer was full): lost, as on a network.
     pub send_dropped: AtomicU64,
-    /// RoCEv2-shaped datagrams from an address no queue of the NIC is connected to: dropped
-    /// before their ICRC is computed or anything is queued (`NicStats::rx_ignored`).
+    /// RoCEv2-looking datagrams from an address no queue of the NIC is connected to: dropped
+    /// before their ICRC is computed or anything is copied (`NicStats::rx_ignored`).
     pub strangers: AtomicU64,
+    /// `sendmmsg` calls made.
+    pub send_calls: AtomicU64,
+}
+
+/// The receive batch `drain` reads datagrams into: touched only under the NIC's device lock.
+struct RxBatch {
+    bufs: Vec<Box<[u8]>>,
+    addrs: [libc::sockaddr_in; BATCH],
+    /// The last source looked up: its address, source id, and whether it is a standard peer.
+    last_peer: Option<(SocketAddrV4, u32, bool)>,
 }
 
 /// The send batch: up to [`BATCH`] encoded datagrams waiting for `flush`.
@@ -82,6 +115,9 @@ struct TxBatch {
     lens: [usize; BATCH],
     dests: [SocketAddrV4; BATCH],
     n: usize,
+    /// How many of the `n` datagrams are plain ACKs (what a flush may hold back, see
+    /// [`UdpPort::flush`]).
+    acks: usize,
 }
 
 /// One NIC's UDP endpoint: its socket, its peers, its send batch.
@@ -95,6 +131,33 @@ pub(crate) struct UdpPort {
     /// `<ip>:4791`). Their datagrams come from any source port.
     standard: RwLock<HashMap<Ipv4Addr, u32>>,
     tx: Mutex<TxBatch>,
+    /// How long (ns) a flush may hold plain ACKs back (`FabricConfig::ack_hold`); 0: never.
+    ack_hold: u64,
+    /// When (ns after `epoch`, never 0) the plain ACKs a flush held back in `tx` must leave at
+    /// the latest; 0 while none is held. Written under `tx`'s lock; read without it by polls.
+    ack_due: AtomicU64,
+    /// The receive thread watches the socket because nobody polls: flushes hold nothing back
+    /// (written by the receive thread, read under `tx`'s lock by flushes).
+    unpolled: AtomicBool,
+    rx: Mutex<RxBatch>,
+    /// Who reads the socket when: reads asked for by polls and the receive thread, done by the
+    /// device (`handoff.rs`).
+    handoff: RxHandoff,
+    /// When (ns after `epoch`) a poll may next ask for a read (see `poll`). It also tells the
+    /// receive thread that the user polls (it moves).
+    next_read: AtomicU64,
+    /// The thread whose poll asked for the last read (a token: see `thread_token`).
+    last_reader: AtomicUsize,
+    /// Until when (ns after `epoch`) the NIC counts as polled by several threads at once, and
+    /// its polls read the socket at most once per [`CROWDED_READ_GAP`].
+    crowded_until: AtomicU64,
+    epoch: Instant,
+    /// Wakes the receive thread: a CQ was armed, `connect` waits for a pong, or shutdown.
+    bell: EventFd,
+    /// The receive thread's wait set: the socket (edge-triggered) and `bell`.
+    epoll: OwnedFd,
+    /// `connect`s waiting for a pong: the receive thread watches the socket meanwhile.
+    pinging: AtomicU32,
     pub stats: UdpStats,
     /// Outstanding pings of `connect`'s reachability check: (nonce, answered). Only pongs to
     /// these are kept, so a stranger's pongs cannot grow it.
@@ -120,6 +183,7 @@ impl UdpPort {
     pub(crate) fn bind(
         addr: SocketAddrV4,
         mtu: u32,
+        ack_hold: Duration,
         pcap: Option<Arc<PcapWriter>>,
         fabric_id: u32,
         nic: u32,
@@ -135,7 +199,6 @@ impl UdpPort {
         }
         let sock = UdpSocket::bind(addr)
             .map_err(|e| io::Error::new(e.kind(), format!("the UDP wire cannot bind {addr}: {e}")))?;
-        sock.set_read_timeout(Some(RX_IDLE_CHECK))?;
         // DF on every datagram, never fragmented by this host: Linux then sends IPv4 ID 0 (an
         // unconnected socket), the header the ICRC is computed over, which a standard RoCEv2 peer
         // checks. A datagram over the path MTU fails to send (counted, then retransmitted and
@@ -162,13 +225,43 @@ impl UdpPort {
             lens: [0; BATCH],
             dests: [zero; BATCH],
             n: 0,
+            acks: 0,
         };
+        // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
+        let addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
+        let rx = RxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect(),
+            addrs,
+            last_peer: None,
+        };
+        let bell = EventFd::new()?;
+        // SAFETY: epoll_create1 has no memory-safety preconditions; the result is checked.
+        let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if ep < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `ep` is a fresh descriptor that nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(ep) };
+        epoll_add(&epoll, sock.as_raw_fd(), (libc::EPOLLIN | libc::EPOLLET) as u32, SOCK_TOKEN)?;
+        epoll_add(&epoll, bell.raw(), libc::EPOLLIN as u32, BELL_TOKEN)?;
         Ok(UdpPort {
             sock,
             local,
             peers: RwLock::new((Vec::new(), HashMap::new())),
             standard: RwLock::new(HashMap::new()),
             tx: Mutex::new(tx),
+            ack_hold: ack_hold.as_nanos().min(u128::from(u64::MAX / 2)) as u64,
+            ack_due: AtomicU64::new(0),
+            unpolled: AtomicBool::new(true),
+            rx: Mutex::new(rx),
+            handoff: RxHandoff::default(),
+            next_read: AtomicU64::new(0),
+            last_reader: AtomicUsize::new(0),
+            crowded_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            bell,
+            epoll,
+            pinging: AtomicU32::new(0),
             stats: UdpStats::default(),
             pongs: Mutex::new(Vec::new()),
             pong_cv: Condvar::new(),
@@ -179,10 +272,159 @@ impl UdpPort {
         })
     }
 
-    /// Wakes the receive thread (an empty datagram to itself), so that it sees a shutdown at once
-    /// rather than at its next idle check.
-    pub(crate) fn wake(&self) {
-        let _ = self.sock.send_to(&[], self.local);
+    /// The receive thread's sleep: up to `wait`, woken by its bell and, if `watch`, by datagrams
+    /// arriving on the socket (edge-triggered: an arrival wakes it once, even if earlier ones are
+    /// still unread). True if datagrams arrived.
+    fn wait(&self, wait: Duration, watch: bool) -> bool {
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut arrived = false;
+        if watch {
+            // SAFETY: an all-zero epoll_event is a valid plain C struct.
+            let mut evs: [libc::epoll_event; 2] = unsafe { std::mem::zeroed() };
+            // SAFETY: the kernel writes at most 2 events into `evs`, which lives in this frame.
+            let r = unsafe { libc::epoll_wait(self.epoll.as_raw_fd(), evs.as_mut_ptr(), 2, ms) };
+            for e in evs.iter().take(r.max(0) as usize) {
+                arrived |= { e.u64 } == SOCK_TOKEN;
+            }
+        } else {
+            let mut pfd = libc::pollfd { fd: self.bell.raw(), events: libc::POLLIN, revents: 0 };
+            // SAFETY: one live pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms) };
+        }
+        let _ = self.bell.drain();
+        arrived
+    }
+
+    /// The device's receive path, run under the NIC's device lock, so there is one reader at a
+    /// time and packets are handled in the order the socket holds them: takes up to a batch of
+    /// datagrams without waiting, answers pings, drops junk and strangers' frames, and hands each
+    /// packet to `recv` straight from the receive buffer (no copy through the inbox). A batch
+    /// that is not full means the socket was empty: the reads asked for before are done.
+    fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+        self.handoff.read(|| (self.read_batch(nic, recv), ()));
+    }
+
+    /// One non-blocking `recvmmsg` of up to a batch, each datagram handled (see `drain`): true
+    /// if the socket was found empty (fewer datagrams than a batch, or an error a read would
+    /// meet again).
+    fn read_batch(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) -> bool {
+        let mut guard = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let rx = &mut *guard;
+        let size = self.mtu as usize + OVERHEAD;
+        let mut iovs = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
+        // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid plain C struct.
+        let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+        for i in 0..BATCH {
+            iovs[i] = libc::iovec { iov_base: rx.bufs[i].as_mut_ptr().cast(), iov_len: size };
+            msgs[i].msg_hdr.msg_name = (&mut rx.addrs[i] as *mut libc::sockaddr_in).cast();
+            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: every mmsghdr points at a live sockaddr_in, iovec and buffer (in `rx`, locked,
+        // or this frame), sized as declared; the kernel writes at most that much and does not
+        // wait (MSG_DONTWAIT).
+        let r = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                BATCH as u32,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            // Empty (EAGAIN), or an error a read would meet again; EINTR: look again.
+            return r == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted;
+        }
+        let got = r as usize;
+        let local = self.local;
+        for (i, m) in msgs.iter().enumerate().take(got) {
+            let len = m.msg_len as usize;
+            let a = rx.addrs[i];
+            let from =
+                SocketAddrV4::new(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port));
+            if len > size || m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
+            let dgram = &rx.bufs[i][..len];
+            if dgram.len() == 16 && (dgram[..8] == PING || dgram[..8] == PONG) {
+                self.ping_pong(dgram, from);
+                continue;
+            }
+            if let Err(e) = roce_shaped(dgram) {
+                self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                if bypass_hal::trace::is_enabled() {
+                    trace_malformed(nic, from, len, e);
+                }
+                continue;
+            }
+            let (src, standard) = match rx.last_peer {
+                Some((a, id, std)) if a == from => (id, std),
+                _ => {
+                    let (id, std) = self.lookup(from);
+                    rx.last_peer = Some((from, id, std));
+                    (id, std)
+                }
+            };
+            if src == UNKNOWN_PEER {
+                // No queue of this NIC is connected to the sender: its frame would reach none.
+                // Dropped before the ICRC is computed or a byte is copied, so a flood of them
+                // costs little more than reading it (issue 30, defect 10).
+                self.stats.strangers.fetch_add(1, AtOrd::Relaxed);
+                continue;
+            }
+            let ep = Endpoints {
+                src_ip: from.ip().octets(),
+                dst_ip: local.ip().octets(),
+                src_port: from.port(),
+                dst_port: local.port(),
+            };
+            let decoded =
+                if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
+            let frame = match decoded {
+                Ok(f) => f,
+                Err(e) => {
+                    self.stats.malformed.fetch_add(1, AtOrd::Relaxed);
+                    if bypass_hal::trace::is_enabled() {
+                        trace_malformed(nic, from, len, e);
+                    }
+                    continue;
+                }
+            };
+            let ctx = roce::RxContext {
+                src_nic: src,
+                dst_nic: nic,
+                src_qpn: ANY_QPN,
+                near_psn: frame.psn,
+                offset: 0,
+                write: None,
+            };
+            recv(&frame.to_header(&ctx), frame.payload);
+        }
+        got < BATCH
+    }
+
+    /// Answers a ping; records a pong that `connect` waits for (others are junk).
+    #[cold]
+    fn ping_pong(&self, dgram: &[u8], from: SocketAddrV4) {
+        if dgram[..8] == PING {
+            let mut pong = [0u8; 16];
+            pong[..8].copy_from_slice(&PONG);
+            pong[8..].copy_from_slice(&dgram[8..]);
+            let _ = self.sock.send_to(&pong, from);
+            return;
+        }
+        let nonce = u64::from_le_bytes(dgram[8..16].try_into().expect("8 bytes"));
+        let mut pongs = self.pongs.lock().unwrap_or_else(|e| e.into_inner());
+        match pongs.iter_mut().find(|(n, _)| *n == nonce) {
+            Some(p) => {
+                p.1 = true;
+                self.pong_cv.notify_all();
+            }
+            None => drop(self.stats.malformed.fetch_add(1, AtOrd::Relaxed)),
+        }
     }
 
     /// The source id of peer `addr`, assigned on first use.
@@ -251,6 +493,10 @@ impl UdpPort {
         msg[..8].copy_from_slice(&PING);
         msg[8..].copy_from_slice(&nonce.to_le_bytes());
         self.pongs.lock().unwrap_or_else(|e| e.into_inner()).push((nonce, false));
+        // The pong is read by the device; have the receive thread watch the socket meanwhile
+        // (this thread, which may be the NIC's only poller, waits here).
+        self.pinging.fetch_add(1, AtOrd::SeqCst);
+        self.bell.signal();
         let answered = (|| {
             for _ in 0..3 {
                 if let Err(e) = self.sock.send_to(&msg, peer) {
@@ -272,6 +518,7 @@ impl UdpPort {
             Ok(false)
         })();
         self.pongs.lock().unwrap_or_else(|e| e.into_inner()).retain(|&(n, _)| n != nonce);
+        self.pinging.fetch_sub(1, AtOrd::SeqCst);
         if answered? {
             return Ok(());
         }
@@ -295,6 +542,9 @@ impl UdpPort {
                 tx.lens[i] = len;
                 tx.dests[i] = to;
                 tx.n += 1;
+                if hdr.kind == PacketKind::Ack && hdr.syndrome == Syndrome::Ack {
+                    tx.acks += 1;
+                }
                 if let Some(w) = &self.pcap {
                     self.capture(w, hdr, to, &tx.bufs[i][..len]);
                 }
@@ -369,6 +619,7 @@ impl UdpPort {
                     libc::MSG_DONTWAIT,
                 )
             };
+            self.stats.send_calls.fetch_add(1, AtOrd::Relaxed);
             if r > 0 {
                 done += r as usize;
                 continue;
@@ -383,11 +634,73 @@ impl UdpPort {
             done += 1;
         }
         tx.n = 0;
+        tx.acks = 0;
+        if self.ack_due.load(AtOrd::Relaxed) != 0 {
+            self.ack_due.store(0, AtOrd::Relaxed);
+        }
     }
 
-    fn flush(&self) {
+    /// Hands the batch to the kernel — unless it holds only plain ACKs, the NIC's user polls
+    /// and nobody is about to sleep (`eager` false): then they wait, for at most `ack_hold`
+    /// (`FabricConfig::ack_hold`, 20 µs by default, far below any ACK timeout in use),
+    /// for the next packet the NIC sends (a responder's reply, a requester's next request) and
+    /// leave in the same `sendmmsg`, and the peer reads both with one `recvmmsg`. A ping-pong
+    /// then costs each side one send and one read per call instead of two of each. Polls send
+    /// held ACKs when they fall due ([`UdpPort::send_due_acks`]), the receive thread when
+    /// nobody polls.
+    fn flush(&self, eager: bool) {
         let mut tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let hold = !eager && self.ack_hold > 0 && tx.n == tx.acks && !self.unpolled.load(AtOrd::Relaxed);
+        if hold && tx.n > 0 {
+            if self.ack_due.load(AtOrd::Relaxed) == 0 {
+                let due = self.epoch.elapsed().as_nanos() as u64 + self.ack_hold;
+                self.ack_due.store(due.max(1), AtOrd::Relaxed);
+            }
+            return;
+        }
         self.send_batch(&mut tx);
+    }
+
+    /// Sends the ACKs a flush held back if they are due at `now` (ns after `epoch`), or at
+    /// once if `now` is `u64::MAX`. A poll asks with one load when none is held.
+    #[inline]
+    fn send_due_acks(&self, now: u64) {
+        let due = self.ack_due.load(AtOrd::Relaxed);
+        if due != 0 && now >= due {
+            self.send_held_acks(now);
+        }
+    }
+
+    /// Several threads began to poll the NIC: wakes the receive thread, which reads from now on.
+    #[cold]
+    fn crowded_onset(&self) {
+        self.bell.signal();
+    }
+
+    /// Several threads poll the NIC (see `poll`): the receive thread reads.
+    fn crowded(&self) -> bool {
+        self.epoch.elapsed().as_nanos() as u64 <= self.crowded_until.load(AtOrd::Relaxed)
+    }
+
+    #[cold]
+    fn send_held_acks(&self, now: u64) {
+        let mut tx = if now == u64::MAX {
+            // The receive thread, nobody polling: a flush that is holding ACKs back right now
+            // must not be passed by.
+            self.tx.lock().unwrap_or_else(|e| e.into_inner())
+        } else {
+            // A poll that finds the batch locked leaves it: the holder is sending or adding to
+            // it, and the next poll looks again.
+            match self.tx.try_lock() {
+                Ok(tx) => tx,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return,
+            }
+        };
+        let due = self.ack_due.load(AtOrd::Relaxed);
+        if due != 0 && now >= due {
+            self.send_batch(&mut tx);
+        }
     }
 }
 
@@ -433,8 +746,8 @@ impl Wire for UdpLink {
         self.port.transmit(self.to, hdr, fill)
     }
 
-    fn flush(&self, _eager: bool) {
-        self.port.flush();
+    fn flush(&self, eager: bool) {
+        self.port.flush(eager);
     }
 }
 
@@ -476,17 +789,82 @@ impl WirePort for UdpPort {
         Ok(Some(handle))
     }
 
+    /// The device reads the socket itself ([`drain`](UdpPort::drain)).
+    fn polled(&self) -> bool {
+        true
+    }
+
+    /// A read was asked for (a poll, or an arrival the receive thread saw) since the socket was
+    /// last found empty: two loads.
+    #[inline]
+    fn pending(&self) -> bool {
+        self.handoff.pending()
+    }
+
+    /// Whether datagrams wait cannot be told without a system call, so a poll asks for a read,
+    /// as a busy-polling socket program does — while one thread polls the NIC. While several do
+    /// (a client and its server in one process on one NIC, as the C library's `TCP` type runs
+    /// them: the caller, the client's worker and the server's worker), polls read nothing and
+    /// the receive thread reads on arrivals, as it does for a sleeping user. Reading from every
+    /// poll of every thread kept each spinning thread in system calls most of the time, with
+    /// the device lock held (61 `recvmmsg` per call of `capi_bench`, against 2.7 by the thread,
+    /// even with reads spaced 3 µs apart for all pollers together): with more spinning threads
+    /// than cores the one that had to answer got the CPU late, and calls took ~25 % longer
+    /// than with the thread (docs/BENCHMARKS.md). Who polls is looked at once per
+    /// [`CROWDED_READ_GAP`] while several do.
+    #[inline]
+    fn poll(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.send_due_acks(now);
+        let next = self.next_read.load(AtOrd::Relaxed);
+        if now < next {
+            return self.pending();
+        }
+        let me = thread_token();
+        if self.last_reader.load(AtOrd::Relaxed) != me {
+            self.last_reader.store(me, AtOrd::Relaxed);
+            if self.crowded_until.swap(now + CROWDED_HOLD.as_nanos() as u64, AtOrd::Relaxed) <= now {
+                // Several threads poll from now on: the receive thread must take over reading.
+                self.crowded_onset();
+            }
+        }
+        let crowded = now < self.crowded_until.load(AtOrd::Relaxed);
+        let gap = if crowded { CROWDED_READ_GAP.as_nanos() as u64 } else { 0 };
+        // `now + 1` at least, so that `next_read` moves on every poll that gets here (it tells
+        // the receive thread that the user polls).
+        let until = now + gap.max(1);
+        if self.next_read.compare_exchange(next, until, AtOrd::Relaxed, AtOrd::Relaxed).is_err() || crowded {
+            return self.pending(); // another poller asked just now, or the thread reads
+        }
+        self.handoff.ask();
+        true
+    }
+
+    fn drain(&self, nic: u32, recv: &mut dyn FnMut(&PacketHeader, &[u8])) {
+        UdpPort::drain(self, nic, recv)
+    }
+
+    /// Rings the receive thread if it sleeps on its tick, so that it watches the socket from now
+    /// on. Off the hot path: only event-mode users arm CQs.
+    fn attention(&self) {
+        // The caller raised the NIC's armed count before this call (`RxHandoff::attention`).
+        if self.handoff.attention() {
+            self.bell.signal();
+        }
+    }
+
     fn stats(&self) -> WireStats {
         WireStats {
             rx_malformed: self.stats.malformed.load(AtOrd::Relaxed),
             rx_ignored: self.stats.strangers.load(AtOrd::Relaxed),
             tx_dropped: self.stats.send_dropped.load(AtOrd::Relaxed),
             tx_wakeups: 0,
+            tx_sends: self.stats.send_calls.load(AtOrd::Relaxed),
         }
     }
 
     fn shut_down(&self) {
-        self.wake();
+        self.bell.signal();
     }
 
     fn socket_addr(&self) -> Option<SocketAddrV4> {
@@ -494,145 +872,71 @@ impl WirePort for UdpPort {
     }
 }
 
-/// Body of a NIC's UDP receive thread: takes bursts of datagrams off the socket, answers pings,
-/// decodes packets into the NIC's inbox and notifies the NIC. Ends when the NIC is gone or its
+/// Body of a NIC's UDP receive thread. It never reads a datagram itself: reading is the
+/// device's, under the device lock ([`UdpPort::drain`]). It makes sure someone reads when the
+/// NIC's user does not:
+///
+/// - while the user polls the NIC's CQs (each poll reads the socket), it sleeps on a tick and
+///   only checks that the polls go on;
+/// - when they stop, or the user is about to sleep (a CQ is armed, a Threaded device thread
+///   parked), or `connect` waits for a pong, it has the device take what arrived meanwhile,
+///   then waits on the socket (edge-triggered) and has the device run on every arrival — on this
+///   thread with the Inline engine, on the device thread with the Threaded one.
+///
+/// It also runs due timers for an engine without threads. Ends when the NIC is gone or its
 /// fabric shuts down.
 fn receive_thread(nic: Weak<dyn WireHost>, port: Arc<UdpPort>) {
-    let size = port.mtu as usize + OVERHEAD;
-    let mut bufs: Vec<Box<[u8]>> = (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect();
-    // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
-    let mut addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
-    // SAFETY: an all-zero mmsghdr (null pointers, zero lengths) is a valid plain C struct.
-    let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-    let mut iovs: [libc::iovec; BATCH] = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; BATCH];
-    let local = port.local;
-    let mut last_peer: Option<(SocketAddrV4, u32, bool)> = None;
+    let mut last_polls = 0u64;
+    // As `unpolled` starts: nobody has polled yet (a first look that finds polls stops watching
+    // and lets flushes hold ACKs back).
+    let mut watching = true;
     loop {
-        match nic.upgrade() {
-            Some(n) if !n.is_shut_down() => {}
-            _ => return,
-        }
-        for i in 0..BATCH {
-            iovs[i] = libc::iovec { iov_base: bufs[i].as_mut_ptr().cast(), iov_len: size };
-            msgs[i].msg_hdr.msg_name = (&mut addrs[i] as *mut libc::sockaddr_in).cast();
-            msgs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
-            msgs[i].msg_hdr.msg_iov = &mut iovs[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-            msgs[i].msg_len = 0;
-        }
-        // SAFETY: every mmsghdr points at a live sockaddr_in, iovec and buffer of this thread,
-        // sized as declared; the kernel writes at most that much. The socket's receive timeout
-        // bounds the wait.
-        let r = unsafe {
-            libc::recvmmsg(
-                port.sock.as_raw_fd(),
-                msgs.as_mut_ptr(),
-                BATCH as u32,
-                libc::MSG_WAITFORONE,
-                std::ptr::null_mut(),
-            )
-        };
         let Some(n) = nic.upgrade() else { return };
         if n.is_shut_down() {
             return;
         }
-        if r <= 0 {
-            // The timeout (or EINTR): run timers that fell due while the NIC's user was not
-            // polling, then look again whether the NIC is still there.
-            n.idle();
-            continue;
+        // Moved by the user's polls only.
+        let polls = port.next_read.load(AtOrd::Relaxed);
+        let polled = polls != last_polls;
+        last_polls = polls;
+        let watch = !polled || port.crowded() || n.sleepy() || port.pinging.load(AtOrd::Acquire) > 0;
+        if watch != watching {
+            // Flushes hold ACKs back only while someone polls (and sends them when due). The
+            // flag is written before the batch is looked at under its lock, so a flush either
+            // saw it or left its ACKs for this look.
+            port.unpolled.store(watch, AtOrd::Relaxed);
         }
-        let mut delivered = false;
-        for i in 0..r as usize {
-            let len = msgs[i].msg_len as usize;
-            let from = SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(addrs[i].sin_addr.s_addr)),
-                u16::from_be(addrs[i].sin_port),
-            );
-            let dgram = &bufs[i][..len.min(size)];
-            if len > size || msgs[i].msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-                port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
-                continue;
-            }
-            if dgram.len() == 16 && dgram[..8] == PING {
-                let mut pong = [0u8; 16];
-                pong[..8].copy_from_slice(&PONG);
-                pong[8..].copy_from_slice(&dgram[8..]);
-                let _ = port.sock.send_to(&pong, from);
-                continue;
-            }
-            if dgram.len() == 16 && dgram[..8] == PONG {
-                let nonce = u64::from_le_bytes(dgram[8..].try_into().expect("8 bytes"));
-                let mut pongs = port.pongs.lock().unwrap_or_else(|e| e.into_inner());
-                match pongs.iter_mut().find(|(n, _)| *n == nonce) {
-                    Some(p) => {
-                        p.1 = true;
-                        port.pong_cv.notify_all();
-                    }
-                    None => drop(port.stats.malformed.fetch_add(1, AtOrd::Relaxed)),
-                }
-                continue;
-            }
-            if let Err(e) = roce_shaped(dgram) {
-                port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
-                if bypass_hal::trace::is_enabled() {
-                    trace_malformed(n.addr(), from, len, e);
-                }
-                continue;
-            }
-            let (src, standard) = match last_peer {
-                Some((a, id, std)) if a == from => (id, std),
-                _ => {
-                    let (id, std) = port.lookup(from);
-                    // Only a peer is remembered: a peer keeps its id for the NIC's life, while
-                    // a stranger may become a peer when a queue connects to it.
-                    if id != UNKNOWN_PEER {
-                        last_peer = Some((from, id, std));
-                    }
-                    (id, std)
-                }
-            };
-            if src == UNKNOWN_PEER {
-                // No queue of this NIC is connected to the sender, so its frame would reach
-                // none: dropped before the ICRC is computed or the frame queued, so a flood of
-                // them cannot fill the inbox ahead of the peers' packets (issue 30, defect 10).
-                port.stats.strangers.fetch_add(1, AtOrd::Relaxed);
-                continue;
-            }
-            let ep = Endpoints {
-                src_ip: from.ip().octets(),
-                dst_ip: local.ip().octets(),
-                src_port: from.port(),
-                dst_port: local.port(),
-            };
-            let decoded =
-                if standard { roce::decode_udp_any_id(dgram, &ep) } else { roce::decode_udp(dgram, &ep) };
-            let frame = match decoded {
-                Ok(f) => f,
-                Err(e) => {
-                    port.stats.malformed.fetch_add(1, AtOrd::Relaxed);
-                    if bypass_hal::trace::is_enabled() {
-                        trace_malformed(n.addr(), from, len, e);
-                    }
-                    continue;
-                }
-            };
-            let rx = roce::RxContext {
-                src_nic: src,
-                dst_nic: n.addr(),
-                src_qpn: ANY_QPN,
-                near_psn: frame.psn,
-                offset: 0,
-                write: None,
-            };
-            let hdr = frame.to_header(&rx);
-            if !n.deliver(&hdr, frame.payload) {
-                return; // the fabric shut down
-            }
-            delivered = true;
+        if watch && !watching {
+            port.send_due_acks(u64::MAX);
+            // Nobody will read soon: take what arrived since the last poll now; from here on the
+            // socket's readiness says when to look again.
+            port.handoff.ask();
+            n.take_now();
         }
-        if delivered {
-            n.end_burst();
+        watching = watch;
+        n.idle(); // timers that fell due while the user was not polling
+        if watch {
+            let wait = match n.next_timer() {
+                None => LONG_SLEEP,
+                Some(d) => d.clamp(Duration::from_micros(50), LONG_SLEEP),
+            };
+            drop(n);
+            if port.wait(wait, true) {
+                let Some(n) = nic.upgrade() else { return };
+                port.handoff.ask();
+                n.take_now();
+            }
+        } else {
+            // A CQ armed after `sleepy` was read found the thread not ticking and rang no bell:
+            // this look sees it.
+            if !port.handoff.may_tick(|| n.armed() || port.pinging.load(AtOrd::SeqCst) > 0) {
+                continue;
+            }
+            drop(n);
+            port.wait(TICK, false);
+            port.handoff.end_tick();
+            // ACKs held back for a poll that did not come (the user polls another NIC's CQs).
+            port.send_due_acks(port.epoch.elapsed().as_nanos() as u64);
         }
     }
 }
@@ -644,9 +948,9 @@ fn trace_malformed(nic: u32, from: SocketAddrV4, len: usize, e: roce::FrameError
     bypass_hal::trace::instant(bypass_hal::trace::Track::Nic(nic), "malformed frame dropped", &args);
 }
 
-/// Whether a datagram can be a RoCEv2 packet at all (a known opcode and room for its headers
-/// and ICRC): what is checked before the sender is looked up, so noise from anywhere counts as
-/// malformed, and only RoCEv2-shaped frames from strangers as ignored.
+/// Whether a datagram is shaped like a RoCEv2 packet the sim handles (a known RC opcode and room
+/// for its headers and ICRC), or why not: cheap, before the sender is looked up; the ICRC is
+/// checked later, for known senders only.
 fn roce_shaped(dgram: &[u8]) -> Result<(), roce::FrameError> {
     let Some(&b) = dgram.first() else {
         return Err(roce::FrameError::TooShort { len: 0, need: roce::BTH_LEN + roce::ICRC_LEN });
@@ -654,6 +958,16 @@ fn roce_shaped(dgram: &[u8]) -> Result<(), roce::FrameError> {
     let need = roce::Opcode::from_byte(b)?.header_len() + roce::ICRC_LEN;
     if dgram.len() < need {
         return Err(roce::FrameError::TooShort { len: dgram.len(), need });
+    }
+    Ok(())
+}
+
+/// Adds `fd` to the epoll set `ep` for `events`, tagged `token`.
+fn epoll_add(ep: &OwnedFd, fd: libc::c_int, events: u32, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
+    // SAFETY: both descriptors are live; the kernel copies `ev` from this frame.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -666,4 +980,111 @@ pub(crate) fn gid_of(ip: Ipv4Addr) -> [u8; 16] {
 /// The IPv4 address of an IPv4-mapped GID, if it is one.
 pub(crate) fn ip_of_gid(gid: &[u8; 16]) -> Option<Ipv4Addr> {
     std::net::Ipv6Addr::from(*gid).to_ipv4_mapped()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packet::{PacketHeader, PacketKind, Syndrome};
+
+    fn port(hold: Duration) -> UdpPort {
+        let any = SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0);
+        UdpPort::bind(any, 4096, hold, None, 0, 0).expect("a socket on 127.0.0.1")
+    }
+
+    /// A plain socket that counts what reaches it.
+    fn sink() -> (UdpSocket, SocketAddrV4) {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.set_nonblocking(true).unwrap();
+        let std::net::SocketAddr::V4(a) = s.local_addr().unwrap() else { unreachable!() };
+        (s, a)
+    }
+
+    fn arrived(s: &UdpSocket) -> usize {
+        let mut buf = [0u8; 5000];
+        let mut n = 0;
+        while s.recv(&mut buf).is_ok() {
+            n += 1;
+        }
+        n
+    }
+
+    fn ack() -> PacketHeader {
+        PacketHeader { kind: PacketKind::Ack, syndrome: Syndrome::Ack, psn: 1, ..Default::default() }
+    }
+
+    fn send() -> PacketHeader {
+        PacketHeader {
+            kind: PacketKind::Send,
+            psn: 2,
+            payload_len: 8,
+            first: true,
+            last: true,
+            ..Default::default()
+        }
+    }
+
+    fn put(p: &UdpPort, to: SocketAddrV4, hdr: &PacketHeader) {
+        assert_eq!(p.transmit(to, hdr, &mut |b: &mut [u8]| b.fill(7)), Transmit::Sent);
+    }
+
+    fn calls(p: &UdpPort) -> u64 {
+        p.stats.send_calls.load(AtOrd::Relaxed)
+    }
+
+    /// While the user polls, a flush of nothing but plain ACKs sends nothing; the next packet's
+    /// flush takes them along in the same `sendmmsg`. An eager flush (the user is about to sleep),
+    /// or a NIC nobody polls, sends them at once; held ACKs leave when due, and not before.
+    #[test]
+    fn plain_acks_wait_for_the_next_packet_while_the_user_polls() {
+        let p = port(Duration::from_secs(3600));
+        let (s, to) = sink();
+        p.unpolled.store(false, AtOrd::Relaxed); // the receive thread saw polls
+
+        put(&p, to, &ack());
+        p.flush(false);
+        assert_eq!((calls(&p), arrived(&s)), (0, 0), "a lone ACK left while the user polls");
+        p.send_due_acks(p.epoch.elapsed().as_nanos() as u64);
+        assert_eq!(calls(&p), 0, "an ACK left before it was due");
+        put(&p, to, &send());
+        p.flush(false);
+        assert_eq!(calls(&p), 1, "the ACK and the next packet in one call");
+        assert_eq!(arrived(&s), 2);
+        assert_eq!(p.ack_due.load(AtOrd::Relaxed), 0);
+
+        put(&p, to, &ack());
+        p.flush(true);
+        assert_eq!((calls(&p), arrived(&s)), (2, 1), "an eager flush holds nothing back");
+
+        put(&p, to, &ack());
+        p.flush(false);
+        assert_eq!(calls(&p), 2);
+        p.send_due_acks(u64::MAX - 1);
+        assert_eq!((calls(&p), arrived(&s)), (3, 1), "a due ACK left at a poll");
+
+        put(&p, to, &ack());
+        p.flush(false);
+        p.unpolled.store(true, AtOrd::Relaxed);
+        p.send_due_acks(u64::MAX);
+        assert_eq!((calls(&p), arrived(&s)), (4, 1), "the receive thread sends held ACKs when it watches");
+        put(&p, to, &ack());
+        p.flush(false);
+        assert_eq!((calls(&p), arrived(&s)), (5, 1), "nobody polls: nothing is held");
+    }
+
+    /// A NAK is never held, nor an ACK when the fabric says not to hold.
+    #[test]
+    fn naks_and_a_zero_hold_are_sent_at_once() {
+        let p = port(Duration::from_secs(3600));
+        let (s, to) = sink();
+        p.unpolled.store(false, AtOrd::Relaxed);
+        put(&p, to, &PacketHeader { syndrome: Syndrome::NakSequence, ..ack() });
+        p.flush(false);
+        assert_eq!((calls(&p), arrived(&s)), (1, 1));
+        let q = port(Duration::ZERO);
+        q.unpolled.store(false, AtOrd::Relaxed);
+        put(&q, to, &ack());
+        q.flush(false);
+        assert_eq!((calls(&q), arrived(&s)), (1, 1));
+    }
 }

@@ -72,11 +72,11 @@ pub trait Wire: Send + Sync {
 /// A NIC's attachment to a wire that reaches beyond its fabric (see the module docs). One per
 /// NIC, made when the NIC is added (`wires::open`); it lives as long as the NIC.
 ///
-/// Receiving: a port either hands its packets to the NIC's inbox from a thread of its own
-/// ([`WireHost::deliver`], as the UDP wire's receive thread does), or lets the device take them
-/// in place: [`pending`](Self::pending) is looked at on every poll of the NIC's CQs and in the
-/// device's run loop (so it must be one load or so: no lock, no system call), and
-/// [`drain`](Self::drain) runs under the device lock when it said yes. A port can do both.
+/// Receiving: the device takes a port's packets in place. [`poll`](Self::poll) is asked on every
+/// poll of the NIC's CQs and [`pending`](Self::pending) in the device's run loop (so both must be
+/// a load or so: no lock, no system call), and [`drain`](Self::drain) runs under the device lock
+/// when they said yes, so it is the port's only reader. A port's own thread (if any) only has
+/// the device run ([`WireHost::take_now`]) when nobody polls.
 pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     /// The wire's name in messages ("UDP", "shared-memory").
     fn name(&self) -> &'static str;
@@ -117,10 +117,20 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
         false
     }
 
-    /// Packets may wait for [`drain`](Self::drain). Called on every poll: cheap, lock-free.
+    /// Packets may wait for [`drain`](Self::drain). Called in the device's run loop and by idle
+    /// pollers: cheap, lock-free.
     #[inline]
     fn pending(&self) -> bool {
         false
+    }
+
+    /// A CQ of the NIC is being polled: whether the device should run now to take packets from
+    /// the port. Called on every poll: cheap, lock-free. A port that can tell only by a system
+    /// call (a socket) answers true and makes [`pending`](Self::pending) true until its next
+    /// [`drain`](Self::drain) has looked, so each poll reads it once.
+    #[inline]
+    fn poll(&self) -> bool {
+        self.pending()
     }
 
     /// Under the NIC's device lock (NIC `nic`): hands every packet waiting (up to a budget the
@@ -165,6 +175,8 @@ pub(crate) struct WireStats {
     pub tx_dropped: u64,
     /// Wake-ups issued to sleeping receivers (`NicStats::tx_wakeups`).
     pub tx_wakeups: u64,
+    /// System calls that sent frames (`NicStats::tx_wire_sends`).
+    pub tx_sends: u64,
 }
 
 /// What a wire port's own thread may ask of its NIC (the NIC implements it; the engine decides
@@ -172,22 +184,8 @@ pub(crate) struct WireStats {
 /// the NIC is gone and the thread ends.
 #[cfg_attr(loom, allow(dead_code))] // only the shared-memory wire, absent under loom, uses some
 pub(crate) trait WireHost: Send + Sync {
-    /// The NIC's address on its fabric.
-    fn addr(&self) -> u32;
-
     /// The fabric is shutting down: the thread ends.
     fn is_shut_down(&self) -> bool;
-
-    /// Puts a packet that came from outside the process in the NIC's inbox. A full inbox is
-    /// drained first (the device runs; the caller waits, as a full port would). False only if
-    /// the fabric shut down meanwhile.
-    fn deliver(&self, hdr: &PacketHeader, payload: &[u8]) -> bool;
-
-    /// The packets delivered since the last call form a burst: the NIC takes them as it takes
-    /// an in-process burst (its user at its next poll, or now when that user is about to sleep),
-    /// and if it did not take them by the time the caller yielded once, the caller runs the
-    /// device: a NIC acknowledges what it receives whether or not its application polls.
-    fn end_burst(&self);
 
     /// The port's thread found nothing for a while: run the NIC's due timers if its engine has
     /// no thread of its own (so a queue whose peer died still times out).
@@ -232,13 +230,6 @@ impl Port {
     /// Like [`push`](Self::push), with the payload left in the sender's memory.
     pub(crate) fn push_ref(&self, hdr: &PacketHeader, src: &PayloadRef<'_>) -> bool {
         self.inbox.push_ref(hdr, src, true)
-    }
-
-    /// A byte wire's receiver offers a packet that came from outside the process: like
-    /// [`push`](Self::push), but a full inbox records no waiter (the sender is not a NIC here
-    /// to kick); the caller retries after letting the device drain the inbox.
-    pub(crate) fn push_external(&self, hdr: &PacketHeader, fill: &mut dyn FnMut(&mut [u8])) -> bool {
-        self.inbox.push(hdr, fill, false)
     }
 
     /// Receiver side: true if a packet is queued (a push racing with this may be missed; its

@@ -68,6 +68,8 @@ pub(crate) struct PortSpec {
     pub mtu: u32,
     /// Packets a receive queue (inbox, ring) holds.
     pub depth: u32,
+    /// How long a flush may hold plain ACKs back (`FabricConfig::ack_hold`; the UDP wire).
+    pub ack_hold: std::time::Duration,
     /// Where sent packets are captured (`BYPASS_PCAP`), for wires that capture their own bytes.
     pub pcap: Option<Arc<PcapWriter>>,
     /// The L2 wire: the NIC's port and address (`None` when the fabric's ports are all taken).
@@ -92,7 +94,8 @@ pub(crate) fn open(wire: WireConfig, spec: PortSpec) -> std::io::Result<Option<A
         WireConfig::Udp(at) => {
             let port = if at.port() == 0 { 0 } else { at.port().checked_add(spec.nic as u16).unwrap_or(0) };
             let addr = std::net::SocketAddrV4::new(*at.ip(), port);
-            let udp = crate::udp::UdpPort::bind(addr, spec.mtu, spec.pcap, spec.fabric, spec.nic)?;
+            let udp =
+                crate::udp::UdpPort::bind(addr, spec.mtu, spec.ack_hold, spec.pcap, spec.fabric, spec.nic)?;
             Ok(Some(Arc::new(udp)))
         }
         #[cfg(not(loom))]

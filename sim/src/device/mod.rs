@@ -85,6 +85,9 @@ pub struct NicStats {
     /// Shared-memory wire: `FUTEX_WAKE`s this NIC issued because a receiving NIC's thread had said
     /// it sleeps (the only system call on that wire's send path).
     pub tx_wakeups: u64,
+    /// UDP wire: `sendmmsg` calls that put this NIC's datagrams on the wire (each takes a batch;
+    /// plain ACKs held back for the next packet ride in its call).
+    pub tx_wire_sends: u64,
     /// Datagrams (UM) a datagram queue dropped: no receive posted, a receive too short, the
     /// queue not READY, or not a single-packet SEND. Never retried: the sender does not know.
     pub datagrams_dropped: u64,
@@ -92,6 +95,10 @@ pub struct NicStats {
     /// travel by reference) was deregistered while they waited in this NIC's inbox.
     pub rx_source_gone: u64,
 }
+
+/// Drains of a wire port one device run makes at most before it returns to flush what it sent
+/// (`DeviceState::run_all`): a port drains a batch at a time (the UDP wire 32 datagrams).
+pub(crate) const MAX_PORT_DRAINS: u32 = 4;
 
 /// A queued response packet. Its addresses are filled in from the queue when it is sent.
 #[derive(Debug, Clone, Copy)]
@@ -584,6 +591,10 @@ impl DeviceState {
 
     /// Runs every ready unit until none is left (the Inline and Threaded engines). `port` is
     /// this NIC's inbox; `rx`, its wire port if the device takes packets from it in place.
+    /// Returns true if it stopped with packets still waiting at `rx` after
+    /// [`MAX_PORT_DRAINS`] drains: the caller flushes what the run sent (the ACKs of what it
+    /// read) and runs again, so a flood at the port cannot keep a run, and its ACKs, going
+    /// for ever.
     pub(crate) fn run_all(
         &mut self,
         now: Nanos,
@@ -591,11 +602,13 @@ impl DeviceState {
         rx: Option<&dyn WirePort>,
         bells: &Bells,
         kick_waiter: &mut dyn FnMut(u32),
-    ) {
+    ) -> bool {
+        let mut drains = 0;
         loop {
             self.take_bells(bells);
             while self.rx_one(now, port, kick_waiter) {}
             if let Some(rx) = rx.filter(|p| p.pending()) {
+                drains += 1;
                 // Packets are read in place where the wire left them (the shared-memory rings):
                 // no copy through the inbox.
                 let nic = self.addr;
@@ -632,8 +645,12 @@ impl DeviceState {
             self.prune(now);
             // Go round again only if packets arrived meanwhile (from a NIC run nested in our
             // flushes, or another thread) or a queue was cut short.
-            if !bounded && !port.maybe_nonempty() && !rx.is_some_and(|p| p.pending()) {
-                return;
+            let rx_pending = rx.is_some_and(|p| p.pending());
+            if rx_pending && drains >= MAX_PORT_DRAINS {
+                return true;
+            }
+            if !bounded && !port.maybe_nonempty() && !rx_pending {
+                return false;
             }
         }
     }

@@ -832,6 +832,7 @@ impl WirePort for L2Wire {
             rx_ignored: self.stats.unknown_peer.load(Ordering::Relaxed),
             tx_dropped: self.stats.tx_dropped.load(Ordering::Relaxed),
             tx_wakeups: 0,
+            tx_sends: 0,
         }
     }
 

@@ -488,6 +488,7 @@ mod port {
                 rx_ignored: 0,
                 tx_dropped: 0,
                 tx_wakeups: self.wakes_sent.load(Ordering::Relaxed),
+                tx_sends: 0,
             }
         }
 
