@@ -100,3 +100,90 @@ fn the_kernel_nic_answers_an_arp_request_sent_through_the_driver() {
     assert_eq!(reply, g.peer_mac, "the reply comes from NIC B");
     eprintln!("ARP reply after {sent} request(s), {:?} since open", t0.elapsed());
 }
+
+/// Waits up to `timeout` for `fd` to become readable; true if it did.
+fn readable_within(fd: i32, timeout: Duration) -> bool {
+    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // SAFETY: one live pollfd; poll writes only its revents.
+        let n = unsafe { libc::poll(&mut p, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n > 0 {
+            return true;
+        }
+        if n == 0 || Instant::now() >= deadline {
+            return false;
+        }
+    }
+}
+
+/// Reads (clears) an eventfd's counter; 0 if it was not signalled.
+fn take_eventfd(fd: i32) -> u64 {
+    let mut n = 0u64;
+    // SAFETY: reads at most 8 bytes into a live u64; the fd is a non-blocking eventfd.
+    let r = unsafe { libc::read(fd, (&mut n as *mut u64).cast(), 8) };
+    if r == 8 {
+        n
+    } else {
+        0
+    }
+}
+
+/// The guest's interrupt lines of vfio devices, and the MSI-X state, for a failure message.
+fn irq_state(port: &VirtioNet) -> String {
+    let lines: Vec<String> = std::fs::read_to_string("/proc/interrupts")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("vfio"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    format!(
+        "MSI-X control {:?}; {}; /proc/interrupts: {lines:?}",
+        port.msix_control().map(|c| format!("{c:#06x}")),
+        port.diagnostics()
+    )
+}
+
+#[test]
+fn an_armed_port_wakes_on_its_event_fd_for_the_arp_reply_and_a_disarmed_one_does_not() {
+    let Some(g) = guest() else {
+        eprintln!("skipped: BYPASS_VFIO_NIC is unset (run this binary under hw-tests/vm/run --vfio)");
+        return;
+    };
+    let mut port = VirtioNet::open(&g.nic).unwrap_or_else(|e| panic!("open {}: {e}", g.nic));
+    let fd = port.event_fd().expect("the port has an event fd (interrupts are on by default)");
+    let mac = port.mac();
+    let request = arp_request(mac, g.peer_ip);
+    eprintln!("after open: {}", irq_state(&port));
+    while port.recv(64, &mut |_| {}).unwrap() > 0 {}
+    assert!(!port.arm().unwrap(), "nothing waits right after open and a drain");
+    take_eventfd(fd);
+
+    // Armed: the reply wakes the fd, and is then there to take.
+    let t0 = Instant::now();
+    assert_eq!(port.send(&[&request]).unwrap(), 1);
+    let woke = readable_within(fd, Duration::from_secs(20));
+    let waited = t0.elapsed();
+    let mut got = None;
+    port.recv(16, &mut |f| got = got.or(arp_reply_from(f, g.peer_ip, mac))).unwrap();
+    assert!(
+        woke,
+        "no interrupt within 20 s of the ARP request (reply polled: {got:?}); {}",
+        irq_state(&port)
+    );
+    eprintln!("woken {waited:?} after the request; {}", irq_state(&port));
+    assert!(take_eventfd(fd) >= 1);
+    assert_eq!(got, Some(g.peer_mac), "the wake-up announced the reply");
+
+    // Disarmed (recv turned interrupts off): a reply comes, found by polling, with no wake-up.
+    assert_eq!(port.send(&[&request]).unwrap(), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut got = None;
+    while got.is_none() {
+        assert!(Instant::now() < deadline, "no second ARP reply within 20 s; {}", port.diagnostics());
+        port.recv(16, &mut |f| got = got.or(arp_reply_from(f, g.peer_ip, mac))).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(take_eventfd(fd), 0, "a disarmed port was not woken; {}", irq_state(&port));
+}

@@ -15,12 +15,41 @@
 //! second on the other, in either order.
 
 use bypass_hal::{
-    Access, ArmMode, AsyncEvent, Completion, CompletionQueue, Device, DeviceCaps, Error, EventChannel,
-    MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendWr, SharedRecv,
+    Access, AckTimeout, ArmMode, AsyncEvent, Completion, CompletionQueue, Device, DeviceCaps, Error,
+    EventChannel, MemoryRegion, Queue, QueueConfig, QueueInfo, QueueState, RecvWr, RemoteKey, Result, SendWr,
+    SharedRecv,
 };
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
+
+/// The exponent of the smallest ACK timeout a queue made through an `Either` device gets (0:
+/// no floor). See [`set_min_ack_timeout`].
+static MIN_ACK_TIMEOUT: AtomicU8 = AtomicU8::new(0);
+
+/// Gives every queue made through an `Either` device from now on a retransmission timeout of at
+/// least `t` (a queue asked with no timer, [`AckTimeout::NONE`], keeps none); `AckTimeout::NONE`
+/// removes the floor. For environments where one end is software on a starved emulated CPU, for
+/// longer than the other end's fixed `retry_count` timeouts (rxe, like IB, does not back off):
+/// scenarios whose own configuration cannot be reached (the RPC suite's rig) then still get the
+/// timeout such a host needs. Process-wide: the suites run one test at a time.
+pub fn set_min_ack_timeout(t: AckTimeout) {
+    MIN_ACK_TIMEOUT.store(t.exponent(), Ordering::Relaxed);
+}
+
+/// `config` with its timeout raised to the floor (an exponent), if it has a timer below it.
+fn floored(config: &QueueConfig, floor: u8) -> QueueConfig {
+    let t = config.timeout.exponent();
+    match AckTimeout::from_exponent(floor) {
+        Some(f) if t != 0 && t < floor => {
+            let mut c = *config;
+            c.timeout = f;
+            c
+        }
+        _ => *config,
+    }
+}
 
 /// A device (or a device's object) of type `L` or of type `R` (see the module docs).
 #[derive(Debug, Clone)]
@@ -219,6 +248,7 @@ impl<L: Device, R: Device> Device for Either<L, R> {
         send_cq: &Self::Cq,
         recv_cq: &Self::Cq,
     ) -> Result<Self::Queue> {
+        let config = &floored(config, MIN_ACK_TIMEOUT.load(Ordering::Relaxed));
         match (self, send_cq, recv_cq) {
             (Either::Left(d), Either::Left(s), Either::Left(r)) => {
                 d.create_queue(config, s, r).map(Either::Left)
@@ -241,6 +271,7 @@ impl<L: Device, R: Device> Device for Either<L, R> {
         recv_cq: &Self::Cq,
         shared: &Self::SharedRecv,
     ) -> Result<Self::Queue> {
+        let config = &floored(config, MIN_ACK_TIMEOUT.load(Ordering::Relaxed));
         match (self, send_cq, recv_cq, shared) {
             (Either::Left(d), Either::Left(s), Either::Left(r), Either::Left(sh)) => {
                 d.create_queue_on_shared(config, s, r, sh).map(Either::Left)
@@ -354,5 +385,27 @@ impl<L: Device + Clone, R: Device + Clone> bypass::conformance::Env for EitherEn
     }
     fn advance(&self, d: Duration) {
         std::thread::sleep(d);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timeout_floor_raises_short_timers_only() {
+        let with = |t: u8| {
+            let mut c = QueueConfig::default();
+            c.timeout = AckTimeout::from_exponent(t).unwrap();
+            c
+        };
+        assert_eq!(floored(&with(14), 17).timeout.exponent(), 17, "raised to the floor");
+        assert_eq!(floored(&with(19), 17).timeout.exponent(), 19, "a longer timer stays");
+        assert_eq!(floored(&with(0), 17).timeout, AckTimeout::NONE, "no timer stays none");
+        assert_eq!(floored(&with(14), 0).timeout.exponent(), 14, "no floor");
+        let c = with(14);
+        let mut f = floored(&c, 17);
+        f.timeout = c.timeout;
+        assert_eq!(f, c, "nothing else changes");
     }
 }

@@ -13,13 +13,14 @@ use super::dma::{DmaRegion, IommuMapping};
 use super::mmio::Bar;
 use super::net::{NetEngine, NetLayout, Notify, MAX_MTU, RX_QUEUE, TX_QUEUE};
 use super::pci::{parse_virtio_caps, PciAddress, VirtioCaps};
-use super::virtio_pci::{feature, negotiate, status, CommonCfg};
+use super::virtio_pci::{feature, negotiate, status, CommonCfg, NO_VECTOR};
 use crate::l2::{L2Port, Mac};
 use crate::{Error, Result};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vfio_ioctls::{VfioContainer, VfioDevice, VfioError};
+use vmm_sys_util::eventfd::EventFd;
 
 /// `VFIO_PCI_CONFIG_REGION_INDEX`.
 const CONFIG_REGION: u32 = 7;
@@ -29,6 +30,10 @@ const PCI_COMMAND_MEMORY: u16 = 1 << 1;
 const PCI_COMMAND_MASTER: u16 = 1 << 2;
 /// `VFIO_REGION_INFO_FLAG_MMAP`.
 const REGION_FLAG_MMAP: u32 = 1 << 2;
+/// `VFIO_PCI_MSIX_IRQ_INDEX`.
+const MSIX_IRQ_INDEX: u32 = 2;
+/// The MSI-X vector of the receive queue (the only interrupt the driver asks for).
+const RX_VECTOR: u16 = 0;
 
 /// How to open a [`VirtioNet`].
 #[derive(Debug, Clone)]
@@ -44,6 +49,10 @@ pub struct VirtioNetOptions {
     pub sysfs: PathBuf,
     /// Where the VFIO device nodes are.
     pub dev_vfio: PathBuf,
+    /// Receive interrupts: MSI-X vector 0 of the device signals an eventfd
+    /// ([`L2Port::event_fd`]) when a frame arrives after [`L2Port::arm`]. Off (or on a device
+    /// without MSI-X) the port can only be polled.
+    pub interrupts: bool,
 }
 
 impl Default for VirtioNetOptions {
@@ -54,6 +63,7 @@ impl Default for VirtioNetOptions {
             iova: 0x4000_0000,
             sysfs: PathBuf::from("/sys"),
             dev_vfio: PathBuf::from("/dev/vfio"),
+            interrupts: true,
         }
     }
 }
@@ -79,6 +89,8 @@ impl Notify for BarNotify {
 /// A virtio-net NIC driven from userspace through VFIO.
 pub struct VirtioNet {
     engine: NetEngine<BarNotify>,
+    /// Signalled by VFIO on the receive queue's MSI-X vector (`None`: polling only).
+    irq: Option<EventFd>,
     common: Arc<Bar>,
     common_off: usize,
     _mapping: IommuMapping,
@@ -179,6 +191,9 @@ impl VirtioNet {
                 ))));
             }
         }
+        // MSI-X on at the PCI level (VFIO programs the table and the enable bit) before any
+        // vector is given to the device: virtio-pci takes vectors before DRIVER_OK.
+        let irq = if opts.interrupts { enable_msix(&device, address).map_err(fail)? } else { None };
         let layout = NetLayout::new(sizes[0], sizes[1]);
         let region = Arc::new(DmaRegion::new(layout.len, opts.iova)?);
         let mapping = region.map_dma(&container).map_err(|e| fail(vfio_error(e, address, opts)))?;
@@ -195,9 +210,17 @@ impl VirtioNet {
                 base + ql.used as u64,
             );
             notify_at[i] = caps.notify.offset as usize + usize::from(off) * caps.notify_multiplier as usize;
+            let vector = if irq.is_some() && q == RX_QUEUE { RX_VECTOR } else { NO_VECTOR };
+            let kept = common.set_queue_vector(vector);
+            if kept != vector {
+                return Err(fail(Error::Device(format!(
+                    "{address}: queue {q} refused MSI-X vector {vector} (read back {kept:#x}); \
+                     open with interrupts off to poll"
+                ))));
+            }
             common.enable_queue();
         }
-        common.disable_config_vector();
+        common.set_config_vector(NO_VECTOR);
         let event_idx = accepted & feature::RING_EVENT_IDX != 0;
         common.set_status(status::ACKNOWLEDGE | status::DRIVER | status::FEATURES_OK | status::DRIVER_OK);
         if common.status() & status::DEVICE_NEEDS_RESET != 0 {
@@ -209,6 +232,7 @@ impl VirtioNet {
         let engine = NetEngine::new(region, layout, event_idx, mac, mtu, notify).map_err(fail)?;
         Ok(VirtioNet {
             engine,
+            irq,
             common: common_bar.clone(),
             common_off,
             _mapping: mapping,
@@ -234,6 +258,47 @@ impl VirtioNet {
     pub fn rx_dropped(&self) -> u64 {
         self.engine.rx_dropped()
     }
+
+    /// The MSI-X capability's message control word as the device's config space holds it
+    /// (bit 15 enable, bit 14 function mask; `None` if the device has no MSI-X capability), for
+    /// a test's failure message.
+    pub fn msix_control(&self) -> Option<u16> {
+        let mut config = [0u8; 256];
+        self._device.region_read(CONFIG_REGION, &mut config, 0);
+        msix_control(&config)
+    }
+}
+
+/// Creates the receive eventfd and has VFIO route the device's MSI-X vector 0 to it; `None`
+/// (the port polls) if the device has no MSI-X.
+fn enable_msix(device: &VfioDevice, address: PciAddress) -> Result<Option<EventFd>> {
+    if device.get_irq_info(MSIX_IRQ_INDEX).map_or(0, |i| i.count) == 0 {
+        return Ok(None);
+    }
+    let fd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+        .map_err(|e| Error::OutOfResources(format!("eventfd for {address}'s interrupts: {e}")))?;
+    device.enable_msix(vec![&fd]).map_err(|e| {
+        Error::Device(format!("{address}: VFIO refused MSI-X ({e}); open with interrupts off to poll"))
+    })?;
+    Ok(Some(fd))
+}
+
+/// The MSI-X message control word of a config space, found by walking the capability list.
+fn msix_control(config: &[u8; 256]) -> Option<u16> {
+    if config[6] & 0x10 == 0 {
+        return None;
+    }
+    let mut at = usize::from(config[0x34] & 0xfc);
+    for _ in 0..48 {
+        if at < 0x40 || at + 4 > config.len() {
+            return None;
+        }
+        if config[at] == 0x11 {
+            return Some(u16::from_le_bytes([config[at + 2], config[at + 3]]));
+        }
+        at = usize::from(config[at + 1] & 0xfc);
+    }
+    None
 }
 
 impl Drop for VirtioNet {
@@ -255,6 +320,15 @@ impl L2Port for VirtioNet {
     }
     fn recv(&mut self, max: usize, each: &mut dyn FnMut(&[u8])) -> Result<usize> {
         self.engine.recv(max, each)
+    }
+    fn event_fd(&self) -> Option<RawFd> {
+        self.irq.as_ref().map(|e| e.as_raw_fd())
+    }
+    fn arm(&mut self) -> Result<bool> {
+        if self.irq.is_none() {
+            return Ok(true);
+        }
+        Ok(self.engine.arm_rx())
     }
 }
 
@@ -445,6 +519,21 @@ fn busy(addr: PciAddress) -> Error {
 mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
+
+    #[test]
+    fn the_msix_control_word_is_found_behind_other_capabilities() {
+        let mut config = [0u8; 256];
+        assert_eq!(msix_control(&config), None, "no capability list");
+        config[6] = 0x10; // status: capability list
+        config[0x34] = 0x40;
+        config[0x40..0x42].copy_from_slice(&[0x09, 0x50]); // vendor capability, next 0x50
+        config[0x50..0x54].copy_from_slice(&[0x11, 0x00, 0x03, 0x80]); // MSI-X: enabled, 4 vectors
+        assert_eq!(msix_control(&config), Some(0x8003));
+        config[0x50] = 0x05; // MSI, not MSI-X; end of the list
+        assert_eq!(msix_control(&config), None);
+        config[0x51] = 0x40; // a loop ends too
+        assert_eq!(msix_control(&config), None);
+    }
 
     /// A fake sysfs and /dev/vfio: device 0000:00:03.0 bound to `driver`, in IOMMU group 5 (if
     /// `group`), with `others` (address, driver) in the same group.

@@ -141,9 +141,19 @@ impl<'a> CommonCfg<'a> {
         self.bar.read16(self.base + NUM_QUEUES)
     }
 
-    /// No configuration-change interrupt (polling).
-    pub fn disable_config_vector(&self) {
-        self.bar.write16(self.base + MSIX_CONFIG, NO_VECTOR)
+    /// Routes configuration-change interrupts to MSI-X vector `v` ([`NO_VECTOR`]: none) and
+    /// returns what the device kept: it answers [`NO_VECTOR`] to a vector it refuses.
+    pub fn set_config_vector(&self, v: u16) -> u16 {
+        self.bar.write16(self.base + MSIX_CONFIG, v);
+        self.bar.read16(self.base + MSIX_CONFIG)
+    }
+
+    /// Routes the selected queue's interrupts to MSI-X vector `v` ([`NO_VECTOR`]: none) and
+    /// returns what the device kept: it answers [`NO_VECTOR`] to a vector it refuses (one beyond
+    /// its MSI-X table, or while MSI-X is off at the PCI level).
+    pub fn set_queue_vector(&self, v: u16) -> u16 {
+        self.bar.write16(self.base + QUEUE_MSIX_VECTOR, v);
+        self.bar.read16(self.base + QUEUE_MSIX_VECTOR)
     }
 
     /// Selects queue `q` for the queue registers below; returns its maximum size (0: absent).
@@ -152,8 +162,9 @@ impl<'a> CommonCfg<'a> {
         self.bar.read16(self.base + QUEUE_SIZE)
     }
 
-    /// Sets up the selected queue: its size, the three parts' device addresses, no interrupt
-    /// vector; returns its `queue_notify_off`. The queue is not enabled yet.
+    /// Sets up the selected queue: its size and the three parts' device addresses; returns its
+    /// `queue_notify_off`. The queue is not enabled yet; its vector is set apart
+    /// ([`set_queue_vector`](Self::set_queue_vector)).
     pub fn setup_queue(&self, size: u16, desc: u64, driver: u64, device: u64) -> u16 {
         let b = self.base;
         self.bar.write16(b + QUEUE_SIZE, size);
@@ -161,7 +172,6 @@ impl<'a> CommonCfg<'a> {
             self.bar.write32(b + off, addr as u32);
             self.bar.write32(b + off + 4, (addr >> 32) as u32);
         }
-        self.bar.write16(b + QUEUE_MSIX_VECTOR, NO_VECTOR);
         self.bar.read16(b + QUEUE_NOTIFY_OFF)
     }
 

@@ -15,7 +15,10 @@
 //!   source port is the queue pair's entropy port (rxe's hash of the two QPNs), so a switch can
 //!   spread connections over paths while each stays in order. The payload per packet, the path
 //!   MTU, is the largest InfiniBand MTU whose frames fit the port's MTU (1024 on a 1500-byte
-//!   link): the fabric's `mtu` is lowered to it.
+//!   link): the fabric's `mtu` is lowered to it. Frames the port's full transmit ring did not
+//!   take stay in the batch; when the batch is full too, the packet is refused with
+//!   [`Transmit::Busy`] (backpressure, not loss) and the receive thread offers the batch again
+//!   every tick and unblocks the waiting queues once the port took some.
 //! - **Receiving** goes through the wire seam's polling hook: the NIC's polls and run loop ask
 //!   `WirePort::pending` and the device takes frames with `WirePort::drain`, which calls the
 //!   port's `recv` under the device lock, sorts each frame from a few header bytes (another
@@ -229,7 +232,8 @@ pub(crate) struct L2Stats {
     pub not_ours: AtomicU64,
     /// RoCEv2 frames from an address no queue of the NIC is connected to.
     pub unknown_peer: AtomicU64,
-    /// Frames the port or the neighbour table would not take, lost.
+    /// Frames lost on the way out: a neighbour's queue of held frames full, an ARP frame the
+    /// port did not take, a frame too long (a full transmit ring is `Busy`, not loss).
     pub tx_dropped: AtomicU64,
     /// ARP requests answered.
     pub arp_replies: AtomicU64,
@@ -275,6 +279,12 @@ pub(crate) struct L2Wire {
     polls: AtomicUsize,
     /// Drains run (the receive thread compares it across a tick).
     drains: AtomicU64,
+    /// Frames wait in the send batch because the port's transmit ring had no room: the receive
+    /// thread offers them again every tick.
+    tx_held: AtomicBool,
+    /// A packet was refused with [`Transmit::Busy`] (the batch full, the port's ring too): its
+    /// queue waits until the receive thread finds room and calls [`WireHost::unblocked`].
+    tx_blocked: AtomicBool,
     /// The port's event fd, if it has one.
     port_fd: Option<RawFd>,
     /// Wakes the receive thread (a CQ was armed, a queue is resolving, shutdown).
@@ -328,6 +338,8 @@ impl L2Wire {
             hot: AtomicBool::new(true),
             polls: AtomicUsize::new(0),
             drains: AtomicU64::new(0),
+            tx_held: AtomicBool::new(false),
+            tx_blocked: AtomicBool::new(false),
             port_fd,
             wake: EventFd::new()?,
             peers: RwLock::new((Vec::new(), HashMap::new())),
@@ -490,8 +502,15 @@ impl L2Wire {
             if inner.tx.n == BATCH {
                 self.send_batch(inner);
                 if inner.tx.n == BATCH {
-                    self.stats.tx_dropped.fetch_add(1, Ordering::Relaxed);
-                    return Transmit::Dropped; // the port's ring stays full: lost, as on a congested link
+                    // The port's transmit ring is full: backpressure from our own NIC, not loss
+                    // on the link (a NIC does not drop its own send queue). Dropping here made
+                    // the transport resend whole windows into the same full ring, again and
+                    // again. The queue keeps the packet and waits; the receive thread offers the
+                    // batch again each tick and unblocks it once the port took some.
+                    if !self.tx_blocked.swap(true, Ordering::AcqRel) {
+                        self.wake.signal();
+                    }
+                    return Transmit::Busy;
                 }
             }
             let i = inner.tx.n;
@@ -586,6 +605,30 @@ impl L2Wire {
             }
         }
         tx.n = n - took;
+        let held = tx.n > 0;
+        if self.tx_held.load(Ordering::Relaxed) != held {
+            self.tx_held.store(held, Ordering::Relaxed);
+            if held {
+                self.wake.signal(); // the receive thread offers them again
+            }
+        }
+    }
+
+    /// Offers frames held in the send batch to the port again (the receive thread, every tick
+    /// while some are held); true if a queue was refused with `Busy` and the batch now has room.
+    fn retry_held(&self) -> bool {
+        let mut inner = self.lock();
+        self.send_batch(&mut inner);
+        inner.tx.n < BATCH && self.tx_blocked.swap(false, Ordering::AcqRel)
+    }
+
+    /// How long the receive thread may wait: at most a tick while frames are held.
+    fn wait_cap(&self, d: Duration) -> Duration {
+        if self.tx_held.load(Ordering::Relaxed) || self.tx_blocked.load(Ordering::Relaxed) {
+            d.min(TICK)
+        } else {
+            d
+        }
     }
 
     fn flush(&self) {
@@ -869,6 +912,11 @@ fn receive_thread(nic: Weak<dyn WireHost>, wire: Arc<L2Wire>) {
         if n.is_shut_down() {
             return;
         }
+        if (wire.tx_held.load(Ordering::Relaxed) || wire.tx_blocked.load(Ordering::Relaxed))
+            && wire.retry_held()
+        {
+            n.unblocked();
+        }
         n.idle(); // timers that fell due while the user was not polling
         let resolving = {
             let mut inner = wire.lock();
@@ -880,7 +928,7 @@ fn receive_thread(nic: Weak<dyn WireHost>, wire: Arc<L2Wire>) {
             wire.hot.store(true, Ordering::Relaxed);
             n.take_now();
             drop(n);
-            wait_readable(&[wire.wake.raw()], Duration::from_millis(5));
+            wait_readable(&[wire.wake.raw()], wire.wait_cap(Duration::from_millis(5)));
             let _ = wire.wake.drain();
             continue;
         }
@@ -914,6 +962,7 @@ fn receive_thread(nic: Weak<dyn WireHost>, wire: Arc<L2Wire>) {
             continue;
         }
         let timeout = n.next_timer().map_or(LONG_SLEEP, |d| d.clamp(Duration::from_micros(50), LONG_SLEEP));
+        let timeout = wire.wait_cap(timeout);
         drop(n);
         wait_readable(&[fd, wire.wake.raw()], timeout);
         clear_eventfd(fd);
