@@ -134,9 +134,15 @@ impl Backend {
         let port = bypass_hal::vfio::VirtioNet::open(pci)
             .map_err(|e| RpcError::InvalidArgument(format!("cannot open the VFIO NIC {pci}: {e}")))?;
         let engine = Engine::Inline;
-        let fabric =
-            Fabric::try_with_l2(FabricConfig::new(engine), vec![L2Attachment { port: Box::new(port), addr }])
-                .map_err(RpcError::InvalidArgument)?;
+        // The transport is software in this process: a loaded host can deschedule it for longer
+        // than `retry_count` fixed ACK timeouts, so its retransmission waits back off (doubling,
+        // capped at 2^18 x 4.096 us = 1.07 s, as bypass-sim-urma does on its byte wires).
+        let config = FabricConfig {
+            ack_timeout_backoff: Some(std::time::Duration::from_nanos(4096 << 18)),
+            ..FabricConfig::new(engine)
+        };
+        let fabric = Fabric::try_with_l2(config, vec![L2Attachment { port: Box::new(port), addr }])
+            .map_err(RpcError::InvalidArgument)?;
         Ok(Backend::Sim { fabric, engine })
     }
 
