@@ -436,7 +436,13 @@ impl UdpPort {
         if let Some(&id) = p.1.get(&addr) {
             return id;
         }
-        let id = p.0.len() as u32;
+        let mut id = p.0.len() as u32;
+        if id == self.nic {
+            // The NIC's own fabric address is the source id of the packets it loops back to
+            // itself (see `loops_back`): no peer may have it.
+            p.0.push(self.local);
+            id += 1;
+        }
         p.0.push(addr);
         p.1.insert(addr, id);
         id
@@ -776,6 +782,11 @@ impl WirePort for UdpPort {
         };
         let (to, id) = self.reach(peer, ip)?;
         Ok((Arc::new(UdpLink { port: self, to }), id))
+    }
+
+    /// A queue connected to a queue of this NIC never touches the socket.
+    fn loops_back(&self) -> bool {
+        true
     }
 
     /// Sent datagrams are captured between the NICs' real addresses (see `capture`).
