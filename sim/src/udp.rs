@@ -127,6 +127,10 @@ pub(crate) struct UdpPort {
     /// Peer socket addresses by source id, and the reverse map. A peer keeps its id for the
     /// NIC's life (one entry per peer NIC, not per connection).
     peers: RwLock<(Vec<SocketAddrV4>, HashMap<SocketAddrV4, u32>)>,
+    /// A queue of this NIC reaches a peer through the socket (a peer has an id). Until then
+    /// polls read nothing: all the NIC's traffic is looped back inside it (`loops_back`), and
+    /// the receive thread, which sees no polls, watches the socket (pings, strangers).
+    socket_peers: AtomicBool,
     /// Standard RoCEv2 peers (see the module docs) by IP address: their source id (that of
     /// `<ip>:4791`). Their datagrams come from any source port.
     standard: RwLock<HashMap<Ipv4Addr, u32>>,
@@ -248,6 +252,7 @@ impl UdpPort {
             sock,
             local,
             peers: RwLock::new((Vec::new(), HashMap::new())),
+            socket_peers: AtomicBool::new(false),
             standard: RwLock::new(HashMap::new()),
             tx: Mutex::new(tx),
             ack_hold: ack_hold.as_nanos().min(u128::from(u64::MAX / 2)) as u64,
@@ -445,6 +450,7 @@ impl UdpPort {
         }
         p.0.push(addr);
         p.1.insert(addr, id);
+        self.socket_peers.store(true, AtOrd::Relaxed);
         id
     }
 
@@ -823,8 +829,14 @@ impl WirePort for UdpPort {
     /// than cores the one that had to answer got the CPU late, and calls took ~25 % longer
     /// than with the thread (docs/BENCHMARKS.md). Who polls is looked at once per
     /// [`CROWDED_READ_GAP`] while several do.
+    ///
+    /// A NIC with no peer on the socket (its queues all loop back inside it) reads nothing
+    /// from polls: the receive thread, seeing no polls, watches the socket.
     #[inline]
     fn poll(&self) -> bool {
+        if !self.socket_peers.load(AtOrd::Relaxed) {
+            return self.pending();
+        }
         let now = self.epoch.elapsed().as_nanos() as u64;
         self.send_due_acks(now);
         let next = self.next_read.load(AtOrd::Relaxed);
