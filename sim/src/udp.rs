@@ -20,6 +20,10 @@
 //!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
 //!   from addresses no queue is connected to are dropped before their ICRC is computed
 //!   (`NicStats::rx_ignored`).
+//! - **Loopback**: a queue connected to a queue of its own NIC never reaches the socket: the NIC
+//!   loops its packets back through its inbox, as a RoCE NIC does (`WirePort::loops_back`,
+//!   `Nic::link`); their source id is the NIC's fabric address, which the peer table skips.
+//!   While no queue has a peer on the socket, polls do not read it.
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
