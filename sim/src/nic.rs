@@ -121,6 +121,15 @@ impl Nic {
                 if !p.accepts(peer) {
                     return Err(crate::wires::refuse(p.name(), p.backend_hint(), peer));
                 }
+                if p.loops_back() && (peer.gid, peer.lid) == p.endpoint() {
+                    // A queue of this same NIC: looped back inside the NIC (the inbox), behind
+                    // the fabric's capture and fault wires like any in-process link.
+                    let link = self
+                        .fabric
+                        .route(self.addr, qpn, self.addr)
+                        .ok_or_else(|| format!("NIC {} is not on its fabric any more", self.addr))?;
+                    return Ok((link, self.addr));
+                }
                 let (link, id) = p.clone().connect(peer)?;
                 let link = if p.captures_itself() {
                     self.fabric.with_faults(link, self.addr, qpn, id)

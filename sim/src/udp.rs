@@ -20,6 +20,10 @@
 //!   ([`UdpStats`], merged into `NicStats::rx_malformed`) and dropped; RoCEv2-shaped datagrams
 //!   from addresses no queue is connected to are dropped before their ICRC is computed
 //!   (`NicStats::rx_ignored`).
+//! - **Loopback**: a queue connected to a queue of its own NIC never reaches the socket: the NIC
+//!   loops its packets back through its inbox, as a RoCE NIC does (`WirePort::loops_back`,
+//!   `Nic::link`); their source id is the NIC's fabric address, which the peer table skips.
+//!   While no queue has a peer on the socket, polls do not read it.
 //! - **Addresses**: a NIC on this wire is its socket address. Its queues' `QueueInfo` carries the
 //!   IPv4 address as an IPv4-mapped GID (`::ffff:a.b.c.d`, as a RoCE NIC's GID is) and the UDP
 //!   port in `lid` (RoCE has no LID). `connect` asks the peer NIC whether it is there (a ping
@@ -127,6 +131,10 @@ pub(crate) struct UdpPort {
     /// Peer socket addresses by source id, and the reverse map. A peer keeps its id for the
     /// NIC's life (one entry per peer NIC, not per connection).
     peers: RwLock<(Vec<SocketAddrV4>, HashMap<SocketAddrV4, u32>)>,
+    /// A queue of this NIC reaches a peer through the socket (a peer has an id). Until then
+    /// polls read nothing: all the NIC's traffic is looped back inside it (`loops_back`), and
+    /// the receive thread, which sees no polls, watches the socket (pings, strangers).
+    socket_peers: AtomicBool,
     /// Standard RoCEv2 peers (see the module docs) by IP address: their source id (that of
     /// `<ip>:4791`). Their datagrams come from any source port.
     standard: RwLock<HashMap<Ipv4Addr, u32>>,
@@ -248,6 +256,7 @@ impl UdpPort {
             sock,
             local,
             peers: RwLock::new((Vec::new(), HashMap::new())),
+            socket_peers: AtomicBool::new(false),
             standard: RwLock::new(HashMap::new()),
             tx: Mutex::new(tx),
             ack_hold: ack_hold.as_nanos().min(u128::from(u64::MAX / 2)) as u64,
@@ -436,9 +445,16 @@ impl UdpPort {
         if let Some(&id) = p.1.get(&addr) {
             return id;
         }
-        let id = p.0.len() as u32;
+        let mut id = p.0.len() as u32;
+        if id == self.nic {
+            // The NIC's own fabric address is the source id of the packets it loops back to
+            // itself (see `loops_back`): no peer may have it.
+            p.0.push(self.local);
+            id += 1;
+        }
         p.0.push(addr);
         p.1.insert(addr, id);
+        self.socket_peers.store(true, AtOrd::Relaxed);
         id
     }
 
@@ -778,6 +794,11 @@ impl WirePort for UdpPort {
         Ok((Arc::new(UdpLink { port: self, to }), id))
     }
 
+    /// A queue connected to a queue of this NIC never touches the socket.
+    fn loops_back(&self) -> bool {
+        true
+    }
+
     /// Sent datagrams are captured between the NICs' real addresses (see `capture`).
     fn captures_itself(&self) -> bool {
         true
@@ -812,8 +833,14 @@ impl WirePort for UdpPort {
     /// than cores the one that had to answer got the CPU late, and calls took ~25 % longer
     /// than with the thread (docs/BENCHMARKS.md). Who polls is looked at once per
     /// [`CROWDED_READ_GAP`] while several do.
+    ///
+    /// A NIC with no peer on the socket (its queues all loop back inside it) reads nothing
+    /// from polls: the receive thread, seeing no polls, watches the socket.
     #[inline]
     fn poll(&self) -> bool {
+        if !self.socket_peers.load(AtOrd::Relaxed) {
+            return self.pending();
+        }
         let now = self.epoch.elapsed().as_nanos() as u64;
         self.send_due_acks(now);
         let next = self.next_read.load(AtOrd::Relaxed);

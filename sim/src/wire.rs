@@ -97,6 +97,16 @@ pub(crate) trait WirePort: Send + Sync + std::fmt::Debug {
     /// reachability check).
     fn connect(self: Arc<Self>, peer: &QueueInfo) -> Result<(Arc<dyn Wire>, u32), String>;
 
+    /// Whether a queue of this NIC connecting to a queue of the same NIC (a peer whose `gid` and
+    /// `lid` are this port's [`endpoint`](Self::endpoint)) is looped back inside the NIC, as a
+    /// RoCE NIC does: its packets go straight into the NIC's inbox, as an in-process packet
+    /// does, and never reach the wire. Their source id is then the NIC's fabric address (what
+    /// the device writes in [`PacketHeader::src_nic`] and what the inbox kicks when it has room
+    /// again), so a port that says yes never gives that id to a peer of its own.
+    fn loops_back(&self) -> bool {
+        false
+    }
+
     /// Whether the port writes its own links' packets to the capture (`BYPASS_PCAP`), with
     /// addresses of its own (the UDP wire: its real IPv4 addresses and ports). Otherwise its
     /// links go behind the capture wire, which writes them with the sim's NIC numbering.

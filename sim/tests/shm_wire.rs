@@ -538,3 +538,34 @@ fn a_truncated_peer_segment_fails_the_queue_not_the_process() {
     child.wait().unwrap();
     let _ = std::fs::remove_file(&path);
 }
+
+/// Issue 31: queues of one NIC connected to each other are looped back inside the NIC (its
+/// inbox), not through a ring of its own segment; messages still flow both ways.
+#[test]
+fn queues_of_one_nic_reach_each_other_inside_it() {
+    let _g = serial();
+    for engine in [Engine::Inline, Engine::Threaded] {
+        let fabric = shm_fabric(engine);
+        let a = fabric.add_nic();
+        let mut p = pair(&a, &a);
+        let mut mr = a.register(128, Access::LOCAL_WRITE).unwrap();
+        for (i, (tx, rx)) in [(0usize, 64usize), (64, 0)].into_iter().enumerate() {
+            let (sq, rq) = if i == 0 { (&mut p.qa, &mut p.qb) } else { (&mut p.qb, &mut p.qa) };
+            mr.write(tx, &[i as u8 + 1; 64]).unwrap();
+            rq.post_recv(&[RecvWr { wr_id: 1, sges: &[mr.sge(rx, 64).unwrap()] }]).unwrap();
+            sq.post_send(&[SendWr::send(2, &[mr.sge(tx, 64).unwrap()])]).unwrap();
+            let mut wc = [Completion::default(); 4];
+            let (mut got, deadline) = (0, Instant::now() + Duration::from_secs(20));
+            while got < 2 {
+                assert!(Instant::now() < deadline, "{engine:?}: loop stalled, {got} of 2 completions");
+                got += p.ca.poll(&mut wc).unwrap();
+                got += p.cb.poll(&mut wc).unwrap();
+                fabric.progress();
+            }
+            let mut buf = [0u8; 64];
+            mr.read(rx, &mut buf).unwrap();
+            assert_eq!(buf, [i as u8 + 1; 64], "{engine:?}: direction {i}");
+        }
+        assert_eq!(a.stats().tx_wakeups, 0, "{engine:?}");
+    }
+}

@@ -426,3 +426,72 @@ fn an_ack_held_back_leaves_when_no_packet_follows() {
         assert_eq!(wc[0].status, Status::Success, "send {i}");
     }
 }
+
+/// Issue 31: a queue connected to a queue of its own NIC (a client and its server in one
+/// process on one NIC, as the C library's `TCP` type runs them) is looped back inside the NIC,
+/// as a RoCE NIC does: its packets never reach the socket, so they cost no system call — and
+/// the fabric's fault plan still applies to them, as to any link.
+#[test]
+fn queues_of_one_nic_loop_back_inside_it_without_the_socket() {
+    for engine in [Engine::Inline, Engine::Threaded] {
+        for faults in [FaultPlan::NONE, FaultPlan { drop_ppm: 100_000, seed: 5, ..FaultPlan::NONE }] {
+            let fabric = udp_fabric(engine, faults);
+            // `a` is NIC 1: its loop's source id (its fabric address, 1) is not a socket peer's.
+            let (other, a) = (fabric.add_nic(), fabric.add_nic());
+            let mut cfg = QueueConfig::default();
+            cfg.timeout = AckTimeout::at_least(Duration::from_millis(20));
+            // A link to another NIC of the fabric first, then the loop.
+            let mut out = pair(&a, &other, &cfg);
+            let mut p = pair(&a, &a, &cfg);
+            let before = a.stats().tx_wire_sends;
+            exchange(&fabric, &a, &a, &mut p, 40, 3000);
+            let lossy = faults.drop_ppm > 0;
+            assert_eq!(
+                a.stats().tx_wire_sends,
+                before,
+                "{engine:?}, lossy {lossy}: packets to the NIC itself went through the socket"
+            );
+            if lossy {
+                assert!(fabric.fault_stats().dropped > 0, "{engine:?}: the plan dropped nothing on the loop");
+                assert!(a.stats().retransmits > 0, "{engine:?}");
+            }
+            // The link to the other NIC still goes through the socket, and both keep working.
+            exchange(&fabric, &a, &other, &mut out, 5, 100);
+            assert!(a.stats().tx_wire_sends > before, "{engine:?}: the other link sent nothing");
+            exchange(&fabric, &a, &a, &mut p, 5, 100);
+        }
+    }
+}
+
+/// The source id a looped-back queue knows its peer by is the NIC's fabric address; a peer on
+/// the socket must never get the same id, or its packets would pass for the NIC's own. Here NIC
+/// 0's first peer on the socket would have had id 0: a queue of that peer which sends to a
+/// looped-back queue of NIC 0 must be ignored, not taken for that queue's partner.
+#[test]
+fn a_peer_on_the_socket_cannot_pass_for_the_nic_itself() {
+    let fabric = udp_fabric(Engine::Inline, FaultPlan::NONE);
+    let (a, other) = (fabric.add_nic(), fabric.add_nic());
+    let cfg = QueueConfig::default();
+    let mut out = pair(&a, &other, &cfg); // `other` is a's first peer on the socket
+    let mut p = pair(&a, &a, &cfg);
+    exchange(&fabric, &a, &a, &mut p, 3, 64);
+    // A queue of `other` connected one-sidedly to the looped-back queue `qb` sends to it.
+    let mut cz = other.create_cq(16).unwrap();
+    let mut z = other.create_queue(&cfg, &cz, &cz).unwrap();
+    z.connect(&p.qb.info()).unwrap();
+    let src = other.register(64, Access::empty()).unwrap();
+    let before = a.stats().rx_ignored;
+    z.post_send(&[SendWr::send(1, &[src.sge(0, 64).unwrap()])]).unwrap();
+    let mut wc = [Completion::default(); 8];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.stats().rx_ignored == before {
+        assert!(Instant::now() < deadline, "the other NIC's packet was taken for the NIC's own");
+        assert_eq!(p.cb.poll(&mut wc).unwrap(), 0, "the other NIC's SEND landed in the looped queue");
+        fabric.progress();
+        let _ = cz.poll(&mut wc);
+    }
+    drop(z);
+    // The loop and the link to the other NIC still work.
+    exchange(&fabric, &a, &other, &mut out, 3, 64);
+    exchange(&fabric, &a, &a, &mut p, 3, 64);
+}

@@ -170,7 +170,13 @@ mod port {
             if let Some(&id) = p.1.get(&key) {
                 return id;
             }
-            let id = p.0.len() as u32;
+            let mut id = p.0.len() as u32;
+            if id == self.me.nic {
+                // The NIC's own fabric address is the source id of the packets it loops back
+                // to itself (see `loops_back`): no peer may have it.
+                p.0.push(key);
+                id += 1;
+            }
             p.0.push(key);
             p.1.insert(key, id);
             id
@@ -451,6 +457,11 @@ mod port {
             };
             let (link, id) = self.link_to(pid, fabric, nic)?;
             Ok((link, id))
+        }
+
+        /// A queue connected to a queue of this NIC never touches its rings.
+        fn loops_back(&self) -> bool {
+            true
         }
 
         fn start(
