@@ -42,7 +42,7 @@
 
 use crate::eventfd::EventFd;
 use crate::handoff::RxHandoff;
-use crate::packet::{PacketHeader, PacketKind, Syndrome, ANY_QPN};
+use crate::packet::{PacketHeader, PacketKind, Syndrome};
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints, Link};
 use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
@@ -402,14 +402,7 @@ impl UdpPort {
                     continue;
                 }
             };
-            let ctx = roce::RxContext {
-                src_nic: src,
-                dst_nic: nic,
-                src_qpn: ANY_QPN,
-                near_psn: frame.psn,
-                offset: 0,
-                write: None,
-            };
+            let ctx = roce::RxContext::from_wire(src, nic, frame.psn);
             recv(&frame.to_header(&ctx), frame.payload);
         }
         got < BATCH

@@ -38,7 +38,7 @@ pub mod packet;
 pub mod pair;
 
 use crate::eventfd::EventFd;
-use crate::packet::{PacketHeader, ANY_QPN};
+use crate::packet::PacketHeader;
 use crate::pcap::PcapWriter;
 use crate::roce::{self, Endpoints};
 use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
@@ -754,14 +754,7 @@ impl L2Wire {
                 continue;
             }
             let frame = f.frame;
-            let ctx = roce::RxContext {
-                src_nic: src,
-                dst_nic: nic,
-                src_qpn: ANY_QPN,
-                near_psn: frame.psn,
-                offset: 0,
-                write: None,
-            };
+            let ctx = roce::RxContext::from_wire(src, nic, frame.psn);
             recv(&frame.to_header(&ctx), frame.payload);
         }
     }

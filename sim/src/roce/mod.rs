@@ -629,6 +629,15 @@ pub struct RxContext {
     pub write: Option<Reth>,
 }
 
+impl RxContext {
+    /// What a wire port knows of a frame it received from NIC `src_nic` for NIC `dst_nic`: not
+    /// the sending queue ([`ANY_QPN`](crate::packet::ANY_QPN)), the frame's own PSN to widen
+    /// near, no segment offset and no first-segment RETH (the UDP, shm and L2 ports alike).
+    pub fn from_wire(src_nic: u32, dst_nic: u32, psn: u32) -> Self {
+        RxContext { src_nic, dst_nic, src_qpn: crate::packet::ANY_QPN, near_psn: psn, offset: 0, write: None }
+    }
+}
+
 /// A decoded RoCEv2 RC packet (BTH onwards), or one about to be encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame<'a> {

@@ -61,7 +61,7 @@ pub(crate) fn gid_of(fabric: u32, nic: u32) -> [u8; 16] {
 mod port {
     use super::ring::{self, Pop, Push};
     use super::segment::{self, Identity, Layout, Segment};
-    use crate::packet::{PacketHeader, ANY_QPN};
+    use crate::packet::PacketHeader;
     use crate::roce::{self, Endpoints};
     use crate::wire::{Transmit, Wire, WireHost, WirePort, WireStats};
     use bypass_hal::QueueInfo;
@@ -346,14 +346,7 @@ mod port {
                             return;
                         }
                     };
-                    let rx = roce::RxContext {
-                        src_nic: src,
-                        dst_nic: nic,
-                        src_qpn: ANY_QPN,
-                        near_psn: frame.psn,
-                        offset: 0,
-                        write: None,
-                    };
+                    let rx = roce::RxContext::from_wire(src, nic, frame.psn);
                     let hdr = frame.to_header(&rx);
                     recv(&hdr, frame.payload);
                 });
