@@ -33,6 +33,14 @@ fn guest() -> Option<Guest> {
 
 const MY_IP: [u8; 4] = [10, 29, 0, 1];
 
+/// The guest has one VFIO NIC, and a device opens once at a time ("busy: ... already open"):
+/// the tests of this binary take it in turn, whatever `--test-threads` says.
+static NIC: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_nic() -> std::sync::MutexGuard<'static, ()> {
+    NIC.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn arp_request(mac: Mac, target: [u8; 4]) -> Vec<u8> {
     let mut f = Vec::with_capacity(60);
     f.extend_from_slice(&[0xff; 6]);
@@ -64,6 +72,7 @@ fn the_kernel_nic_answers_an_arp_request_sent_through_the_driver() {
         eprintln!("skipped: BYPASS_VFIO_NIC is unset (run this binary under hw-tests/vm/run --vfio)");
         return;
     };
+    let _nic = take_nic();
     let t0 = Instant::now();
     let mut port = VirtioNet::open(&g.nic).unwrap_or_else(|e| panic!("open {}: {e}", g.nic));
     eprintln!("opened {port:?} in {:?}", t0.elapsed());
@@ -151,6 +160,7 @@ fn an_armed_port_wakes_on_its_event_fd_for_the_arp_reply_and_a_disarmed_one_does
         eprintln!("skipped: BYPASS_VFIO_NIC is unset (run this binary under hw-tests/vm/run --vfio)");
         return;
     };
+    let _nic = take_nic();
     let mut port = VirtioNet::open(&g.nic).unwrap_or_else(|e| panic!("open {}: {e}", g.nic));
     let fd = port.event_fd().expect("the port has an event fd (interrupts are on by default)");
     let mac = port.mac();
