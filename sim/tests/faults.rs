@@ -253,14 +253,20 @@ struct Pair {
 }
 
 fn pair(plan: FaultPlan) -> Pair {
-    let fabric =
-        Fabric::with_config(FabricConfig { faults: plan, ..FabricConfig::new(Engine::Stepped { seed: 1 }) });
+    let config = FabricConfig { faults: plan, ..FabricConfig::new(Engine::Stepped { seed: 1 }) };
+    connected_pair(config, Duration::from_millis(1), 3, 64)
+}
+
+/// Two NICs of a fabric made with `config`, one RC queue each (its own CQ of `cq_depth`, ACK
+/// timeout at least `timeout`, `retry_count` retries), connected to each other.
+fn connected_pair(config: FabricConfig, timeout: Duration, retry_count: u8, cq_depth: u32) -> Pair {
+    let fabric = Fabric::with_config(config);
     let (na, nb) = (fabric.add_nic(), fabric.add_nic());
     let mut cfg = QueueConfig::default();
-    cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(1));
-    cfg.retry_count = 3;
+    cfg.timeout = bypass_hal::AckTimeout::at_least(timeout);
+    cfg.retry_count = retry_count;
     let mk = |nic: &bypass_sim::SimNic| {
-        let cq = nic.create_cq(64).unwrap();
+        let cq = nic.create_cq(cq_depth).unwrap();
         Side { q: nic.create_queue(&cfg, &cq, &cq).unwrap(), cq }
     };
     let (mut a, mut b) = (mk(&na), mk(&nb));
@@ -439,24 +445,8 @@ fn delayed_packets_arrive_on_a_real_time_engine() {
 /// 50 ms (far beyond any delay), on a fabric whose inboxes hold `inbox_depth` packets.
 fn delaying_pair(delay_max: Duration, inbox_depth: u32) -> Pair {
     let plan = FaultPlan { delay_ppm: 1_000_000, delay_max, seed: 11, ..FaultPlan::NONE };
-    let fabric = Fabric::with_config(FabricConfig {
-        faults: plan,
-        inbox_depth,
-        ..FabricConfig::new(Engine::Stepped { seed: 3 })
-    });
-    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
-    let mut cfg = QueueConfig::default();
-    cfg.timeout = bypass_hal::AckTimeout::at_least(Duration::from_millis(50));
-    cfg.retry_count = 7;
-    let mk = |nic: &bypass_sim::SimNic| {
-        let cq = nic.create_cq(256).unwrap();
-        Side { q: nic.create_queue(&cfg, &cq, &cq).unwrap(), cq }
-    };
-    let (mut a, mut b) = (mk(&na), mk(&nb));
-    let (ia, ib) = (a.q.info(), b.q.info());
-    a.q.connect(&ib).unwrap();
-    b.q.connect(&ia).unwrap();
-    Pair { fabric, na, nb, a, b }
+    let config = FabricConfig { faults: plan, inbox_depth, ..FabricConfig::new(Engine::Stepped { seed: 3 }) };
+    connected_pair(config, Duration::from_millis(50), 7, 256)
 }
 
 /// Steps the fabric in 10 µs slices of virtual time until `cq` has a completion; returns it and
