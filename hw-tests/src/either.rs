@@ -314,17 +314,18 @@ pub struct EitherEnv<L, R> {
     first: Either<L, R>,
     second: Either<L, R>,
     arm_signals: bool,
+    lossy: bool,
 }
 
 impl<L: Device, R: Device> EitherEnv<L, R> {
     /// The first end on `l`, the second on `r`.
     pub fn left_first(l: L, r: R) -> Self {
-        EitherEnv { first: Either::Left(l), second: Either::Right(r), arm_signals: false }
+        EitherEnv { first: Either::Left(l), second: Either::Right(r), arm_signals: false, lossy: false }
     }
 
     /// The first end on `r`, the second on `l`.
     pub fn right_first(l: L, r: R) -> Self {
-        EitherEnv { first: Either::Right(r), second: Either::Left(l), arm_signals: false }
+        EitherEnv { first: Either::Right(r), second: Either::Left(l), arm_signals: false, lossy: false }
     }
 
     /// Says that the second end's device raises a CQ event when a CQ holding an unpolled
@@ -333,6 +334,13 @@ impl<L: Device, R: Device> EitherEnv<L, R> {
     /// end's CQs are asked about. Off by default (the suite then accepts either behaviour).
     pub fn second_arms_against_consumer_index(mut self, yes: bool) -> Self {
         self.arm_signals = yes;
+        self
+    }
+
+    /// Says that the link between the ends may lose packets (netem on it): see
+    /// `bypass_hal::conformance::Env::loses_packets`. Off by default.
+    pub fn loses_packets(mut self, yes: bool) -> Self {
+        self.lossy = yes;
         self
     }
 
@@ -369,6 +377,9 @@ impl<L: Device, R: Device> bypass_hal::conformance::Env for EitherEnv<L, R> {
     }
     fn arm_signals_queued_completions(&self) -> bool {
         self.arm_signals
+    }
+    fn loses_packets(&self) -> bool {
+        self.lossy
     }
 }
 

@@ -181,11 +181,14 @@ fn env(scenario: &str, suite: Suite, first: First, lossy: bool) -> Option<Either
     rig.set_loss(lossy);
     set_min_ack_timeout(if suite == Suite::Rpc { rpc_min_ack_timeout() } else { AckTimeout::NONE });
     let (sim, rxe) = (rig.sim.clone(), rig.rxe.clone());
-    Some(match first {
-        First::Vfio => EitherEnv::left_first(sim, rxe),
-        // The sim's CQs arm against the consumer index; rxe's do not.
-        First::Rxe => EitherEnv::right_first(sim, rxe).second_arms_against_consumer_index(true),
-    })
+    Some(
+        match first {
+            First::Vfio => EitherEnv::left_first(sim, rxe),
+            // The sim's CQs arm against the consumer index; rxe's do not.
+            First::Rxe => EitherEnv::right_first(sim, rxe).second_arms_against_consumer_index(true),
+        }
+        .loses_packets(lossy),
+    )
 }
 
 fn vfio_first(s: &str) -> Option<EitherEnv<SimNic, VerbsDevice>> {

@@ -514,3 +514,31 @@ fn delayed_packets_behind_a_full_inbox_go_when_it_has_room_not_at_the_timeout() 
         }
     }
 }
+
+/// A responder that NAKs a bad request goes to ERROR at once (a class C error), so when that NAK
+/// is lost the retransmitted request meets a queue that answers nothing and the requester ends
+/// with `RetryExceeded`, as on rxe and hardware; the conformance suite accepts that end on lossy
+/// links (`Env::loses_packets`).
+#[test]
+fn a_lost_access_error_nak_leaves_the_requester_to_exhaust_its_retries() {
+    let mut p = pair(FaultPlan { ack_drop_ppm: 1_000_000, seed: 4, ..FaultPlan::NONE });
+    let dst = p.nb.register(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let remote = dst.remote();
+    let wrong_key = bypass_hal::RemoteAddr {
+        addr: remote.addr,
+        key: bypass_hal::RemoteKey::from_rkey(!remote.key.rkey()),
+    };
+    p.a.q.post_send(&[SendWr::send(1, &[]).with_op(SendOp::Write(wrong_key))]).unwrap();
+    let c = next_completion(&p.fabric, &mut p.a.cq);
+    assert_eq!((c.wr_id, c.status), (1, Status::RetryExceeded), "the NAK was lost: {c:?}");
+    assert_eq!((p.a.q.state(), p.b.q.state()), (QueueState::Error, QueueState::Error));
+    let mut wc = [Completion::default(); 2];
+    assert_eq!(p.a.cq.poll(&mut wc).unwrap(), 0, "the request completed once");
+    let (a, b) = (p.na.stats(), p.nb.stats());
+    assert!(a.retransmits >= 3, "the requester asked again: {a:?}");
+    assert_eq!(
+        (b.rx_packets, b.tx_responses),
+        (1 + a.retransmits, 1),
+        "the responder NAKed the first request and answered none of its retransmissions: {b:?}"
+    );
+}

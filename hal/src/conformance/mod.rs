@@ -50,6 +50,14 @@ pub trait Env {
     fn ack_timeout(&self) -> Option<AckTimeout> {
         None
     }
+    /// True when the link between the devices may lose packets (the guest's netem variants).
+    /// Scenarios then accept what hardware does when a packet they rely on is lost: a responder
+    /// that NAKs a bad request (remote access or invalid request) goes to ERROR at once, so if the
+    /// NAK is lost the retransmitted request meets a queue that answers nothing, and the requester
+    /// fails with `RetryExceeded` instead of the NAK's status (rxe and the simulator both do this).
+    fn loses_packets(&self) -> bool {
+        false
+    }
 }
 
 /// The time budget a scenario waits for completions that must arrive before it gives up.
