@@ -4,7 +4,9 @@
 //! The fuzz build has the simulator only (no verbs, no URMA: a made-up `urma:...,lib=<path>`
 //! would dlopen whatever that path is), so the grammar is the simulator's rows of the table in
 //! `stack/src/backend.rs`: `sim`, `sim:inline`, `sim:threaded`, each optionally followed by `+shm`,
-//! `+udp://IPv4:PORT` or `+l2:pair` (with an optional `,loss_ppm=N`, N below a million). Besides
+//! `+udp://IPv4:PORT` or `+l2:pair` (with an optional `,loss_ppm=N`, N below a million); after
+//! a wire's name, any number of `,ack_timeout_backoff=V` (V `off`, `0` or a `u8` in 1..=31) may
+//! stand among its options. Besides
 //! "never panics": `open` succeeds exactly for those strings, says why for every other one (a UDP
 //! address it refuses, it names), and describes what it opened with the wire it was asked for.
 //!
@@ -30,15 +32,35 @@ fn expected(spec: &str) -> Option<WireConfig> {
     if !matches!(sim, "sim" | "sim:inline" | "sim:threaded") {
         return None;
     }
-    match wire {
-        None => Some(WireConfig::InProcess),
-        Some("shm") => Some(WireConfig::Shm),
-        Some(w) if w.starts_with("l2:") => l2_pair(&w["l2:".len()..]),
-        Some(w) => {
+    let Some(wire) = wire else { return Some(WireConfig::InProcess) };
+    let wire = without_backoff(wire)?;
+    match wire.as_str() {
+        "shm" => Some(WireConfig::Shm),
+        w if w.starts_with("l2:") => l2_pair(&w["l2:".len()..]),
+        w => {
             let addr = w.strip_prefix("udp://")?.parse::<std::net::SocketAddrV4>().ok()?;
             Some(WireConfig::Udp(addr))
         }
     }
+}
+
+/// `wire` without its `ack_timeout_backoff=` options (those after the wire's name), or `None`
+/// if one of them has a value the grammar refuses.
+fn without_backoff(wire: &str) -> Option<String> {
+    let Some((name, options)) = wire.split_once(',') else { return Some(wire.to_string()) };
+    let mut kept = vec![name];
+    for opt in options.split(',') {
+        match opt.strip_prefix("ack_timeout_backoff=") {
+            Some("off" | "0") => {}
+            Some(v) => {
+                if !(1..=31).contains(&v.parse::<u8>().ok()?) {
+                    return None;
+                }
+            }
+            None => kept.push(opt),
+        }
+    }
+    Some(kept.join(","))
 }
 
 /// `pair` followed by any number of `,loss_ppm=N` (the last one counts), N a `u32` below a
@@ -65,7 +87,7 @@ fuzz_target!(|data: &[u8]| {
     let want = expected(spec);
     if want == Some(WireConfig::Shm) {
         let wire = spec.split_once('+').map(|(_, w)| w).unwrap_or_default();
-        assert_eq!(WireConfig::parse(wire), Ok(WireConfig::Shm));
+        assert_eq!(without_backoff(wire).as_deref().map(WireConfig::parse), Some(Ok(WireConfig::Shm)));
         return;
     }
     match (Backend::open(spec), want) {

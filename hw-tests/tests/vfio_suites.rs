@@ -91,10 +91,6 @@ impl Rig {
     }
 }
 
-/// The cap of the sim's retransmission backoff (`FabricConfig::ack_timeout_backoff`):
-/// 2^18 × 4.096 µs, what `bypass-sim-urma` uses on its byte wires.
-const BACKOFF_CAP: Duration = Duration::from_nanos(4096 << 18);
-
 /// What the `vfio:` backend string opens (the VFIO NIC under the sim's L2 wire, Inline engine),
 /// with retransmission backoff on: in this TCG guest the "NIC" on either end is software on a
 /// starved vCPU, descheduled for longer than 7 fixed timeouts (~1 s) while 4 MiB moves, and a
@@ -105,7 +101,10 @@ fn vfio_fabric(t: &VfioTopology) -> Fabric {
     let port = bypass_hal::vfio::VirtioNet::open(&t.nic)
         .unwrap_or_else(|e| panic!("cannot open the VFIO NIC {}: {e}", t.nic));
     let addr = L2Addr::parse_options(&format!("ip={}/24", VfioTopology::OUR_IP)).expect("our address");
-    let config = FabricConfig { ack_timeout_backoff: Some(BACKOFF_CAP), ..FabricConfig::new(Engine::Inline) };
+    let config = FabricConfig {
+        ack_timeout_backoff: Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF),
+        ..FabricConfig::new(Engine::Inline)
+    };
     Fabric::try_with_l2(config, vec![L2Attachment { port: Box::new(port), addr }])
         .unwrap_or_else(|e| panic!("{}: {e}", t.backend()))
 }

@@ -89,7 +89,28 @@ pub struct FabricConfig {
     pub ack_hold: std::time::Duration,
 }
 
+/// The retransmission backoff's cap where the NICs are threads of ordinary processes on a byte
+/// wire (shared memory, UDP, L2 to a kernel NIC or a VFIO-owned one): 2^18 × 4.096 µs ≈ 1.07 s,
+/// as in `bypass-sim-urma` and the `vfio:` backend (docs/sim.md, "Retransmission backoff").
+pub const BYTE_WIRE_ACK_TIMEOUT_BACKOFF: Duration = Duration::from_nanos(4096 << 18);
+
 impl FabricConfig {
+    /// Parses the value of a backend string's `ack_timeout_backoff=` option: `off` or `0` for no
+    /// backoff, else the longest wait as an ACK-timeout exponent N in 1..=31 (4.096 µs × 2^N;
+    /// 18 ≈ 1.07 s), for [`ack_timeout_backoff`](Self::ack_timeout_backoff).
+    pub fn parse_ack_timeout_backoff(value: &str) -> Result<Option<Duration>, String> {
+        match value {
+            "off" | "0" => Ok(None),
+            n => match n.parse::<u8>() {
+                Ok(n @ 1..=31) => Ok(Some(Duration::from_nanos(4096 << n))),
+                _ => Err(format!(
+                    "ack_timeout_backoff={n:?}: use the longest retransmission wait as an exponent N in 1..=31 \
+                     (4.096 us x 2^N; 18 is about 1.07 s), or off"
+                )),
+            },
+        }
+    }
+
     /// Default settings for `engine`.
     pub fn new(engine: Engine) -> Self {
         FabricConfig {
@@ -621,6 +642,19 @@ mod tests {
 
     fn parked(nic: &SimNic) -> bool {
         nic.nic.sleeping.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn backoff_option_values() {
+        let parse = FabricConfig::parse_ack_timeout_backoff;
+        assert_eq!(parse("off"), Ok(None));
+        assert_eq!(parse("0"), Ok(None));
+        assert_eq!(parse("18"), Ok(Some(BYTE_WIRE_ACK_TIMEOUT_BACKOFF)));
+        assert_eq!(parse("1"), Ok(Some(Duration::from_nanos(8192))));
+        for bad in ["32", "-1", "", "on", "1.5", "256"] {
+            let e = parse(bad).unwrap_err();
+            assert!(e.contains("1..=31") && e.contains(&format!("{bad:?}")), "{bad:?}: {e}");
+        }
     }
 
     /// A NIC whose CQ was being polled (so its device thread backs off and leaves the work to

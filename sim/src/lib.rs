@@ -380,7 +380,7 @@ pub use device::NicStats;
 pub use driver::{Dest, SimCq, SimNic, SimQueue, SimRegion, Source};
 pub use engine::Engine;
 pub use events::SimChannel;
-pub use fabric::{Fabric, FabricConfig};
+pub use fabric::{Fabric, FabricConfig, BYTE_WIRE_ACK_TIMEOUT_BACKOFF};
 pub use fault::{FaultPlan, FaultStats};
 pub use l2::{L2Addr, L2Attachment};
 pub use shared_recv::SimSharedRecv;

@@ -10,6 +10,7 @@
 //! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
 //! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
 //! | `sim+shm`, `sim:threaded+shm` | simulated NICs on the shared-memory wire (segments in `/dev/shm`), reachable from other processes on this host | feature `sim` |
+//! | `sim+udp://127.0.0.1:0,ack_timeout_backoff=off`, `sim+shm,ack_timeout_backoff=12` | on any wire above or below (and `vfio:`), the NICs' retransmission waits double after each timeout without progress up to 4.096 µs × 2^N (default N = 18, 1.07 s: they are threads of ordinary processes, which a loaded host deschedules; docs/sim.md, "Retransmission backoff"), or stay fixed with `off`; the in-process wire keeps fixed timeouts | feature `sim` |
 //! | `sim+l2:pair`, `sim+l2:pair,loss_ppm=20000` | two simulated NICs on the L2 wire (RoCEv2 in Ethernet frames, ARP) joined by an in-memory cable, 10.99.0.1 and 10.99.0.2: for tests | feature `sim` |
 //! | `sim+packet://veth0,ip=10.99.0.2[/24][,gw=10.99.0.1]` | one simulated NIC on the L2 wire through an `AF_PACKET` socket on that interface, speaking RoCEv2 to any RoCE NIC on the link (rxe); server and client share it | feature `sim`; CAP_NET_RAW |
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
@@ -87,6 +88,29 @@ pub fn compiled() -> &'static [&'static str] {
     ]
 }
 
+/// Takes the `ack_timeout_backoff=` option out of comma-separated options (the last one counts):
+/// the other options (`None` if none are left), and `None` if it is absent, else the backoff it
+/// asks for
+/// ([`bypass_sim::FabricConfig::parse_ack_timeout_backoff`]).
+#[cfg(feature = "sim")]
+#[allow(clippy::type_complexity)]
+fn split_backoff(options: &str) -> Result<(Option<String>, Option<Option<std::time::Duration>>), RpcError> {
+    let mut backoff = None;
+    let mut rest = Vec::new();
+    for part in options.split(',') {
+        match part.strip_prefix("ack_timeout_backoff=") {
+            Some(v) => {
+                backoff = Some(
+                    bypass_sim::FabricConfig::parse_ack_timeout_backoff(v)
+                        .map_err(RpcError::InvalidArgument)?,
+                )
+            }
+            None => rest.push(part),
+        }
+    }
+    Ok(((!rest.is_empty()).then(|| rest.join(",")), backoff))
+}
+
 #[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
 fn not_compiled(kind: &str, feature: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
@@ -130,15 +154,15 @@ impl Backend {
                 "vfio:{rest} names no address for the NIC: expected vfio:<pci-address>,ip=<IPv4>[/prefix][,gw=<IPv4>], e.g. vfio:0000:00:03.0,ip=10.29.0.1/24"
             )));
         };
-        let addr = L2Addr::parse_options(opts).map_err(RpcError::InvalidArgument)?;
+        let (opts, backoff) = split_backoff(opts)?;
+        let addr = L2Addr::parse_options(opts.as_deref().unwrap_or("")).map_err(RpcError::InvalidArgument)?;
         let port = bypass_hal::vfio::VirtioNet::open(pci)
             .map_err(|e| RpcError::InvalidArgument(format!("cannot open the VFIO NIC {pci}: {e}")))?;
         let engine = Engine::Inline;
-        // The transport is software in this process: a loaded host can deschedule it for longer
-        // than `retry_count` fixed ACK timeouts, so its retransmission waits back off (doubling,
-        // capped at 2^18 x 4.096 us = 1.07 s, as bypass-sim-urma does on its byte wires).
+        // The transport is software in this process, as on the simulator's byte wires: its
+        // retransmission waits back off unless the string says otherwise.
         let config = FabricConfig {
-            ack_timeout_backoff: Some(std::time::Duration::from_nanos(4096 << 18)),
+            ack_timeout_backoff: backoff.unwrap_or(Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF)),
             ..FabricConfig::new(engine)
         };
         let fabric = Fabric::try_with_l2(config, vec![L2Attachment { port: Box::new(port), addr }])
@@ -163,18 +187,31 @@ impl Backend {
                 )))
             }
         };
-        if let Some(ports) = wire.and_then(bypass_sim::l2::parse_wire) {
+        let Some(wire) = wire else {
+            return Ok(Backend::Sim { fabric: Fabric::new(engine), engine });
+        };
+        // Every wire here carries packets between NICs that are threads of ordinary processes,
+        // which a loaded host deschedules for longer than `retry_count` fixed ACK timeouts: their
+        // retransmission waits back off unless the string says otherwise.
+        let (wire, backoff) = match wire.split_once(',') {
+            Some((name, options)) => {
+                let (rest, backoff) = split_backoff(options)?;
+                (rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")), backoff)
+            }
+            None => (wire.to_string(), None),
+        };
+        let config = FabricConfig {
+            ack_timeout_backoff: backoff.unwrap_or(Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF)),
+            ..FabricConfig::new(engine)
+        };
+        if let Some(ports) = bypass_sim::l2::parse_wire(&wire) {
             let ports = ports.map_err(RpcError::InvalidArgument)?;
-            let fabric =
-                Fabric::try_with_l2(FabricConfig::new(engine), ports).map_err(RpcError::InvalidArgument)?;
+            let fabric = Fabric::try_with_l2(config, ports).map_err(RpcError::InvalidArgument)?;
             return Ok(Backend::Sim { fabric, engine });
         }
-        let wire = match wire {
-            None => WireConfig::InProcess,
-            Some(w) => WireConfig::parse(w).map_err(RpcError::InvalidArgument)?,
-        };
-        let fabric = Fabric::try_with_config(FabricConfig { wire, ..FabricConfig::new(engine) })
-            .map_err(RpcError::InvalidArgument)?;
+        let wire = WireConfig::parse(&wire).map_err(RpcError::InvalidArgument)?;
+        let fabric =
+            Fabric::try_with_config(FabricConfig { wire, ..config }).map_err(RpcError::InvalidArgument)?;
         Ok(Backend::Sim { fabric, engine })
     }
 
@@ -209,19 +246,13 @@ impl Backend {
     pub fn describe(&self) -> String {
         match self {
             #[cfg(feature = "sim")]
-            Backend::Sim { engine, fabric } => match fabric.config().wire {
-                bypass_sim::WireConfig::Udp(at) => {
-                    format!("sim (the software NIC) on the UDP wire at {at}, engine {engine:?}")
-                }
-                bypass_sim::WireConfig::Shm => {
-                    format!("sim (the software NIC) on the shared-memory wire (this host), engine {engine:?}")
-                }
-                bypass_sim::WireConfig::L2 => format!(
-                    "sim (the software NIC) on the L2 wire (RoCEv2 in Ethernet frames), path MTU {}, engine {engine:?}",
-                    fabric.config().mtu
-                ),
-                _ => format!("sim (the software NIC, in this process), engine {engine:?}"),
-            },
+            Backend::Sim { engine, fabric } => {
+                let backoff = match fabric.config().ack_timeout_backoff {
+                    Some(cap) => format!("ACK timeouts back off up to {cap:?}"),
+                    None => "fixed ACK timeouts".into(),
+                };
+                format!("{}, {backoff}", Self::describe_sim(fabric, *engine))
+            }
             #[cfg(feature = "verbs")]
             Backend::Verbs(d) => {
                 let (gid_index, _) = d.gid();
@@ -240,6 +271,24 @@ impl Backend {
             }
             #[allow(unreachable_patterns)]
             _ => unreachable!("a Backend is always one of the compiled variants"),
+        }
+    }
+
+    /// The simulator's part of [`describe`](Self::describe): its wire and engine.
+    #[cfg(feature = "sim")]
+    fn describe_sim(fabric: &bypass_sim::Fabric, engine: bypass_sim::Engine) -> String {
+        match fabric.config().wire {
+            bypass_sim::WireConfig::Udp(at) => {
+                format!("sim (the software NIC) on the UDP wire at {at}, engine {engine:?}")
+            }
+            bypass_sim::WireConfig::Shm => {
+                format!("sim (the software NIC) on the shared-memory wire (this host), engine {engine:?}")
+            }
+            bypass_sim::WireConfig::L2 => format!(
+                "sim (the software NIC) on the L2 wire (RoCEv2 in Ethernet frames), path MTU {}, engine {engine:?}",
+                fabric.config().mtu
+            ),
+            _ => format!("sim (the software NIC, in this process), engine {engine:?}"),
         }
     }
 
@@ -341,6 +390,45 @@ mod tests {
         let text = |s: &str| Backend::open(s).unwrap_err().to_string();
         assert!(text("sim+shmem").contains("expected shm"), "{}", text("sim+shmem"));
         assert!(text("verbs+shm").contains("only for the simulator"));
+    }
+
+    /// The byte wires' NICs back off their retransmission waits unless the string turns it off
+    /// (issue 28: a peer process descheduled for longer than 7 fixed ACK timeouts failed queues);
+    /// the in-process wire keeps fixed timeouts.
+    #[test]
+    fn byte_wires_back_off_unless_told_otherwise() {
+        let backoff = |spec: &str| match Backend::open(spec).unwrap() {
+            Backend::Sim { fabric, .. } => fabric.config().ack_timeout_backoff,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!(),
+        };
+        let on = Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF);
+        assert_eq!(backoff("sim"), None);
+        assert_eq!(backoff("sim+udp://127.0.0.1:0"), on);
+        assert_eq!(backoff("sim+shm"), on);
+        assert_eq!(backoff("sim+l2:pair,loss_ppm=10"), on);
+        assert_eq!(backoff("sim+udp://127.0.0.1:0,ack_timeout_backoff=off"), None);
+        assert_eq!(backoff("sim:threaded+shm,ack_timeout_backoff=0"), None);
+        assert_eq!(
+            backoff("sim+l2:pair,ack_timeout_backoff=10,loss_ppm=10"),
+            Some(std::time::Duration::from_nanos(4096 << 10))
+        );
+        assert_eq!(
+            backoff("sim+shm,ack_timeout_backoff=off,ack_timeout_backoff=18"),
+            on,
+            "the last one counts"
+        );
+        let b = Backend::open("sim+udp://127.0.0.1:0").unwrap();
+        assert!(b.describe().ends_with("ACK timeouts back off up to 1.073741824s"), "{}", b.describe());
+        let b = Backend::open("sim+shm,ack_timeout_backoff=off").unwrap();
+        assert!(b.describe().ends_with("fixed ACK timeouts"), "{}", b.describe());
+        let e = Backend::open("sim+shm,ack_timeout_backoff=40").unwrap_err().to_string();
+        assert!(e.contains("ack_timeout_backoff=\"40\"") && e.contains("1..=31"), "{e}");
+        let e = Backend::open("sim+shm,loss_ppm=3").unwrap_err().to_string();
+        assert!(e.contains("shm,loss_ppm=3"), "other options stay where they belong: {e}");
+        for bad in ["sim+ack_timeout_backoff=3,shm", "sim+shm,", "sim+shm,ack_timeout_backoff=3,"] {
+            assert!(Backend::open(bad).is_err(), "{bad:?}: the wire comes first, and no empty option");
+        }
     }
 
     #[test]

@@ -79,7 +79,7 @@ fn parse_pair(rest: &str) -> Result<Vec<L2Attachment>, String> {
                     .filter(|&p| p < 1_000_000)
                     .ok_or_else(|| format!("bad loss_ppm {v:?}: frames lost per million, 0 to 999999"))?
             }
-            _ => return Err(format!("unknown option {opt:?} of l2:pair: expected loss_ppm=<0..999999>")),
+            _ => return Err(format!("unknown option {opt:?} of l2:pair: expected loss_ppm=<0..999999> (or, in a backend string, ack_timeout_backoff=N|off)")),
         }
     }
     let (ports, _) =
@@ -166,7 +166,7 @@ impl L2Addr {
                 "gw" => gateway = Some(v4(v)?),
                 other => {
                     return Err(format!(
-                        "unknown L2 option {other:?} in {opts:?}: expected ip=<v4>[/prefix] and optionally gw=<v4>"
+                        "unknown L2 option {other:?} in {opts:?}: expected ip=<v4>[/prefix] and optionally gw=<v4> (and, in a backend string, ack_timeout_backoff=N|off)"
                     ))
                 }
             }
