@@ -16,7 +16,7 @@
 //! | `verbs` | the first RDMA device libibverbs lists | feature `verbs` |
 //! | `verbs:rxe0` | the device `rxe0` | feature `verbs` |
 //! | `verbs:rxe0,port=1,gid=1,mtu=1024,tc=0` | with device-level settings ([`hal::DeviceConfig`](crate::hal::DeviceConfig)) | feature `verbs` |
-//! | `vfio:0000:00:03.0,ip=10.29.0.1[/24][,gw=10.29.0.254]` | one simulated NIC (Inline engine) on the L2 wire over the virtio-net device at that PCI address, owned through VFIO (docs/vfio.md); server and client share it | feature `vfio`; the device bound to vfio-pci, an IOMMU |
+//! | `vfio:0000:00:03.0,ip=10.29.0.1[/24][,gw=10.29.0.254][,interrupts=off]` | one simulated NIC (Inline engine) on the L2 wire over the virtio-net device at that PCI address, owned through VFIO (docs/vfio.md); server and client share it; `interrupts=off`: no MSI-X, the port is only polled | feature `vfio`; the device bound to vfio-pci, an IOMMU |
 //! | `urma` | the first URMA device liburma lists, opened twice (two contexts, like two hosts) | feature `urma`; liburma at run time |
 //! | `urma:udma0` | the URMA device `udma0` | feature `urma` |
 //! | `urma:udma0,lib=/path/liburma.so.0,eid=0` | with the liburma to load (else `$BYPASS_URMA_LIB`, else `liburma.so.0`) and the EID index | feature `urma` |
@@ -88,27 +88,33 @@ pub fn compiled() -> &'static [&'static str] {
     ]
 }
 
-/// Takes the `ack_timeout_backoff=` option out of comma-separated options (the last one counts):
-/// the other options (`None` if none are left), and `None` if it is absent, else the backoff it
-/// asks for
+/// Takes the option `key=` out of comma-separated options (the last one counts): the other
+/// options (`None` if none are left) and its value, if given.
+#[cfg(feature = "sim")]
+fn take_option<'a>(options: &'a str, key: &str) -> (Option<String>, Option<&'a str>) {
+    let mut value = None;
+    let mut rest = Vec::new();
+    for part in options.split(',') {
+        match part.strip_prefix(key).and_then(|v| v.strip_prefix('=')) {
+            Some(v) => value = Some(v),
+            None => rest.push(part),
+        }
+    }
+    ((!rest.is_empty()).then(|| rest.join(",")), value)
+}
+
+/// Takes the `ack_timeout_backoff=` option out of comma-separated options: the other options,
+/// and `None` if it is absent, else the backoff it asks for
 /// ([`bypass_sim::FabricConfig::parse_ack_timeout_backoff`]).
 #[cfg(feature = "sim")]
 #[allow(clippy::type_complexity)]
 fn split_backoff(options: &str) -> Result<(Option<String>, Option<Option<std::time::Duration>>), RpcError> {
-    let mut backoff = None;
-    let mut rest = Vec::new();
-    for part in options.split(',') {
-        match part.strip_prefix("ack_timeout_backoff=") {
-            Some(v) => {
-                backoff = Some(
-                    bypass_sim::FabricConfig::parse_ack_timeout_backoff(v)
-                        .map_err(RpcError::InvalidArgument)?,
-                )
-            }
-            None => rest.push(part),
-        }
-    }
-    Ok(((!rest.is_empty()).then(|| rest.join(",")), backoff))
+    let (rest, value) = take_option(options, "ack_timeout_backoff");
+    let backoff = value
+        .map(bypass_sim::FabricConfig::parse_ack_timeout_backoff)
+        .transpose()
+        .map_err(RpcError::InvalidArgument)?;
+    Ok((rest, backoff))
 }
 
 #[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
@@ -154,9 +160,21 @@ impl Backend {
                 "vfio:{rest} names no address for the NIC: expected vfio:<pci-address>,ip=<IPv4>[/prefix][,gw=<IPv4>], e.g. vfio:0000:00:03.0,ip=10.29.0.1/24"
             )));
         };
-        let (opts, backoff) = split_backoff(opts)?;
+        let (opts, interrupts) = take_option(opts, "interrupts");
+        let interrupts = match interrupts {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(RpcError::InvalidArgument(format!(
+                    "vfio: interrupts={other:?}: use interrupts=on (the default: receive interrupts through MSI-X, so a \
+                     CQ in event mode sleeps) or interrupts=off (the port is only polled)"
+                )))
+            }
+        };
+        let (opts, backoff) = split_backoff(opts.as_deref().unwrap_or(""))?;
         let addr = L2Addr::parse_options(opts.as_deref().unwrap_or("")).map_err(RpcError::InvalidArgument)?;
-        let port = bypass_hal::vfio::VirtioNet::open(pci)
+        let options = bypass_hal::vfio::VirtioNetOptions { interrupts, ..Default::default() };
+        let port = bypass_hal::vfio::VirtioNet::open_with(pci, &options)
             .map_err(|e| RpcError::InvalidArgument(format!("cannot open the VFIO NIC {pci}: {e}")))?;
         let engine = Engine::Inline;
         // The transport is software in this process, as on the simulator's byte wires: its
@@ -456,6 +474,13 @@ mod tests {
             assert!(e.contains("bad IPv4 address"), "{e}");
             // On a machine without this device bound to vfio-pci, the driver says why.
             let e = text("vfio:zz:00.0,ip=10.29.0.1");
+            assert!(e.contains("cannot open the VFIO NIC zz:00.0"), "{e}");
+            let e = text("vfio:zz:00.0,ip=10.29.0.1,interrupts=maybe");
+            assert!(e.contains("interrupts=\"maybe\"") && e.contains("interrupts=off"), "{e}");
+            let e = text("vfio:zz:00.0,ip=10.29.0.1,ack_timeout_backoff=99");
+            assert!(e.contains("1..=31"), "{e}");
+            // Well-formed options get as far as the device.
+            let e = text("vfio:zz:00.0,interrupts=off,ip=10.29.0.1,ack_timeout_backoff=off");
             assert!(e.contains("cannot open the VFIO NIC zz:00.0"), "{e}");
         }
     }
