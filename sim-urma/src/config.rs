@@ -32,7 +32,7 @@
 //! the simulator's host, not UDMA. `ack_timeout_backoff=0` turns it off (with
 //! `ack_timeout_floor=0`, the timer is exactly the hardware's: the jetty's `err_timeout`, fixed).
 
-use bypass_sim::{Engine, WireConfig};
+use bypass_sim::{Engine, FabricConfig, WireConfig, BYTE_WIRE_ACK_TIMEOUT_BACKOFF};
 
 /// The variable `urma_init` reads.
 pub const ENV: &str = "BYPASS_SIM_URMA";
@@ -40,10 +40,6 @@ pub const ENV: &str = "BYPASS_SIM_URMA";
 /// The default ACK timeout floor on the byte wires: 4.096 µs × 2^12 = 16.8 ms (see the module
 /// docs).
 pub const BYTE_WIRE_ACK_TIMEOUT_FLOOR: u8 = 12;
-
-/// The default cap of the retransmission backoff on the byte wires: 4.096 µs × 2^18 = 1.07 s
-/// (see the module docs).
-pub const BYTE_WIRE_ACK_TIMEOUT_BACKOFF: u8 = 18;
 
 /// Most devices one process may configure.
 pub const MAX_DEVICES: usize = 16;
@@ -59,8 +55,8 @@ pub struct Config {
     pub devices: usize,
     /// `ack_timeout_floor=`, if given: the least `err_timeout` exponent a jetty gets.
     pub ack_timeout_floor: Option<u8>,
-    /// `ack_timeout_backoff=`, if given: the cap exponent, 0 for off.
-    pub ack_timeout_backoff: Option<u8>,
+    /// `ack_timeout_backoff=`, if given: the cap, `None` for off.
+    pub ack_timeout_backoff: Option<Option<std::time::Duration>>,
     /// `stats`: print the devices' counters at `urma_uninit` or exit.
     pub stats: bool,
 }
@@ -114,13 +110,8 @@ impl Config {
                     )
                 })?);
             } else if let Some(n) = part.strip_prefix("ack_timeout_backoff=") {
-                let cap = if n == "off" { Some(0) } else { n.parse::<u8>().ok().filter(|n| *n <= 31) };
-                c.ack_timeout_backoff = Some(cap.ok_or_else(|| {
-                    format!(
-                        "{ENV}: ack_timeout_backoff={n:?} must be the longest wait as an exponent in 1..=31 \
-                         (4.096 us x 2^N), or 0 / off for none"
-                    )
-                })?);
+                c.ack_timeout_backoff =
+                    Some(FabricConfig::parse_ack_timeout_backoff(n).map_err(|e| format!("{ENV}: {e}"))?);
             } else if part == "stats" {
                 c.stats = true;
             } else if part == "inproc" {
@@ -150,11 +141,10 @@ impl Config {
     /// the one asked for, else [`BYTE_WIRE_ACK_TIMEOUT_BACKOFF`] on the shared-memory and UDP
     /// wires and none in process; `None` when off.
     pub fn ack_timeout_backoff(&self) -> Option<std::time::Duration> {
-        let cap = self.ack_timeout_backoff.unwrap_or(match self.wire {
-            WireConfig::Udp(_) | WireConfig::Shm => BYTE_WIRE_ACK_TIMEOUT_BACKOFF,
-            _ => 0,
-        });
-        (cap != 0).then(|| bypass_hal::AckTimeout::from_exponent(cap)).flatten().and_then(|t| t.duration())
+        self.ack_timeout_backoff.unwrap_or(match self.wire {
+            WireConfig::Udp(_) | WireConfig::Shm => Some(BYTE_WIRE_ACK_TIMEOUT_BACKOFF),
+            _ => None,
+        })
     }
 
     /// One line for logs.
@@ -204,7 +194,7 @@ mod tests {
         assert_eq!(cap("shm,ack_timeout_backoff=off"), None);
         assert_eq!(cap("ack_timeout_backoff=10"), Some(std::time::Duration::from_nanos(4096 << 10)));
         assert!(Config::parse("ack_timeout_backoff=32").unwrap_err().contains("1..=31"));
-        assert!(Config::parse("ack_timeout_backoff=on").unwrap_err().contains("0 / off"));
+        assert!(Config::parse("ack_timeout_backoff=on").unwrap_err().contains("or off"));
         assert!(!Config::parse("shm").unwrap().stats);
         assert!(Config::parse("shm,stats").unwrap().stats);
     }
