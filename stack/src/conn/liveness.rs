@@ -30,6 +30,21 @@ use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
+/// Rendezvous bytes a client gives the server one keepalive limit to move, when its answers
+/// may wait behind them (one READ or WRITE chunk, [`MAX_CHUNK`](crate::conn::rndv::MAX_CHUNK)):
+/// the slowest transfer keepalive takes for a live one is one chunk per limit (51 KiB/s with the
+/// default 1 s × 5).
+pub(crate) const RNDV_BYTES_PER_LIMIT: u64 = crate::conn::rndv::MAX_CHUNK as u64;
+
+/// `limit` stretched for `bytes` of the connection's own rendezvous data that may be queued
+/// ahead of what the peer sends (see the module docs, "Rendezvous"): one more limit per
+/// [`RNDV_BYTES_PER_LIMIT`] or part of it; `limit` itself when nothing is moving.
+pub(crate) fn limit_while_moving(limit: Duration, bytes: u64) -> Duration {
+    let extra = bytes.div_ceil(RNDV_BYTES_PER_LIMIT);
+    let times = u32::try_from(extra.saturating_add(1)).unwrap_or(u32::MAX);
+    limit.saturating_mul(times)
+}
+
 /// Keepalive settings ([`ChannelConfig::keepalive`](crate::ChannelConfig::keepalive),
 /// [`ServerConfig::keepalive`](crate::ServerConfig::keepalive)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -378,6 +393,18 @@ mod tests {
         assert!(k.expired(ms(275), k.limit()), "one look (25 ms) before 300 ms");
         assert_eq!(k.probe_after(), ms(100));
         assert_eq!(Keepalive { misses: 1, ..k }.probe_after(), ms(50));
+    }
+
+    #[test]
+    fn a_limit_more_per_chunk_of_rendezvous_data_in_flight() {
+        let limit = Duration::from_millis(100);
+        let chunk = RNDV_BYTES_PER_LIMIT;
+        assert_eq!(limit_while_moving(limit, 0), limit, "nothing moving: the plain limit");
+        assert_eq!(limit_while_moving(limit, 1), limit * 2, "part of a chunk counts whole");
+        assert_eq!(limit_while_moving(limit, chunk), limit * 2);
+        assert_eq!(limit_while_moving(limit, 16 * chunk + 1), limit * 18);
+        let huge = limit_while_moving(Duration::from_secs(3600), u64::MAX);
+        assert!(huge > Duration::from_secs(3600 * 1000), "saturates instead of overflowing: {huge:?}");
     }
 
     #[test]
