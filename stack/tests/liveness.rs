@@ -425,6 +425,54 @@ fn a_rendezvous_outlasting_the_keepalive_limit_while_the_server_writes_keeps_the
     a_rendezvous_that_outlasts_the_keepalive_limit_keeps_the_connection(Phase::Writing);
 }
 
+/// A link cut for good while the server READs a rendezvous call's arguments: the server does
+/// not judge silence while its READs are out, but the RC transport ends them — they exhaust
+/// their retries (`RetryExceeded`, counted in `RndvStats::failed`) — and the call, which has a
+/// deadline far away and a client limit stretched by its 8 MiB in flight, ends with an error
+/// instead of waiting (the client's probe, sent meanwhile, exhausts its retries too). Stepped engine: the transport's timers run on the virtual clock, which the
+/// test moves on whenever nothing else is ready.
+#[test]
+fn a_link_cut_during_a_rendezvous_ends_the_call_by_rc_retry_exhaustion() {
+    const LEN: usize = 4 << 20;
+    let faults = FaultPlan { controls: true, ..FaultPlan::NONE };
+    let engine = Engine::Stepped { seed: 0x29c };
+    let rig = Rig::with_fabric(
+        Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(engine) }),
+        Some(brisk()),
+    );
+    let config = ChannelConfig {
+        keepalive: Some(brisk()),
+        client_info: "cut-rndv".into(),
+        ..ChannelConfig::new(NAME)
+    };
+    let channel = rig.served.connect(config).expect("connect");
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { max_response: LEN, ..Default::default() };
+    channel
+        .call_callback(&opts, ECHO, &vec![3u8; LEN], move |r| {
+            *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec))
+        })
+        .expect("start the echo");
+    step_until("the server's READs", &rig.fabric, || rig.server.rndv_stats().peak_reads > 0);
+    rig.fabric.cut_link(rig.snic.addr(), rig.cnic.addr(), None).expect("cut");
+    let start = Instant::now();
+    while outcome.lock().unwrap().is_none() || rig.server.rndv_stats().failed == 0 {
+        assert!(start.elapsed() < WAIT_LIMIT, "the call over a cut link did not end");
+        if !rig.fabric.step() {
+            rig.fabric.advance(Duration::from_millis(25));
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let got = outcome.lock().unwrap().take();
+    match got {
+        // Which side's transport gives up first decides the form: the client's queue failed
+        // (its probe exhausted its retries: `Queue`), or the channel closed.
+        Some(Err(RpcError::Queue(_) | RpcError::Closed | RpcError::ConnectionBroken(_))) => {}
+        other => panic!("the echo over a cut link: {other:?}"),
+    }
+}
+
 /// Stepped engine: steps (or, when nothing is ready, lets the server's worker threads run) until
 /// `cond` holds; bounded.
 fn step_until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
