@@ -242,7 +242,10 @@ impl<D: Device + Clone> ChannelInner<D> {
             let shot = delivery::blocking_shot();
             let opts = CallOptions {
                 mode: CallMode::WaitRsp,
-                timeout: Some(k.keepalive.limit()),
+                // Its answer may wait behind the transfer as long as the silence may last: a
+                // probe that timed out holds its credit until its answer comes, so one probe per
+                // plain limit would take a credit each from the calls during a long transfer.
+                timeout: Some(limit),
                 queue: None,
                 wait_for_credit: false,
                 ..CallOptions::default()

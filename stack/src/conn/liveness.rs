@@ -54,10 +54,13 @@
 //!   may still be moving it). A live transfer keeps the channel as long as it moves at least
 //!   one chunk per limit on average (51 KiB/s with the default 1 s × 5); a server that froze
 //!   (its NIC still serving READs) is found by the call's own deadline if it has one, and by
-//!   keepalive within the stretched limit in every case; a dead link or host by the probes,
-//!   which go on being sent (one at a time, a new one when the last one's deadline, the plain
-//!   limit, passes) and fail their queue by RC retry exhaustion; a dead process by its control
-//!   stream's closure.
+//!   keepalive within the stretched limit in every case; a dead link or host also by RC retry
+//!   exhaustion — of the server's READs and WRITEs (the server then closes the connection one
+//!   limit later, which the client sees as `PeerClosed` while the control stream works) and of
+//!   any SEND of the client's still unacknowledged, a probe included (probes go on, one at a
+//!   time, each with the stretched limit as its deadline: a probe that timed out keeps its credit
+//!   until its answer comes, so shorter deadlines would drain the calls' credits during a long
+//!   transfer); a dead process by its control stream's closure.
 //!
 //! Both counts are relaxed atomics changed per rendezvous call (client) or per rendezvous work
 //! request (server): eager calls pay nothing.
