@@ -329,6 +329,217 @@ fn panicking_break_callbacks_are_contained(engine: Engine) {
     assert_eq!(rsp, b"still serving");
 }
 
+/// Keepalive for both sides of the rendezvous tests: probes after 20 ms of silence, broken after
+/// 60 ms (the server's limit follows the client's announcement: 20 ms × 4).
+fn brisk() -> Keepalive {
+    Keepalive { interval: Duration::from_millis(20), misses: 3 }
+}
+
+/// Where in an echo's rendezvous the device is held still.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// The server's READs of the arguments are posted.
+    Reading,
+    /// The server's WRITEs of the response are posted.
+    Writing,
+}
+
+/// Issue 29: a rendezvous that outlasts keepalive's limit on both sides. On the Stepped engine
+/// the device moves only when the test steps it, while keepalive runs on the real clock: the
+/// test starts a 4 MiB echo, steps until the server's READs (or its WRITEs) are posted, and then
+/// holds the device still for ten limits — a transfer that takes that long, over a transport
+/// that is healthy (no timer runs on the frozen virtual clock, nothing is lost). Nothing reaches
+/// either side meanwhile: the client's probe and its answer wait, as they wait behind a slow
+/// transfer on a real link (the answer on the server's send queue behind its WRITEs, the probe
+/// behind the READ responses). Neither side may declare the other broken: the client gives its
+/// own rendezvous bytes time (a limit per 256 KiB it may still move), the server does not judge
+/// while its own READs and WRITEs are outstanding. When the device moves again the echo
+/// completes and both sides are open. Before the fix, the client closed the channel
+/// (`ConnectionBroken(KeepaliveTimeout)`) and the server the connection, about one limit into
+/// the hold.
+fn a_rendezvous_that_outlasts_the_keepalive_limit_keeps_the_connection(phase: Phase) {
+    const LEN: usize = 4 << 20;
+    let rig = Rig::new(Engine::Stepped { seed: 0x29 }, Some(brisk()));
+    let config = ChannelConfig {
+        keepalive: Some(brisk()),
+        client_info: format!("{phase:?}"),
+        ..ChannelConfig::new(NAME)
+    };
+    let channel = rig.served.connect(config).expect("connect");
+    let breaks = watch(&channel);
+    let args: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { max_response: LEN, ..Default::default() };
+    channel
+        .call_callback(&opts, ECHO, &args, move |r| *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec)))
+        .expect("start the echo");
+    let started = |s: &RndvStats| match phase {
+        Phase::Reading => s.peak_reads > 0,
+        Phase::Writing => s.bytes_written > 0,
+    };
+    step_until(&format!("{phase:?}: the server's transfer under way"), &rig.fabric, || {
+        started(&rig.server.rndv_stats())
+    });
+    assert!(outcome.lock().unwrap().is_none(), "{phase:?}: the echo is still moving");
+
+    // The device holds still for ten client limits (the transfer takes that long).
+    let limit = brisk().limit();
+    let hold = Instant::now();
+    while hold.elapsed() < limit * 10 || channel.stats().keepalive_probes == 0 {
+        assert!(hold.elapsed() < WAIT_LIMIT, "{phase:?}: no probe in {WAIT_LIMIT:?}");
+        assert!(
+            !channel.is_closed() && breaks.count() == 0,
+            "{phase:?}: the client gave up on a connection busy with its own rendezvous after {:?}: {:?}",
+            hold.elapsed(),
+            channel.close_reason()
+        );
+        assert_eq!(
+            rig.server_breaks.all(),
+            vec![],
+            "{phase:?}: the server gave up on a connection busy with its own rendezvous after {:?}",
+            hold.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+
+    step_until(&format!("{phase:?}: the echo's outcome"), &rig.fabric, || outcome.lock().unwrap().is_some());
+    match outcome.lock().unwrap().take() {
+        Some(Ok(rsp)) => assert!(rsp == args, "{phase:?}: the echo came back changed"),
+        other => panic!("{phase:?}: the echo: {other:?} (close reason {:?})", channel.close_reason()),
+    }
+    assert_eq!(channel.close_reason(), None, "{phase:?}");
+    assert_eq!(breaks.count(), 0, "{phase:?}");
+    assert_eq!(rig.server_breaks.count(), 0, "{phase:?}");
+    assert_eq!(rig.conn(channel.channel_id()).close_reason(), None, "{phase:?}");
+    assert!(channel.stats().keepalive_probes >= 1, "{phase:?}: the hold was long enough to probe");
+}
+
+#[test]
+fn a_rendezvous_outlasting_the_keepalive_limit_while_the_server_reads_keeps_the_connection() {
+    a_rendezvous_that_outlasts_the_keepalive_limit_keeps_the_connection(Phase::Reading);
+}
+
+#[test]
+fn a_rendezvous_outlasting_the_keepalive_limit_while_the_server_writes_keeps_the_connection() {
+    a_rendezvous_that_outlasts_the_keepalive_limit_keeps_the_connection(Phase::Writing);
+}
+
+/// A link cut for good while the server READs a rendezvous call's arguments: the server does
+/// not judge silence while its READs are out, but the RC transport ends them — they exhaust
+/// their retries (`RetryExceeded`, counted in `RndvStats::failed`) — and the call, which has a
+/// deadline far away and a client limit stretched by its 8 MiB in flight, ends with an error
+/// instead of waiting (the client's probe, sent meanwhile, exhausts its retries too). Stepped engine: the transport's timers run on the virtual clock, which the
+/// test moves on whenever nothing else is ready.
+#[test]
+fn a_link_cut_during_a_rendezvous_ends_the_call_by_rc_retry_exhaustion() {
+    const LEN: usize = 4 << 20;
+    let faults = FaultPlan { controls: true, ..FaultPlan::NONE };
+    let engine = Engine::Stepped { seed: 0x29c };
+    let rig = Rig::with_fabric(
+        Fabric::with_config(FabricConfig { faults, ..FabricConfig::new(engine) }),
+        Some(brisk()),
+    );
+    let config = ChannelConfig {
+        keepalive: Some(brisk()),
+        client_info: "cut-rndv".into(),
+        ..ChannelConfig::new(NAME)
+    };
+    let channel = rig.served.connect(config).expect("connect");
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { max_response: LEN, ..Default::default() };
+    channel
+        .call_callback(&opts, ECHO, &vec![3u8; LEN], move |r| {
+            *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec))
+        })
+        .expect("start the echo");
+    step_until("the server's READs", &rig.fabric, || rig.server.rndv_stats().peak_reads > 0);
+    rig.fabric.cut_link(rig.snic.addr(), rig.cnic.addr(), None).expect("cut");
+    let start = Instant::now();
+    while outcome.lock().unwrap().is_none() || rig.server.rndv_stats().failed == 0 {
+        assert!(start.elapsed() < WAIT_LIMIT, "the call over a cut link did not end");
+        if !rig.fabric.step() {
+            rig.fabric.advance(Duration::from_millis(25));
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    let got = outcome.lock().unwrap().take();
+    match got {
+        // Which side's transport gives up first decides the form: the client's queue failed
+        // (its probe exhausted its retries: `Queue`), or the channel closed.
+        Some(Err(RpcError::Queue(_) | RpcError::Closed | RpcError::ConnectionBroken(_))) => {}
+        other => panic!("the echo over a cut link: {other:?}"),
+    }
+}
+
+/// Stepped engine: steps (or, when nothing is ready, lets the server's worker threads run) until
+/// `cond` holds; bounded.
+fn step_until(what: &str, fabric: &Fabric, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < WAIT_LIMIT, "gave up waiting for {what}");
+        if !fabric.step() {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// The other side of the fix: a server that stops answering during a rendezvous (its stack
+/// ignores probes, its handler keeps the request: a frozen process whose NIC still serves the
+/// READs) is still found by the client's keepalive, for a call with no deadline at all — the
+/// rendezvous stretches the limit by a limit per 256 KiB the server may still move, it does not
+/// suspend it.
+fn a_server_frozen_during_a_rendezvous_is_still_found(engine: Engine) {
+    let rig = Rig::new(engine, None);
+    let config = ChannelConfig {
+        keepalive: Some(brisk()),
+        timeout: None,
+        client_info: "frozen-rndv".into(),
+        ..ChannelConfig::new(NAME)
+    };
+    let channel = rig.served.connect(config).expect("connect");
+    let breaks = watch(&channel);
+    rig.conn(channel.channel_id()).ignore_probes_for_tests(true);
+    let outcome: Outcome = Arc::default();
+    let o = outcome.clone();
+    let opts = CallOptions { timeout: None, rendezvous: true, ..Default::default() };
+    channel
+        .call_callback(&opts, HOLD, &vec![7u8; 300 << 10], move |r| {
+            *o.lock().unwrap() = Some(r.map(<[u8]>::to_vec))
+        })
+        .expect("start");
+    until("the break callback", &rig.fabric, || breaks.count() > 0);
+    assert_eq!(breaks.all(), vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)], "{engine:?}");
+    match outcome.lock().unwrap().take() {
+        Some(Err(RpcError::ConnectionBroken(CloseReason::KeepaliveTimeout))) => {}
+        other => panic!("{engine:?}: the outstanding rendezvous call: {other:?}"),
+    }
+    assert_eq!(rig.held(), 1, "{engine:?}: the server had READ the arguments and held the request");
+    drop(rig.held.lock().unwrap().drain(..));
+}
+
+/// And the server's side: a client that freezes with a rendezvous in flight (its NIC still
+/// serves the READs) is dropped by the server once its transfers are over, as any silent client.
+fn a_client_frozen_during_a_rendezvous_is_dropped_after_the_transfer(engine: Engine) {
+    let rig = Rig::new(engine, Some(brisk()));
+    let channel = rig.connect(Some(patient()), "frozen-rndv-client").expect("connect");
+    let breaks = watch(&channel);
+    until("a probe", &rig.fabric, || channel.stats().keepalive_probes >= 1);
+    channel.freeze_keepalive_for_tests(true);
+    let opts = CallOptions { timeout: None, rendezvous: true, ..Default::default() };
+    channel.call_callback(&opts, HOLD, &vec![9u8; 1 << 20], |_| {}).expect("start");
+    until("the server's break callback", &rig.fabric, || rig.server_breaks.count() > 0);
+    assert_eq!(
+        rig.server_breaks.all(),
+        vec![(channel.channel_id(), CloseReason::KeepaliveTimeout)],
+        "{engine:?}"
+    );
+    assert_eq!(rig.held(), 1, "{engine:?}: the READs were over (the handler had the request)");
+    drop(rig.held.lock().unwrap().drain(..));
+    until("the client's break callback", &rig.fabric, || breaks.count() > 0);
+}
+
 #[test]
 fn keepalive_config_is_validated_by_name() {
     let fabric = Fabric::new(Engine::Inline);
@@ -363,4 +574,6 @@ common::per_engine!(
     client_frozen_before_its_first_probe_is_dropped,
     connection_callbacks_and_contexts,
     panicking_break_callbacks_are_contained,
+    a_server_frozen_during_a_rendezvous_is_still_found,
+    a_client_frozen_during_a_rendezvous_is_dropped_after_the_transfer,
 );

@@ -11,7 +11,7 @@
 use super::recovery::{Answer, Progress};
 use super::{CallOptions, ChannelInner};
 use crate::client::delivery::{self, Oneshot, Sink};
-use crate::conn::liveness::{CloseReason, Keepalive, Silence};
+use crate::conn::liveness::{limit_while_moving, CloseReason, Keepalive, Silence};
 use crate::control::reactor::{Step, Watch};
 use crate::control::session::{ReadStep, SessionFrame};
 use crate::control::{ControlError, ControlIo, ControlStream};
@@ -227,7 +227,10 @@ impl<D: Device + Clone> ChannelInner<D> {
         }
         k.last_polls = self.polls.load(Ordering::Relaxed);
         let quiet = k.silence.look(&self.live, now, k.keepalive.stall());
-        if k.keepalive.expired(quiet, k.keepalive.limit()) {
+        // The server's answers may wait behind this channel's own rendezvous transfers on its
+        // send queue: a limit more per chunk it may still move (see `conn::liveness`).
+        let limit = limit_while_moving(k.keepalive.limit(), self.rndv.moving());
+        if k.keepalive.expired(quiet, limit) {
             return true;
         }
         if k.probe.as_ref().is_some_and(|p| p.is_done()) {
@@ -239,7 +242,10 @@ impl<D: Device + Clone> ChannelInner<D> {
             let shot = delivery::blocking_shot();
             let opts = CallOptions {
                 mode: CallMode::WaitRsp,
-                timeout: Some(k.keepalive.limit()),
+                // Its answer may wait behind the transfer as long as the silence may last: a
+                // probe that timed out holds its credit until its answer comes, so one probe per
+                // plain limit would take a credit each from the calls during a long transfer.
+                timeout: Some(limit),
                 queue: None,
                 wait_for_credit: false,
                 ..CallOptions::default()

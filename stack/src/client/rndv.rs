@@ -93,6 +93,33 @@ pub(crate) struct CallRndv<R: 'static> {
     /// The queue the call was started on, and that queue's life then (its epoch).
     queue: usize,
     life: u32,
+    /// The bytes the server may move for the call, counted in the channel's
+    /// [`State::moving`] until the call's memory is let go of.
+    moving: Moving,
+}
+
+/// A call's share of [`State::moving`]: added when the call names its memory, taken back when
+/// the call's rendezvous state is dropped (its outcome, or the end of its quarantine).
+struct Moving {
+    counter: Option<Arc<AtomicU64>>,
+    bytes: u64,
+}
+
+impl Moving {
+    const NONE: Moving = Moving { counter: None, bytes: 0 };
+
+    fn new(counter: &Arc<AtomicU64>, bytes: u64) -> Self {
+        counter.fetch_add(bytes, Ordering::Relaxed);
+        Moving { counter: Some(counter.clone()), bytes }
+    }
+}
+
+impl Drop for Moving {
+    fn drop(&mut self) {
+        if let Some(c) = self.counter.take() {
+            c.fetch_sub(self.bytes, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<R: MemoryRegion + 'static> CallRndv<R> {
@@ -163,6 +190,11 @@ pub(crate) struct State<D: Device> {
     entries: AtomicUsize,
     /// The earliest `until` of the entries (`u64::MAX`: none).
     next_expiry: AtomicU64,
+    /// Bytes the server may still READ from or WRITE into this channel's memory: argument bytes
+    /// and response capacity of outstanding and quarantined rendezvous calls. Keepalive gives
+    /// the server's answers that much longer (they may wait behind the transfer on its send
+    /// queue: [`crate::conn::liveness`]). Relaxed: a hint read by the control loop.
+    moving: Arc<AtomicU64>,
 }
 
 impl<D: Device + Clone> State<D> {
@@ -188,7 +220,13 @@ impl<D: Device + Clone> State<D> {
             quarantined: AtomicU64::new(0),
             entries: AtomicUsize::new(0),
             next_expiry: AtomicU64::new(u64::MAX),
+            moving: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Bytes the server may still move for this channel's rendezvous calls (see `moving`).
+    pub(crate) fn moving(&self) -> u64 {
+        self.moving.load(Ordering::Relaxed)
     }
 
     /// Bytes of rendezvous memory held by calls right now, quarantined ones included (0 when
@@ -314,8 +352,15 @@ impl<D: Device + Clone> ChannelInner<D> {
         let want_rsp = plan.response;
         self.rndv_room()?;
         let life = self.ep.queues[q].epoch.load(Ordering::Acquire);
-        let mut call =
-            CallRndv { args: None, held: Vec::new(), response: None, response_cap: 0, queue: q, life };
+        let mut call = CallRndv {
+            args: None,
+            held: Vec::new(),
+            response: None,
+            response_cap: 0,
+            queue: q,
+            life,
+            moving: Moving::NONE,
+        };
         let mut n = 0usize;
         let room = MAX_DMA_DESCRIPTORS - usize::from(want_rsp);
         let mut push = |d: DmaDescriptor, n: &mut usize| -> Result<(), RpcError> {
@@ -340,6 +385,9 @@ impl<D: Device + Clone> ChannelInner<D> {
         } else {
             0
         };
+        // What the server READs and WRITEs (a shared region is moved both ways).
+        let moved = (if plan.args { len as u64 } else { 0 }) + cap as u64;
+        call.moving = Moving::new(&self.rndv.moving, moved);
         match args {
             Args::Bytes(bytes) if plan.args => {
                 // With a response buffer too, one region serves both: a bypass server writes the

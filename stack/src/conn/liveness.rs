@@ -24,11 +24,66 @@
 //! (a callback call that poll finishes has its callback run aside, not on the loop: see
 //! [`crate::control::reactor`]). A channel or connection keepalive gives up on is closed aside too. The hot path pays one
 //! relaxed load (and, after a quiet spell, one store) per non-empty poll of the receive CQ.
+//!
+//! **Rendezvous.** A connection moving its own rendezvous data hears nothing for as long as the
+//! transfer takes, though both sides are well: the server's answer to a probe is a SEND on the
+//! same RC queue as its READs and WRITEs, and RC delivers it only after them (rxe even holds a
+//! SEND while more than 128 PSNs are unacknowledged); the client's messages queue behind the
+//! READ responses its NIC sends. A 4 MiB echo at 0.5 MB/s (a TCG guest) is 16 s of silence,
+//! three times the default limit. Keepalive must not call that dead, and must still find a peer
+//! that really died or froze during it. Each side knows something different, so they differ:
+//!
+//! - **The server** knows exactly when it is moving data: it counts the READs and WRITEs it
+//!   posted and has not seen complete (`ConnRndv::posted`, `server/rndv.rs`). While there are
+//!   some, it does not judge the client's silence, which then counts from the transfer's end.
+//!   The RC transport watches the client meanwhile: each READ or WRITE completes (the client's
+//!   NIC answered: the data moves) or, when the client's host or the link is gone, fails with
+//!   `RetryExceeded` after the queue's retries (a READ or WRITE never waits on RNR), which fails
+//!   the queue and ends the count. A client process that froze while its NIC still serves the
+//!   READs is judged from the transfer's end, one limit later; one that died closes its control
+//!   stream at once. This rests on the queues' ACK timer: with `AckTimeout::NONE` a READ to a
+//!   dead client would wait forever, so such a server stretches its limit instead, by one limit
+//!   per work request in flight (each moves at most one chunk), as the client does.
+//! - **The client** cannot see the server's READs and WRITEs: on one queue (the default) nothing
+//!   the server sends can overtake them, so answering probes on another queue is no general
+//!   answer, and not judging at all while a rendezvous call is out would leave a frozen server
+//!   undetected for as long as a call with no deadline waits — forever. So the client stretches
+//!   its limit by one more limit per [`RNDV_BYTES_PER_LIMIT`] (256 KiB, one READ/WRITE chunk)
+//!   that the server may still move for the channel: the arguments and response capacity of its
+//!   outstanding rendezvous calls and of timed-out ones whose memory is quarantined (the server
+//!   may still be moving it). A live transfer keeps the channel as long as it moves at least
+//!   one chunk per limit on average (51 KiB/s with the default 1 s × 5); a server that froze
+//!   (its NIC still serving READs) is found by the call's own deadline if it has one, and by
+//!   keepalive within the stretched limit in every case; a dead link or host also by RC retry
+//!   exhaustion — of the server's READs and WRITEs (the server then closes the connection one
+//!   limit later, which the client sees as `PeerClosed` while the control stream works) and of
+//!   any SEND of the client's still unacknowledged, a probe included (probes go on, one at a
+//!   time, each with the stretched limit as its deadline: a probe that timed out keeps its credit
+//!   until its answer comes, so shorter deadlines would drain the calls' credits during a long
+//!   transfer); a dead process by its control stream's closure.
+//!
+//! Both counts are relaxed atomics changed per rendezvous call (client) or per rendezvous work
+//! request (server): eager calls pay nothing.
 
 use crate::wire::FunctionId;
 use crate::RpcError;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
+
+/// Rendezvous bytes a client gives the server one keepalive limit to move, when its answers
+/// may wait behind them (one READ or WRITE chunk, [`MAX_CHUNK`](crate::conn::rndv::MAX_CHUNK)):
+/// the slowest transfer keepalive takes for a live one is one chunk per limit (51 KiB/s with the
+/// default 1 s × 5).
+pub(crate) const RNDV_BYTES_PER_LIMIT: u64 = crate::conn::rndv::MAX_CHUNK as u64;
+
+/// `limit` stretched for `bytes` of the connection's own rendezvous data that may be queued
+/// ahead of what the peer sends (see the module docs, "Rendezvous"): one more limit per
+/// [`RNDV_BYTES_PER_LIMIT`] or part of it; `limit` itself when nothing is moving.
+pub(crate) fn limit_while_moving(limit: Duration, bytes: u64) -> Duration {
+    let extra = bytes.div_ceil(RNDV_BYTES_PER_LIMIT);
+    let times = u32::try_from(extra.saturating_add(1)).unwrap_or(u32::MAX);
+    limit.saturating_mul(times)
+}
 
 /// Keepalive settings ([`ChannelConfig::keepalive`](crate::ChannelConfig::keepalive),
 /// [`ServerConfig::keepalive`](crate::ServerConfig::keepalive)).
@@ -378,6 +433,18 @@ mod tests {
         assert!(k.expired(ms(275), k.limit()), "one look (25 ms) before 300 ms");
         assert_eq!(k.probe_after(), ms(100));
         assert_eq!(Keepalive { misses: 1, ..k }.probe_after(), ms(50));
+    }
+
+    #[test]
+    fn a_limit_more_per_chunk_of_rendezvous_data_in_flight() {
+        let limit = Duration::from_millis(100);
+        let chunk = RNDV_BYTES_PER_LIMIT;
+        assert_eq!(limit_while_moving(limit, 0), limit, "nothing moving: the plain limit");
+        assert_eq!(limit_while_moving(limit, 1), limit * 2, "part of a chunk counts whole");
+        assert_eq!(limit_while_moving(limit, chunk), limit * 2);
+        assert_eq!(limit_while_moving(limit, 16 * chunk + 1), limit * 18);
+        let huge = limit_while_moving(Duration::from_secs(3600), u64::MAX);
+        assert!(huge > Duration::from_secs(3600 * 1000), "saturates instead of overflowing: {huge:?}");
     }
 
     #[test]

@@ -161,6 +161,7 @@ impl<D: Device + Clone> ServerInner<D> {
             stream,
             weak,
             self.config.keepalive,
+            self.config.queue_config.timeout.duration().is_some(),
             conn.ep.queues.len(),
             self.config.max_queue_resets,
         )

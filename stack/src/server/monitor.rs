@@ -20,7 +20,7 @@
 #![forbid(unsafe_code)]
 
 use super::Conn;
-use crate::conn::liveness::{CloseReason, Keepalive, Silence};
+use crate::conn::liveness::{limit_while_moving, CloseReason, Keepalive, Silence, RNDV_BYTES_PER_LIMIT};
 use crate::conn::recovery::{Budget, Recovery};
 use crate::control::reactor::{Step, Watch};
 use crate::control::session::{self, QueueReset, ReadStep, SessionFrame, SessionReader};
@@ -44,6 +44,10 @@ pub(super) struct ConnWatch<D: Device + Clone> {
     stream: ControlStream,
     conn: Weak<Conn<D>>,
     keepalive: Option<Keepalive>,
+    /// The connection's queues retransmit on an ACK timeout, so each READ or WRITE they post
+    /// completes or fails within the transport's retry budget (with no timer, one to a dead
+    /// peer would wait forever).
+    transport_bounded: bool,
     silence: Silence,
     next_look: Option<Instant>,
     /// The loop found the connection over, for this reason: it is closed aside.
@@ -59,13 +63,15 @@ pub(super) struct ConnWatch<D: Device + Clone> {
 
 impl<D: Device + Clone> ConnWatch<D> {
     /// Watches `stream` (made non-blocking here) for connection `conn` of `queues` queues, which
-    /// may ask for `max_resets` queue resets per queue per [`QUEUE_RESET_WINDOW`].
+    /// may ask for `max_resets` queue resets per queue per [`QUEUE_RESET_WINDOW`];
+    /// `transport_bounded`: the queues have an ACK timeout (see the field).
     ///
     /// [`QUEUE_RESET_WINDOW`]: crate::QUEUE_RESET_WINDOW
     pub(super) fn new(
         stream: ControlStream,
         conn: Weak<Conn<D>>,
         keepalive: Option<Keepalive>,
+        transport_bounded: bool,
         queues: usize,
         max_resets: u32,
     ) -> std::io::Result<Self> {
@@ -76,6 +82,7 @@ impl<D: Device + Clone> ConnWatch<D> {
             stream,
             conn,
             keepalive,
+            transport_bounded,
             silence: Silence::new(now),
             next_look: keepalive.map(|k| now + k.tick()),
             closing: None,
@@ -190,8 +197,21 @@ impl<D: Device + Clone + 'static> Watch for ConnWatch<D> {
             self.silence.restart(now);
             return Step::Keep;
         }
+        let posted = c.rndv.posted();
+        if posted > 0 && self.transport_bounded {
+            // The connection is moving its own rendezvous data, which may hold up the client's
+            // messages (behind READ responses on its NIC) and its probes (whose answers wait
+            // behind our WRITEs): the RC transport watches the client meanwhile — each READ or
+            // WRITE completes, or fails the queue after its retries. Silence counts from the
+            // transfer's end (see `conn::liveness`).
+            self.silence.restart(now);
+            return Step::Keep;
+        }
         let quiet = self.silence.look(&c.live, now, k.stall());
-        if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit)) {
+        // Without a retransmission timer, only time bounds a transfer: a limit more per chunk
+        // in flight, as on the client.
+        let moving = (posted as u64).saturating_mul(RNDV_BYTES_PER_LIMIT);
+        if c.live.server_limit(&k).is_some_and(|limit| k.expired(quiet, limit_while_moving(limit, moving))) {
             return self.close_aside(CloseReason::KeepaliveTimeout);
         }
         Step::Keep

@@ -156,6 +156,11 @@ pub(crate) struct ConnRndv<D: Device + Clone> {
     slots: Box<[Mutex<Option<Op<D>>>]>,
     /// Ops wait in some FIFO (checked on every send-CQ poll: one load).
     pending: AtomicUsize,
+    /// READs and WRITEs posted and not completed yet, over all queues: while there are some,
+    /// the connection is moving its own data and keepalive does not judge the client's silence
+    /// (see [`crate::conn::liveness`]). Each op in `slots` is counted once, and uncounted by
+    /// whoever takes it out.
+    posted: AtomicUsize,
     waiting: Mutex<VecDeque<(Request<D>, DescList)>>,
     any_waiting: AtomicBool,
 }
@@ -190,6 +195,7 @@ impl<D: Device + Clone> ConnRndv<D> {
                 .collect(),
             slots: (0..tx_capacity).map(|_| Mutex::new(None)).collect(),
             pending: AtomicUsize::new(0),
+            posted: AtomicUsize::new(0),
             waiting: Mutex::new(VecDeque::new()),
             any_waiting: AtomicBool::new(false),
         }
@@ -198,6 +204,11 @@ impl<D: Device + Clone> ConnRndv<D> {
     /// Rendezvous bytes held by this connection.
     pub(crate) fn in_use(&self) -> u64 {
         self.in_use.load(Ordering::Acquire)
+    }
+
+    /// READs and WRITEs of this connection posted and not completed (see `posted`).
+    pub(crate) fn posted(&self) -> usize {
+        self.posted.load(Ordering::Relaxed)
     }
 
     /// No rendezvous in progress: no memory held (so no READ or WRITE outstanding), nothing
@@ -577,10 +588,14 @@ impl<D: Device + Clone> Conn<D> {
                         let (sge, remote) = (*sge, *remote);
                         let kind = if is_read { SendOp::Read(remote) } else { SendOp::Write(remote) };
                         let index = tx.handle().index as usize;
+                        // Counted before the op is in its slot: whoever takes it out of the slot
+                        // (its completion, a failed post, the close) takes the count back.
+                        rndv.posted.fetch_add(1, Ordering::Relaxed);
                         *lock(&rndv.slots[index]) = Some(op);
                         if let Err(Unposted { tx, .. }) = self.ep.post_op(q, tx, RNDV_TAG, kind, &[sge]) {
                             self.drop_tx(tx);
                             if let Some(op) = lock(&rndv.slots[index]).take() {
+                                rndv.posted.fetch_sub(1, Ordering::Relaxed);
                                 if let Some(d) = abandon(op) {
                                     done.push(d);
                                 }
@@ -634,6 +649,7 @@ impl<D: Device + Clone> Conn<D> {
             Op::Write { q, .. } => (*q, false),
             Op::Rsp { .. } => return,
         };
+        rndv.posted.fetch_sub(1, Ordering::Relaxed);
         let done = complete(op, status);
         {
             let mut st = lock(&rndv.queues[q]);
@@ -687,7 +703,11 @@ impl<D: Device + Clone> Conn<D> {
             ops.extend(st.fifo.drain(..));
         }
         for s in self.rndv.slots.iter() {
-            ops.extend(lock(s).take());
+            if let Some(op) = lock(s).take() {
+                // Their completions find no op in the slot and take nothing back.
+                self.rndv.posted.fetch_sub(1, Ordering::Relaxed);
+                ops.push(op);
+            }
         }
         self.rndv.pending.store(0, Ordering::Release);
         drop(ops);
