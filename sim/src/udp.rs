@@ -147,6 +147,11 @@ struct TxBatch {
     /// How many of the `n` datagrams are plain ACKs (what a flush may hold back, see
     /// [`UdpPort::flush`]).
     acks: usize,
+    /// Which datagrams are plain ACKs.
+    plain_ack: [bool; BATCH],
+    /// How many of the `n` are a responder's answers other than plain ACKs (READ responses,
+    /// atomic ACKs, NAKs): plain ACKs are not moved past them (see `send_batch`).
+    answers: usize,
 }
 
 /// One NIC's UDP endpoint: its socket, its peers, its send batch.
@@ -266,6 +271,8 @@ impl UdpPort {
             dests: [zero; BATCH],
             n: 0,
             acks: 0,
+            plain_ack: [false; BATCH],
+            answers: 0,
         };
         // SAFETY: an all-zero sockaddr_in is a valid plain C struct.
         let addrs: [libc::sockaddr_in; BATCH] = unsafe { std::mem::zeroed() };
@@ -620,8 +627,12 @@ impl UdpPort {
                 tx.lens[i] = len;
                 tx.dests[i] = to;
                 tx.n += 1;
-                if hdr.kind == PacketKind::Ack && hdr.syndrome == Syndrome::Ack {
+                let plain_ack = hdr.kind == PacketKind::Ack && hdr.syndrome == Syndrome::Ack;
+                tx.plain_ack[i] = plain_ack;
+                if plain_ack {
                     tx.acks += 1;
+                } else if !hdr.kind.is_request() {
+                    tx.answers += 1;
                 }
                 if let Some(w) = &self.pcap {
                     self.capture(w, hdr, to, &tx.bufs[i][..len]);
@@ -682,6 +693,14 @@ impl UdpPort {
     /// peer on this host goes as one message the kernel segments (`UDP_SEGMENT`; the last of
     /// the run may be shorter), so a burst of 32 requests is one buffer through the kernel's
     /// UDP and IP layers instead of 32. The datagrams are the same either way.
+    ///
+    /// Plain ACKs in a batch with requests go last (a ping-pong's batch is the ACK of the last
+    /// answer and the next request): an ACK is shorter than a request carrying data, so it ends
+    /// the request's run and the two are one buffer through the kernel, not two. Moving an ACK
+    /// behind requests changes no outcome: the ACKs of a queue are a stream of their own,
+    /// independent of its requests (RoCE has no piggybacking), and each acknowledges every PSN
+    /// up to its own. It is never moved behind READ responses, atomic ACKs or NAKs, which share
+    /// the ACKs' PSN order (a later ACK would look stale).
     fn send_batch(&self, tx: &mut TxBatch) {
         let n = tx.n;
         if n == 0 {
@@ -696,19 +715,35 @@ impl UdpPort {
         let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
         // The datagrams each message carries.
         let mut count = [0usize; BATCH];
-        for ((iov, buf), &len) in iovs.iter_mut().zip(tx.bufs.iter_mut()).zip(&tx.lens).take(n) {
-            *iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len };
+        // The order datagrams leave in: plain ACKs last if they may move (see above).
+        let mut ord = [0u8; BATCH];
+        let acks_last = gso && tx.acks > 0 && tx.acks < n && tx.answers == 0;
+        let mut k = 0;
+        for pass in [false, true] {
+            for (i, &ack) in tx.plain_ack.iter().enumerate().take(n) {
+                if !acks_last && !pass || acks_last && ack == pass {
+                    ord[k] = i as u8;
+                    k += 1;
+                }
+            }
         }
+        debug_assert_eq!(k, n);
+        for (iov, &d) in iovs.iter_mut().zip(&ord).take(n) {
+            let d = usize::from(d);
+            *iov = libc::iovec { iov_base: tx.bufs[d].as_mut_ptr().cast(), iov_len: tx.lens[d] };
+        }
+        let dest = |k: usize| tx.dests[usize::from(ord[k])];
+        let size = |k: usize| tx.lens[usize::from(ord[k])];
         let mut m = 0;
         let mut i = 0;
         while i < n {
-            let (to, len) = (tx.dests[i], tx.lens[i]);
+            let (to, len) = (dest(i), size(i));
             let mut j = i + 1;
             if gso && self.segments_to(to) {
                 // Same peer; the size of the first, the last possibly shorter; 64 KiB at most.
-                while j < n && tx.dests[j] == to && tx.lens[j] <= len && (j - i + 1) * len <= GSO_MAX_BYTES {
+                while j < n && dest(j) == to && size(j) <= len && (j - i + 1) * len <= GSO_MAX_BYTES {
                     j += 1;
-                    if tx.lens[j - 1] < len {
+                    if size(j - 1) < len {
                         break;
                     }
                 }
@@ -777,6 +812,7 @@ impl UdpPort {
         }
         tx.n = 0;
         tx.acks = 0;
+        tx.answers = 0;
         if self.ack_due.load(AtOrd::Relaxed) != 0 {
             self.ack_due.store(0, AtOrd::Relaxed);
         }
@@ -1322,6 +1358,29 @@ mod tests {
         assert_eq!(read_all(&q, want_q.len()), want_q);
         assert_eq!(read_all(&r, want_r.len()), want_r);
         assert_eq!(p.stats.send_dropped.load(AtOrd::Relaxed), 0);
+    }
+
+    /// A ping-pong's batch, the ACK of the last answer and the next request, is one buffer
+    /// through the kernel: the ACK goes behind the request (it is shorter, so it ends the run).
+    /// Behind a NAK or a READ response (the ACKs' own PSN order) an ACK stays where it was.
+    #[test]
+    fn an_ack_rides_behind_a_request_in_one_buffer() {
+        let p = port(Duration::ZERO);
+        let q = port(Duration::ZERO);
+        q.peer_id(p.local);
+        put(&p, q.local, &ack()); // PSN 1
+        let fill2 = &mut |b: &mut [u8]| b.fill(2);
+        assert_eq!(p.transmit(q.local, &send(), fill2), Transmit::Sent); // PSN 2, 8 bytes
+        p.flush(true);
+        assert_eq!(read_all(&q, 2), vec![(2, 8, true), (1, 0, true)], "the request first");
+        assert_eq!(q.stats.recv_buffers.load(AtOrd::Relaxed), 1, "both in one buffer");
+
+        put(&p, q.local, &PacketHeader { psn: 3, ..ack() });
+        put(&p, q.local, &PacketHeader { psn: 4, syndrome: Syndrome::NakSequence, ..ack() });
+        put(&p, q.local, &PacketHeader { psn: 5, payload_len: 0, ..send() });
+        p.flush(true);
+        let order: Vec<u32> = read_all(&q, 3).iter().map(|x| x.0).collect();
+        assert_eq!(order, vec![3, 4, 5], "no ACK moves behind a NAK");
     }
 
     /// Datagrams to another host or to a RoCE NIC's port 4791 leave one by one, each exactly as
