@@ -153,6 +153,15 @@ fn check_payload(hdr: &PacketHeader, payload: &[u8]) -> Result<(), EncodeError> 
 /// The IPv4 header of a RoCEv2 datagram carrying `udp_payload` bytes: no options, DF, protocol
 /// UDP, checksum filled in.
 fn ipv4_header(ep: &Endpoints, id: u16, ttl: u8, tos: u8, udp_payload: usize) -> [u8; IPV4_LEN] {
+    let mut h = ipv4_header_unsummed(ep, id, ttl, tos, udp_payload);
+    let sum = ipv4_checksum(&h);
+    h[10..12].copy_from_slice(&sum.to_be_bytes());
+    h
+}
+
+/// [`ipv4_header`] with the checksum left 0: for the ICRC alone, which masks that field (a byte
+/// wire's sender and receiver compute it per datagram).
+fn ipv4_header_unsummed(ep: &Endpoints, id: u16, ttl: u8, tos: u8, udp_payload: usize) -> [u8; IPV4_LEN] {
     let total = (IPV4_LEN + UDP_LEN + udp_payload) as u16;
     let mut h = [0u8; IPV4_LEN];
     h[0] = 0x45;
@@ -164,8 +173,6 @@ fn ipv4_header(ep: &Endpoints, id: u16, ttl: u8, tos: u8, udp_payload: usize) ->
     h[9] = PROTO_UDP;
     h[12..16].copy_from_slice(&ep.src_ip);
     h[16..20].copy_from_slice(&ep.dst_ip);
-    let sum = ipv4_checksum(&h);
-    h[10..12].copy_from_slice(&sum.to_be_bytes());
     h
 }
 
@@ -291,7 +298,7 @@ impl Frame<'_> {
 /// builds or edits packets in place.
 pub fn udp_icrc(ep: &Endpoints, transport: &[u8]) -> u32 {
     let n = transport.len() + ICRC_LEN;
-    icrc_ipv4(&ipv4_header(ep, 0, 0, 0, n), &udp_header(ep, n), transport)
+    icrc_ipv4(&ipv4_header_unsummed(ep, 0, 0, 0, n), &udp_header(ep, n), transport)
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
@@ -309,7 +316,7 @@ pub fn decode_udp<'a>(bytes: &'a [u8], ep: &Endpoints) -> Result<Frame<'a>, Fram
     if bytes.len() > MAX_UDP_PAYLOAD {
         return Err(FrameError::TooLong(bytes.len()));
     }
-    let ip = ipv4_header(ep, 0, 0, 0, bytes.len());
+    let ip = ipv4_header_unsummed(ep, 0, 0, 0, bytes.len());
     let udp = udp_header(ep, bytes.len());
     parse_transport(bytes, &ip, &udp, false)
 }

@@ -69,8 +69,15 @@ impl Crc32 {
     }
 
     /// Feeds `data`.
-    pub fn update(mut self, data: &[u8]) -> Self {
+    pub fn update(mut self, mut data: &[u8]) -> Self {
         let mut c = self.0;
+        #[cfg(target_arch = "x86_64")]
+        if data.len() >= 32 && clmul::available() {
+            let whole = data.len() & !15;
+            // SAFETY: the CPU has PCLMULQDQ and SSE4.1 (checked just above).
+            c = unsafe { clmul::fold(c, &data[..whole]) };
+            data = &data[whole..];
+        }
         let mut chunks = data.chunks_exact(8);
         for b in &mut chunks {
             let lo = c ^ u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
@@ -96,6 +103,65 @@ impl Crc32 {
     }
 }
 
+/// The CRC-32 by carry-less multiplication (x86-64 PCLMULQDQ): 16 bytes per step instead of 8
+/// table lookups per 8 bytes, so a datagram's ICRC costs a fraction of the tables' time. The
+/// fold, the two last folds and the Barrett reduction follow Intel's white paper "Fast CRC
+/// Computation for Generic Polynomials Using PCLMULQDQ Instruction" (2009), bit-reflected form;
+/// the constants are powers of x modulo the polynomial. `crc32_check_values` and
+/// `the_carryless_fold_agrees_with_the_tables` check it against the tables for every length.
+#[cfg(target_arch = "x86_64")]
+mod clmul {
+    use std::arch::x86_64::*;
+
+    /// x^(128+32) and x^(128-32) mod P (reflected, shifted left by one): fold 128 bits ahead.
+    const K3: i64 = 0x1_7519_97D0;
+    const K4: i64 = 0x0_CCAA_009E;
+    /// x^64 mod P (reflected, shifted): the last 32-bit fold.
+    const K5: i64 = 0x1_63CD_6124;
+    /// The polynomial (reflected, with x^32) and floor(x^64 / P) (reflected): Barrett's pair.
+    const P: i64 = 0x1_DB71_0641;
+    const MU: i64 = 0x1_F701_1641;
+
+    /// The CPU can run [`fold`].
+    #[inline]
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("pclmulqdq") && std::arch::is_x86_feature_detected!("sse4.1")
+    }
+
+    /// The CRC register after feeding `data` (a multiple of 16 bytes, at least 16) to register
+    /// `crc`.
+    ///
+    /// # Safety
+    /// The CPU must have PCLMULQDQ and SSE4.1 ([`available`]).
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    pub(super) unsafe fn fold(crc: u32, data: &[u8]) -> u32 {
+        debug_assert!(data.len() >= 16 && data.len() % 16 == 0);
+        let k34 = _mm_set_epi64x(K4, K3);
+        let mask32 = _mm_set_epi64x(0, 0xFFFF_FFFF);
+        let mut blocks = data.chunks_exact(16);
+        let first = blocks.next().expect("at least 16 bytes");
+        // SAFETY: `first` is 16 readable bytes; the load is unaligned.
+        let mut x =
+            _mm_xor_si128(unsafe { _mm_loadu_si128(first.as_ptr().cast()) }, _mm_cvtsi32_si128(crc as i32));
+        for b in blocks {
+            let lo = _mm_clmulepi64_si128(x, k34, 0x00);
+            let hi = _mm_clmulepi64_si128(x, k34, 0x11);
+            // SAFETY: `b` is 16 readable bytes; the load is unaligned.
+            x = _mm_xor_si128(_mm_xor_si128(lo, hi), unsafe { _mm_loadu_si128(b.as_ptr().cast()) });
+        }
+        // 128 -> 64 bits (and 32 zero bits appended): the low half times K4, onto the high half.
+        x = _mm_xor_si128(_mm_srli_si128(x, 8), _mm_clmulepi64_si128(x, k34, 0x10));
+        // 64 -> 32 (+32) bits.
+        let k5 = _mm_set_epi64x(0, K5);
+        x = _mm_xor_si128(_mm_srli_si128(x, 4), _mm_clmulepi64_si128(_mm_and_si128(x, mask32), k5, 0x00));
+        // Barrett reduction to the 32-bit register.
+        let pmu = _mm_set_epi64x(MU, P);
+        let t = _mm_and_si128(_mm_clmulepi64_si128(_mm_and_si128(x, mask32), pmu, 0x10), mask32);
+        x = _mm_xor_si128(x, _mm_clmulepi64_si128(t, pmu, 0x00));
+        _mm_extract_epi32(x, 1) as u32
+    }
+}
+
 /// The CRC-32 of `data` (`zlib.crc32(data)`).
 pub fn crc32(data: &[u8]) -> u32 {
     Crc32::new().update(data).finish()
@@ -109,25 +175,31 @@ pub fn crc32(data: &[u8]) -> u32 {
 /// `transport` must be at least the 12 bytes of a BTH; a shorter slice is hashed as it is (the
 /// result then matches no valid frame, which is what a decoder wants).
 pub fn icrc_ipv4(ip: &[u8; 20], udp: &[u8; 8], transport: &[u8]) -> u32 {
-    let mut ip = *ip;
-    ip[1] = 0xFF; // TOS (DSCP + ECN)
-    ip[8] = 0xFF; // TTL
-    ip[10] = 0xFF; // header checksum
-    ip[11] = 0xFF;
-    let mut udp = *udp;
-    udp[6] = 0xFF; // UDP checksum
-    udp[7] = 0xFF;
-    let mut crc = Crc32::new().update(&[0xFF; 8]).update(&ip).update(&udp);
-    if transport.len() >= 12 {
-        let mut bth = [0u8; 12];
-        bth.copy_from_slice(&transport[..12]);
-        bth[4] = 0xFF; // FECN, BECN, resv6
-        crc = crc.update(&bth).update(&transport[12..]);
+    // The masked headers in one block of 40 bytes (IPv4, UDP, BTH), fed to the register as it
+    // stands after the masked LRH's eight 0xFF bytes: two long updates, not five short ones.
+    let mut head = [0u8; 40];
+    head[..20].copy_from_slice(ip);
+    head[1] = 0xFF; // TOS (DSCP + ECN)
+    head[8] = 0xFF; // TTL
+    head[10] = 0xFF; // header checksum
+    head[11] = 0xFF;
+    head[20..28].copy_from_slice(udp);
+    head[26] = 0xFF; // UDP checksum
+    head[27] = 0xFF;
+    let crc = Crc32(AFTER_MASKED_LRH);
+    let crc = if transport.len() >= 12 {
+        head[28..40].copy_from_slice(&transport[..12]);
+        head[32] = 0xFF; // FECN, BECN, resv6
+        crc.update(&head).update(&transport[12..])
     } else {
-        crc = crc.update(transport);
-    }
+        crc.update(&head[..28]).update(transport)
+    };
     crc.finish()
 }
+
+/// The CRC register after the eight 0xFF bytes every ICRC starts with (the masked LRH of
+/// RoCEv2's ICRC definition): `!crc32(&[0xFF; 8])`.
+const AFTER_MASKED_LRH: u32 = 0xDEBB_20E3;
 
 /// The IPv4 identification under which `sent` is the ICRC of a packet, when the receiver cannot
 /// see that field: a UDP socket shows neither the IPv4 header nor its ID, and a real RoCEv2 NIC
@@ -293,6 +365,59 @@ mod tests {
             }
         }
         !c
+    }
+
+    #[test]
+    fn the_icrc_is_the_crc_of_the_masked_pieces_in_order() {
+        // The definition, piece by piece, against the one-block computation.
+        assert_eq!(Crc32::new().update(&[0xFF; 8]).0, AFTER_MASKED_LRH);
+        let mut x = 0x1234_5678u32;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        };
+        for len in 0..200 {
+            let ip: [u8; 20] = std::array::from_fn(|_| next());
+            let udp: [u8; 8] = std::array::from_fn(|_| next());
+            let t: Vec<u8> = (0..len).map(|_| next()).collect();
+            let mut mip = ip;
+            for i in [1, 8, 10, 11] {
+                mip[i] = 0xFF;
+            }
+            let mut mudp = udp;
+            mudp[6] = 0xFF;
+            mudp[7] = 0xFF;
+            let mut mt = t.clone();
+            if mt.len() >= 12 {
+                mt[4] = 0xFF;
+            }
+            let want = Crc32::new().update(&[0xFF; 8]).update(&mip).update(&mudp).update(&mt).finish();
+            assert_eq!(icrc_ipv4(&ip, &udp, &t), want, "transport of {len} bytes");
+        }
+    }
+
+    /// The carry-less fold gives the tables' register for every length and starting register.
+    #[test]
+    fn the_carryless_fold_agrees_with_the_tables() {
+        let data: Vec<u8> = (0..600u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 11) as u8).collect();
+        let tables = |c: u32, d: &[u8]| {
+            let mut c = c;
+            for &b in d {
+                c = (c >> 8) ^ TABLES[0][((c ^ u32::from(b)) & 0xFF) as usize];
+            }
+            c
+        };
+        for start in [0u32, 0xFFFF_FFFF, 0xDEBB_20E3, 0x1234_5678] {
+            for len in 0..data.len() {
+                assert_eq!(
+                    Crc32(start).update(&data[..len]).0,
+                    tables(start, &data[..len]),
+                    "{start:x} {len}"
+                );
+            }
+        }
     }
 
     #[test]
