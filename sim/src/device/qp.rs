@@ -1124,6 +1124,67 @@ impl QpCtx {
         self.on_progress(ctx);
     }
 
+    /// Handles `n` READ response segments from `first` (PSNs `first.psn` onwards, the last one's
+    /// LAST flag `last`) whose payloads are `run`, back to back, as `n` calls of
+    /// [`on_read_response`](Self::on_read_response) would — but only if they are exactly what
+    /// the front READ expects next and land, all of them, in memory it may write that does not
+    /// overlap their source. Then the bytes are placed with one key check and one copy (the
+    /// same bytes, since every range is checked in one piece and nothing overlaps) and true is
+    /// returned. Otherwise nothing changes and it returns false.
+    pub(crate) fn on_read_run(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        first: &PacketHeader,
+        last: bool,
+        n: u32,
+        run: Payload<'_>,
+    ) -> bool {
+        if self.state != QueueState::Ready || !self.in_window(first.psn) {
+            return false;
+        }
+        let Some(op) = self.ops.front().copied() else { return false };
+        // The READ is the oldest message (no SEND or WRITE before it to complete first) and the
+        // run starts at its next expected segment and ends inside it.
+        if op.wqe.op != WqeOp::Read
+            || !op.contains(first.psn)
+            || psn_offset(first.psn, op.first_psn) != op.resp_got
+            || op.npkts - op.resp_got < n
+        {
+            return false;
+        }
+        let mtu = u64::from(ctx.mtu);
+        let off = u64::from(op.resp_got) * mtu;
+        // Every segment but the run's last is a full MTU (`joins_read_run`), so the run's length
+        // is right exactly when each segment's is; only the run's last may be the READ's LAST.
+        let expect_len = (op.len - off.min(op.len)).min(u64::from(n) * mtu);
+        let expect_last = op.resp_got + n == op.npkts;
+        if last != expect_last || (op.resp_got == 0 && !first.first) || run.len() as u64 != expect_len {
+            return false;
+        }
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        let Ok(k) =
+            ctx.resolve_span(&self.shared.sq, &op.wqe, off, run.len() as u64, Access::LOCAL_WRITE, &mut segs)
+        else {
+            return false; // the first segment fails the READ, as it would alone
+        };
+        if segs[..k].iter().any(|&(p, l)| run.overlaps(p, l)) {
+            // A loopback READ into its own source: placed segment by segment, as packets come.
+            return false;
+        }
+        scatter(&segs[..k], run);
+        self.acked = psn_add(first.psn, n - 1);
+        let front = self.ops.front_mut().expect("front exists");
+        front.resp_got += n;
+        if front.resp_got == front.npkts {
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+            self.reads_outstanding -= 1;
+            self.read_blocked = false;
+        }
+        self.on_progress(ctx);
+        true
+    }
+
     /// A READ or atomic response arrived past `missing`, the first response not received: the
     /// ones between were lost, and responses come in order, so they will not come. As IBA's
     /// requester does on an out-of-sequence READ response (and rxe's completer): ask again from
