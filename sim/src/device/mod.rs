@@ -105,6 +105,10 @@ pub struct NicStats {
 /// segments of a 4096-byte MTU are a 256 KiB READ, the stack's largest rendezvous chunk.
 pub(crate) const RX_RUN_MAX: usize = 64;
 
+/// Most READ response packets `DeviceState::tx_one` sends in one go (the segments of one READ
+/// queued back to back, their source range checked once).
+const TX_BURST_MAX: usize = 64;
+
 /// Whether `next` may follow `prev` in a run of READ response packets: the next segment of the
 /// same READ (same queues, the next PSN, neither the end of the READ nor a new one), after a
 /// full-MTU segment.
@@ -811,6 +815,10 @@ impl DeviceState {
         hdr.dst_nic = remote.nic;
         hdr.src_qpn = qp.shared.qpn;
         hdr.dst_qpn = remote.qpn;
+        // Outbox entries sent (or lost) by this call, and whether the wire refused one after
+        // the first.
+        let mut taken = 1usize;
+        let mut burst_busy = false;
         let result = match desc.read_from {
             None => remote.wire.transmit(&hdr, &mut |_| {}),
             Some((rkey, addr)) => {
@@ -828,8 +836,58 @@ impl DeviceState {
                         // SAFETY: the key table vouched for `len` readable bytes at `src` in the
                         // live registration `life` guards; we hold the device lock until the
                         // wire has taken the packet, so it stays in the table meanwhile.
-                        let src = unsafe { PayloadRef::new(src, len as usize, life) };
-                        remote.wire.transmit_ref(&hdr, src)
+                        let first = remote
+                            .wire
+                            .transmit_ref(&hdr, unsafe { PayloadRef::new(src, len as usize, life) });
+                        if first != Transmit::Busy {
+                            // The READ's next segments, queued right behind this one and back
+                            // to back in the same registration, go now too: their range is
+                            // checked in one piece, which is the same check as one per packet
+                            // since the key table cannot change while we hold the device lock.
+                            let mut end = addr + len;
+                            let more = self
+                                .outbox
+                                .iter()
+                                .skip(1)
+                                .take(TX_BURST_MAX - 1)
+                                .take_while(|d| {
+                                    let next = d.qpn == desc.qpn
+                                        && d.hdr.kind == PacketKind::ReadResponse
+                                        && d.read_from == Some((rkey, end))
+                                        && d.hdr.payload_len as usize >= BY_REF_MIN;
+                                    end += if next { u64::from(d.hdr.payload_len) } else { 0 };
+                                    next
+                                })
+                                .count();
+                            if more > 0 {
+                                if let Ok((src, life)) = self.keys.resolve_live(
+                                    rkey,
+                                    addr + len,
+                                    end - addr - len,
+                                    Access::REMOTE_READ,
+                                ) {
+                                    let mut at = 0usize;
+                                    for d in self.outbox.iter().skip(1).take(more) {
+                                        let n = d.hdr.payload_len as usize;
+                                        let (src_nic, dst_nic, src_qpn, dst_qpn) =
+                                            (hdr.src_nic, hdr.dst_nic, hdr.src_qpn, hdr.dst_qpn);
+                                        let h = PacketHeader { src_nic, dst_nic, src_qpn, dst_qpn, ..d.hdr };
+                                        // SAFETY: `at + n` is inside the range the key table
+                                        // vouched for above, in the live registration `life`
+                                        // guards, which stays in the table while we hold the
+                                        // device lock.
+                                        let p = unsafe { PayloadRef::new(src.add(at), n, life) };
+                                        if remote.wire.transmit_ref(&h, p) == Transmit::Busy {
+                                            burst_busy = true;
+                                            break;
+                                        }
+                                        at += n;
+                                        taken += 1;
+                                    }
+                                }
+                            }
+                        }
+                        first
                     }
                     Err(_) => {
                         // Deregistered between the request and this response.
@@ -849,8 +907,12 @@ impl DeviceState {
             self.stats.tx_wire_busy += 1;
             return false;
         }
-        self.stats.tx_responses += 1;
-        self.outbox.pop_front();
+        self.stats.tx_responses += taken as u64;
+        self.outbox.drain(..taken);
+        if burst_busy {
+            self.outbox_blocked = true;
+            self.stats.tx_wire_busy += 1;
+        }
         if let Some(qp) = find(&mut self.qps, desc.qpn) {
             if !qp.pending_flush {
                 qp.pending_flush = true;
