@@ -323,8 +323,8 @@ impl Inbox {
             return None;
         }
         // SAFETY: the slot is published (its sequence, acquired above, is `2h + 1`) and only the
-        // consumer frees it, so no producer writes it until our `pop`. The same holds for every
-        // slot behind it that the scan below finds published.
+        // consumer frees it, so no producer writes it until our `pop`s (`run_behind` reads the
+        // slots behind it under the same rule).
         unsafe {
             let hdr = slot.hdr.with(|p| *p);
             let sent_at = slot.sent_at.with(|p| *p);
@@ -335,40 +335,65 @@ impl Inbox {
                     return slot.buf.with(|b| f(&hdr, &hdr, 1, Some(Payload::from(&(&*b)[..len])), sent_at));
                 }
                 let life = s.life.as_deref().expect("a by-reference slot names its registration");
-                // The run: published slots behind the head, by reference into the same
-                // registration, each payload starting where the previous one ends.
-                let (mut last, mut n, mut total) = (hdr, 1usize, len);
-                while n < max.min(self.slots.len()) {
-                    let pos = h + n as u64;
-                    let next = self.slot(pos);
-                    if next.seq.load(Ordering::Acquire) & !WAITED != 2 * pos + 1 {
-                        break;
-                    }
-                    let nh = next.hdr.with(|p| *p);
-                    let contiguous = next.src.with(|ns| {
-                        let ns = &*ns;
-                        ns.by_ref
-                            && ns.life.as_deref().is_some_and(|l| std::ptr::eq(l, life))
-                            && ns.ptr == s.ptr.wrapping_add(total)
-                    });
-                    if !contiguous || !joins(&last, &nh) {
-                        break;
-                    }
-                    total += nh.payload_len as usize;
-                    last = nh;
-                    n += 1;
-                }
+                let (last, n, total) = self.run_behind(h, &hdr, s, max, &joins);
                 if !life.enter() {
                     return f(&hdr, &last, n, None, sent_at);
                 }
                 let _reader = Reader(life);
                 // SAFETY: the sender's key table vouched for each packet's bytes in the
-                // registration `life` guards, and they lie back to back from `ptr` (checked
-                // above), so `total` bytes at `ptr` are in it; `enter` succeeded: its memory is
+                // registration `life` guards, and they lie back to back from `ptr` (checked by
+                // `run_behind`), so `total` bytes at `ptr` are in it; `enter` succeeded: its memory is
                 // not freed before `_reader` leaves, after `f`.
                 f(&hdr, &last, n, Some(Payload::from_raw(s.ptr, total)), sent_at)
             }))
         }
+    }
+
+    /// The run that the by-reference packet `first` at the head (position `h`, source `src`)
+    /// starts: the published slots behind it, by reference into the same registration, each
+    /// payload starting where the previous one ends, whose headers `joins` accepts; at most
+    /// `max` packets in all. Returns the run's last header, its length and its payload bytes.
+    /// (Out of line: a packet whose payload is in its slot never gets here.)
+    ///
+    /// # Safety
+    /// As for [`with_front_run`](Self::with_front_run), whose head slot `src` is.
+    #[inline(never)]
+    unsafe fn run_behind(
+        &self,
+        h: u64,
+        first: &PacketHeader,
+        src: &Src,
+        max: usize,
+        joins: &dyn Fn(&PacketHeader, &PacketHeader) -> bool,
+    ) -> (PacketHeader, usize, usize) {
+        let (mut last, mut n, mut total) = (*first, 1usize, first.payload_len as usize);
+        let life = src.life.as_deref();
+        while n < max.min(self.slots.len()) {
+            let pos = h + n as u64;
+            let next = self.slot(pos);
+            if next.seq.load(Ordering::Acquire) & !WAITED != 2 * pos + 1 {
+                break;
+            }
+            // SAFETY: the slot is published (its sequence, acquired above, is `2 pos + 1`) and
+            // only the consumer, the caller, frees it, so no producer writes it meanwhile.
+            let (nh, contiguous) = unsafe {
+                let nh = next.hdr.with(|p| *p);
+                let contiguous = next.src.with(|ns| {
+                    let ns = &*ns;
+                    ns.by_ref
+                        && ns.life.as_deref().zip(life).is_some_and(|(a, b)| std::ptr::eq(a, b))
+                        && ns.ptr == src.ptr.wrapping_add(total)
+                });
+                (nh, contiguous)
+            };
+            if !contiguous || !joins(&last, &nh) {
+                break;
+            }
+            total += nh.payload_len as usize;
+            last = nh;
+            n += 1;
+        }
+        (last, n, total)
     }
 
     /// Consumer: frees the oldest packet's slot (after [`with_front`](Self::with_front) found
