@@ -488,8 +488,9 @@ impl DeviceState {
         while let Some(qpn) = self.to_flush.pop() {
             if let Some(qp) = find(&mut self.qps, qpn) {
                 qp.pending_flush = false;
+                let read = std::mem::take(&mut qp.flush_eager);
                 if let Some(r) = &qp.remote {
-                    r.wire.flush(eager);
+                    r.wire.flush(eager || read);
                 }
                 for d in &qp.dests {
                     d.wire.flush(eager);

@@ -157,6 +157,8 @@ pub(crate) struct QpCtx {
     pub wire_blocked: bool,
     /// Listed in the device's to-flush list.
     pub pending_flush: bool,
+    /// A READ request went out since the last flush: the responder is asked to run now.
+    pub flush_eager: bool,
     /// On the device's active list.
     pub listed: bool,
     // Responder.
@@ -245,6 +247,7 @@ impl QpCtx {
             read_gap_asked: false,
             wire_blocked: false,
             pending_flush: false,
+            flush_eager: false,
             listed: false,
             epsn: 0,
             rq_fetch: 0,
@@ -758,6 +761,7 @@ impl QpCtx {
             hdr.remote_addr = w.remote_addr.wrapping_add(off);
             hdr.rkey = w.rkey;
             hdr.dma_len = op.len.saturating_sub(off) as u32;
+            self.flush_eager = true;
             psn_add(op.first_psn, op.npkts)
         } else {
             let plen = (op.len - off.min(op.len)).min(mtu);
