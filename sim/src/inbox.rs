@@ -371,6 +371,12 @@ impl Inbox {
         while n < max.min(self.slots.len()) {
             let pos = h + n as u64;
             let next = self.slot(pos);
+            #[cfg(loom)]
+            if crate::sync::mutation::active(crate::sync::mutation::Mutant::InboxRunReadBeforeCheck) {
+                // MUTANT: read the header first, then check that the slot is published.
+                // SAFETY: none — this is the broken twin the model must catch.
+                let _ = unsafe { next.hdr.with(|p| *p) };
+            }
             if next.seq.load(Ordering::Acquire) & !WAITED != 2 * pos + 1 {
                 break;
             }
