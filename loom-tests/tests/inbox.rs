@@ -15,14 +15,20 @@
 //!   2-slot inbox, where the sender marks the slot halfway along the ring (the newer one, not
 //!   the head's that blocked it) ‖ the device takes both packets.
 //!
+//! - [`a_run_reads_only_published_slots`]: a sender pushes the three segments of a READ by
+//!   reference (back to back in one source) into a 4-slot inbox ‖ the device takes *runs*
+//!   (`with_front_run`, which looks at the slots behind the head): however the runs are cut,
+//!   every segment arrives once, in order, with its bytes.
+//!
 //! Broken twins (`bypass_sim::loom_api::mutation`): the slot published `Relaxed` (a causality
 //! violation on the slot), the position claimed with a load and a store (two senders write one
-//! slot), and the waited-on slot marked with a load and a store (a lost kick, at depth 1 and 2).
+//! slot), the waited-on slot marked with a load and a store (a lost kick, at depth 1 and 2), and
+//! the run scan reading a slot's header before checking that it is published.
 #![cfg(loom)]
 
 use bypass_loom_tests::{check, Bound};
 use bypass_sim::loom_api::mutation::{self as sim_mutation, Mutant as SimMutant};
-use bypass_sim::loom_api::Inbox;
+use bypass_sim::loom_api::{Inbox, RefSource};
 use loom::sync::Arc;
 use loom::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -198,4 +204,55 @@ fn twin_mark_load_store_is_caught() {
     let _serial = serial();
     let _mutant = sim_mutation::set(SimMutant::InboxMarkLoadStore);
     check(Bound::Exhaustive, kick_model);
+}
+
+/// Executions of the run model in which the device took more than one packet at once.
+static RUN_SEEN: AtomicUsize = AtomicUsize::new(0);
+
+fn run_model() {
+    const N: u32 = 3;
+    let ib = Arc::new(Inbox::new(4, 4));
+    let src = Arc::new(RefSource::new(&[1, 2, 3, 4, 5, 6]));
+    let (tx, s) = (ib.clone(), src.clone());
+    let sender = thread::spawn(move || {
+        for k in 0..N {
+            assert!(tx.push_ref(1, 10 + k, k == 0, k == N - 1, &s, 2 * k as usize, 2, false), "refused");
+        }
+    });
+    let (mut ids, mut bytes) = (Vec::new(), Vec::new());
+    while ids.len() < N as usize {
+        // SAFETY: this thread is the model's only consumer.
+        match unsafe { ib.take_run(8, &mut Vec::new()) } {
+            Some((i, b)) => {
+                if i.len() > 1 {
+                    RUN_SEEN.fetch_add(1, Ordering::Relaxed);
+                }
+                ids.extend(i);
+                bytes.extend(b);
+            }
+            None => thread::yield_now(),
+        }
+    }
+    sender.join().unwrap();
+    assert_eq!(ids, [(1, 10), (1, 11), (1, 12)], "a segment lost, repeated or out of order");
+    assert_eq!(bytes, [1, 2, 3, 4, 5, 6], "a segment's bytes altered");
+    drop(src);
+}
+
+#[test]
+fn a_run_reads_only_published_slots() {
+    let _serial = serial();
+    RUN_SEEN.store(0, Ordering::Relaxed);
+    check(Bound::Env, run_model);
+    assert!(RUN_SEEN.load(Ordering::Relaxed) > 0, "no execution took a run of several packets");
+}
+
+/// The run scan reads the next slot's header before its sequence: a header its sender may be
+/// writing.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn twin_run_read_before_check_is_caught() {
+    let _serial = serial();
+    let _mutant = sim_mutation::set(SimMutant::InboxRunReadBeforeCheck);
+    check(Bound::Env, run_model);
 }

@@ -288,9 +288,34 @@ impl Inbox {
     ///
     /// # Safety
     /// The caller is the only consumer (it holds the NIC's device lock) until its `pop`.
+    #[cfg(any(test, loom))]
     pub(crate) unsafe fn with_front<R>(
         &self,
         f: impl FnOnce(&PacketHeader, Option<Payload<'_>>, u64) -> R,
+    ) -> Option<R> {
+        // SAFETY: the caller's contract is ours.
+        unsafe {
+            self.with_front_run(1, |_, _| false, |hdr, _, _, payload, sent_at| f(hdr, payload, sent_at))
+        }
+    }
+
+    /// Consumer: [`with_front`](Self::with_front) for a *run*: the oldest packet and the packets
+    /// published right behind it (at most `max` in all) whose payloads continue its payload by
+    /// reference — each in the same registration, starting where the previous one's bytes end —
+    /// and whose headers `joins(previous, next)` accepts. `f` gets the first and the last header
+    /// of the run, its length `n` and the `n` payloads as one (`None`: the registration is gone),
+    /// and leaves the packets in place; the caller then pops as many as it handled. A packet
+    /// whose payload is in its slot is a run of one. No packet is read twice: a run that `f`
+    /// takes only the first packet of (the payload's first `first.payload_len` bytes) offers
+    /// the rest again at the next call.
+    ///
+    /// # Safety
+    /// The caller is the only consumer (it holds the NIC's device lock) until its `pop`s.
+    pub(crate) unsafe fn with_front_run<R>(
+        &self,
+        max: usize,
+        joins: impl Fn(&PacketHeader, &PacketHeader) -> bool,
+        f: impl FnOnce(&PacketHeader, &PacketHeader, usize, Option<Payload<'_>>, u64) -> R,
     ) -> Option<R> {
         let h = self.head.0.load(Ordering::Relaxed);
         let slot = self.slot(h);
@@ -298,7 +323,8 @@ impl Inbox {
             return None;
         }
         // SAFETY: the slot is published (its sequence, acquired above, is `2h + 1`) and only the
-        // consumer frees it, so no producer writes it until our `pop`.
+        // consumer frees it, so no producer writes it until our `pop`s (`run_behind` reads the
+        // slots behind it under the same rule).
         unsafe {
             let hdr = slot.hdr.with(|p| *p);
             let sent_at = slot.sent_at.with(|p| *p);
@@ -306,19 +332,74 @@ impl Inbox {
             Some(slot.src.with(|s| {
                 let s = &*s;
                 if !s.by_ref {
-                    return slot.buf.with(|b| f(&hdr, Some(Payload::from(&(&*b)[..len])), sent_at));
+                    return slot.buf.with(|b| f(&hdr, &hdr, 1, Some(Payload::from(&(&*b)[..len])), sent_at));
                 }
                 let life = s.life.as_deref().expect("a by-reference slot names its registration");
+                let (last, n, total) = self.run_behind(h, &hdr, s, max, &joins);
                 if !life.enter() {
-                    return f(&hdr, None, sent_at);
+                    return f(&hdr, &last, n, None, sent_at);
                 }
                 let _reader = Reader(life);
-                // SAFETY: the sender's key table vouched for `len` bytes at `ptr` in the
-                // registration `life` guards, and `enter` succeeded: its memory is not freed
-                // before `_reader` leaves, after `f`.
-                f(&hdr, Some(Payload::from_raw(s.ptr, len)), sent_at)
+                // SAFETY: the sender's key table vouched for each packet's bytes in the
+                // registration `life` guards, and they lie back to back from `ptr` (checked by
+                // `run_behind`), so `total` bytes at `ptr` are in it; `enter` succeeded: its memory is
+                // not freed before `_reader` leaves, after `f`.
+                f(&hdr, &last, n, Some(Payload::from_raw(s.ptr, total)), sent_at)
             }))
         }
+    }
+
+    /// The run that the by-reference packet `first` at the head (position `h`, source `src`)
+    /// starts: the published slots behind it, by reference into the same registration, each
+    /// payload starting where the previous one ends, whose headers `joins` accepts; at most
+    /// `max` packets in all. Returns the run's last header, its length and its payload bytes.
+    /// (Out of line: a packet whose payload is in its slot never gets here.)
+    ///
+    /// # Safety
+    /// As for [`with_front_run`](Self::with_front_run), whose head slot `src` is.
+    #[inline(never)]
+    unsafe fn run_behind(
+        &self,
+        h: u64,
+        first: &PacketHeader,
+        src: &Src,
+        max: usize,
+        joins: &dyn Fn(&PacketHeader, &PacketHeader) -> bool,
+    ) -> (PacketHeader, usize, usize) {
+        let (mut last, mut n, mut total) = (*first, 1usize, first.payload_len as usize);
+        let life = src.life.as_deref();
+        while n < max.min(self.slots.len()) {
+            let pos = h + n as u64;
+            let next = self.slot(pos);
+            #[cfg(loom)]
+            if crate::sync::mutation::active(crate::sync::mutation::Mutant::InboxRunReadBeforeCheck) {
+                // MUTANT: read the header first, then check that the slot is published.
+                // SAFETY: none — this is the broken twin the model must catch.
+                let _ = unsafe { next.hdr.with(|p| *p) };
+            }
+            if next.seq.load(Ordering::Acquire) & !WAITED != 2 * pos + 1 {
+                break;
+            }
+            // SAFETY: the slot is published (its sequence, acquired above, is `2 pos + 1`) and
+            // only the consumer, the caller, frees it, so no producer writes it meanwhile.
+            let (nh, contiguous) = unsafe {
+                let nh = next.hdr.with(|p| *p);
+                let contiguous = next.src.with(|ns| {
+                    let ns = &*ns;
+                    ns.by_ref
+                        && ns.life.as_deref().zip(life).is_some_and(|(a, b)| std::ptr::eq(a, b))
+                        && ns.ptr == src.ptr.wrapping_add(total)
+                });
+                (nh, contiguous)
+            };
+            if !contiguous || !joins(&last, &nh) {
+                break;
+            }
+            total += nh.payload_len as usize;
+            last = nh;
+            n += 1;
+        }
+        (last, n, total)
     }
 
     /// Consumer: frees the oldest packet's slot (after [`with_front`](Self::with_front) found

@@ -173,6 +173,81 @@ pub mod loom_api {
         }
     }
 
+    /// A registration's bytes and liveness, for by-reference packets (`Inbox::push_ref`).
+    #[derive(Debug)]
+    pub struct RefSource {
+        bytes: Box<[u8]>,
+        life: std::sync::Arc<crate::source::Life>,
+    }
+
+    impl RefSource {
+        /// `bytes`, alive.
+        pub fn new(bytes: &[u8]) -> Self {
+            RefSource { bytes: bytes.into(), life: Default::default() }
+        }
+    }
+
+    impl Inbox {
+        /// A sender offers a packet whose payload stays in `src` (bytes `at..at + len`), as a
+        /// READ response of the in-process wire: the `psn`-th segment of one READ, `first` and
+        /// `last` as on the wire; false if full (then, if `wait`, the sender is registered).
+        #[allow(clippy::too_many_arguments)]
+        pub fn push_ref(
+            &self,
+            src_nic: u32,
+            psn: u32,
+            first: bool,
+            last: bool,
+            src: &RefSource,
+            at: usize,
+            len: usize,
+            wait: bool,
+        ) -> bool {
+            let hdr = crate::packet::PacketHeader {
+                src_nic,
+                psn,
+                first,
+                last,
+                kind: crate::packet::PacketKind::ReadResponse,
+                payload_len: len as u32,
+                ..Default::default()
+            };
+            assert!(at + len <= src.bytes.len());
+            // SAFETY: `len` bytes at `at` lie in `src.bytes`, which `src.life` guards and which
+            // the model keeps alive (never frees) until every packet was taken.
+            let r = unsafe { crate::source::PayloadRef::new(src.bytes.as_ptr().add(at), len, &src.life) };
+            self.0.push_ref(&hdr, &r, wait)
+        }
+
+        /// The device takes the run at the head (`Inbox::with_front_run`, at most `max` packets,
+        /// joined as READ responses of one READ: the next PSN, no LAST before the end, no FIRST
+        /// after the start): `(src_nic, psn)` of each and the run's payload; pops all of it.
+        ///
+        /// # Safety
+        /// One consumer at a time.
+        pub unsafe fn take_run(
+            &self,
+            max: usize,
+            kicked: &mut Vec<u32>,
+        ) -> Option<(Vec<(u32, u32)>, Vec<u8>)> {
+            let joins = |p: &crate::packet::PacketHeader, n: &crate::packet::PacketHeader| {
+                p.src_nic == n.src_nic && n.psn == p.psn.wrapping_add(1) && !p.last && !n.first
+            };
+            // SAFETY: the caller is the only consumer.
+            let (first, n, bytes) = unsafe {
+                self.0.with_front_run(max, joins, |h, _, n, p, _| {
+                    (*h, n, p.map(|p| p.to_vec()).unwrap_or_default())
+                })
+            }?;
+            let ids = (0..n as u32).map(|k| (first.src_nic, first.psn.wrapping_add(k))).collect();
+            for _ in 0..n {
+                // SAFETY: as above; `with_front_run` found `n` packets from the head.
+                unsafe { self.0.pop(&mut |w| kicked.push(w)) };
+            }
+            Some((ids, bytes))
+        }
+    }
+
     /// The liveness of a registration's memory (`sim/src/source.rs`): a peer's device copying a
     /// by-reference payload `enter`s and `exit`s; deregistration `kill`s it before freeing.
     #[derive(Debug, Default)]

@@ -178,6 +178,17 @@ impl Payload<'_> {
         self.len
     }
 
+    /// Whether the payload's bytes and the `n` bytes at `p` share an address.
+    pub(crate) fn overlaps(&self, p: *const u8, n: usize) -> bool {
+        let (a, b) = (self.ptr as usize, p as usize);
+        a < b.saturating_add(n) && b < a.saturating_add(self.len)
+    }
+
+    /// The first `len` bytes (at most all of them).
+    pub(crate) fn prefix(self, len: usize) -> Self {
+        Payload { len: len.min(self.len), ..self }
+    }
+
     /// Copies bytes `from..from + n` of the payload to `dst` (the ranges may overlap: a loopback
     /// can place a registration's bytes into itself).
     ///

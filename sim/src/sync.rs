@@ -116,6 +116,9 @@ pub mod mutation {
         /// `handoff::RxHandoff::may_tick` skips the SeqCst fence between raising `ticking` and
         /// reading the armed count (the lost wake-up of a user going to sleep).
         UdpNoFenceBeforeArmedCheck = 113,
+        /// `inbox::Inbox::run_behind` reads the header of the slot behind the run before
+        /// checking that the slot is published (a header a sender is still writing).
+        InboxRunReadBeforeCheck = 114,
     }
 
     pub use bypass_hal::mutation::Guard;

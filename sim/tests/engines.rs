@@ -225,6 +225,34 @@ fn inline_idle_pollers_help_a_nic_nobody_polls() {
     assert_eq!(&tail, b"end");
 }
 
+/// Inline engine: a READ is answered on the requester's thread. The doorbell's run sends the
+/// READ request and has the responder's NIC run at once (no thread of the responder's has to
+/// be scheduled for it), which sends the responses back into the requester's inbox, where the
+/// same run places them: the READ's completion is there at the first poll of the requester's
+/// CQ, with nobody polling the responder. (Left to the responder's user, or to an idle poller's
+/// help after `HELP_AFTER_IDLE_POLLS` empty polls, the first poll finds nothing.)
+#[test]
+fn inline_read_is_answered_on_the_requesters_thread() {
+    let fabric = Fabric::new(Engine::Inline);
+    let (na, nb) = (fabric.add_nic(), fabric.add_nic());
+    let cfg = QueueConfig::default();
+    let (mut a, mut b) = (side(&na, &cfg, 16), side(&nb, &cfg, 16));
+    connect(&mut a, &mut b);
+    let len = 64 << 10;
+    let mut target = nb.register(len, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    target.write(len - 3, b"end").unwrap();
+    let local = na.register(len, Access::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, len).unwrap()];
+    a.q.post_send(&[SendWr::send(5, &sge).with_op(SendOp::Read(target.remote().at(0)))]).unwrap();
+    let mut wc = [Completion::default(); 4];
+    assert_eq!(a.cq.poll(&mut wc).unwrap(), 1, "the READ waited for the responder's thread");
+    assert_eq!((wc[0].wr_id, wc[0].status, wc[0].byte_len), (5, Status::Success, len as u32));
+    let mut tail = [0u8; 3];
+    local.read(len - 3, &mut tail).unwrap();
+    assert_eq!(&tail, b"end");
+    assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+}
+
 /// Bad arguments to the control path are refused with `InvalidArgument` naming the problem, and
 /// nothing is created.
 #[test]

@@ -157,6 +157,8 @@ pub(crate) struct QpCtx {
     pub wire_blocked: bool,
     /// Listed in the device's to-flush list.
     pub pending_flush: bool,
+    /// A READ request went out since the last flush: the responder is asked to run now.
+    pub flush_eager: bool,
     /// On the device's active list.
     pub listed: bool,
     // Responder.
@@ -245,6 +247,7 @@ impl QpCtx {
             read_gap_asked: false,
             wire_blocked: false,
             pending_flush: false,
+            flush_eager: false,
             listed: false,
             epsn: 0,
             rq_fetch: 0,
@@ -758,6 +761,7 @@ impl QpCtx {
             hdr.remote_addr = w.remote_addr.wrapping_add(off);
             hdr.rkey = w.rkey;
             hdr.dma_len = op.len.saturating_sub(off) as u32;
+            self.flush_eager = true;
             psn_add(op.first_psn, op.npkts)
         } else {
             let plen = (op.len - off.min(op.len)).min(mtu);
@@ -1122,6 +1126,67 @@ impl QpCtx {
             self.read_blocked = false;
         }
         self.on_progress(ctx);
+    }
+
+    /// Handles `n` READ response segments from `first` (PSNs `first.psn` onwards, the last one's
+    /// LAST flag `last`) whose payloads are `run`, back to back, as `n` calls of
+    /// [`on_read_response`](Self::on_read_response) would — but only if they are exactly what
+    /// the front READ expects next and land, all of them, in memory it may write that does not
+    /// overlap their source. Then the bytes are placed with one key check and one copy (the
+    /// same bytes, since every range is checked in one piece and nothing overlaps) and true is
+    /// returned. Otherwise nothing changes and it returns false.
+    pub(crate) fn on_read_run(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        first: &PacketHeader,
+        last: bool,
+        n: u32,
+        run: Payload<'_>,
+    ) -> bool {
+        if self.state != QueueState::Ready || !self.in_window(first.psn) {
+            return false;
+        }
+        let Some(op) = self.ops.front().copied() else { return false };
+        // The READ is the oldest message (no SEND or WRITE before it to complete first) and the
+        // run starts at its next expected segment and ends inside it.
+        if op.wqe.op != WqeOp::Read
+            || !op.contains(first.psn)
+            || psn_offset(first.psn, op.first_psn) != op.resp_got
+            || op.npkts - op.resp_got < n
+        {
+            return false;
+        }
+        let mtu = u64::from(ctx.mtu);
+        let off = u64::from(op.resp_got) * mtu;
+        // Every segment but the run's last is a full MTU (`joins_read_run`), so the run's length
+        // is right exactly when each segment's is; only the run's last may be the READ's LAST.
+        let expect_len = (op.len - off.min(op.len)).min(u64::from(n) * mtu);
+        let expect_last = op.resp_got + n == op.npkts;
+        if last != expect_last || (op.resp_got == 0 && !first.first) || run.len() as u64 != expect_len {
+            return false;
+        }
+        let mut segs = [(std::ptr::null_mut::<u8>(), 0usize); MAX_SGE];
+        let Ok(k) =
+            ctx.resolve_span(&self.shared.sq, &op.wqe, off, run.len() as u64, Access::LOCAL_WRITE, &mut segs)
+        else {
+            return false; // the first segment fails the READ, as it would alone
+        };
+        if segs[..k].iter().any(|&(p, l)| run.overlaps(p, l)) {
+            // A loopback READ into its own source: placed segment by segment, as packets come.
+            return false;
+        }
+        scatter(&segs[..k], run);
+        self.acked = psn_add(first.psn, n - 1);
+        let front = self.ops.front_mut().expect("front exists");
+        front.resp_got += n;
+        if front.resp_got == front.npkts {
+            let op = self.ops.pop_front().expect("front exists");
+            self.send_cqe(&op.wqe, op.len, Status::Success);
+            self.reads_outstanding -= 1;
+            self.read_blocked = false;
+        }
+        self.on_progress(ctx);
+        true
     }
 
     /// A READ or atomic response arrived past `missing`, the first response not received: the

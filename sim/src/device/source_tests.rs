@@ -204,3 +204,123 @@ fn freeing_a_source_races_a_device_thread_placing_it() {
     }
     eprintln!("placed whole: {}, failed (source gone): {}", outcomes[0], outcomes[1]);
 }
+
+/// A READ's responses waiting in the requester's inbox, back to back in the responder's memory,
+/// are placed as one run (one key check, one copy), scattered over the READ's two SGEs with a
+/// short last segment, and the READ completes once with every byte in place. A WRITE posted
+/// before it completes first, as it would packet by packet.
+#[test]
+fn read_responses_waiting_back_to_back_are_placed_as_one_run() {
+    // The last segment is short, but long enough to travel by reference (`BY_REF_MIN`).
+    const N: usize = 16 * MTU + 2000;
+    let mut p = pair();
+    let target = p.b.register(N, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let pattern: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+    // SAFETY: our own fresh registration, not posted to anything yet.
+    unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), target.as_ptr(), N) };
+    let local = p.a.register(N + 4096, Access::LOCAL_WRITE).unwrap();
+    let wsrc = filled(&p.a, Access::LOCAL_WRITE, 0x11);
+    let wdst = filled(&p.b, Access::LOCAL_WRITE | Access::REMOTE_WRITE, 0);
+    // Two SGEs with a hole between them: the run is scattered.
+    let split = 5 * MTU + 17;
+    let sges = [local.sge(0, split).unwrap(), local.sge(split + 4096, N - split).unwrap()];
+    let wsge = [wsrc.sge(0, MTU).unwrap()];
+    p.qa.post_send(&[
+        SendWr::send(1, &wsge).with_op(SendOp::Write(wdst.remote().at(0))),
+        SendWr::send(2, &sges).with_op(SendOp::Read(target.remote().at(0))),
+    ])
+    .unwrap();
+    run_only(&p.a.nic, |u| matches!(u, Unit::Send(_)));
+    run_only(&p.b.nic, |u| matches!(u, Unit::Rx | Unit::Tx));
+    assert_eq!(p.b.stats().tx_responses, 18, "an ACK and 17 READ responses wait in the inbox");
+    let mut got = vec![];
+    for _ in 0..100 {
+        p.fabric.run_until_idle();
+        let mut wc = [Completion::default(); 4];
+        let n = p.cqa.poll(&mut wc).unwrap();
+        got.extend(wc[..n].iter().map(|c| (c.wr_id, c.status, c.byte_len)));
+        if got.len() == 2 {
+            break;
+        }
+    }
+    assert_eq!(got, [(1, Status::Success, MTU as u32), (2, Status::Success, N as u32)]);
+    let all = bytes(&local);
+    assert_eq!(&all[..split], &pattern[..split]);
+    assert!(all[split..split + 4096].iter().all(|&b| b == 0), "the hole between the SGEs was written");
+    assert_eq!(&all[split + 4096..], &pattern[split..]);
+    let s = p.a.stats();
+    assert_eq!(s.rx_run_packets, 17, "the READ's responses were not placed as one run: {s:?}");
+    assert_eq!(s.rx_packets, 18);
+    assert_eq!((s.bad_responses, s.read_gaps, s.rx_source_gone), (0, 0, 0));
+}
+
+/// A loopback READ whose destination overlaps its source (one MTU further on, in the same
+/// registration) is not placed as one run, whose single copy would move the original bytes: it
+/// is placed packet by packet, each segment copied from memory the previous one just wrote,
+/// which is what the NIC's per-packet DMA does.
+#[test]
+fn a_loopback_read_into_its_own_source_is_placed_packet_by_packet() {
+    const N: usize = 4 * MTU;
+    let fabric = Fabric::new(Engine::Stepped { seed: 5 });
+    let a = fabric.add_nic();
+    let mut cq = a.create_cq(64).unwrap();
+    let cfg = QueueConfig::default();
+    let mut q1 = a.create_queue(&cfg, &cq, &cq).unwrap();
+    let mut q2 = a.create_queue(&cfg, &cq, &cq).unwrap();
+    q1.connect(&q2.info()).unwrap();
+    q2.connect(&q1.info()).unwrap();
+    let r = a.register(N + MTU, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let pattern: Vec<u8> = (0..N + MTU).map(|i| (i / MTU) as u8 + 1).collect();
+    // SAFETY: our own fresh registration, not posted to anything yet.
+    unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), r.as_ptr(), N + MTU) };
+    let sge = [r.sge(MTU, N).unwrap()];
+    q1.post_send(&[SendWr::send(4, &sge).with_op(SendOp::Read(r.remote().at(0)))]).unwrap();
+    let c = drain_until_completion(&fabric, &mut cq);
+    assert_eq!((c.wr_id, c.status), (4, Status::Success));
+    let got = bytes(&r);
+    for k in 0..=4 {
+        assert!(
+            got[k * MTU..(k + 1) * MTU].iter().all(|&b| b == 1),
+            "segment {k}: the READ was not placed packet by packet"
+        );
+    }
+    assert_eq!(a.stats().rx_run_packets, 0);
+    drop((q1, q2));
+}
+
+/// The responder sends a READ's queued segments in one go (one range check), one packet each:
+/// an inbox of 3 slots refuses the fourth, and the rest go as the requester makes room. Every
+/// segment arrives once and in order, and the READ completes with its bytes.
+#[test]
+fn a_burst_of_read_responses_stopped_by_a_full_inbox_resumes_in_order() {
+    const N: usize = 10 * MTU;
+    let mut config = crate::FabricConfig::new(Engine::Stepped { seed: 3 });
+    config.inbox_depth = 3;
+    let fabric = Fabric::with_config(config);
+    let (a, b) = (fabric.add_nic(), fabric.add_nic());
+    let (mut cqa, cqb) = (a.create_cq(64).unwrap(), b.create_cq(64).unwrap());
+    let cfg = QueueConfig::default();
+    let mut qa = a.create_queue(&cfg, &cqa, &cqa).unwrap();
+    let mut qb = b.create_queue(&cfg, &cqb, &cqb).unwrap();
+    qa.connect(&qb.info()).unwrap();
+    qb.connect(&qa.info()).unwrap();
+    let target = b.register(N, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let pattern: Vec<u8> = (0..N).map(|i| (i % 253) as u8).collect();
+    // SAFETY: our own fresh registration, not posted to anything yet.
+    unsafe { std::ptr::copy_nonoverlapping(pattern.as_ptr(), target.as_ptr(), N) };
+    let local = a.register(N, Access::LOCAL_WRITE).unwrap();
+    let sge = [local.sge(0, N).unwrap()];
+    qa.post_send(&[SendWr::send(6, &sge).with_op(SendOp::Read(target.remote().at(0)))]).unwrap();
+    run_only(&a.nic, |u| matches!(u, Unit::Send(_)));
+    run_only(&b.nic, |u| matches!(u, Unit::Rx | Unit::Tx));
+    assert_eq!(b.stats().tx_responses, 3, "the burst did not stop at the full inbox");
+    assert_eq!(b.stats().tx_wire_busy, 1);
+    let c = drain_until_completion(&fabric, &mut cqa);
+    assert_eq!((c.wr_id, c.status, c.byte_len), (6, Status::Success, N as u32));
+    assert_eq!(bytes(&local), pattern);
+    assert_eq!(b.stats().tx_responses, 10);
+    let s = a.stats();
+    assert_eq!((s.rx_packets, s.bad_responses, s.read_gaps, s.stale_responses), (10, 0, 0, 0));
+    assert_eq!(b.stats().retransmits + a.stats().retransmits, 0);
+    drop((qa, qb));
+}
