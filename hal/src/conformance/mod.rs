@@ -223,6 +223,7 @@ macro_rules! __conformance_module {
                 write_imm_consumes_receive,
                 write_and_read_regions,
                 unsignaled_requests_are_ordered,
+                zero_length_write_needs_no_key,
                 completions_in_post_order,
                 cq_wraps_without_loss,
                 recv_too_small_fails_the_receive,

@@ -323,6 +323,41 @@ pub fn unsignaled_requests_are_ordered<E: Env>(env: &E) {
     expect_none(env, &mut p.a.send_cq, QUIET, "unsignaled requests never complete");
 }
 
+/// A zero-length WRITE names no memory (IBA C9-88; rxe skips the key check for it too): with no
+/// SGE, address 0 and a key no region has, it completes successfully, in order behind unsignaled
+/// SENDs, and the queue stays usable. The stack posts one as a marker whose completion retires
+/// the unsignaled sends before it.
+pub fn zero_length_write_needs_no_key<E: Env>(env: &E) {
+    const LEN: usize = 32;
+    let cfg = fit(env, QueueConfig { send_depth: 16, recv_depth: 16, ..Default::default() });
+    let mut p = pair(env, &cfg);
+    let (_src, sges) = numbered_source(env.a(), 3, LEN);
+    let dst = sink(env.b(), 3 * LEN);
+    for i in 0..3 {
+        post_recv_buf(&mut p.b, 1000 + i, &dst, i as usize * LEN, LEN);
+    }
+    let nowhere = RemoteAddr { addr: 0, key: RemoteKey::from_rkey(0) };
+    let what = "two unsignaled SENDs, then a signaled zero-length WRITE to no region";
+    let wrs = [
+        SendWr::send(0, &sges[0]).with_flags(WrFlags::empty()),
+        SendWr::send(1, &sges[1]).with_flags(WrFlags::empty()),
+        SendWr::send(2, &[]).with_op(SendOp::Write(nowhere)),
+    ];
+    p.a.queue.post_send(&wrs).expect("post");
+    send_ok(env, &mut p.a, 2, CqOpcode::Write, what);
+    let got = wait_for(env, &mut p.b.recv_cq, 2, what);
+    for (c, i) in got.iter().zip(0..2) {
+        check_numbered(c, p.b.queue.qpn(), 1000 + i, &dst, i as usize * LEN, i, LEN, what);
+    }
+    expect_none(env, &mut p.b.recv_cq, QUIET, "a WRITE without immediate consumes no receive");
+    assert_eq!(p.a.queue.state(), QueueState::Ready, "{what}: the queue is still READY");
+    let what = "a SEND after the zero-length WRITE";
+    p.a.queue.post_send(&[SendWr::send(3, &sges[2])]).expect("post");
+    send_ok(env, &mut p.a, 3, CqOpcode::Send, what);
+    let c = wait_one(env, &mut p.b.recv_cq, what);
+    check_numbered(&c, p.b.queue.qpn(), 1002, &dst, 2 * LEN, 2, LEN, what);
+}
+
 /// Completions arrive in post order per queue, across operation kinds and batch boundaries: a mix
 /// of SEND, SEND_IMM, WRITE, WRITE_IMM and READ posted in batches of varied size completes on the
 /// sender in exactly that order (each with its kind, READs with their data), and the receives the

@@ -1488,11 +1488,18 @@ impl QpCtx {
             return;
         }
         let addr = w.va.wrapping_add(u64::from(w.off));
-        let dst = match ctx.keys.resolve(w.rkey, addr, payload.len() as u64, Access::REMOTE_WRITE) {
-            Ok(p) => p,
-            Err(_) => {
-                self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
-                return;
+        // IBA C9-88 (rxe's `check_rkey` says so too): a zero-length WRITE names no memory, so
+        // its address and remote key are not checked; it only completes in order. The stack
+        // uses one as a marker that retires the unsignaled sends before it.
+        let dst = if w.len == 0 {
+            std::ptr::null_mut()
+        } else {
+            match ctx.keys.resolve(w.rkey, addr, payload.len() as u64, Access::REMOTE_WRITE) {
+                Ok(p) => p,
+                Err(_) => {
+                    self.responder_error(ctx, Syndrome::NakRemoteAccess, hdr.psn);
+                    return;
+                }
             }
         };
         let consumes_recv = hdr.last && hdr.has_imm;
@@ -1502,9 +1509,12 @@ impl QpCtx {
             self.nak_seq_sent = true;
             return;
         }
-        // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live
-        // registration with REMOTE_WRITE (we hold the device lock).
-        unsafe { payload.copy_out(0, dst, payload.len()) };
+        if payload.len() > 0 {
+            // SAFETY: the key table checked that `payload.len()` bytes at `dst` lie inside a live
+            // registration with REMOTE_WRITE (we hold the device lock); a zero-length WRITE has no
+            // payload and copies nothing.
+            unsafe { payload.copy_out(0, dst, payload.len()) };
+        }
         self.epsn = psn_add(self.epsn, 1);
         self.cur_write = (!hdr.last).then_some(WriteState { off: end as u32, ..w });
         if !hdr.last {
