@@ -528,7 +528,10 @@ fn a_lost_access_error_nak_leaves_the_requester_to_exhaust_its_retries() {
         addr: remote.addr,
         key: bypass_hal::RemoteKey::from_rkey(!remote.key.rkey()),
     };
-    p.a.q.post_send(&[SendWr::send(1, &[]).with_op(SendOp::Write(wrong_key))]).unwrap();
+    // Eight bytes: a zero-length WRITE names no memory, so its key is not checked (C9-88).
+    let src = p.na.register(8, Access::LOCAL_WRITE).unwrap();
+    let sge = src.sge(0, 8).unwrap();
+    p.a.q.post_send(&[SendWr::send(1, &[sge]).with_op(SendOp::Write(wrong_key))]).unwrap();
     let c = next_completion(&p.fabric, &mut p.a.cq);
     assert_eq!((c.wr_id, c.status), (1, Status::RetryExceeded), "the NAK was lost: {c:?}");
     assert_eq!((p.a.q.state(), p.b.q.state()), (QueueState::Error, QueueState::Error));
