@@ -1116,9 +1116,15 @@ impl QpCtx {
                 return;
             }
         }
-        self.acked = hdr.psn;
+        self.read_segments_placed(ctx, hdr.psn, 1);
+    }
+
+    /// `n` more segments of the front READ were placed, the last with PSN `last_psn`: they are
+    /// acknowledged, and the READ completes with its last segment.
+    fn read_segments_placed(&mut self, ctx: &mut Ctx<'_>, last_psn: u32, n: u32) {
+        self.acked = last_psn;
         let front = self.ops.front_mut().expect("front exists");
-        front.resp_got += 1;
+        front.resp_got += n;
         if front.resp_got == front.npkts {
             let op = self.ops.pop_front().expect("front exists");
             self.send_cqe(&op.wqe, op.len, Status::Success);
@@ -1176,16 +1182,7 @@ impl QpCtx {
             return false;
         }
         scatter(&segs[..k], run);
-        self.acked = psn_add(first.psn, n - 1);
-        let front = self.ops.front_mut().expect("front exists");
-        front.resp_got += n;
-        if front.resp_got == front.npkts {
-            let op = self.ops.pop_front().expect("front exists");
-            self.send_cqe(&op.wqe, op.len, Status::Success);
-            self.reads_outstanding -= 1;
-            self.read_blocked = false;
-        }
-        self.on_progress(ctx);
+        self.read_segments_placed(ctx, psn_add(first.psn, n - 1), n);
         true
     }
 
