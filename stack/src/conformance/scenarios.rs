@@ -178,14 +178,33 @@ pub fn large_rendezvous_echo<E: Env>(env: &E) {
         };
         let mut resp = Vec::new();
         rig.channel.call_with(&opts, ECHO, &args, &mut resp).expect("large rendezvous echo");
-        assert!(resp == args, "{size} B blocking: the echo differs");
+        assert!(resp == args, "{size} B blocking: the echo differs: {}", differences(&resp, &args));
         let mut fut = rig.channel.call_future(&opts, ECHO, &args).expect("large rendezvous future");
         let (out, _) = rig.block_on(&mut fut);
-        assert!(out.expect("large rendezvous future") == args, "{size} B future: the echo differs");
+        let out = out.expect("large rendezvous future");
+        assert!(out == args, "{size} B future: the echo differs: {}", differences(&out, &args));
     }
     rig.drain();
     let c = rig.stats();
     assert_eq!((c.calls, c.timeouts), (4, 0), "{c:?}");
+}
+
+/// Where `got` differs from `want`, for a failure message: the lengths, the first and last
+/// differing offsets and how many bytes differ (a whole chunk or packet shows in its bounds).
+fn differences(got: &[u8], want: &[u8]) -> String {
+    let diff: Vec<usize> =
+        got.iter().zip(want).enumerate().filter(|(_, (a, b))| a != b).map(|(i, _)| i).collect();
+    match (diff.first(), diff.last()) {
+        (Some(first), Some(last)) => format!(
+            "{} B received of {}; {} bytes differ, offsets {first}..={last} (first: got {:#04x}, want {:#04x})",
+            got.len(),
+            want.len(),
+            diff.len(),
+            got[*first],
+            want[*first]
+        ),
+        _ => format!("{} B received of {}, the common part equal", got.len(), want.len()),
+    }
 }
 
 /// The largest response the client accepts (message size less the 16-byte response header)
