@@ -163,6 +163,13 @@ pub(crate) struct QpCtx {
     pub listed: bool,
     // Responder.
     epsn: u32,
+    /// The PSN after the last SEND, WRITE or atomic this responder executed: how far a plain
+    /// ACK may reach when a duplicate is acknowledged again. A READ is acknowledged by its
+    /// responses alone: an ACK carrying a READ's PSN would tell the requester the READ is over,
+    /// and rxe's requester then completes a READ whose response it lost with nothing placed
+    /// (its completer ends the current request on an ACK with that request's last PSN). rxe's
+    /// responder keeps the same bound (`resp.ack_psn`).
+    ack_psn: u32,
     rq_fetch: u32,
     cur_recv: Option<Wqe>,
     /// Bytes of the current SEND placed so far (RoCE frames carry no offset: segments arrive
@@ -250,6 +257,7 @@ impl QpCtx {
             flush_eager: false,
             listed: false,
             epsn: 0,
+            ack_psn: 0,
             rq_fetch: 0,
             cur_recv: None,
             recv_off: 0,
@@ -296,6 +304,7 @@ impl QpCtx {
         self.sent_high = psn;
         self.acked = psn_add(psn, PSN_MASK);
         self.epsn = peer.psn;
+        self.ack_psn = peer.psn;
         self.segs_unacked = 0;
         self.reads_answered.clear();
         self.retry_left = cfg.retry_count;
@@ -1326,7 +1335,8 @@ impl QpCtx {
                     self.reply(ctx, Syndrome::NakRemoteAccess, hdr.psn);
                 }
             } else {
-                self.reply(ctx, Syndrome::Ack, psn_add(self.epsn, PSN_MASK));
+                // Up to the last SEND, WRITE or atomic, never past a READ (`ack_psn`).
+                self.reply(ctx, Syndrome::Ack, psn_add(self.ack_psn, PSN_MASK));
             }
             return;
         }
@@ -1438,6 +1448,7 @@ impl QpCtx {
             }
         }
         self.epsn = psn_add(self.epsn, 1);
+        self.ack_psn = self.epsn;
         self.recv_off = end as u32;
         if hdr.last {
             let imm = hdr.has_imm.then_some(hdr.imm);
@@ -1513,6 +1524,7 @@ impl QpCtx {
             unsafe { payload.copy_out(0, dst, payload.len()) };
         }
         self.epsn = psn_add(self.epsn, 1);
+        self.ack_psn = self.epsn;
         self.cur_write = (!hdr.last).then_some(WriteState { off: end as u32, ..w });
         if !hdr.last {
             self.ack_some(ctx, hdr.psn);
@@ -1570,6 +1582,7 @@ impl QpCtx {
         };
         self.reads_answered.record_atomic(hdr.psn, old);
         self.epsn = psn_add(self.epsn, 1);
+        self.ack_psn = self.epsn;
         self.atomic_ack(ctx, hdr.psn, old);
     }
 

@@ -363,6 +363,52 @@ fn duplicate_reads_are_answered_only_inside_the_responders_window() {
     assert_eq!(qb.state(), QueueState::Ready, "dropping a duplicate is not an error");
 }
 
+/// A duplicate SEND is acknowledged again no further than the last SEND, WRITE or atomic the
+/// responder executed, never past a READ received after it: a READ is acknowledged by its
+/// responses alone. (With the READ's PSN in that ACK, rxe's requester completed a one-segment
+/// READ whose response it had lost, with nothing placed: a wrong echo in the RPC suite.)
+#[test]
+fn a_duplicate_send_is_acknowledged_no_further_than_the_last_send() {
+    let (fabric, a, b, _cqs, [qa, mut qb]) = pair(4);
+    let target = b.register(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let sge = [target.sge(0, 64).unwrap()];
+    qb.post_recv(&[RecvWr { wr_id: 1, sges: &sge }]).unwrap();
+    let first = qa.info().psn;
+    let inject = |kind: PacketKind, psn: u32, payload_len: u32| {
+        let hdr = PacketHeader {
+            src_nic: a.addr(),
+            dst_nic: b.addr(),
+            src_qpn: qa.qpn(),
+            dst_qpn: qb.qpn(),
+            kind,
+            first: true,
+            last: true,
+            psn: psn & PSN_MASK,
+            remote_addr: target.remote().addr,
+            rkey: target.remote().key.rkey(),
+            dma_len: if kind == PacketKind::ReadRequest { 64 } else { 0 },
+            payload_len,
+            ..Default::default()
+        };
+        assert!(b.nic.port.push(&hdr, &mut |buf| buf.fill(7)));
+        fabric.run_until_idle();
+    };
+    // What b answers stays in its outbox, where the test reads it.
+    crate::sync::lock(&b.nic.dev).outbox_blocked = true;
+    inject(PacketKind::Send, first, 8);
+    inject(PacketKind::ReadRequest, first.wrapping_add(1), 0);
+    inject(PacketKind::Send, first, 8); // the SEND again, as after a requester's timeout
+    let dev = crate::sync::lock(&b.nic.dev);
+    let answers: Vec<(PacketKind, u32)> = dev.outbox.iter().map(|d| (d.hdr.kind, d.hdr.psn)).collect();
+    let (send, read) = (first & PSN_MASK, first.wrapping_add(1) & PSN_MASK);
+    assert_eq!(
+        answers,
+        [(PacketKind::Ack, send), (PacketKind::ReadResponse, read), (PacketKind::Ack, send)],
+        "the duplicate's ACK must not reach the READ"
+    );
+    assert_eq!(dev.stats.duplicates, 1);
+}
+
 /// A request of another kind where the next segment of a multi-segment SEND or WRITE belongs is
 /// an invalid request: NAK, and the responder's queue goes to ERROR.
 #[test]
