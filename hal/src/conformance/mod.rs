@@ -222,6 +222,7 @@ macro_rules! __conformance_module {
                 send_imm_delivers_immediate,
                 write_imm_consumes_receive,
                 write_and_read_regions,
+                large_writes_and_reads_keep_every_byte,
                 unsignaled_requests_are_ordered,
                 zero_length_write_needs_no_key,
                 completions_in_post_order,
