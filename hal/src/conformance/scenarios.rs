@@ -280,45 +280,45 @@ pub fn large_writes_and_reads_keep_every_byte<E: Env>(env: &E) {
     back.write(0, &pattern(0x5A, len)).expect("fill read-back region");
 
     let what = format!("{} WRITEs of {len} B in all, posted at once", parts.len());
-    let sges: Vec<[Sge; 1]> = parts.iter().map(|&(o, n)| [sge(&local, o, n)]).collect();
-    let writes: Vec<SendWr<'_>> = parts
-        .iter()
-        .zip(&sges)
-        .enumerate()
-        .map(|(k, (&(o, _), s))| SendWr::send(k as u64, s).with_op(SendOp::Write(remote.at(o as u64))))
-        .collect();
     post_recv_buf(&mut p.b, 900, &note, 0, 1);
-    p.a.queue.post_send(&writes).expect("post the WRITEs");
+    let mut want = post_chunks(&mut p.a, &local, &parts, 0, |o| SendOp::Write(remote.at(o)), CqOpcode::Write);
     p.a.queue.post_send(&[SendWr::send(900, &[])]).expect("post the notification after the WRITEs");
-    let mut want: Vec<Want> = (0..parts.len() as u64).map(|k| ok(k, CqOpcode::Write)).collect();
     want.push(ok(900, CqOpcode::Send));
-    expect_long(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, &what);
+    expect_done_within(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, &what, LONG_WAIT);
     recv_ok(env, &mut p.b, 900, CqOpcode::Recv, &what);
     check_region(&remote_mr, 0, &data, &what);
 
     let what = format!("{} READs of {len} B in all, posted at once", parts.len());
-    let sges: Vec<[Sge; 1]> = parts.iter().map(|&(o, n)| [sge(&back, o, n)]).collect();
-    let reads: Vec<SendWr<'_>> = parts
-        .iter()
-        .zip(&sges)
-        .enumerate()
-        .map(|(k, (&(o, _), s))| SendWr::send(100 + k as u64, s).with_op(SendOp::Read(remote.at(o as u64))))
-        .collect();
-    p.a.queue.post_send(&reads).expect("post the READs");
-    let want: Vec<Want> = (0..parts.len() as u64).map(|k| ok(100 + k, CqOpcode::Read)).collect();
-    expect_long(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, &what);
+    let want = post_chunks(&mut p.a, &back, &parts, 100, |o| SendOp::Read(remote.at(o)), CqOpcode::Read);
+    expect_done_within(env, &mut p.a.send_cq, p.a.queue.qpn(), &want, &what, LONG_WAIT);
     check_region(&back, 0, &data, &what);
 }
 
-/// [`expect_done`] for transfers of megabytes, with six times the usual budget (an emulated
-/// guest moves a few MiB/s).
+/// How long transfers of megabytes may take: six times the usual budget (an emulated guest
+/// moves a few MiB/s).
+const LONG_WAIT: Duration = Duration::from_secs(6 * WAIT_BUDGET.as_secs());
+
+/// Posts, in one batch, one signaled request per chunk `(offset, length)` of `mr`, `op` saying
+/// what to do with the chunk at an offset, `wr_id`s counting from `first_id`; returns the
+/// completions they must end with (as `opcode`), in order.
 #[track_caller]
-fn expect_long<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, qpn: u32, want: &[Want], what: &str) {
-    let got = collect(env, cq, want.len(), 6 * WAIT_BUDGET);
-    assert_eq!(got.len(), want.len(), "{what}: completions within {:?}: {got:?}", 6 * WAIT_BUDGET);
-    for (c, w) in got.iter().zip(want) {
-        assert_done(c, qpn, *w, what);
-    }
+fn post_chunks<D: Device>(
+    side: &mut Side<D>,
+    mr: &D::Region,
+    parts: &[(usize, usize)],
+    first_id: u64,
+    op: impl Fn(u64) -> SendOp,
+    opcode: CqOpcode,
+) -> Vec<Want> {
+    let sges: Vec<[Sge; 1]> = parts.iter().map(|&(o, n)| [sge(mr, o, n)]).collect();
+    let wrs: Vec<SendWr<'_>> = parts
+        .iter()
+        .zip(&sges)
+        .zip(first_id..)
+        .map(|((&(o, _), s), id)| SendWr::send(id, s).with_op(op(o as u64)))
+        .collect();
+    side.queue.post_send(&wrs).expect("post the chunks' requests");
+    wrs.iter().map(|w| ok(w.wr_id, opcode)).collect()
 }
 
 /// Unsignaled requests produce no completion yet execute in order: rounds of 7 unsignaled SENDs
@@ -1745,7 +1745,22 @@ fn recv_ok<E: Env>(env: &E, side: &mut Side<E::Dev>, wr_id: u64, opcode: CqOpcod
 /// Waits for exactly the completions `want` of queue `qpn` on `cq`, in that order.
 #[track_caller]
 fn expect_done<E: Env, C: CompletionQueue>(env: &E, cq: &mut C, qpn: u32, want: &[Want], what: &str) {
-    let got = wait_for(env, cq, want.len(), what);
+    expect_done_within(env, cq, qpn, want, what, WAIT_BUDGET);
+}
+
+/// [`expect_done`] with a budget other than [`WAIT_BUDGET`].
+#[track_caller]
+fn expect_done_within<E: Env, C: CompletionQueue>(
+    env: &E,
+    cq: &mut C,
+    qpn: u32,
+    want: &[Want],
+    what: &str,
+    budget: Duration,
+) {
+    let got = collect(env, cq, want.len(), budget);
+    let n = want.len();
+    assert_eq!(got.len(), n, "{what}: expected {n} completion(s) within {budget:?}, got {got:?}");
     for (c, w) in got.iter().zip(want) {
         assert_done(c, qpn, *w, what);
     }

@@ -303,6 +303,18 @@ fn pair(
     (fabric, a, b, [ca, cb], [qa, qb])
 }
 
+/// A header from queue `qa` of NIC `a` to queue `qb` of NIC `b`, the rest left to the test:
+/// what a test injects into `b`'s port as if `a` had sent it.
+fn addressed<Q: Queue>(a: &SimNic, qa: &Q, b: &SimNic, qb: &Q) -> PacketHeader {
+    PacketHeader {
+        src_nic: a.addr(),
+        dst_nic: b.addr(),
+        src_qpn: qa.qpn(),
+        dst_qpn: qb.qpn(),
+        ..Default::default()
+    }
+}
+
 /// A responder with `max_dest_rd_atomic` 0 may not be read from: NAK invalid request, the
 /// requester's READ fails with RemoteInvalidRequest and both queues go to ERROR (rxe:
 /// RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
@@ -340,16 +352,12 @@ fn duplicate_reads_are_answered_only_inside_the_responders_window() {
     assert_eq!(ca.poll(&mut wc).unwrap(), 2);
     let duplicate = |psn: u32, addr: u64| {
         let hdr = PacketHeader {
-            src_nic: a.addr(),
-            dst_nic: b.addr(),
-            src_qpn: qa.qpn(),
-            dst_qpn: qb.qpn(),
             kind: PacketKind::ReadRequest,
             psn: psn & PSN_MASK,
             remote_addr: addr,
             rkey: remote.key.rkey(),
             dma_len: 64,
-            ..Default::default()
+            ..addressed(&a, &qa, &b, &qb)
         };
         let before = b.stats().tx_responses;
         assert!(b.nic.port.push(&hdr, &mut |_| {}));
@@ -376,10 +384,6 @@ fn a_duplicate_send_is_acknowledged_no_further_than_the_last_send() {
     let first = qa.info().psn;
     let inject = |kind: PacketKind, psn: u32, payload_len: u32| {
         let hdr = PacketHeader {
-            src_nic: a.addr(),
-            dst_nic: b.addr(),
-            src_qpn: qa.qpn(),
-            dst_qpn: qb.qpn(),
             kind,
             first: true,
             last: true,
@@ -388,7 +392,7 @@ fn a_duplicate_send_is_acknowledged_no_further_than_the_last_send() {
             rkey: target.remote().key.rkey(),
             dma_len: if kind == PacketKind::ReadRequest { 64 } else { 0 },
             payload_len,
-            ..Default::default()
+            ..addressed(&a, &qa, &b, &qb)
         };
         assert!(b.nic.port.push(&hdr, &mut |buf| buf.fill(7)));
         fabric.run_until_idle();
@@ -424,10 +428,6 @@ fn another_opcode_inside_a_message_is_an_invalid_request() {
         let first = qa.info().psn;
         let seg = |kind: PacketKind, k: u32, first_seg: bool| {
             let hdr = PacketHeader {
-                src_nic: a.addr(),
-                dst_nic: b.addr(),
-                src_qpn: qa.qpn(),
-                dst_qpn: qb.qpn(),
                 kind,
                 psn: first.wrapping_add(k) & PSN_MASK,
                 first: first_seg,
@@ -436,7 +436,7 @@ fn another_opcode_inside_a_message_is_an_invalid_request() {
                 rkey: remote.key.rkey(),
                 dma_len: 8192,
                 payload_len: if kind == PacketKind::ReadRequest { 0 } else { 4096 },
-                ..Default::default()
+                ..addressed(&a, &qa, &b, &qb)
             };
             assert!(b.nic.port.push(&hdr, &mut |p: &mut [u8]| p.fill(1)));
             fabric.run_until_idle();
@@ -468,10 +468,6 @@ fn atomics_execute_once_and_need_alignment() {
     assert_eq!((wc[0].status, wc[0].opcode), (Status::Success, CqOpcode::FetchAdd));
     let request = |psn: u32, addr: u64| {
         let hdr = PacketHeader {
-            src_nic: a.addr(),
-            dst_nic: b.addr(),
-            src_qpn: qa.qpn(),
-            dst_qpn: qb.qpn(),
             kind: PacketKind::AtomicRequest,
             first: true,
             last: true,
@@ -481,7 +477,7 @@ fn atomics_execute_once_and_need_alignment() {
             rkey: remote.key.rkey(),
             dma_len: 8,
             atomic: [2, 0],
-            ..Default::default()
+            ..addressed(&a, &qa, &b, &qb)
         };
         let before = b.stats().tx_responses;
         assert!(b.nic.port.push(&hdr, &mut |_| {}));
