@@ -688,6 +688,7 @@ impl SimCq {
             if self.shared.overflow.load(Ordering::Acquire) {
                 return Err(Error::CqOverflow { depth: self.depth() });
             }
+            self.nic.on_empty_poll();
             self.idle = self.idle.wrapping_add(1);
             if self.idle % HELP_AFTER_IDLE_POLLS == 0 {
                 self.nic.on_idle_polls();

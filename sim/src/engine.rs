@@ -138,8 +138,24 @@ impl Nic {
         }
     }
 
+    /// A CQ of this NIC came up empty. The Inline engine sends the ACKs this NIC's device holds
+    /// back at the second such poll: its user has taken what the last pass delivered and is
+    /// not answering it yet.
+    #[inline]
+    pub(crate) fn on_empty_poll(&self) {
+        if self.fabric.config.engine == Engine::Inline {
+            self.empty_poll_with_held_acks();
+        }
+    }
+
     /// A CQ of this NIC was armed: its user is about to sleep on the event fd.
     pub(crate) fn on_arm(&self) {
+        // Inline engine: a NIC holding back the ACK this user may be about to wait for must not
+        // wait for its own user's next pass (`Nic::run_all` pairs with this).
+        if self.fabric.config.engine == Engine::Inline {
+            crate::sync::fence(Ordering::SeqCst);
+            self.fabric.release_held_acks();
+        }
         // Threaded engine: a device thread backing off because this NIC was being polled must
         // now do the work itself, since the poller is about to sleep (`device_thread`).
         if self.fabric.config.engine == Engine::Threaded {

@@ -83,9 +83,12 @@ pub struct FabricConfig {
     /// fabrics whose NICs are processes a loaded host may deschedule for longer than
     /// `retry_count` fixed timeouts (see docs/sim.md, "Retransmission backoff").
     pub ack_timeout_backoff: Option<std::time::Duration>,
-    /// UDP wire: how long a flush may hold plain ACKs back, while the NIC's user polls, so that
-    /// they leave in one `sendmmsg` with the next packet the NIC sends (docs/sim.md, "The UDP
-    /// wire"; default 20 µs, far below any ACK timeout in use). `Duration::ZERO`: never.
+    /// How long plain ACKs may be held back for the next packet the NIC sends (default 20 µs,
+    /// far below any ACK timeout in use; `Duration::ZERO`: never). UDP wire: a flush holds
+    /// them, while the NIC's user polls, so that they leave in one `sendmmsg` with the next
+    /// packet (docs/sim.md, "The UDP wire"). In-process wire, Inline engine: a device pass holds
+    /// the ACK of a single message for the next pass, so that it leaves with the response
+    /// (docs/sim.md, "Held ACKs"); polls, arms and idle pollers usually send it much sooner.
     pub ack_hold: std::time::Duration,
 }
 
@@ -236,20 +239,55 @@ impl FabricShared {
 
     /// Inline engine: a poller that keeps finding nothing runs every NIC with work flagged or a
     /// timer due, so a NIC whose own user is not polling still makes progress (a sender waiting
-    /// out an RNR NAK retries even if only the receiver's CQ is being polled).
+    /// out an RNR NAK retries even if only the receiver's CQ is being polled). ACKs a NIC holds
+    /// back go too: whoever helps is waiting, perhaps for one of them.
     pub(crate) fn help(&self) {
         let now = self.clock.now();
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
         let pending = nics.iter().filter(|x| {
-            x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now || x.port_pending()
+            x.work.load(Ordering::Relaxed)
+                || x.deadline.load(Ordering::Relaxed) <= now
+                || x.acks_held.load(Ordering::Relaxed) != crate::nic::HELD_NONE
+                || x.port_pending()
         });
         for (slot, nic) in flagged.iter_mut().zip(pending) {
             *slot = Some(nic.clone());
         }
         drop(nics);
         for nic in flagged.iter().flatten() {
+            nic.release_held_acks();
             nic.run_if_flagged();
+        }
+    }
+
+    /// Has every NIC that holds ACKs back send them now (a CQ was armed: its user may be about
+    /// to sleep waiting for what one of them acknowledges). Runs them on the calling thread.
+    pub(crate) fn release_held_acks(&self) {
+        let mut from = 0;
+        loop {
+            let mut held: [Option<Arc<Nic>>; 8] = Default::default();
+            let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
+            let end = nics.len();
+            for slot in &mut held {
+                let start = from.min(end);
+                let Some(k) = nics[start..]
+                    .iter()
+                    .position(|x| x.acks_held.load(Ordering::SeqCst) != crate::nic::HELD_NONE)
+                else {
+                    from = end;
+                    break;
+                };
+                from = start + k + 1;
+                *slot = Some(nics[start + k].clone());
+            }
+            drop(nics);
+            for nic in held.iter().flatten() {
+                nic.release_held_acks();
+            }
+            if from >= end {
+                return;
+            }
         }
     }
 

@@ -99,6 +99,12 @@ impl Wire for Nic {
     fn flush(&self, eager: bool) {
         self.on_burst(eager);
     }
+
+    /// Yes unless this NIC's user is about to sleep on an event fd (SeqCst: `Nic::run_all`
+    /// reads it again after publishing that it holds ACKs, against `Nic::on_arm`).
+    fn holds_acks(&self) -> bool {
+        self.armed_cqs.load(crate::sync::Ordering::SeqCst) == 0
+    }
 }
 
 #[cold]

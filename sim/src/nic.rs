@@ -7,11 +7,18 @@ use crate::device::{Bells, DeviceState, Unit};
 use crate::events::AsyncEvents;
 use crate::fabric::FabricShared;
 use crate::fault::DelayTimer;
-use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, Mutex, Ordering};
+use crate::sync::{self, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Mutex, Ordering};
 use crate::wire::{Port, Wire, WirePort};
 use bypass_hal::trace::{self, Track};
 use bypass_hal::{DeviceCaps, QueueInfo};
 use std::sync::{Arc, OnceLock};
+
+/// [`Nic::acks_held`]: the device holds no ACK back.
+pub(crate) const HELD_NONE: u8 = 0;
+/// [`Nic::acks_held`]: the device holds ACKs back.
+pub(crate) const HELD: u8 = 1;
+/// [`Nic::acks_held`]: the device holds ACKs back and a poll of the NIC's CQs came up empty.
+pub(crate) const HELD_POLLED: u8 = 2;
 
 #[derive(Debug)]
 pub(crate) struct Nic {
@@ -23,6 +30,11 @@ pub(crate) struct Nic {
     pub bells: Bells,
     /// Something may be ready (a doorbell rang or a packet arrived).
     pub work: AtomicBool,
+    /// Whether the device holds plain ACKs back for its next pass (`DeviceState::acks_held`,
+    /// published after each run): [`HELD_NONE`], [`HELD`], or [`HELD_POLLED`] once a poll of one
+    /// of its CQs came up empty; the next empty poll sends them, as does any NIC's CQ being
+    /// armed or an idle poller (`engine.rs`).
+    pub acks_held: AtomicU8,
     /// A wire this NIC waited on has room again.
     pub unblocked: AtomicBool,
     /// Earliest timer deadline, published after each run.
@@ -62,6 +74,7 @@ impl Nic {
             port: Port::new(depth as usize, mtu as usize),
             bells: Bells::new(),
             work: AtomicBool::new(false),
+            acks_held: AtomicU8::new(HELD_NONE),
             unblocked: AtomicBool::new(false),
             deadline: AtomicU64::new(NEVER),
             sleeping: AtomicBool::new(false),
@@ -222,15 +235,69 @@ impl Nic {
             self.delays.release(now);
         }
         let rx = self.polled_port.get().map(|p| &**p);
-        let cut = dev.run_all(now, &self.port, rx, &self.bells, &mut |w| self.fabric.kick_waiter(w));
+        let armed = self.armed_cqs.load(Ordering::Relaxed) > 0;
+        let hold = self.ack_hold(armed);
+        let cut = dev.run_all(now, &self.port, rx, &self.bells, hold, &mut |w| self.fabric.kick_waiter(w));
+        if dev.acks_held != (self.acks_held.load(Ordering::Relaxed) != HELD_NONE) {
+            if dev.acks_held {
+                // SeqCst, then the peers' armed counts read again (`held_acks_wanted`, SeqCst
+                // loads): an arm counted before this store is seen by that read; one counted
+                // after it sees the flag in its scan (`FabricShared::release_held_acks`, behind
+                // a SeqCst fence). Either way the ACK of a sleeper's message is not held.
+                self.acks_held.store(HELD, Ordering::SeqCst);
+                if dev.held_acks_wanted() {
+                    dev.send_responses();
+                    self.acks_held.store(HELD_NONE, Ordering::Relaxed);
+                }
+            } else {
+                self.acks_held.store(HELD_NONE, Ordering::Relaxed);
+            }
+        }
         self.publish_deadline(self.next_deadline(dev));
-        dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        dev.flush_wires(armed);
         if cut {
             // Packets still wait at the port: go round (`run_inline` swaps the flag again).
             self.work.store(true, Ordering::SeqCst);
         }
         if let Some(t) = traced {
             self.trace_run(t, now, "all");
+        }
+    }
+
+    /// How long (ns) a device pass may hold plain ACKs back for the next one; 0: not at all.
+    /// Only the Inline engine holds (its passes run on the users' polls and doorbells, so the
+    /// next pass of a responder is usually the one that sends its response), and not while
+    /// this NIC's user is about to sleep.
+    fn ack_hold(&self, armed: bool) -> Nanos {
+        if self.fabric.config.engine != crate::engine::Engine::Inline || armed {
+            return 0;
+        }
+        self.fabric.config.ack_hold.as_nanos().min(u128::from(u64::MAX / 4)) as Nanos
+    }
+
+    /// Sends the ACKs the device holds back, if any (an arm of any NIC's CQ, an idle poller, or
+    /// the second empty poll of this NIC's CQs).
+    #[inline]
+    pub(crate) fn release_held_acks(&self) {
+        if self.acks_held.load(Ordering::Relaxed) != HELD_NONE {
+            self.work.store(true, Ordering::SeqCst);
+            self.run_inline();
+        }
+    }
+
+    /// A CQ of this NIC came up empty while the device may hold ACKs: the first such poll only
+    /// counts (a user that has just taken a response often polls its other CQ before it sends
+    /// the next request, which the ACK should ride with); the second sends them.
+    #[inline]
+    pub(crate) fn empty_poll_with_held_acks(&self) {
+        match self.acks_held.load(Ordering::Relaxed) {
+            HELD_NONE => {}
+            HELD => {
+                // Not a store: the device may have sent them meanwhile (on another thread).
+                let _ =
+                    self.acks_held.compare_exchange(HELD, HELD_POLLED, Ordering::Relaxed, Ordering::Relaxed);
+            }
+            _ => self.release_held_acks(),
         }
     }
 

@@ -67,6 +67,14 @@ pub trait Wire: Send + Sync {
     /// `eager` asks for the burst to be taken now rather than when convenient (the sender's user
     /// is about to sleep and cannot help the receiver along later).
     fn flush(&self, eager: bool);
+
+    /// Whether the sender's device may hold plain ACKs for this wire's far end back until its
+    /// next pass (`DeviceState::run_all`'s `hold`). The in-process wire says yes unless the
+    /// receiving NIC's user is about to sleep (a CQ armed); other wires and middleware, no (the
+    /// UDP wire holds ACKs itself, in its flush).
+    fn holds_acks(&self) -> bool {
+        false
+    }
 }
 
 /// A NIC's attachment to a wire that reaches beyond its fabric (see the module docs). One per

@@ -136,6 +136,8 @@ pub(crate) struct TxDesc {
     pub hdr: PacketHeader,
     /// READ response: the (rkey, address) its payload comes from.
     pub read_from: Option<(u32, u64)>,
+    /// A plain ACK into which later ones were merged (it acknowledges several messages).
+    pub merged: bool,
 }
 
 /// One unit of device work.
@@ -178,6 +180,7 @@ impl<'a> Ctx<'a> {
             if let Some(last) = self.outbox.back_mut() {
                 if last.qpn == qpn && last.hdr.kind == PacketKind::Ack && last.hdr.syndrome == Syndrome::Ack {
                     last.hdr.psn = psn;
+                    last.merged = true;
                     return;
                 }
             }
@@ -186,6 +189,7 @@ impl<'a> Ctx<'a> {
             qpn,
             hdr: PacketHeader { kind: PacketKind::Ack, syndrome, psn, ..Default::default() },
             read_from: None,
+            merged: false,
         });
     }
 
@@ -369,6 +373,11 @@ pub(crate) struct DeviceState {
     active: Vec<u32>,
     pub outbox: VecDeque<TxDesc>,
     pub outbox_blocked: bool,
+    /// The outbox holds plain ACKs a device pass held back for the next pass (`run_all`'s
+    /// `hold`): they leave with whatever that pass sends, at `ack_release` at the latest.
+    pub acks_held: bool,
+    /// When held ACKs must leave ([`NEVER`] while none is held): one of the NIC's timers.
+    ack_release: Nanos,
     pub stats: NicStats,
     to_flush: Vec<u32>,
     pub caps: DeviceCaps,
@@ -400,6 +409,8 @@ impl DeviceState {
             active: Vec::with_capacity(64),
             outbox: VecDeque::with_capacity(1024),
             outbox_blocked: false,
+            acks_held: false,
+            ack_release: NEVER,
             stats: NicStats::default(),
             to_flush: Vec::with_capacity(64),
             shared_recvs: 0,
@@ -583,7 +594,8 @@ impl DeviceState {
         }
     }
 
-    /// The earliest timer deadline of any queue (a queue with a timer stays on the active list).
+    /// The earliest timer deadline of any queue (a queue with a timer stays on the active list)
+    /// and of held ACKs.
     pub(crate) fn deadline(&self) -> Nanos {
         self.active
             .iter()
@@ -591,6 +603,38 @@ impl DeviceState {
             .map(|q| q.deadline())
             .min()
             .unwrap_or(NEVER)
+            .min(self.ack_release)
+    }
+
+    /// Whether the outbox holds one plain ACK of one message (no NAK, no READ or atomic
+    /// response, not several messages' ACKs merged: a burst of requests is not a request
+    /// waiting for its response, and its sender may be waiting for the ACK to send more) whose
+    /// wire lets it wait ([`Wire::holds_acks`](crate::wire::Wire::holds_acks): the peer is not
+    /// about to sleep).
+    fn only_holdable_acks(&self) -> bool {
+        let [d] = self.outbox.as_slices().0 else { return false };
+        !self.outbox_blocked
+            && self.outbox.len() == 1
+            && d.hdr.kind == PacketKind::Ack
+            && d.hdr.syndrome == Syndrome::Ack
+            && !d.merged
+            && d.read_from.is_none()
+            && find_ref(&self.qps, d.qpn)
+                .and_then(|qp| qp.remote.as_ref())
+                .is_some_and(|r| r.wire.holds_acks())
+    }
+
+    /// Sends the queued responses, held ACKs included (the caller flushes the wires).
+    pub(crate) fn send_responses(&mut self) {
+        while self.tx_one() {}
+        self.acks_held = false;
+        self.ack_release = NEVER;
+    }
+
+    /// After `acks_held` was published: whether a held ACK's peer has become sleepy meanwhile
+    /// (then the caller sends them now, `send_responses`).
+    pub(crate) fn held_acks_wanted(&self) -> bool {
+        self.acks_held && !self.only_holdable_acks()
     }
 
     /// Runs one unit. Returns whether it did anything. `port` is this NIC's receive port;
@@ -625,15 +669,22 @@ impl DeviceState {
     /// [`MAX_PORT_DRAINS`] drains: the caller flushes what the run sent (the ACKs of what it
     /// read) and runs again, so a flood at the port cannot keep a run, and its ACKs, going
     /// for ever.
+    ///
+    /// `hold` > 0 lets a pass that started with no ACK held keep plain ACKs back for at most
+    /// `hold` ns, when they are all it would send (`acks_held`): in a request–response exchange
+    /// the next pass is the one that sends the response, and the ACK leaves in the same burst
+    /// (docs/sim.md, "Response queue and ACK coalescing"). Any later pass sends them.
     pub(crate) fn run_all(
         &mut self,
         now: Nanos,
         port: &Port,
         rx: Option<&dyn WirePort>,
         bells: &Bells,
+        hold: Nanos,
         kick_waiter: &mut dyn FnMut(u32),
     ) -> bool {
         let mut drains = 0;
+        let held_before = self.acks_held;
         loop {
             self.take_bells(bells);
             while self.rx_one(now, port, kick_waiter) {}
@@ -671,7 +722,14 @@ impl DeviceState {
                 }
                 bounded |= steps == 64;
             }
-            while self.tx_one() {}
+            if hold > 0 && !held_before && !self.outbox.is_empty() && self.only_holdable_acks() {
+                if !self.acks_held {
+                    self.acks_held = true;
+                    self.ack_release = now.saturating_add(hold);
+                }
+            } else if self.acks_held || !self.outbox.is_empty() {
+                self.send_responses();
+            }
             self.prune(now);
             // Go round again only if packets arrived meanwhile (from a NIC run nested in our
             // flushes, or another thread) or a queue was cut short.

@@ -1592,6 +1592,7 @@ impl QpCtx {
             qpn: self.qpn(),
             hdr: PacketHeader { kind: PacketKind::AtomicAck, psn, atomic: [old, 0], ..Default::default() },
             read_from: None,
+            merged: false,
         });
     }
 
@@ -1615,6 +1616,7 @@ impl QpCtx {
                     ..Default::default()
                 },
                 read_from: Some((hdr.rkey, hdr.remote_addr.wrapping_add(off))),
+                merged: false,
             });
         }
         Ok(n)
