@@ -48,6 +48,11 @@ pub(crate) struct Nic {
     /// How many of this NIC's CQs are armed (their user is about to sleep on an event fd).
     pub armed_cqs: Arc<AtomicU32>,
     pub caps: DeviceCaps,
+    /// How long (ns) a device pass may hold plain ACKs back for the next one; 0: not at all.
+    /// Only the Inline engine holds (its passes run on the users' polls and doorbells, so the
+    /// next pass of a responder is usually the one that sends its response), and not while
+    /// this NIC's user is about to sleep (`run_all`).
+    pub ack_hold: Nanos,
     /// Asynchronous events (also reachable from the device state, which pushes them).
     pub events: Arc<AsyncEvents>,
     /// The NIC's attachment to a wire beyond the fabric (UDP, shared memory), if its fabric
@@ -81,6 +86,11 @@ impl Nic {
             polled: AtomicBool::new(false),
             thread: OnceLock::new(),
             armed_cqs: Arc::new(AtomicU32::new(0)),
+            ack_hold: if fabric.config.engine == crate::engine::Engine::Inline {
+                fabric.config.ack_hold.as_nanos().min(u128::from(u64::MAX / 4)) as Nanos
+            } else {
+                0
+            },
             caps,
             fabric,
             wire_port: OnceLock::new(),
@@ -236,7 +246,7 @@ impl Nic {
         }
         let rx = self.polled_port.get().map(|p| &**p);
         let armed = self.armed_cqs.load(Ordering::Relaxed) > 0;
-        let hold = self.ack_hold(armed);
+        let hold = if armed { 0 } else { self.ack_hold };
         let cut = dev.run_all(now, &self.port, rx, &self.bells, hold, &mut |w| self.fabric.kick_waiter(w));
         if dev.acks_held != (self.acks_held.load(Ordering::Relaxed) != HELD_NONE) {
             if dev.acks_held {
@@ -262,17 +272,6 @@ impl Nic {
         if let Some(t) = traced {
             self.trace_run(t, now, "all");
         }
-    }
-
-    /// How long (ns) a device pass may hold plain ACKs back for the next one; 0: not at all.
-    /// Only the Inline engine holds (its passes run on the users' polls and doorbells, so the
-    /// next pass of a responder is usually the one that sends its response), and not while
-    /// this NIC's user is about to sleep.
-    fn ack_hold(&self, armed: bool) -> Nanos {
-        if self.fabric.config.engine != crate::engine::Engine::Inline || armed {
-            return 0;
-        }
-        self.fabric.config.ack_hold.as_nanos().min(u128::from(u64::MAX / 4)) as Nanos
     }
 
     /// Sends the ACKs the device holds back, if any (an arm of any NIC's CQ, an idle poller, or

@@ -612,10 +612,11 @@ impl DeviceState {
     /// wire lets it wait ([`Wire::holds_acks`](crate::wire::Wire::holds_acks): the peer is not
     /// about to sleep).
     fn only_holdable_acks(&self) -> bool {
-        let [d] = self.outbox.as_slices().0 else { return false };
-        !self.outbox_blocked
-            && self.outbox.len() == 1
-            && d.hdr.kind == PacketKind::Ack
+        if self.outbox.len() != 1 || self.outbox_blocked {
+            return false;
+        }
+        let d = &self.outbox[0];
+        d.hdr.kind == PacketKind::Ack
             && d.hdr.syndrome == Syndrome::Ack
             && !d.merged
             && d.read_from.is_none()
@@ -722,7 +723,7 @@ impl DeviceState {
                 }
                 bounded |= steps == 64;
             }
-            if hold > 0 && !held_before && !self.outbox.is_empty() && self.only_holdable_acks() {
+            if hold > 0 && !held_before && self.only_holdable_acks() {
                 if !self.acks_held {
                     self.acks_held = true;
                     self.ack_release = now.saturating_add(hold);
