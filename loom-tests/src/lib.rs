@@ -14,6 +14,7 @@
 //! | `tests/rings.rs` | the sim's rings and doorbells | see that file |
 //! | `tests/virtqueue.rs` | `bypass_hal::vfio::virtqueue::SplitQueue` and the software device | chains published on a split virtqueue reach the device whole (descriptors and buffer bytes), used elements reach the driver whole, through a full ring |
 //! | `tests/shm_ring.rs` | the sim's shared-memory ring (`sim/src/shm/ring.rs`) | frames cross a full ring once, in order, intact; a sleeping consumer and a waiting producer are never left without their wake-up |
+//! | `tests/wake.rs` | the sim's held-ACK handshake and device work-flag loop (`sim/src/wake.rs`) | an ACK held back for the device's next pass is always sent while its peer's user arms a CQ to sleep, by the holder or by the arm's release |
 //!
 //! Every model has a **broken twin**: the same model with one deliberate bug switched on in the
 //! production code through the loom-only mutation switch (`bypass::mutation`, which does not

@@ -153,7 +153,7 @@ impl Nic {
         // Inline engine: a NIC holding back the ACK this user may be about to wait for must not
         // wait for its own user's next pass (`Nic::run_all` pairs with this).
         if self.fabric.config.engine == Engine::Inline {
-            crate::sync::fence(Ordering::SeqCst);
+            crate::wake::arm_fence();
             self.fabric.release_held_acks();
         }
         // Threaded engine: a device thread backing off because this NIC was being polled must

@@ -271,10 +271,7 @@ impl FabricShared {
             let end = nics.len();
             for slot in &mut held {
                 let start = from.min(end);
-                let Some(k) = nics[start..]
-                    .iter()
-                    .position(|x| x.acks_held.load(Ordering::SeqCst) != crate::nic::HELD_NONE)
-                else {
+                let Some(k) = nics[start..].iter().position(|x| crate::wake::holds_acks(&x.acks_held)) else {
                     from = end;
                     break;
                 };

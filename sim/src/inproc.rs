@@ -100,10 +100,10 @@ impl Wire for Nic {
         self.on_burst(eager);
     }
 
-    /// Yes unless this NIC's user is about to sleep on an event fd (SeqCst: `Nic::run_all`
-    /// reads it again after publishing that it holds ACKs, against `Nic::on_arm`).
+    /// Yes unless this NIC's user is about to sleep on an event fd (`Nic::run_all` reads it
+    /// again after publishing that it holds ACKs, against `Nic::on_arm`: `wake::publish_hold`).
     fn holds_acks(&self) -> bool {
-        self.armed_cqs.load(crate::sync::Ordering::SeqCst) == 0
+        crate::wake::peer_may_wait(&self.armed_cqs)
     }
 }
 

@@ -74,6 +74,7 @@ mod shm;
 mod source;
 mod sync;
 mod udp;
+mod wake;
 pub mod wire;
 mod wires;
 
@@ -447,6 +448,78 @@ pub mod loom_api {
         /// Driver (`poll`): publishes the consumer index (the CI record).
         pub fn release(&self, ci: u32) {
             self.0.ring.release(ci);
+        }
+    }
+
+    /// The Inline engine's held-ACK handshake (`sim/src/wake.rs`), on a CQ's NIC's armed count.
+    impl Cq {
+        /// The user arms the CQ and is about to sleep: `SimCq::arm`'s `CqShared::arm` (which
+        /// raises the NIC's armed count), then `Nic::on_arm`'s `wake::arm_fence`, after which
+        /// the caller looks at the NICs holding ACKs.
+        pub fn arm(&self) {
+            self.0.arm(armed::ANY);
+            crate::wake::arm_fence();
+        }
+
+        /// Whether a plain ACK to this CQ's NIC may be held back (`Wire::holds_acks`).
+        pub fn peer_may_wait(&self) -> bool {
+            crate::wake::peer_may_wait(&self.0.nic_armed)
+        }
+    }
+
+    /// A NIC's device lock and work flag (`Nic::dev`, `Nic::work`) around a model's own device
+    /// state, run by `wake::run_flagged` as `Nic::run_inline` runs the real device.
+    #[derive(Debug)]
+    pub struct Device<T> {
+        dev: Mutex<T>,
+        work: AtomicBool,
+    }
+
+    impl<T> Device<T> {
+        /// A device in `state`, no work flagged.
+        pub fn new(state: T) -> Self {
+            Device { dev: Mutex::new(state), work: AtomicBool::new(false) }
+        }
+
+        /// The work flag raised, then `Nic::run_inline` (`Nic::release_held_acks`): `pass` runs
+        /// on this thread, or on the thread holding the device. False if this thread never got
+        /// the lock.
+        pub fn raise_and_run(&self, pass: impl FnMut(&mut T)) -> bool {
+            self.work.store(true, Ordering::SeqCst);
+            crate::wake::run_flagged(&self.dev, &self.work, pass)
+        }
+
+        /// The state, once the model's threads are joined.
+        pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+            f(&mut crate::sync::lock(&self.dev))
+        }
+    }
+
+    /// A NIC's `acks_held` flag (`Nic::acks_held`, `sim/src/wake.rs`).
+    #[derive(Debug)]
+    pub struct HeldAcks(AtomicU8);
+
+    impl Default for HeldAcks {
+        fn default() -> Self {
+            HeldAcks(AtomicU8::new(crate::wake::HELD_NONE))
+        }
+    }
+
+    impl HeldAcks {
+        /// Holder (`Nic::run_all`): publishes the hold, then asks `wanted_now` (the peer's
+        /// armed count read again); true: send now.
+        pub fn publish_hold(&self, wanted_now: impl FnOnce() -> bool) -> bool {
+            crate::wake::publish_hold(&self.0, wanted_now)
+        }
+
+        /// Holder, after sending what it held (`Nic::run_all`, `Nic::release_held_acks`).
+        pub fn clear(&self) {
+            self.0.store(crate::wake::HELD_NONE, Ordering::Relaxed);
+        }
+
+        /// Arming side's scan (`FabricShared::release_held_acks`): the NIC holds ACKs back.
+        pub fn holds(&self) -> bool {
+            crate::wake::holds_acks(&self.0)
         }
     }
 }

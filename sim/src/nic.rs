@@ -13,12 +13,7 @@ use bypass_hal::trace::{self, Track};
 use bypass_hal::{DeviceCaps, QueueInfo};
 use std::sync::{Arc, OnceLock};
 
-/// [`Nic::acks_held`]: the device holds no ACK back.
-pub(crate) const HELD_NONE: u8 = 0;
-/// [`Nic::acks_held`]: the device holds ACKs back.
-pub(crate) const HELD: u8 = 1;
-/// [`Nic::acks_held`]: the device holds ACKs back and a poll of the NIC's CQs came up empty.
-pub(crate) const HELD_POLLED: u8 = 2;
+pub(crate) use crate::wake::{HELD, HELD_NONE, HELD_POLLED};
 
 #[derive(Debug)]
 pub(crate) struct Nic {
@@ -208,18 +203,8 @@ impl Nic {
     /// thread sees `work` and goes round again.
     /// Returns false if it never got the lock (another thread held it throughout).
     pub(crate) fn run_inline(&self) -> bool {
-        let mut got = false;
-        loop {
-            let Some(mut dev) = sync::try_lock(&self.dev) else { return got };
-            got = true;
-            while self.work.swap(false, Ordering::SeqCst) {
-                self.run_all(&mut dev);
-            }
-            drop(dev);
-            if !self.work.load(Ordering::SeqCst) {
-                return true;
-            }
-        }
+        // `wake.rs`; loom model `loom-tests/tests/wake.rs`.
+        crate::wake::run_flagged(&self.dev, &self.work, |dev| self.run_all(dev))
     }
 
     /// The earliest of the device's timers and the delayed packets' release.
@@ -250,12 +235,12 @@ impl Nic {
         let cut = dev.run_all(now, &self.port, rx, &self.bells, hold, &mut |w| self.fabric.kick_waiter(w));
         if dev.acks_held != (self.acks_held.load(Ordering::Relaxed) != HELD_NONE) {
             if dev.acks_held {
-                // SeqCst, then the peers' armed counts read again (`held_acks_wanted`, SeqCst
-                // loads): an arm counted before this store is seen by that read; one counted
-                // after it sees the flag in its scan (`FabricShared::release_held_acks`, behind
-                // a SeqCst fence). Either way the ACK of a sleeper's message is not held.
-                self.acks_held.store(HELD, Ordering::SeqCst);
-                if dev.held_acks_wanted() {
+                // Published, fenced, then the peers' armed counts read again
+                // (`held_acks_wanted`): an arm counted before the fence is seen by that read; one
+                // counted after it sees the flag in its scan (`FabricShared::release_held_acks`,
+                // behind the arm's fence). Either way the ACK of a sleeper's message is not held
+                // (`wake.rs`; loom model `loom-tests/tests/wake.rs`).
+                if crate::wake::publish_hold(&self.acks_held, || dev.held_acks_wanted()) {
                     dev.send_responses();
                     self.acks_held.store(HELD_NONE, Ordering::Relaxed);
                 }

@@ -119,6 +119,18 @@ pub mod mutation {
         /// `inbox::Inbox::run_behind` reads the header of the slot behind the run before
         /// checking that the slot is published (a header a sender is still writing).
         InboxRunReadBeforeCheck = 114,
+        /// `wake::arm_fence` issues no fence (an arm that misses a held ACK whose holder missed
+        /// the arm).
+        ArmNoFence = 115,
+        /// `wake::publish_hold` skips the SeqCst fence between publishing the hold and reading
+        /// the peer's armed count again (an ACK held while its peer sleeps).
+        HoldNoFence = 116,
+        /// `wake::publish_hold` does not read the peer's armed count again after publishing
+        /// the hold (an ACK held while its peer sleeps).
+        HoldNoRecheck = 117,
+        /// `wake::run_flagged` does not read the work flag again after unlocking the device (a
+        /// flag raised by a thread that found the device taken is lost).
+        RunNoRecheck = 118,
     }
 
     pub use bypass_hal::mutation::Guard;
