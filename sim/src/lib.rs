@@ -403,7 +403,7 @@ pub mod loom_api {
                 overflow: AtomicBool::new(false),
                 attach: Mutex::new(crate::attach::AttachTable::default()),
                 attach_pending: AtomicBool::new(false),
-                nic_armed: Arc::new(AtomicU32::new(0)),
+                nic_armed: Arc::new(crate::nic::ArmedCount::default()),
                 id: 0,
                 channel: None,
             })

@@ -15,6 +15,21 @@ use std::sync::{Arc, OnceLock};
 
 pub(crate) use crate::wake::{HELD, HELD_NONE, HELD_POLLED};
 
+/// A NIC's count of armed CQs (`Nic::armed_cqs`, `CqShared::nic_armed`), alone on its cache
+/// line: the peer's device reads it on every burst and every pass that could hold an ACK, and a
+/// small `Arc` allocation would otherwise share its line with whatever the allocator put beside
+/// it, which the other thread may be writing.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct ArmedCount(AtomicU32);
+
+impl std::ops::Deref for ArmedCount {
+    type Target = AtomicU32;
+    fn deref(&self) -> &AtomicU32 {
+        &self.0
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Nic {
     pub addr: u32,
@@ -41,7 +56,7 @@ pub(crate) struct Nic {
     pub polled: AtomicBool,
     pub thread: OnceLock<std::thread::Thread>,
     /// How many of this NIC's CQs are armed (their user is about to sleep on an event fd).
-    pub armed_cqs: Arc<AtomicU32>,
+    pub armed_cqs: Arc<ArmedCount>,
     pub caps: DeviceCaps,
     /// How long (ns) a device pass may hold plain ACKs back for the next one; 0: not at all.
     /// Only the Inline engine holds (its passes run on the users' polls and doorbells, so the
@@ -80,7 +95,7 @@ impl Nic {
             sleeping: AtomicBool::new(false),
             polled: AtomicBool::new(false),
             thread: OnceLock::new(),
-            armed_cqs: Arc::new(AtomicU32::new(0)),
+            armed_cqs: Arc::new(ArmedCount::default()),
             ack_hold: if fabric.config.engine == crate::engine::Engine::Inline {
                 fabric.config.ack_hold.as_nanos().min(u128::from(u64::MAX / 4)) as Nanos
             } else {

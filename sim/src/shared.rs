@@ -145,7 +145,7 @@ pub(crate) struct CqShared {
     pub attach: Mutex<AttachTable<Arc<QueueShared>>>,
     pub attach_pending: AtomicBool,
     /// The owning NIC's count of armed CQs.
-    pub nic_armed: Arc<AtomicU32>,
+    pub nic_armed: Arc<crate::nic::ArmedCount>,
     /// What `EventChannel::take_events` reports for this CQ.
     pub id: u64,
     /// The shared channel this CQ's events go to (`None`: its own `event`).
