@@ -113,6 +113,8 @@ pub struct Args {
     pub warmup: Option<u64>,
 
     /// NIC backend: `sim` (the software NIC, in this process), `sim+shm`, `sim+udp://IP:PORT`;
+    /// simulator options after a comma, e.g. `sim,ack_hold=off` (never hold ACKs back for the next
+    /// packet, for A/B runs), `sim+udp://127.0.0.1:0,ack_hold=off`;
     /// with `--features verbs` `verbs` (the first RDMA device), `verbs:rxe0`,
     /// `verbs:rxe0,gid=1,port=1,mtu=1024`; with `--features urma` `urma`,
     /// `urma:bypass_sim0,lib=PATH` (liburma, e.g. the simulated one)
@@ -276,13 +278,14 @@ impl EngineArg {
 
 /// Checks the backend's kind against what this build has (opening it comes later, in `main`).
 fn parse_backend(s: &str) -> Result<String, String> {
-    let kind = s.split([':', '+']).next().unwrap_or("");
+    let kind = s.split([':', '+', ',']).next().unwrap_or("");
     let compiled = bypass::backend::compiled();
     match kind {
         // The wire is part of the backend (sim+udp://127.0.0.1:0); the engine is --engine.
-        "sim" if s.starts_with("sim+") => Ok(s.to_string()),
+        // Options after plain `sim` (sim,ack_hold=off), for the in-process wire.
+        "sim" if s.starts_with("sim+") || s.starts_with("sim,") => Ok(s.to_string()),
         "sim" if s != "sim" => Err(format!(
-            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim` (or `sim+udp://IP:PORT` for the UDP wire, `sim+shm` for shared memory)"
+            "`{s}`: give the simulator's engine with --engine, and the backend as plain `sim` (or `sim,ack_hold=off` with options, `sim+udp://IP:PORT` for the UDP wire, `sim+shm` for shared memory)"
         )),
         k if compiled.contains(&k) => Ok(s.to_string()),
         "verbs" | "urma" | "vfio" => Err(format!(
@@ -432,7 +435,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
                 a.level.name()
             ));
         }
-        if a.backend == "sim" {
+        if a.backend == "sim" || a.backend.starts_with("sim,") {
             return Err(format!(
                 "{role}: the simulator's in-process wire cannot reach another process; give both processes a byte wire, e.g. --backend sim+shm (one host) or sim+udp://127.0.0.1:0"
             ));
@@ -460,7 +463,7 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     if level != Level::Rpc && a.msg_size.is_some() {
         return Err("--msg-size applies to --level rpc".into());
     }
-    let is_sim = a.backend == "sim" || a.backend.starts_with("sim+");
+    let is_sim = a.backend == "sim" || a.backend.starts_with("sim+") || a.backend.starts_with("sim,");
     if !is_sim && a.engine.is_some() {
         return Err(format!("--engine applies to the simulator, not to --backend {}", a.backend));
     }
@@ -743,6 +746,15 @@ mod tests {
         assert!(p.rendezvous && p.msg_size == 4096);
         let p = plan_of(&["--level", "hal", "-a", "--max-size", "16", "-t", "bw"]).unwrap();
         assert_eq!(p.specs.iter().map(|s| s.size).collect::<Vec<_>>(), [2, 4, 8, 16]);
+    }
+
+    /// Simulator options after a comma keep the simulator's engine choice and reach the backend.
+    #[test]
+    fn simulator_options_are_a_sim_backend() {
+        let p = plan_of(&["--backend", "sim,ack_hold=off", "--engine", "threaded"]).unwrap();
+        assert_eq!((p.backend.as_str(), p.engine), ("sim,ack_hold=off", Some(EngineArg::Threaded)));
+        assert!(plan_of(&["--backend", "sim:inline"]).is_err(), "the engine is --engine");
+        assert!(plan_of(&["--backend", "sim,ack_hold=off", "--server", "127.0.0.1:0"]).is_err());
     }
 
     #[test]

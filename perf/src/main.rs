@@ -149,6 +149,9 @@ fn open_backend(plan: &Plan) -> Result<Backend, String> {
     let spec = match (plan.backend.as_str(), plan.engine) {
         ("sim", Some(EngineArg::Threaded)) => "sim:threaded".to_string(),
         ("sim", _) => "sim:inline".to_string(),
+        (options, engine) if options.starts_with("sim,") => {
+            format!("sim:{}{}", engine.unwrap_or(EngineArg::Inline).name(), &options[3..])
+        }
         (wire, Some(EngineArg::Threaded)) if wire.starts_with("sim+") => {
             format!("sim:threaded{}", &wire[3..])
         }

@@ -114,6 +114,22 @@ impl FabricConfig {
         }
     }
 
+    /// Parses the value of a backend string's `ack_hold=` option: `off` or `0` to send every
+    /// ACK at once, else the longest hold in whole microseconds (at most 1,000: a hold must stay
+    /// far below the ACK timeout), for [`ack_hold`](Self::ack_hold).
+    pub fn parse_ack_hold(value: &str) -> Result<Duration, String> {
+        match value {
+            "off" | "0" => Ok(Duration::ZERO),
+            n => match n.parse::<u64>() {
+                Ok(us @ 1..=1000) => Ok(Duration::from_micros(us)),
+                _ => Err(format!(
+                    "ack_hold={n:?}: use the longest time a plain ACK may wait for the next packet, in \
+                     microseconds (1..=1000; the default is 20), or off to send every ACK at once"
+                )),
+            },
+        }
+    }
+
     /// Default settings for `engine`.
     pub fn new(engine: Engine) -> Self {
         FabricConfig {

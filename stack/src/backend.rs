@@ -10,6 +10,7 @@
 //! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
 //! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
 //! | `sim+shm`, `sim:threaded+shm` | simulated NICs on the shared-memory wire (segments in `/dev/shm`), reachable from other processes on this host | feature `sim` |
+//! | `sim,ack_hold=off`, `sim:inline,ack_hold=5`, `sim+udp://127.0.0.1:0,ack_hold=off` | how long a simulated NIC may hold a plain ACK back for the next packet it sends, in µs (default 20; `off`: never), on the in-process wire (Inline engine: docs/sim.md, "Held ACKs") and the UDP wire; for A/B measurements | feature `sim` |
 //! | `sim+udp://127.0.0.1:0,ack_timeout_backoff=off`, `sim+shm,ack_timeout_backoff=12` | on any wire above or below (and `vfio:`), the NICs' retransmission waits double after each timeout without progress up to 4.096 µs × 2^N (default N = 18, 1.07 s: they are threads of ordinary processes, which a loaded host deschedules; docs/sim.md, "Retransmission backoff"), or stay fixed with `off`; the in-process wire keeps fixed timeouts | feature `sim` |
 //! | `sim+l2:pair`, `sim+l2:pair,loss_ppm=20000` | two simulated NICs on the L2 wire (RoCEv2 in Ethernet frames, ARP) joined by an in-memory cable, 10.99.0.1 and 10.99.0.2: for tests | feature `sim` |
 //! | `sim+packet://veth0,ip=10.99.0.2[/24][,gw=10.99.0.1]` | one simulated NIC on the L2 wire through an `AF_PACKET` socket on that interface, speaking RoCEv2 to any RoCE NIC on the link (rxe); server and client share it | feature `sim`; CAP_NET_RAW |
@@ -117,6 +118,16 @@ fn split_backoff(options: &str) -> Result<(Option<String>, Option<Option<std::ti
     Ok((rest, backoff))
 }
 
+/// Takes the `ack_hold=` option out of comma-separated options: the other options, and the hold
+/// it asks for if present ([`bypass_sim::FabricConfig::parse_ack_hold`]).
+#[cfg(feature = "sim")]
+fn split_ack_hold(options: &str) -> Result<(Option<String>, Option<std::time::Duration>), RpcError> {
+    let (rest, value) = take_option(options, "ack_hold");
+    let hold =
+        value.map(bypass_sim::FabricConfig::parse_ack_hold).transpose().map_err(RpcError::InvalidArgument)?;
+    Ok((rest, hold))
+}
+
 #[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
 fn not_compiled(kind: &str, feature: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
@@ -136,9 +147,14 @@ impl Backend {
                 "a wire (`+{wire}`) is chosen only for the simulator, as in sim+udp://127.0.0.1:0; {sim:?} has its own"
             )));
         }
+        // `sim,ack_hold=off`: options straight after the name, no engine given.
         let (kind, rest) = match spec.split_once(':') {
             Some((k, r)) => (k, Some(r)),
-            None => (spec, None),
+            None => match spec.split_once(',') {
+                // The engine left empty: `open_sim` reads ",ack_hold=off".
+                Some(("sim", _)) => ("sim", Some(&spec[3..])),
+                _ => (spec, None),
+            },
         };
         match kind {
             "sim" => Self::open_sim(rest, None),
@@ -196,6 +212,11 @@ impl Backend {
     #[cfg(feature = "sim")]
     fn open_sim(rest: Option<&str>, wire: Option<&str>) -> Result<Backend, RpcError> {
         use bypass_sim::{Engine, Fabric, FabricConfig, WireConfig};
+        // `sim:inline,ack_hold=5` (in-process wire): options after the engine.
+        let (rest, options) = match rest.map(|r| r.split_once(',').map_or((r, None), |(e, o)| (e, Some(o)))) {
+            Some((e, o)) => ((!e.is_empty()).then_some(e), o),
+            None => (None, None),
+        };
         let engine = match rest {
             None | Some("inline") => Engine::Inline,
             Some("threaded") => Engine::Threaded,
@@ -206,21 +227,45 @@ impl Backend {
             }
         };
         let Some(wire) = wire else {
-            return Ok(Backend::Sim { fabric: Fabric::new(engine), engine });
+            let mut config = FabricConfig::new(engine);
+            if let Some(options) = options {
+                let (unknown, hold) = split_ack_hold(options)?;
+                if let Some(unknown) = unknown {
+                    return Err(RpcError::InvalidArgument(format!(
+                        "unknown option(s) {unknown:?} for the simulator's in-process wire: it takes only \
+                         ack_hold=<us>|off (e.g. sim:inline,ack_hold=off)"
+                    )));
+                }
+                config.ack_hold = hold.unwrap_or(config.ack_hold);
+            }
+            let fabric = Fabric::try_with_config(config).map_err(RpcError::InvalidArgument)?;
+            return Ok(Backend::Sim { fabric, engine });
         };
+        if let Some(options) = options {
+            return Err(RpcError::InvalidArgument(format!(
+                "options ({options:?}) go after the wire when there is one, as in \
+                 sim:inline+udp://127.0.0.1:0,ack_hold=off, not after the engine"
+            )));
+        }
         // Every wire here carries packets between NICs that are threads of ordinary processes,
         // which a loaded host deschedules for longer than `retry_count` fixed ACK timeouts: their
         // retransmission waits back off unless the string says otherwise.
-        let (wire, backoff) = match wire.split_once(',') {
+        let (wire, backoff, hold) = match wire.split_once(',') {
             Some((name, options)) => {
                 let (rest, backoff) = split_backoff(options)?;
-                (rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")), backoff)
+                let (rest, hold) = match rest {
+                    Some(rest) => split_ack_hold(&rest)?,
+                    None => (None, None),
+                };
+                (rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")), backoff, hold)
             }
-            None => (wire.to_string(), None),
+            None => (wire.to_string(), None, None),
         };
+        let defaults = FabricConfig::new(engine);
         let config = FabricConfig {
             ack_timeout_backoff: backoff.unwrap_or(Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF)),
-            ..FabricConfig::new(engine)
+            ack_hold: hold.unwrap_or(defaults.ack_hold),
+            ..defaults
         };
         if let Some(ports) = bypass_sim::l2::parse_wire(&wire) {
             let ports = ports.map_err(RpcError::InvalidArgument)?;
@@ -269,7 +314,14 @@ impl Backend {
                     Some(cap) => format!("ACK timeouts back off up to {cap:?}"),
                     None => "fixed ACK timeouts".into(),
                 };
-                format!("{}, {backoff}", Self::describe_sim(fabric, *engine))
+                // Only when the string changed it: which wires and engines hold ACKs is the
+                // simulator's business (docs/sim.md).
+                let hold = match fabric.config().ack_hold {
+                    h if h == bypass_sim::FabricConfig::new(*engine).ack_hold => String::new(),
+                    std::time::Duration::ZERO => ", ACKs never held".into(),
+                    h => format!(", ACKs held up to {h:?}"),
+                };
+                format!("{}{hold}, {backoff}", Self::describe_sim(fabric, *engine))
             }
             #[cfg(feature = "verbs")]
             Backend::Verbs(d) => {
@@ -408,6 +460,36 @@ mod tests {
         let text = |s: &str| Backend::open(s).unwrap_err().to_string();
         assert!(text("sim+shmem").contains("expected shm"), "{}", text("sim+shmem"));
         assert!(text("verbs+shm").contains("only for the simulator"));
+    }
+
+    /// `ack_hold=` reaches the fabric on the in-process wire (after the name or the engine) and
+    /// on the byte wires (after the wire), and bad values or misplaced options say what to write.
+    #[test]
+    fn the_ack_hold_is_set_from_the_string() {
+        let hold = |spec: &str| match Backend::open(spec).unwrap_or_else(|e| panic!("{spec}: {e}")) {
+            Backend::Sim { fabric, .. } => fabric.config().ack_hold,
+            #[allow(unreachable_patterns)]
+            _ => unreachable!(),
+        };
+        let default = bypass_sim::FabricConfig::new(bypass_sim::Engine::Inline).ack_hold;
+        assert_eq!(hold("sim"), default);
+        assert_eq!(hold("sim,ack_hold=off"), std::time::Duration::ZERO);
+        assert_eq!(hold("sim:inline,ack_hold=0"), std::time::Duration::ZERO);
+        assert_eq!(hold("sim:threaded,ack_hold=5"), std::time::Duration::from_micros(5));
+        assert_eq!(hold("sim+shm,ack_hold=off,ack_timeout_backoff=off"), std::time::Duration::ZERO);
+        assert_eq!(hold("sim+udp://127.0.0.1:0,ack_hold=7"), std::time::Duration::from_micros(7));
+        assert_eq!(hold("sim+udp://127.0.0.1:0"), default);
+        let b = Backend::open("sim,ack_hold=off").unwrap();
+        assert!(b.describe().contains("ACKs never held"), "{}", b.describe());
+        let err = |spec: &str| Backend::open(spec).unwrap_err().to_string();
+        assert!(err("sim,ack_hold=1001").contains("1..=1000"), "{}", err("sim,ack_hold=1001"));
+        assert!(err("sim,ack_hold=fast").contains("or off"), "{}", err("sim,ack_hold=fast"));
+        assert!(err("sim:inline,mtu=1024").contains("only ack_hold"), "{}", err("sim:inline,mtu=1024"));
+        assert!(
+            err("sim:inline,ack_hold=off+shm").contains("after the wire"),
+            "{}",
+            err("sim:inline,ack_hold=off+shm")
+        );
     }
 
     /// The byte wires' NICs back off their retransmission waits unless the string turns it off
