@@ -25,15 +25,28 @@ use libfuzzer_sys::fuzz_target;
 /// What the documented grammar says about `spec`: `None` if it is not a backend string of this
 /// build, else its wire.
 fn expected(spec: &str) -> Option<WireConfig> {
-    let (sim, wire) = match spec.split_once('+') {
-        Some((s, w)) => (s, Some(w)),
+    let (head, wire) = match spec.split_once('+') {
+        Some((h, w)) => (h, Some(w)),
         None => (spec, None),
+    };
+    let (sim, options) = match head.split_once(',') {
+        Some((s, o)) => (s, Some(o)),
+        None => (head, None),
     };
     if !matches!(sim, "sim" | "sim:inline" | "sim:threaded") {
         return None;
     }
-    let Some(wire) = wire else { return Some(WireConfig::InProcess) };
-    let wire = without_backoff(wire)?;
+    let Some(wire) = wire else {
+        // The in-process wire takes `ack_hold=` only, and only where something holds ACKs: the
+        // Inline engine.
+        let Some(options) = options else { return Some(WireConfig::InProcess) };
+        let all_holds = options.split(',').all(|o| o.strip_prefix("ack_hold=").is_some_and(ack_hold));
+        return (all_holds && sim != "sim:threaded").then_some(WireConfig::InProcess);
+    };
+    if options.is_some() {
+        return None;
+    }
+    let wire = without_wire_options(wire)?;
     match wire.as_str() {
         "shm" => Some(WireConfig::Shm),
         w if w.starts_with("l2:") => l2_pair(&w["l2:".len()..]),
@@ -44,20 +57,28 @@ fn expected(spec: &str) -> Option<WireConfig> {
     }
 }
 
-/// `wire` without its `ack_timeout_backoff=` options (those after the wire's name), or `None`
-/// if one of them has a value the grammar refuses.
-fn without_backoff(wire: &str) -> Option<String> {
+/// Whether `v` is a value `ack_hold=` takes: `off`, `0` or whole microseconds in 1..=1000.
+fn ack_hold(v: &str) -> bool {
+    matches!(v, "off" | "0") || v.parse::<u64>().is_ok_and(|us| (1..=1000).contains(&us))
+}
+
+/// `wire` without the options every wire takes after its name (`ack_timeout_backoff=`, and
+/// `ack_hold=` on the UDP wire), or `None` if one of them has a value the grammar refuses or
+/// stands where it means nothing.
+fn without_wire_options(wire: &str) -> Option<String> {
     let Some((name, options)) = wire.split_once(',') else { return Some(wire.to_string()) };
     let mut kept = vec![name];
     for opt in options.split(',') {
-        match opt.strip_prefix("ack_timeout_backoff=") {
-            Some("off" | "0") => {}
-            Some(v) => {
-                if !(1..=31).contains(&v.parse::<u8>().ok()?) {
-                    return None;
-                }
+        if let Some(v) = opt.strip_prefix("ack_timeout_backoff=") {
+            if !(matches!(v, "off" | "0") || v.parse::<u8>().is_ok_and(|n| (1..=31).contains(&n))) {
+                return None;
             }
-            None => kept.push(opt),
+        } else if let Some(v) = opt.strip_prefix("ack_hold=") {
+            if !(ack_hold(v) && name.starts_with("udp://")) {
+                return None;
+            }
+        } else {
+            kept.push(opt);
         }
     }
     Some(kept.join(","))
@@ -87,7 +108,7 @@ fuzz_target!(|data: &[u8]| {
     let want = expected(spec);
     if want == Some(WireConfig::Shm) {
         let wire = spec.split_once('+').map(|(_, w)| w).unwrap_or_default();
-        assert_eq!(without_backoff(wire).as_deref().map(WireConfig::parse), Some(Ok(WireConfig::Shm)));
+        assert_eq!(without_wire_options(wire).as_deref().map(WireConfig::parse), Some(Ok(WireConfig::Shm)));
         return;
     }
     match (Backend::open(spec), want) {

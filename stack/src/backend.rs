@@ -10,7 +10,7 @@
 //! | `sim`, `sim:inline`, `sim:threaded` | two simulated NICs on one fabric (Inline or Threaded engine), in-process wire | feature `sim` (default) |
 //! | `sim+udp://127.0.0.1:0`, `sim:threaded+udp://10.0.0.5:7000` | simulated NICs on the UDP wire bound to that address (port 0: any free port), reachable from other processes and hosts | feature `sim` |
 //! | `sim+shm`, `sim:threaded+shm` | simulated NICs on the shared-memory wire (segments in `/dev/shm`), reachable from other processes on this host | feature `sim` |
-//! | `sim,ack_hold=off`, `sim:inline,ack_hold=5`, `sim+udp://127.0.0.1:0,ack_hold=off` | how long a simulated NIC may hold a plain ACK back for the next packet it sends, in µs (default 20; `off`: never), on the in-process wire (Inline engine: docs/sim.md, "Held ACKs") and the UDP wire; for A/B measurements | feature `sim` |
+//! | `sim,ack_hold=off`, `sim:inline,ack_hold=5`, `sim+udp://127.0.0.1:0,ack_hold=off` | how long a simulated NIC may hold a plain ACK back for the next packet it sends, in µs (default 20; `off`: never), on the in-process wire (Inline engine: docs/sim.md, "Held ACKs") and the UDP wire, refused elsewhere (nothing there holds ACKs); for A/B measurements | feature `sim` |
 //! | `sim+udp://127.0.0.1:0,ack_timeout_backoff=off`, `sim+shm,ack_timeout_backoff=12` | on any wire above or below (and `vfio:`), the NICs' retransmission waits double after each timeout without progress up to 4.096 µs × 2^N (default N = 18, 1.07 s: they are threads of ordinary processes, which a loaded host deschedules; docs/sim.md, "Retransmission backoff"), or stay fixed with `off`; the in-process wire keeps fixed timeouts | feature `sim` |
 //! | `sim+l2:pair`, `sim+l2:pair,loss_ppm=20000` | two simulated NICs on the L2 wire (RoCEv2 in Ethernet frames, ARP) joined by an in-memory cable, 10.99.0.1 and 10.99.0.2: for tests | feature `sim` |
 //! | `sim+packet://veth0,ip=10.99.0.2[/24][,gw=10.99.0.1]` | one simulated NIC on the L2 wire through an `AF_PACKET` socket on that interface, speaking RoCEv2 to any RoCE NIC on the link (rxe); server and client share it | feature `sim`; CAP_NET_RAW |
@@ -89,43 +89,36 @@ pub fn compiled() -> &'static [&'static str] {
     ]
 }
 
-/// Takes the option `key=` out of comma-separated options (the last one counts): the other
-/// options (`None` if none are left) and its value, if given.
+/// Takes the option `key=` out of comma-separated options: the other options (`None` if none are
+/// left) and the value `parse` makes of it, if given. Every occurrence is parsed, so a bad value
+/// is refused even where a later one would override it; the last one counts.
 #[cfg(feature = "sim")]
-fn take_option<'a>(options: &'a str, key: &str) -> (Option<String>, Option<&'a str>) {
+fn take_option<T>(
+    options: &str,
+    key: &str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<(Option<String>, Option<T>), RpcError> {
     let mut value = None;
     let mut rest = Vec::new();
     for part in options.split(',') {
         match part.strip_prefix(key).and_then(|v| v.strip_prefix('=')) {
-            Some(v) => value = Some(v),
+            Some(v) => value = Some(parse(v).map_err(RpcError::InvalidArgument)?),
             None => rest.push(part),
         }
     }
-    ((!rest.is_empty()).then(|| rest.join(",")), value)
+    Ok(((!rest.is_empty()).then(|| rest.join(",")), value))
 }
 
-/// Takes the `ack_timeout_backoff=` option out of comma-separated options: the other options,
-/// and `None` if it is absent, else the backoff it asks for
-/// ([`bypass_sim::FabricConfig::parse_ack_timeout_backoff`]).
+/// Refuses options with an empty one among them (`sim,`, `sim+shm,,ack_hold=off`): a stray comma
+/// is a typo, not an option.
 #[cfg(feature = "sim")]
-#[allow(clippy::type_complexity)]
-fn split_backoff(options: &str) -> Result<(Option<String>, Option<Option<std::time::Duration>>), RpcError> {
-    let (rest, value) = take_option(options, "ack_timeout_backoff");
-    let backoff = value
-        .map(bypass_sim::FabricConfig::parse_ack_timeout_backoff)
-        .transpose()
-        .map_err(RpcError::InvalidArgument)?;
-    Ok((rest, backoff))
-}
-
-/// Takes the `ack_hold=` option out of comma-separated options: the other options, and the hold
-/// it asks for if present ([`bypass_sim::FabricConfig::parse_ack_hold`]).
-#[cfg(feature = "sim")]
-fn split_ack_hold(options: &str) -> Result<(Option<String>, Option<std::time::Duration>), RpcError> {
-    let (rest, value) = take_option(options, "ack_hold");
-    let hold =
-        value.map(bypass_sim::FabricConfig::parse_ack_hold).transpose().map_err(RpcError::InvalidArgument)?;
-    Ok((rest, hold))
+fn no_empty_option(spec: &str, options: &str) -> Result<(), RpcError> {
+    match options.split(',').any(str::is_empty) {
+        true => Err(RpcError::InvalidArgument(format!(
+            "{spec:?} has an empty option (a stray comma): options are name=value, separated by one comma"
+        ))),
+        false => Ok(()),
+    }
 }
 
 #[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
@@ -139,28 +132,24 @@ fn not_compiled(kind: &str, feature: &str) -> RpcError {
 impl Backend {
     /// Opens the backend `spec` names (see the module docs).
     pub fn open(spec: &str) -> Result<Backend, RpcError> {
-        if let Some((sim, wire)) = spec.split_once('+') {
-            if sim == "sim" || sim.starts_with("sim:") {
-                return Self::open_sim(sim.strip_prefix("sim:"), Some(wire));
-            }
+        let (head, wire) = match spec.split_once('+') {
+            Some((head, wire)) => (head, Some(wire)),
+            None => (spec, None),
+        };
+        // `sim`, `sim:<engine>`, `sim,<options>`, `sim:<engine>,<options>`, each with its wire.
+        if let Some(after) = head.strip_prefix("sim").filter(|a| a.is_empty() || a.starts_with([':', ','])) {
+            return Self::open_sim(spec, after, wire);
+        }
+        if let Some(wire) = wire {
             return Err(RpcError::InvalidArgument(format!(
-                "a wire (`+{wire}`) is chosen only for the simulator, as in sim+udp://127.0.0.1:0; {sim:?} has its own"
+                "a wire (`+{wire}`) is chosen only for the simulator, as in sim+udp://127.0.0.1:0; {head:?} has its own"
             )));
         }
-        // `sim,ack_hold=off`: options straight after the name, no engine given.
-        let (kind, rest) = match spec.split_once(':') {
-            Some((k, r)) => (k, Some(r)),
-            None => match spec.split_once(',') {
-                // The engine left empty: `open_sim` reads ",ack_hold=off".
-                Some(("sim", _)) => ("sim", Some(&spec[3..])),
-                _ => (spec, None),
-            },
-        };
+        let (kind, rest) = spec.split_once(':').unwrap_or((spec, ""));
         match kind {
-            "sim" => Self::open_sim(rest, None),
-            "verbs" => Self::open_verbs(rest.unwrap_or("")),
-            "urma" => Self::open_urma(rest.unwrap_or("")),
-            "vfio" => Self::open_vfio(rest.unwrap_or("")),
+            "verbs" => Self::open_verbs(rest),
+            "urma" => Self::open_urma(rest),
+            "vfio" => Self::open_vfio(rest),
             other => Err(RpcError::InvalidArgument(format!(
                 "unknown backend {other:?} in {spec:?}: expected sim, sim:inline, sim:threaded, verbs or verbs:<device>[,option=value...], urma or urma:<device>[,lib=<path>][,eid=<index>], vfio:<pci-address>,ip=<IPv4>"
             ))),
@@ -176,18 +165,23 @@ impl Backend {
                 "vfio:{rest} names no address for the NIC: expected vfio:<pci-address>,ip=<IPv4>[/prefix][,gw=<IPv4>], e.g. vfio:0000:00:03.0,ip=10.29.0.1/24"
             )));
         };
-        let (opts, interrupts) = take_option(opts, "interrupts");
-        let interrupts = match interrupts {
-            None | Some("on") => true,
-            Some("off") => false,
-            Some(other) => {
-                return Err(RpcError::InvalidArgument(format!(
-                    "vfio: interrupts={other:?}: use interrupts=on (the default: receive interrupts through MSI-X, so a \
-                     CQ in event mode sleeps) or interrupts=off (the port is only polled)"
-                )))
-            }
-        };
-        let (opts, backoff) = split_backoff(opts.as_deref().unwrap_or(""))?;
+        no_empty_option(&format!("vfio:{rest}"), opts)?;
+        let (opts, interrupts) = take_option(opts, "interrupts", |v| {
+            match v {
+            "on" => Ok(true),
+            "off" => Ok(false),
+            other => Err(format!(
+                "vfio: interrupts={other:?}: use interrupts=on (the default: receive interrupts through MSI-X, so a \
+                 CQ in event mode sleeps) or interrupts=off (the port is only polled)"
+            )),
+        }
+        })?;
+        let interrupts = interrupts.unwrap_or(true);
+        let (opts, backoff) = take_option(
+            opts.as_deref().unwrap_or(""),
+            "ack_timeout_backoff",
+            FabricConfig::parse_ack_timeout_backoff,
+        )?;
         let addr = L2Addr::parse_options(opts.as_deref().unwrap_or("")).map_err(RpcError::InvalidArgument)?;
         let options = bypass_hal::vfio::VirtioNetOptions { interrupts, ..Default::default() };
         let port = bypass_hal::vfio::VirtioNet::open_with(pci, &options)
@@ -209,31 +203,49 @@ impl Backend {
         Err(not_compiled("vfio", "vfio"))
     }
 
+    /// Opens the simulator: `after` is what follows `sim` before the wire (`""`, `:<engine>`,
+    /// `,<options>` or `:<engine>,<options>`), `wire` what follows the `+`, options and all.
     #[cfg(feature = "sim")]
-    fn open_sim(rest: Option<&str>, wire: Option<&str>) -> Result<Backend, RpcError> {
+    fn open_sim(spec: &str, after: &str, wire: Option<&str>) -> Result<Backend, RpcError> {
         use bypass_sim::{Engine, Fabric, FabricConfig, WireConfig};
-        // `sim:inline,ack_hold=5` (in-process wire): options after the engine.
-        let (rest, options) = match rest.map(|r| r.split_once(',').map_or((r, None), |(e, o)| (e, Some(o)))) {
-            Some((e, o)) => ((!e.is_empty()).then_some(e), o),
-            None => (None, None),
+        let (engine, options) = match after.strip_prefix(':') {
+            Some(rest) => match rest.split_once(',') {
+                Some((engine, options)) => (Some(engine), Some(options)),
+                None => (Some(rest), None),
+            },
+            None => (None, after.strip_prefix(',')),
         };
-        let engine = match rest {
+        let engine = match engine {
             None | Some("inline") => Engine::Inline,
             Some("threaded") => Engine::Threaded,
+            Some("") => {
+                return Err(RpcError::InvalidArgument(format!(
+                    "{spec:?} names no engine after `sim:`: write sim (Inline), sim:inline or sim:threaded"
+                )))
+            }
             Some(other) => {
                 return Err(RpcError::InvalidArgument(format!(
                     "unknown simulator engine {other:?}: expected sim:inline or sim:threaded (Stepped needs a test to drive it)"
                 )))
             }
         };
+        let defaults = FabricConfig::new(engine);
         let Some(wire) = wire else {
-            let mut config = FabricConfig::new(engine);
+            // The in-process wire: `sim,ack_hold=off`, `sim:inline,ack_hold=5`.
+            let mut config = defaults;
             if let Some(options) = options {
-                let (unknown, hold) = split_ack_hold(options)?;
+                no_empty_option(spec, options)?;
+                let (unknown, hold) = take_option(options, "ack_hold", FabricConfig::parse_ack_hold)?;
                 if let Some(unknown) = unknown {
                     return Err(RpcError::InvalidArgument(format!(
                         "unknown option(s) {unknown:?} for the simulator's in-process wire: it takes only \
                          ack_hold=<us>|off (e.g. sim:inline,ack_hold=off)"
+                    )));
+                }
+                if hold.is_some() && engine != Engine::Inline {
+                    return Err(RpcError::InvalidArgument(format!(
+                        "{spec:?}: the Threaded engine's device threads never hold an ACK back, so ack_hold= \
+                         means nothing here; it applies to sim or sim:inline and to the UDP wire"
                     )));
                 }
                 config.ack_hold = hold.unwrap_or(config.ack_hold);
@@ -243,25 +255,36 @@ impl Backend {
         };
         if let Some(options) = options {
             return Err(RpcError::InvalidArgument(format!(
-                "options ({options:?}) go after the wire when there is one, as in \
-                 sim:inline+udp://127.0.0.1:0,ack_hold=off, not after the engine"
+                "in {spec:?} the options ({options:?}) go after the wire when there is one, as in \
+                 sim:inline+udp://127.0.0.1:0,ack_hold=off, not before it"
             )));
         }
         // Every wire here carries packets between NICs that are threads of ordinary processes,
         // which a loaded host deschedules for longer than `retry_count` fixed ACK timeouts: their
         // retransmission waits back off unless the string says otherwise.
-        let (wire, backoff, hold) = match wire.split_once(',') {
-            Some((name, options)) => {
-                let (rest, backoff) = split_backoff(options)?;
+        let (name, options) = match wire.split_once(',') {
+            Some((name, options)) => (name, Some(options)),
+            None => (wire, None),
+        };
+        let (backoff, hold, wire) = match options {
+            None => (None, None, wire.to_string()),
+            Some(options) => {
+                no_empty_option(spec, options)?;
+                let (rest, backoff) =
+                    take_option(options, "ack_timeout_backoff", FabricConfig::parse_ack_timeout_backoff)?;
                 let (rest, hold) = match rest {
-                    Some(rest) => split_ack_hold(&rest)?,
+                    Some(rest) => take_option(&rest, "ack_hold", FabricConfig::parse_ack_hold)?,
                     None => (None, None),
                 };
-                (rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")), backoff, hold)
+                if hold.is_some() && !name.starts_with("udp://") {
+                    return Err(RpcError::InvalidArgument(format!(
+                        "{spec:?}: ack_hold= applies to the UDP wire and the in-process one (sim,ack_hold=off); \
+                         the NICs on this wire send each ACK at once"
+                    )));
+                }
+                (backoff, hold, rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")))
             }
-            None => (wire.to_string(), None, None),
         };
-        let defaults = FabricConfig::new(engine);
         let config = FabricConfig {
             ack_timeout_backoff: backoff.unwrap_or(Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF)),
             ack_hold: hold.unwrap_or(defaults.ack_hold),
@@ -279,7 +302,7 @@ impl Backend {
     }
 
     #[cfg(not(feature = "sim"))]
-    fn open_sim(_: Option<&str>, _: Option<&str>) -> Result<Backend, RpcError> {
+    fn open_sim(_: &str, _: &str, _: Option<&str>) -> Result<Backend, RpcError> {
         Err(not_compiled("sim", "sim"))
     }
 
@@ -475,8 +498,11 @@ mod tests {
         assert_eq!(hold("sim"), default);
         assert_eq!(hold("sim,ack_hold=off"), std::time::Duration::ZERO);
         assert_eq!(hold("sim:inline,ack_hold=0"), std::time::Duration::ZERO);
-        assert_eq!(hold("sim:threaded,ack_hold=5"), std::time::Duration::from_micros(5));
-        assert_eq!(hold("sim+shm,ack_hold=off,ack_timeout_backoff=off"), std::time::Duration::ZERO);
+        assert_eq!(hold("sim:inline,ack_hold=5"), std::time::Duration::from_micros(5));
+        assert_eq!(
+            hold("sim:threaded+udp://127.0.0.1:0,ack_hold=off,ack_timeout_backoff=off"),
+            std::time::Duration::ZERO
+        );
         assert_eq!(hold("sim+udp://127.0.0.1:0,ack_hold=7"), std::time::Duration::from_micros(7));
         assert_eq!(hold("sim+udp://127.0.0.1:0"), default);
         let b = Backend::open("sim,ack_hold=off").unwrap();
@@ -490,6 +516,35 @@ mod tests {
             "{}",
             err("sim:inline,ack_hold=off+shm")
         );
+        // Where nothing would hold an ACK, the option is refused rather than silently ignored.
+        for spec in ["sim:threaded,ack_hold=5", "sim+shm,ack_hold=off", "sim+l2:pair,ack_hold=3"] {
+            let e = err(spec);
+            assert!(e.contains("ack_hold=") && e.contains("UDP wire"), "{spec}: {e}");
+        }
+        // Every occurrence is checked, not only the last.
+        let e = err("sim,ack_hold=2000,ack_hold=5");
+        assert!(e.contains("\"2000\""), "{e}");
+    }
+
+    /// Strings that look almost right are refused, each saying what is wrong (the fuzz target
+    /// `backend_string` found `sim:` opening the Inline engine).
+    #[test]
+    fn near_misses_are_refused_with_a_reason() {
+        let err = |spec: &str| match Backend::open(spec) {
+            Ok(b) => panic!("{spec:?} opened {}", b.describe()),
+            Err(e) => e.to_string(),
+        };
+        for spec in ["sim:", "sim:+shm", "sim:,ack_hold=off"] {
+            assert!(err(spec).contains("names no engine"), "{spec}: {}", err(spec));
+        }
+        for spec in
+            ["sim,", "sim:inline,", "sim,ack_hold=off,", "sim+shm,", "sim+udp://127.0.0.1:0,,ack_hold=3"]
+        {
+            assert!(err(spec).contains("empty option"), "{spec}: {}", err(spec));
+        }
+        assert!(err("sim,ack_hold=off+shm").contains("go after the wire"), "{}", err("sim,ack_hold=off+shm"));
+        assert!(err("simulator").contains("unknown backend"), "{}", err("simulator"));
+        assert!(err("sims+shm").contains("only for the simulator"), "{}", err("sims+shm"));
     }
 
     /// The byte wires' NICs back off their retransmission waits unless the string turns it off
@@ -526,6 +581,9 @@ mod tests {
         assert!(e.contains("ack_timeout_backoff=\"40\"") && e.contains("1..=31"), "{e}");
         let e = Backend::open("sim+shm,loss_ppm=3").unwrap_err().to_string();
         assert!(e.contains("shm,loss_ppm=3"), "other options stay where they belong: {e}");
+        let e =
+            Backend::open("sim+shm,ack_timeout_backoff=40,ack_timeout_backoff=3").unwrap_err().to_string();
+        assert!(e.contains("\"40\""), "a bad value is refused even where a later one overrides it: {e}");
         for bad in ["sim+ack_timeout_backoff=3,shm", "sim+shm,", "sim+shm,ack_timeout_backoff=3,"] {
             assert!(Backend::open(bad).is_err(), "{bad:?}: the wire comes first, and no empty option");
         }
