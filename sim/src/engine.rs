@@ -118,6 +118,12 @@ impl Nic {
             let d = self.deadline.load(Ordering::Relaxed);
             d != NEVER && d <= self.now()
         };
+        if due {
+            // A timer is due: perhaps a retransmission, for want of an ACK another NIC holds back
+            // for its next pass. Those leave first, so a held ACK never costs a retransmission
+            // (its hold, 20 µs by default, may outlast a short ACK timeout).
+            self.fabric.release_held_acks();
+        }
         // The port is asked on every poll, even when other work makes the device run anyway: a
         // socket port counts the polls to know its user is polling (and reads only when asked).
         let port = self.port_poll();

@@ -264,7 +264,8 @@ impl Nic {
             }
         }
         self.publish_deadline(self.next_deadline(dev));
-        dev.flush_wires(armed);
+        // Read again: a CQ armed during the pass wants what the wires hold back sent now.
+        dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
         if cut {
             // Packets still wait at the port: go round (`run_inline` swaps the flag again).
             self.work.store(true, Ordering::SeqCst);
@@ -281,6 +282,19 @@ impl Nic {
         if self.acks_held.load(Ordering::Relaxed) != HELD_NONE {
             self.work.store(true, Ordering::SeqCst);
             self.run_inline();
+        }
+    }
+
+    /// Sends the ACKs the device holds back, on the caller's thread, which holds the device
+    /// lock: before a queue's state changes or it goes (`SimQueue::control`, its `Drop`), the
+    /// ACKs of what it already took leave, as a NIC's hardware would have sent them; a change
+    /// that dropped them would make the requester retransmit into a queue that no longer takes
+    /// it.
+    pub(crate) fn send_held_acks_locked(&self, dev: &mut DeviceState) {
+        if dev.acks_held {
+            dev.send_responses();
+            dev.flush_wires(true);
+            self.acks_held.store(HELD_NONE, Ordering::Relaxed);
         }
     }
 

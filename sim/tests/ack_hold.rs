@@ -7,11 +7,12 @@
 //! Everything runs on the test's thread, so each step is deterministic.
 
 use bypass_hal::*;
-use bypass_sim::{Engine, Fabric, FabricConfig, SimCq, SimQueue, SimRegion};
+use bypass_sim::{Engine, Fabric, FabricConfig, SimCq, SimNic, SimQueue, SimRegion};
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 struct End {
+    nic: SimNic,
     q: SimQueue,
     scq: SimCq,
     rcq: SimCq,
@@ -25,6 +26,10 @@ struct Pair {
 }
 
 fn pair(ack_hold: Duration) -> Pair {
+    pair_with(ack_hold, QueueConfig::default())
+}
+
+fn pair_with(ack_hold: Duration, queue: QueueConfig) -> Pair {
     let mut config = FabricConfig::new(Engine::Inline);
     config.ack_hold = ack_hold;
     let fabric = Fabric::with_config(config);
@@ -32,9 +37,9 @@ fn pair(ack_hold: Duration) -> Pair {
         let nic = fabric.add_nic();
         let scq = nic.create_cq(16).unwrap();
         let rcq = nic.create_cq(16).unwrap();
-        let q = nic.create_queue(&QueueConfig::default().with_depths(8, 8), &scq, &rcq).unwrap();
+        let q = nic.create_queue(&queue.with_depths(8, 8), &scq, &rcq).unwrap();
         let mr = nic.register(64, Access::LOCAL_WRITE).unwrap();
-        End { q, scq, rcq, mr }
+        End { nic, q, scq, rcq, mr }
     };
     let (mut client, mut server) = (end(), end());
     let (ci, si) = (client.q.info(), server.q.info());
@@ -169,4 +174,62 @@ fn the_ack_of_a_burst_is_not_held() {
     assert_eq!(poll(&mut server.rcq).len(), 2);
     let done = poll(&mut client.scq);
     assert_eq!(done.last(), Some(&(2, CqOpcode::Send, Status::Success)), "{done:?}");
+}
+
+/// Polls `cq` until it completes something, for at most 5 s.
+fn poll_until_done(cq: &mut SimCq) -> Vec<(u64, CqOpcode, Status)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = poll(cq);
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "nothing completed in 5 s");
+    }
+}
+
+/// A hold may outlast a short ACK timeout (8 µs here, the hold 10 s): when the client's timer
+/// comes due, the ACK the server holds leaves before the timer runs, so the request is not sent
+/// again (on hardware the ACK would have come long before), and the poll that found the timer
+/// due completes the send.
+#[test]
+fn a_held_ack_leaves_before_the_requester_would_retransmit() {
+    let mut queue = QueueConfig::default();
+    queue.timeout = AckTimeout::from_exponent(1).unwrap();
+    let Pair { mut client, mut server, .. } = pair_with(Duration::from_secs(10), queue);
+    send(&mut client, 1);
+    assert_eq!(poll(&mut server.rcq).len(), 1);
+    // Time passes (the sim's clock is the kernel's coarse one, 1-10 ms a tick): the client's
+    // first poll below finds its retransmission timer due. Waiting longer changes nothing.
+    std::thread::sleep(Duration::from_millis(25));
+    assert_eq!(poll(&mut client.scq), [(1, CqOpcode::Send, Status::Success)]);
+    let stats = client.nic.stats();
+    assert_eq!((stats.timeouts, stats.retransmits), (0, 0), "{stats:?}");
+    assert_eq!(server.nic.stats().duplicates, 0);
+}
+
+/// The server's user takes the request, then moves its queue to the error state or destroys it
+/// before answering: the ACK it held for the answer leaves first (the NIC had taken the request),
+/// so the client's send completes successfully rather than being retried into a dead queue.
+#[test]
+fn a_control_path_change_of_the_responders_queue_sends_its_held_ack() {
+    for destroy in [false, true] {
+        let mut queue = QueueConfig::default();
+        queue.timeout = AckTimeout::from_exponent(10).unwrap(); // 4 ms
+        queue.retry_count = 1;
+        let Pair { mut client, mut server, .. } = pair_with(Duration::from_secs(10), queue);
+        send(&mut client, 1);
+        assert_eq!(poll(&mut server.rcq).len(), 1);
+        assert_eq!(poll(&mut client.scq), [], "the ACK is held");
+        let server_nic = server.nic.clone();
+        if destroy {
+            drop(server.q);
+        } else {
+            server.q.set_error().unwrap();
+        }
+        let done = poll_until_done(&mut client.scq);
+        assert_eq!(done, [(1, CqOpcode::Send, Status::Success)], "destroyed: {destroy}");
+        assert_eq!(client.nic.stats().retransmits, 0, "destroyed: {destroy}");
+        drop(server_nic);
+    }
 }
