@@ -700,6 +700,11 @@ impl Wire for FaultWire {
         }
         self.inner.flush(eager);
     }
+
+    /// As the wire under it: the faults apply to the ACK when it leaves, held or not.
+    fn holds_acks(&self) -> bool {
+        self.inner.holds_acks()
+    }
 }
 
 #[cfg(all(test, not(loom)))]

@@ -259,6 +259,11 @@ impl Wire for PcapWire {
     fn flush(&self, eager: bool) {
         self.inner.flush(eager);
     }
+
+    /// As the wire under it: a capture records what leaves, and must not change when it leaves.
+    fn holds_acks(&self) -> bool {
+        self.inner.holds_acks()
+    }
 }
 
 impl Drop for PcapWire {

@@ -70,8 +70,9 @@ pub trait Wire: Send + Sync {
 
     /// Whether the sender's device may hold plain ACKs for this wire's far end back until its
     /// next pass (`DeviceState::run_all`'s `hold`). The in-process wire says yes unless the
-    /// receiving NIC's user is about to sleep (a CQ armed); other wires and middleware, no (the
-    /// UDP wire holds ACKs itself, in its flush).
+    /// receiving NIC's user is about to sleep (a CQ armed); the fault and capture middleware
+    /// answer as the wire under them; other wires, no (the UDP wire holds ACKs itself, in its
+    /// flush).
     fn holds_acks(&self) -> bool {
         false
     }
