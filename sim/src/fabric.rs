@@ -278,7 +278,9 @@ impl FabricShared {
     }
 
     /// Has every NIC that holds ACKs back send them now (a CQ was armed: its user may be about
-    /// to sleep waiting for what one of them acknowledges). Runs them on the calling thread.
+    /// to sleep waiting for what one of them acknowledges, or a timer is due). Runs them on the
+    /// calling thread. Cold: the paths that call it are about to sleep or to retransmit.
+    #[cold]
     pub(crate) fn release_held_acks(&self) {
         let mut from = 0;
         loop {
