@@ -121,6 +121,19 @@ fn no_empty_option(spec: &str, options: &str) -> Result<(), RpcError> {
     }
 }
 
+/// Parses the value of `vfio:`'s `interrupts=` option.
+#[cfg(feature = "vfio")]
+fn parse_interrupts(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!(
+            "vfio: interrupts={other:?}: use interrupts=on (the default: receive interrupts through MSI-X, \
+             so a CQ in event mode sleeps) or interrupts=off (the port is only polled)"
+        )),
+    }
+}
+
 #[cfg_attr(all(feature = "sim", feature = "verbs", feature = "urma", feature = "vfio"), allow(dead_code))]
 fn not_compiled(kind: &str, feature: &str) -> RpcError {
     RpcError::InvalidArgument(format!(
@@ -166,16 +179,7 @@ impl Backend {
             )));
         };
         no_empty_option(&format!("vfio:{rest}"), opts)?;
-        let (opts, interrupts) = take_option(opts, "interrupts", |v| {
-            match v {
-            "on" => Ok(true),
-            "off" => Ok(false),
-            other => Err(format!(
-                "vfio: interrupts={other:?}: use interrupts=on (the default: receive interrupts through MSI-X, so a \
-                 CQ in event mode sleeps) or interrupts=off (the port is only polled)"
-            )),
-        }
-        })?;
+        let (opts, interrupts) = take_option(opts, "interrupts", parse_interrupts)?;
         let interrupts = interrupts.unwrap_or(true);
         let (opts, backoff) = take_option(
             opts.as_deref().unwrap_or(""),
