@@ -264,8 +264,10 @@ impl Nic {
             }
         }
         self.publish_deadline(self.next_deadline(dev));
-        // Read again: a CQ armed during the pass wants what the wires hold back sent now.
-        dev.flush_wires(self.armed_cqs.load(Ordering::Relaxed) > 0);
+        // `armed` as read before the pass: a CQ armed during it has its own ways to get what
+        // the wires hold (the arm's `release_held_acks` and wire `attention`, the receiver's
+        // armed count in `on_burst`); a second read here is not needed.
+        dev.flush_wires(armed);
         if cut {
             // Packets still wait at the port: go round (`run_inline` swaps the flag again).
             self.work.store(true, Ordering::SeqCst);
