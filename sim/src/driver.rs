@@ -824,10 +824,14 @@ impl SimQueue {
     fn control<R>(&self, f: impl FnOnce(&mut QpCtx, &mut crate::device::Ctx<'_>) -> R) -> R {
         let now = self.nic.now();
         let mut dev = sync::lock(&self.nic.dev);
-        self.nic.send_held_acks_locked(&mut dev);
+        let sent = self.nic.send_held_acks_locked(&mut dev);
         let r = dev.with_qp(self.shared.qpn, now, f).expect("a live queue handle has a device context");
         // A state change may leave work (flushes, a first send after connect): look at it.
         dev.list(self.shared.qpn);
+        drop(dev);
+        if sent {
+            self.nic.run_if_flagged();
+        }
         r
     }
 }
@@ -1090,11 +1094,14 @@ pub(crate) fn write_recvs(
 
 impl Drop for SimQueue {
     fn drop(&mut self) {
-        let qp = {
+        let (qp, sent) = {
             let mut dev = sync::lock(&self.nic.dev);
-            self.nic.send_held_acks_locked(&mut dev);
-            dev.remove(self.shared.qpn)
+            let sent = self.nic.send_held_acks_locked(&mut dev);
+            (dev.remove(self.shared.qpn), sent)
         };
+        if sent {
+            self.nic.run_if_flagged();
+        }
         // The CQs forget the queue (their pollers drop its CQEs still in the ring, as verbs
         // does), so its number can name a later queue there.
         if let Some(qp) = qp {
