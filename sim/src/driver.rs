@@ -824,14 +824,12 @@ impl SimQueue {
     fn control<R>(&self, f: impl FnOnce(&mut QpCtx, &mut crate::device::Ctx<'_>) -> R) -> R {
         let now = self.nic.now();
         let mut dev = sync::lock(&self.nic.dev);
-        let sent = self.nic.send_held_acks_locked(&mut dev);
+        self.nic.send_held_acks_locked(&mut dev);
         let r = dev.with_qp(self.shared.qpn, now, f).expect("a live queue handle has a device context");
         // A state change may leave work (flushes, a first send after connect): look at it.
         dev.list(self.shared.qpn);
         drop(dev);
-        if sent {
-            self.nic.run_if_flagged();
-        }
+        self.nic.after_control();
         r
     }
 }
@@ -1094,14 +1092,12 @@ pub(crate) fn write_recvs(
 
 impl Drop for SimQueue {
     fn drop(&mut self) {
-        let (qp, sent) = {
+        let qp = {
             let mut dev = sync::lock(&self.nic.dev);
-            let sent = self.nic.send_held_acks_locked(&mut dev);
-            (dev.remove(self.shared.qpn), sent)
+            self.nic.send_held_acks_locked(&mut dev);
+            dev.remove(self.shared.qpn)
         };
-        if sent {
-            self.nic.run_if_flagged();
-        }
+        self.nic.after_control();
         // The CQs forget the queue (their pollers drop its CQEs still in the ring, as verbs
         // does), so its number can name a later queue there.
         if let Some(qp) = qp {

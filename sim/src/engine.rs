@@ -133,6 +133,19 @@ impl Nic {
         }
     }
 
+    /// A call outside the device loop (a queue's state change or destruction) held the device
+    /// lock. Inline engine: runs what was flagged meanwhile, since a run that found the lock
+    /// taken left its work to the holder, and this holder does not look at the flag again (the
+    /// device loop's holders do, `wake::run_flagged`). Without it, work flagged during the call
+    /// (a peer's packet; what the call's own flush of held ACKs made a peer send back) would
+    /// wait for the next poll, and a user that arms its CQ and sleeps would wait for a
+    /// retransmission. Other engines: their device threads or the test's steps run it.
+    pub(crate) fn after_control(&self) {
+        if self.fabric.config.engine == Engine::Inline {
+            self.run_if_flagged();
+        }
+    }
+
     /// A CQ of this NIC came up empty many times in a row (the driver's `HELP_AFTER_IDLE_POLLS`).
     pub(crate) fn on_idle_polls(&self) {
         match self.fabric.config.engine {

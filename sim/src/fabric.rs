@@ -256,8 +256,10 @@ impl FabricShared {
     /// Inline engine: a poller that keeps finding nothing runs every NIC with work flagged or a
     /// timer due, so a NIC whose own user is not polling still makes progress (a sender waiting
     /// out an RNR NAK retries even if only the receiver's CQ is being polled). ACKs a NIC holds
-    /// back go too: whoever helps is waiting, perhaps for one of them.
+    /// back go first, every NIC's: whoever helps is waiting, perhaps for one of them, and a
+    /// timer run below must not retransmit for want of one.
     pub(crate) fn help(&self) {
+        self.release_held_acks();
         let now = self.clock.now();
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
@@ -272,7 +274,6 @@ impl FabricShared {
         }
         drop(nics);
         for nic in flagged.iter().flatten() {
-            nic.release_held_acks();
             nic.run_if_flagged();
         }
     }

@@ -291,18 +291,15 @@ impl Nic {
     /// lock: before a queue's state changes or it goes (`SimQueue::control`, its `Drop`), the
     /// ACKs of what it already took leave, as a NIC's hardware would have sent them; a change
     /// that dropped them would make the requester retransmit into a queue that no longer takes
-    /// it. Returns whether it sent any: the flush may have run a peer's device on this thread,
-    /// and what that sent back to this NIC waits behind a work flag that no pass holding the
-    /// lock will look at again; the caller runs it once the lock is free
-    /// ([`run_if_flagged`](Self::run_if_flagged)), so a user about to sleep does not miss it.
-    pub(crate) fn send_held_acks_locked(&self, dev: &mut DeviceState) -> bool {
-        if !dev.acks_held {
-            return false;
+    /// it. The flush may run a peer's device on this thread, and what that sends back to this
+    /// NIC waits behind the work flag: the caller runs it once the lock is free
+    /// (`Nic::after_control`).
+    pub(crate) fn send_held_acks_locked(&self, dev: &mut DeviceState) {
+        if dev.acks_held {
+            dev.send_responses();
+            dev.flush_wires(true);
+            self.acks_held.store(HELD_NONE, Ordering::Relaxed);
         }
-        dev.send_responses();
-        dev.flush_wires(true);
-        self.acks_held.store(HELD_NONE, Ordering::Relaxed);
-        true
     }
 
     /// A CQ of this NIC came up empty while the device may hold ACKs: the first such poll only

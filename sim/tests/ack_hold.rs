@@ -211,6 +211,8 @@ fn a_held_ack_leaves_before_the_requester_would_retransmit() {
 /// The server's user takes the request, then moves its queue to the error state or destroys it
 /// before answering: the ACK it held for the answer leaves first (the NIC had taken the request),
 /// so the client's send completes successfully rather than being retried into a dead queue.
+/// (Destruction is what lost the ACK before; a queue in ERROR still exists, and its NIC's next
+/// pass sent it anyway.)
 #[test]
 fn a_control_path_change_of_the_responders_queue_sends_its_held_ack() {
     for destroy in [false, true] {
@@ -232,4 +234,32 @@ fn a_control_path_change_of_the_responders_queue_sends_its_held_ack() {
         assert_eq!(client.nic.stats().retransmits, 0, "destroyed: {destroy}");
         drop(server_nic);
     }
+}
+
+/// The client's 1024th empty poll helps every NIC along (`HELP_AFTER_IDLE_POLLS`) while its own
+/// retransmission timer is due and the server holds the ACK: the help sends every held ACK
+/// before it runs any NIC, so the client takes the ACK before its timer runs. (Found by review:
+/// the help ran the client's timer first, the server's release after it.)
+#[test]
+fn an_idle_pollers_help_sends_held_acks_before_it_runs_a_due_timer() {
+    let mut queue = QueueConfig::default();
+    queue.timeout = AckTimeout::from_exponent(12).unwrap(); // 16.8 ms
+    let Pair { mut client, mut server, .. } = pair_with(Duration::from_secs(10), queue);
+    send(&mut client, 1);
+    assert_eq!(poll(&mut server.rcq).len(), 1);
+    // 1,023 empty polls, well within the timeout (a poll checks timers every 16th time: one
+    // that found the timer due would release the ACK itself, which the test above covers).
+    for _ in 0..1023 {
+        assert_eq!(poll(&mut client.scq), []);
+    }
+    // The timer falls due (the sim's clock is the kernel's coarse one); the next poll is the
+    // 1,024th empty one, which helps without checking its own timers first.
+    std::thread::sleep(Duration::from_millis(60));
+    let mut done = poll(&mut client.scq);
+    if done.is_empty() {
+        done = poll_until_done(&mut client.scq);
+    }
+    assert_eq!(done, [(1, CqOpcode::Send, Status::Success)]);
+    let stats = client.nic.stats();
+    assert_eq!((stats.timeouts, stats.retransmits), (0, 0), "{stats:?}");
 }
