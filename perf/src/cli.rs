@@ -467,6 +467,14 @@ pub fn plan(a: &Args) -> Result<Plan, String> {
     if !is_sim && a.engine.is_some() {
         return Err(format!("--engine applies to the simulator, not to --backend {}", a.backend));
     }
+    if a.backend.starts_with("sim,") && a.engine == Some(EngineArg::Threaded) {
+        return Err(format!(
+            "--backend {} --engine threaded: the Threaded engine never holds an ACK back on the \
+             in-process wire, so its options mean nothing there; use --engine inline, or the UDP wire \
+             (sim+udp://127.0.0.1:0,ack_hold=off)",
+            a.backend
+        ));
+    }
     if level == Level::Tcp {
         if a.engine.is_some() {
             return Err("--engine applies to the simulator, not to --level tcp".into());
@@ -748,11 +756,15 @@ mod tests {
         assert_eq!(p.specs.iter().map(|s| s.size).collect::<Vec<_>>(), [2, 4, 8, 16]);
     }
 
-    /// Simulator options after a comma keep the simulator's engine choice and reach the backend.
+    /// Simulator options after a comma keep the simulator's engine choice and reach the backend;
+    /// with the Threaded engine, which holds no ACK on the in-process wire, they are refused here
+    /// rather than when the backend opens.
     #[test]
     fn simulator_options_are_a_sim_backend() {
-        let p = plan_of(&["--backend", "sim,ack_hold=off", "--engine", "threaded"]).unwrap();
-        assert_eq!((p.backend.as_str(), p.engine), ("sim,ack_hold=off", Some(EngineArg::Threaded)));
+        let p = plan_of(&["--backend", "sim,ack_hold=off", "--engine", "inline"]).unwrap();
+        assert_eq!((p.backend.as_str(), p.engine), ("sim,ack_hold=off", Some(EngineArg::Inline)));
+        let e = plan_of(&["--backend", "sim,ack_hold=off", "--engine", "threaded"]).unwrap_err();
+        assert!(e.contains("--engine threaded") && e.contains("--engine inline"), "{e}");
         assert!(plan_of(&["--backend", "sim:inline"]).is_err(), "the engine is --engine");
         assert!(plan_of(&["--backend", "sim,ack_hold=off", "--server", "127.0.0.1:0"]).is_err());
     }

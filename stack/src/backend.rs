@@ -282,8 +282,8 @@ impl Backend {
                 };
                 if hold.is_some() && !name.starts_with("udp://") {
                     return Err(RpcError::InvalidArgument(format!(
-                        "{spec:?}: ack_hold= applies to the UDP wire and the in-process one (sim,ack_hold=off); \
-                         the NICs on this wire send each ACK at once"
+                        "{spec:?}: ack_hold= applies to the UDP wire and the in-process one (sim,ack_hold=off), \
+                         not to {name:?}, whose NICs send each ACK at once"
                     )));
                 }
                 (backoff, hold, rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")))
