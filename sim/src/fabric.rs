@@ -114,6 +114,17 @@ impl FabricConfig {
         }
     }
 
+    /// Whether [`ack_hold`](Self::ack_hold) means anything for this configuration: the
+    /// in-process wire with the Inline engine (a device pass holds the ACK for the next one) and
+    /// the UDP wire (a flush holds it for the next datagram). Elsewhere every ACK leaves at once.
+    pub fn holds_acks(&self) -> bool {
+        match self.wire {
+            WireConfig::InProcess => self.engine == Engine::Inline,
+            WireConfig::Udp(_) => true,
+            _ => false,
+        }
+    }
+
     /// Parses the value of a backend string's `ack_hold=` option: `off` or `0` to send every
     /// ACK at once, else the longest hold in whole microseconds (at most 1,000: a hold must stay
     /// far below the ACK timeout), for [`ack_hold`](Self::ack_hold).
@@ -264,10 +275,7 @@ impl FabricShared {
         let nics = self.nics.read().unwrap_or_else(|e| e.into_inner());
         let mut flagged: [Option<Arc<Nic>>; 8] = Default::default();
         let pending = nics.iter().filter(|x| {
-            x.work.load(Ordering::Relaxed)
-                || x.deadline.load(Ordering::Relaxed) <= now
-                || x.acks_held.load(Ordering::Relaxed) != crate::nic::HELD_NONE
-                || x.port_pending()
+            x.work.load(Ordering::Relaxed) || x.deadline.load(Ordering::Relaxed) <= now || x.port_pending()
         });
         for (slot, nic) in flagged.iter_mut().zip(pending) {
             *slot = Some(nic.clone());

@@ -121,6 +121,25 @@ fn no_empty_option(spec: &str, options: &str) -> Result<(), RpcError> {
     }
 }
 
+/// Refuses an `ack_hold=` where nothing holds ACKs ([`bypass_sim::FabricConfig::holds_acks`]):
+/// ignoring it would let an A/B run compare a build with itself.
+#[cfg(feature = "sim")]
+fn check_hold(
+    spec: &str,
+    hold: Option<std::time::Duration>,
+    config: &bypass_sim::FabricConfig,
+) -> Result<(), RpcError> {
+    match hold.is_some() && !config.holds_acks() {
+        true => Err(RpcError::InvalidArgument(format!(
+            "{spec:?}: ack_hold= means nothing here, where the simulated NICs ({:?} engine) send each ACK at \
+             once; it applies to the in-process wire with the Inline engine (sim,ack_hold=off) and to the \
+             UDP wire",
+            config.engine
+        ))),
+        false => Ok(()),
+    }
+}
+
 /// Parses the value of `vfio:`'s `interrupts=` option.
 #[cfg(feature = "vfio")]
 fn parse_interrupts(value: &str) -> Result<bool, String> {
@@ -246,12 +265,7 @@ impl Backend {
                          ack_hold=<us>|off (e.g. sim:inline,ack_hold=off)"
                     )));
                 }
-                if hold.is_some() && engine != Engine::Inline {
-                    return Err(RpcError::InvalidArgument(format!(
-                        "{spec:?}: the Threaded engine's device threads never hold an ACK back, so ack_hold= \
-                         means nothing here; it applies to sim or sim:inline and to the UDP wire"
-                    )));
-                }
+                check_hold(spec, hold, &config)?;
                 config.ack_hold = hold.unwrap_or(config.ack_hold);
             }
             let fabric = Fabric::try_with_config(config).map_err(RpcError::InvalidArgument)?;
@@ -280,29 +294,25 @@ impl Backend {
                     Some(rest) => take_option(&rest, "ack_hold", FabricConfig::parse_ack_hold)?,
                     None => (None, None),
                 };
-                if hold.is_some() && !name.starts_with("udp://") {
-                    return Err(RpcError::InvalidArgument(format!(
-                        "{spec:?}: ack_hold= applies to the UDP wire and the in-process one (sim,ack_hold=off), \
-                         not to {name:?}, whose NICs send each ACK at once"
-                    )));
-                }
                 (backoff, hold, rest.map_or_else(|| name.to_string(), |rest| format!("{name},{rest}")))
             }
         };
+        let l2 = bypass_sim::l2::parse_wire(&wire);
         let config = FabricConfig {
+            wire: match l2 {
+                Some(_) => WireConfig::L2,
+                None => WireConfig::parse(&wire).map_err(RpcError::InvalidArgument)?,
+            },
             ack_timeout_backoff: backoff.unwrap_or(Some(bypass_sim::BYTE_WIRE_ACK_TIMEOUT_BACKOFF)),
             ack_hold: hold.unwrap_or(defaults.ack_hold),
             ..defaults
         };
-        if let Some(ports) = bypass_sim::l2::parse_wire(&wire) {
-            let ports = ports.map_err(RpcError::InvalidArgument)?;
-            let fabric = Fabric::try_with_l2(config, ports).map_err(RpcError::InvalidArgument)?;
-            return Ok(Backend::Sim { fabric, engine });
-        }
-        let wire = WireConfig::parse(&wire).map_err(RpcError::InvalidArgument)?;
-        let fabric =
-            Fabric::try_with_config(FabricConfig { wire, ..config }).map_err(RpcError::InvalidArgument)?;
-        Ok(Backend::Sim { fabric, engine })
+        check_hold(spec, hold, &config)?;
+        let fabric = match l2 {
+            Some(ports) => Fabric::try_with_l2(config, ports.map_err(RpcError::InvalidArgument)?),
+            None => Fabric::try_with_config(config),
+        };
+        Ok(Backend::Sim { fabric: fabric.map_err(RpcError::InvalidArgument)?, engine })
     }
 
     #[cfg(not(feature = "sim"))]
